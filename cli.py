@@ -1,0 +1,104 @@
+"""memplan command line. Thin: parse, call planner/passes, print a table or one JSON object.
+
+Exit codes: 0 ok, 1 check failed / budget infeasible, 2 usage, 3 bad input model, 4 solver gave no
+plan in time. ``--json`` prints exactly one JSON object on stdout; logs go to stderr. Files are
+written atomically and never on failure.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from typing import Any, Callable
+
+import click
+
+from planner.errors import (
+    BudgetInfeasibleError,
+    ModelImportError,
+    PlannerError,
+    SolverTimeoutError,
+    UsageError,
+)
+
+log = logging.getLogger("memplan")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_MODEL, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+
+
+def _exit_code(err: PlannerError) -> int:
+    if isinstance(err, UsageError):
+        return EXIT_USAGE
+    if isinstance(err, ModelImportError):
+        return EXIT_BAD_MODEL
+    if isinstance(err, BudgetInfeasibleError):
+        return EXIT_FAILED
+    if isinstance(err, SolverTimeoutError):
+        return EXIT_TIMEOUT
+    return EXIT_FAILED
+
+
+def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn memplan errors into one stderr line and the documented exit code (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PlannerError as err:
+            click.echo(f"memplan: error: {err}", err=True)
+            sys.exit(_exit_code(err))
+        except FileNotFoundError as err:
+            click.echo(f"memplan: error: {err.filename or err}: no such file", err=True)
+            sys.exit(EXIT_USAGE)
+        except MemoryError:
+            click.echo("memplan: error: out of host memory; try a smaller model size or batch", err=True)
+            sys.exit(EXIT_FAILED)
+
+    return wrapper
+
+
+def emit_json(obj: Any) -> None:
+    """Print exactly one JSON object on stdout."""
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:
+    """``--dim batch=32 --dim seq=128`` -> {"batch": 32, "seq": 128}."""
+    out: dict[str, int] = {}
+    for item in dims:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().isdigit() or int(value) <= 0:
+            raise UsageError(f"--dim {item!r} must look like NAME=POSITIVE_INT, e.g. --dim batch=32")
+        out[name.strip()] = int(value)
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
+@click.version_option(package_name="memplan")
+def main(verbose: int) -> None:
+    """memplan: static memory planning for ONNX training graphs."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr, format="memplan: %(message)s")
+
+
+# ---- commands ------------------------------------------------------------------------------
+# Each command lives below; keep them thin.
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""Built-in model zoo: ONNX forward models ending in a scalar loss, seeded weights."""

@@ -1,0 +1,1 @@
+"""memplan's passes: everything that reads or writes ONNX (import, autodiff, rewrite, export, verify)."""

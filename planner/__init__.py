@@ -1,0 +1,1 @@
+"""memplan's planner: graph IR, liveness, costs, solvers and simulator. Pure: numpy + ortools, no ONNX."""

@@ -1,0 +1,33 @@
+"""memplan's error hierarchy. Messages are one line: what is wrong, the value seen, and the fix.
+
+The CLI maps them to exit codes (see cli.py): UsageError -> 2, ModelImportError -> 3,
+BudgetInfeasibleError -> 1, SolverTimeoutError -> 4.
+"""
+
+
+class PlannerError(Exception):
+    """Base class of every error memplan raises on purpose."""
+
+
+class UsageError(PlannerError):
+    """A command-line value is malformed (budget unit, option range, missing file argument)."""
+
+
+class GraphError(PlannerError):
+    """An IR invariant is broken (a bug in a pass, or a malformed input graph)."""
+
+
+class ModelImportError(PlannerError):
+    """The input model cannot be read or turned into a Graph."""
+
+
+class BudgetInfeasibleError(PlannerError):
+    """No plan reaches the requested budget; ``least_bytes`` says what any plan can reach."""
+
+    def __init__(self, message: str, least_bytes: int | None = None):
+        super().__init__(message)
+        self.least_bytes = least_bytes
+
+
+class SolverTimeoutError(PlannerError):
+    """The solver found no plan within its time limit."""

@@ -1,0 +1,70 @@
+"""Byte quantities as users write them: ``512MiB``, ``8GiB``, ``1.5GB``, ``1048576``, ``60%``."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from planner.errors import UsageError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*|%)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A budget: absolute bytes, or a fraction of the unplanned peak."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, unplanned_peak: int) -> int:
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return int(unplanned_peak * self.fraction)
+
+    def __str__(self) -> str:
+        return format_bytes(self.bytes) if self.bytes is not None else f"{self.fraction * 100:g}%"
+
+
+def parse_bytes(text: str, what: str = "size") -> int:
+    """Parse ``512MiB`` / ``1.5GB`` / ``4096`` into bytes; raise UsageError naming the problem."""
+    m = _RE.match(str(text))
+    if not m or m.group(2) == "%":
+        raise UsageError(f"{what} {text!r} is not a byte size; write e.g. 4096, 512MiB, 8GiB or 1.5GB")
+    unit = m.group(2).lower()
+    if unit not in _UNITS:
+        raise UsageError(
+            f"{what} {text!r} has unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
+    value = float(m.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise UsageError(f"{what} {text!r} must be positive")
+    return int(round(value))
+
+
+def parse_budget(text: str) -> Budget:
+    """Parse a budget: a byte size, or a percentage (0-100] of the unplanned peak."""
+    m = _RE.match(str(text))
+    if m and m.group(2) == "%":
+        pct = float(m.group(1))
+        if not 0 < pct <= 1000:
+            raise UsageError(f"budget {text!r} must be a percentage in (0, 1000]")
+        return Budget(fraction=pct / 100.0)
+    return Budget(bytes=parse_bytes(text, "budget"))
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable binary size: 1.50 GiB, 12.0 MiB, 512 B."""
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{int(n)} B"
