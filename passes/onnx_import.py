@@ -1,0 +1,449 @@
+"""ONNX file -> memplan Graph.
+
+Pre: a path to an ONNX model (external data only from the model's own folder), a ModelProto, or a
+``zoo:NAME?opt=v`` spec. Symbolic dims are bound with ``dims`` (``--dim NAME=VALUE``).
+Post: a validated Graph with static shapes and exact byte sizes for every tensor, nodes in a
+topological order (file order where the file is already sorted); shape-computation subgraphs
+(Shape/Size/Gather/Concat/... on static values) and Constant nodes folded into FROZEN initializers;
+float initializers TRAINABLE except BatchNormalization running mean/var.
+
+Every failure raises ModelImportError with one line naming the file, node or dim and the fix.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper, shape_inference
+
+from planner.errors import ModelImportError, PlannerError
+from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, GraphBuilder, TensorKind
+
+log = logging.getLogger(__name__)
+
+#: ONNX element type enum -> IR dtype name.
+ONNX_TO_DTYPE: dict[int, str] = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT64: "uint64", onnx.TensorProto.UINT32: "uint32",
+    onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.STRING: "string", onnx.TensorProto.COMPLEX64: "complex64",
+    onnx.TensorProto.COMPLEX128: "complex128",
+}
+for _name, _dtype in (
+    ("FLOAT8E4M3FN", "float8e4m3fn"), ("FLOAT8E4M3FNUZ", "float8e4m3fnuz"), ("FLOAT8E5M2", "float8e5m2"),
+    ("FLOAT8E5M2FNUZ", "float8e5m2fnuz"), ("INT4", "int4"), ("UINT4", "uint4"), ("FLOAT4E2M1", "float4e2m1"),
+    ("FLOAT8E8M0", "float8e8m0"), ("INT2", "int2"), ("UINT2", "uint2"),
+):
+    if hasattr(onnx.TensorProto, _name):
+        ONNX_TO_DTYPE[getattr(onnx.TensorProto, _name)] = _dtype
+DTYPE_TO_ONNX: dict[str, int] = {v: k for k, v in ONNX_TO_DTYPE.items()}
+assert set(ONNX_TO_DTYPE.values()) <= set(DTYPE_BITS)
+
+#: Ops folded when all their inputs are known constants (shape arithmetic and friends).
+FOLDABLE = frozenset({
+    "Shape", "Size", "Gather", "GatherElements", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
+    "Equal", "Where", "Cast", "Reshape", "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Not", "And",
+    "Or", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "ReduceProd", "ReduceSum", "ReduceMax",
+    "ReduceMin", "Identity", "Expand", "Tile", "Max", "Min", "Sqrt", "Pow", "Floor", "Ceil", "Transpose",
+    "Trilu", "Split", "Flatten", "CastLike", "Constant", "Sign", "Clip", "NonZero", "Erf", "Exp", "Log",
+    "Reciprocal", "Relu", "Softmax", "Sigmoid", "Tanh",
+})
+#: Folded results larger than this stay in the graph (they would bloat the constant base).
+FOLD_MAX_ELEMENTS = 1 << 20
+#: Never folded even with constant inputs.
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli", "Dropout"})
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None) -> Graph:
+    """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph."""
+    return import_model(spec, dims)
+
+
+def load_proto(spec: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None, str]:
+    """Read a model without converting it: (proto with external data loaded, folder, display name)."""
+    if isinstance(spec, onnx.ModelProto):
+        return spec, None, spec.graph.name or "model"
+    text = str(spec)
+    if text.startswith("zoo:"):
+        import models  # late: the zoo imports onnx builders we don't need otherwise
+
+        try:
+            return models.load_spec(text), None, text
+        except PlannerError as err:
+            raise ModelImportError(str(err)) from None
+    path = Path(text)
+    if not path.exists():
+        raise ModelImportError(f"{text}: no such file; give a path to an .onnx file or zoo:NAME")
+    if path.is_dir():
+        raise ModelImportError(f"{text}: is a folder; give a path to an .onnx file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ModelImportError(f"{text}: cannot read ({err.strerror})") from None
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError):
+        raise ModelImportError(f"{text}: not a valid ONNX protobuf (truncated or not an ONNX file)") from None
+    if not model.opset_import or not model.graph.output:
+        raise ModelImportError(f"{text}: not an ONNX model (no opset or no graph outputs)")
+    folder = path.resolve().parent
+    _load_external_data(model, folder, text)
+    return model, folder, text
+
+
+def _load_external_data(model: onnx.ModelProto, folder: Path, display: str) -> None:
+    """Load external tensors, refusing any location outside the model's own folder."""
+    tensors = list(onnx.external_data_helper._get_all_tensors(model))  # noqa: SLF001 - public in spirit
+    for t in tensors:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        target = (folder / loc).resolve()
+        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or folder not in target.parents:
+            raise ModelImportError(
+                f"{display}: initializer {t.name!r} has external data location {loc!r} outside the model's "
+                "folder; move the data file beside the model and use a relative name"
+            )
+        if not target.is_file():
+            raise ModelImportError(f"{display}: external data file {loc!r} for {t.name!r} not found beside the model")
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(folder))
+    except (OSError, ValueError) as err:
+        raise ModelImportError(f"{display}: cannot load external data ({err})") from None
+
+
+# ---- import -----------------------------------------------------------------------------------
+def import_model(
+    spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None
+) -> Graph:
+    """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph."""
+    model, _, display = load_proto(spec)
+    model, folded = _prepare(model, dict(dims or {}), display)
+    return _to_graph(model, display, folded)
+
+
+def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tuple[onnx.ModelProto, set[str]]:
+    """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names)."""
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    model = model_copy
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    g = model.graph
+    init_names = {i.name for i in g.initializer}
+    used: set[str] = set()
+    for inp in g.input:
+        if inp.name in init_names:
+            continue
+        for d in inp.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                continue
+            name = d.dim_param
+            if name in dims:
+                d.Clear()
+                d.dim_value = dims[name]
+                used.add(name)
+            else:
+                label = repr(name) if name else "an unnamed dim"
+                flag = f"--dim {name}=N" if name else "a model with static input shapes"
+                raise ModelImportError(
+                    f"{display}: input {inp.name!r} has symbolic dim {label}; bind it with {flag}"
+                )
+    unknown = sorted(set(dims) - used)
+    if unknown:
+        log.warning("--dim %s matched no symbolic input dim", ", ".join(unknown))
+    # Stale intermediate shapes would fight the bound dims; shape inference recomputes them.
+    del g.value_info[:]
+    for out in g.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    folded: set[str] = set()
+    for _ in range(8):
+        model = _infer(model, display)
+        model, new = _fold(model, display)
+        if not new:
+            break
+        folded |= new
+    return model, folded
+
+
+def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
+    try:
+        return shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelImportError(f"{display}: ONNX shape inference failed: {first}") from None
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:
+    out: dict[str, tuple[tuple[int, ...], int]] = {}
+    g = model.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        if all(d.HasField("dim_value") for d in tt.shape.dim):
+            out[vi.name] = (tuple(d.dim_value for d in tt.shape.dim), tt.elem_type)
+    for init in g.initializer:
+        out[init.name] = (tuple(init.dims), init.data_type)
+    return out
+
+
+def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[str]]:
+    """Replace nodes computable from constants by initializers. Returns (model, folded names)."""
+    g = model.graph
+    trainable_like = {
+        i.name for i in g.initializer if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                                          onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    }
+    consts: dict[str, np.ndarray] = {
+        i.name: numpy_helper.to_array(i) for i in g.initializer if i.name not in trainable_like
+    }
+    shapes = _static_shapes(model)
+    graph_outputs = {o.name for o in g.output}
+    keep: list[onnx.NodeProto] = []
+    new_inits: list[onnx.TensorProto] = []
+    for node in g.node:
+        if node.op_type in CONTROL_FLOW or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
+            keep.append(node)
+            continue
+        value = None
+        if node.op_type == "Constant":
+            value = [numpy_helper.to_array(_constant_value(node, display))]
+        elif node.op_type == "Shape" and node.input[0] in shapes:
+            value = [_shape_of(node, shapes[node.input[0]][0])]
+        elif node.op_type == "Size" and node.input[0] in shapes:
+            value = [np.array(int(np.prod(shapes[node.input[0]][0])), dtype=np.int64)]
+        elif node.op_type in FOLDABLE and all(not n or n in consts for n in node.input):
+            value = _evaluate(node, [consts[n] if n else None for n in node.input], model.opset_import)
+        if value is None or any(v is None or v.size > FOLD_MAX_ELEMENTS for v in value) or any(
+            o in graph_outputs for o in node.output
+        ):
+            keep.append(node)
+            continue
+        for name, v in zip(node.output, value):
+            if name:
+                consts[name] = v
+                new_inits.append(numpy_helper.from_array(np.asarray(v), name))
+    if not new_inits:
+        return model, set()
+    # Drop folded initializers nothing reads any more (e.g. a Shape's input chain).
+    del g.node[:]
+    g.node.extend(keep)
+    g.initializer.extend(new_inits)
+    used = {n for node in g.node for n in node.input} | {o.name for o in g.output}
+    kept_inits = [i for i in g.initializer if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    return model, {i.name for i in new_inits}
+
+
+def _constant_value(node: onnx.NodeProto, display: str) -> onnx.TensorProto:
+    attr = node.attribute[0] if node.attribute else None
+    if attr is None:
+        raise ModelImportError(f"{display}: Constant node {node.name!r} has no value")
+    if attr.name == "value":
+        return attr.t
+    v = helper.get_attribute_value(attr)
+    if attr.name in ("value_float", "value_int"):
+        arr = np.array(v, dtype=np.float32 if attr.name == "value_float" else np.int64)
+    elif attr.name in ("value_floats", "value_ints"):
+        arr = np.array(list(v), dtype=np.float32 if attr.name == "value_floats" else np.int64)
+    else:
+        raise ModelImportError(f"{display}: Constant node {node.name!r} uses unsupported attribute {attr.name!r}")
+    return numpy_helper.from_array(arr)
+
+
+def _shape_of(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    rank = len(shape)
+    start = attrs.get("start", 0)
+    end = attrs.get("end", rank)
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return np.array(shape[start:end], dtype=np.int64)
+
+
+def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets: Any) -> list[np.ndarray] | None:
+    """Run one node on constant inputs with ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
+    n = helper.make_node(node.op_type, names, [f"o{k}" if o else "" for k, o in enumerate(node.output)],
+                         domain=node.domain)
+    n.attribute.extend(node.attribute)
+    g = helper.make_graph(
+        [n], "fold",
+        [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for nm, v in zip(names, inputs) if v is not None],
+        [helper.make_tensor_value_info(f"o{k}", onnx.TensorProto.UNDEFINED, None)
+         for k, o in enumerate(node.output) if o],
+    )
+    m = helper.make_model(g, opset_imports=list(opsets))
+    try:
+        result = ReferenceEvaluator(m).run(None, {nm: v for nm, v in zip(names, inputs) if v is not None})
+    except Exception as err:  # noqa: BLE001 - folding is an optimisation; the node then stays
+        log.debug("not folding %s (%s): %s", node.name, node.op_type, err)
+        return None
+    out = iter(np.asarray(r) for r in result)
+    return [next(out) if o else None for o in node.output]
+
+
+def _topo_order(g: onnx.GraphProto, available: set[str], display: str) -> list[onnx.NodeProto]:
+    """Stable topological order (file order where possible); raises on cycles and unknown inputs."""
+    producers: dict[str, int] = {}
+    for i, node in enumerate(g.node):
+        for o in node.output:
+            if o:
+                if o in producers or o in available:
+                    raise ModelImportError(f"{display}: tensor {o!r} is produced twice (node {node.name!r})")
+                producers[o] = i
+    deps: list[set[int]] = []
+    for node in g.node:
+        d = set()
+        for name in node.input:
+            if not name or name in available:
+                continue
+            if name not in producers:
+                raise ModelImportError(
+                    f"{display}: node {node.name!r} ({node.op_type}) reads {name!r}, which no node, input or "
+                    "initializer provides"
+                )
+            d.add(producers[name])
+        deps.append(d)
+    users: list[list[int]] = [[] for _ in g.node]
+    indeg = [len(d) for d in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    import heapq
+
+    ready = [i for i, k in enumerate(indeg) if k == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(g.node):
+        stuck = next(i for i, k in enumerate(indeg) if k > 0)
+        node = g.node[stuck]
+        raise ModelImportError(
+            f"{display}: the graph has a cycle through node {node.name or stuck!r} ({node.op_type}); "
+            "ONNX graphs must be acyclic"
+        )
+    return [g.node[i] for i in order]
+
+
+def _attr_value(attr: onnx.AttributeProto, node: onnx.NodeProto, display: str) -> Any:
+    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise ModelImportError(
+            f"{display}: node {node.name!r} ({node.op_type}) has a subgraph attribute {attr.name!r}; "
+            "control flow is not supported"
+        )
+    v = helper.get_attribute_value(attr)
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(v)
+    if attr.type == onnx.AttributeProto.TENSORS:
+        return [numpy_helper.to_array(t) for t in v]
+    if isinstance(v, bytes) and attr.type == onnx.AttributeProto.STRING:
+        return v.decode("utf-8", errors="replace")
+    if attr.type == onnx.AttributeProto.STRINGS:
+        return [s.decode("utf-8", errors="replace") for s in v]
+    if isinstance(v, list):
+        return list(v)
+    return v
+
+
+def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
+    g = model.graph
+    shapes = _static_shapes(model)
+    opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+    b = GraphBuilder(name=g.name or Path(display).stem, opsets=opsets)
+    bn_stats = {n.input[k] for n in g.node if n.op_type == "BatchNormalization" for k in (3, 4) if len(n.input) > k}
+    init_names = {i.name for i in g.initializer}
+    for inp in g.input:
+        if inp.name in init_names:
+            continue
+        shape, et = _require_shape(inp.name, shapes, display, "graph input")
+        b.input(inp.name, _dtype(et, inp.name, display), shape)
+    for init in g.initializer:
+        value = numpy_helper.to_array(init)
+        dtype = ONNX_TO_DTYPE.get(init.data_type)
+        if dtype is None:
+            raise ModelImportError(f"{display}: initializer {init.name!r} has unsupported element type")
+        trainable = dtype in ("float32", "float64", "float16", "bfloat16") and init.name not in bn_stats \
+            and init.name not in folded
+        b.initializer(init.name, value, trainable=trainable)
+    for node in _topo_order(g, set(b._by_name), display):  # noqa: SLF001 - builder is ours
+        if node.op_type in CONTROL_FLOW:
+            raise ModelImportError(
+                f"{display}: node {node.name!r} is a {node.op_type}; control flow is not supported "
+                "(export the model with static control flow)"
+            )
+        ins = []
+        for name in node.input:
+            ins.append(b.id(name) if name else NO_TENSOR)
+        outs = []
+        for name in node.output:
+            if not name:
+                outs.append(None)
+                continue
+            shape, et = _require_shape(name, shapes, display, f"output of node {node.name!r} ({node.op_type})")
+            outs.append((name, _dtype(et, name, display), shape))
+        attrs = {a.name: _attr_value(a, node, display) for a in node.attribute}
+        name = node.name if node.name and not _node_name_taken(b, node.name) else None
+        b.node(node.op_type, ins, outs, name=name, domain=node.domain if node.domain != "ai.onnx" else "",
+               attrs=attrs)
+    for out in g.output:
+        if not b.has(out.name):
+            raise ModelImportError(f"{display}: graph output {out.name!r} is never produced")
+        b.output(b.id(out.name))
+    try:
+        return b.build()
+    except PlannerError as err:
+        raise ModelImportError(f"{display}: {err}") from None
+
+
+def _node_name_taken(b: GraphBuilder, name: str) -> bool:
+    taken = getattr(b, "_node_names", None)
+    if taken is None:
+        taken = b._node_names = set()  # type: ignore[attr-defined]
+    if name in taken:
+        return True
+    taken.add(name)
+    return False
+
+
+def _require_shape(name: str, shapes: Mapping[str, tuple[tuple[int, ...], int]], display: str, what: str):
+    if name not in shapes:
+        raise ModelImportError(
+            f"{display}: cannot infer a static shape for tensor {name!r} ({what}); bind symbolic dims with "
+            "--dim NAME=VALUE or export the model with static shapes"
+        )
+    return shapes[name]
+
+
+def _dtype(elem_type: int, name: str, display: str) -> str:
+    try:
+        return ONNX_TO_DTYPE[elem_type]
+    except KeyError:
+        raise ModelImportError(
+            f"{display}: tensor {name!r} has element type {onnx.TensorProto.DataType.Name(elem_type)}, "
+            "which memplan does not support"
+        ) from None
