@@ -1,0 +1,325 @@
+"""Reverse-mode autodiff on the IR: forward Graph with a scalar loss -> training-step Graph.
+
+Pre: a validated Graph with static shapes and a scalar (one-element) float loss output.
+Post: a validated Graph that holds the forward nodes the loss needs (same order, same names; rules
+may add optional outputs such as MaxPool's Indices), then the backward nodes in reverse order of
+the forward, so file order is a valid schedule. Outputs: the loss, then ``<param>_grad`` for each
+trainable initializer, in initializer order. With an optimizer (``passes/optimizer.py``) the
+outputs are the loss, ``<param>_new`` and the optimizer state (``keep_grads`` adds the gradients);
+each parameter's update is emitted as soon as its gradient is complete, so it dies early.
+
+Trainable = TRAINABLE initializers (float, not BatchNormalization running stats) minus ``freeze``
+patterns, restricted to those the loss depends on through differentiable inputs of ops with a
+rule. Int/bool subgraphs and ops on constants pass through untouched. An op with no rule between a
+trainable initializer and the loss is an error naming the node, the op and the supported ops;
+nothing is built. Fan-out is summed with Add as each contribution arrives.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from passes.gradients import RULES, STOP_GRADIENT, BackwardContext, GradRule, supported_ops
+from passes.gradients._emit import Emitter
+from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
+from planner.errors import GraphError, ModelImportError, UsageError
+from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    loss: str | None = None  # loss output name; default: the first one-element float output
+    freeze: tuple[str, ...] = ()  # fnmatch patterns of initializers that get no gradient
+    optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
+    keep_grads: bool = False  # with an optimizer, also output the gradients (they then live to the end)
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """The training graph and how its signature maps to the forward model."""
+
+    graph: Graph
+    loss: str  # loss output name
+    params: tuple[str, ...]  # trainable initializers, in graph order
+    grads: Mapping[str, str]  # param -> gradient tensor name (``<param>_grad``)
+    updates: Mapping[str, str]  # param -> updated value output (``<param>_new``); empty without optimizer
+    state: tuple[StateSlot, ...]  # optimizer state inputs/outputs with their initial values
+    saved: Mapping[str, tuple[str, ...]]  # forward node -> forward tensors its gradient rule keeps
+
+
+def autodiff(forward: Graph, options: TrainOptions | None = None) -> Graph:
+    """Convenience: just the training Graph."""
+    return build_training_graph(forward, options).graph
+
+
+def build_training_graph(forward: Graph, options: TrainOptions | None = None) -> TrainingStep:
+    options = options or TrainOptions()
+    loss = _pick_loss(forward, options.loss)
+    candidates = [t.id for t in forward.tensors if t.kind is TensorKind.TRAINABLE
+                  and not any(fnmatch.fnmatchcase(t.name, p) for p in options.freeze)]
+    active = _forward_activity(forward, candidates)
+    on_path, useful = _backward_reach(forward, loss, active)
+    params = [t for t in candidates if useful[t]]
+    if not params:
+        raise ModelImportError(
+            f"loss {forward.tensors[loss].name!r} depends on no trainable initializer"
+            + (f" (frozen: {', '.join(options.freeze)})" if options.freeze else "")
+            + "; there is nothing to train"
+        )
+    return _Builder(forward, loss, params, active, on_path, options).run()
+
+
+# ---- analysis ---------------------------------------------------------------------------------
+def _pick_loss(graph: Graph, name: str | None) -> int:
+    if name is not None:
+        tid = graph.by_name.get(name)
+        if tid is None or tid not in graph.output_set:
+            outs = ", ".join(graph.tensors[t].name for t in graph.outputs)
+            raise UsageError(f"loss {name!r} is not an output of {graph.name!r}; outputs: {outs}")
+    else:
+        scalars = [t for t in graph.outputs if graph.tensors[t].dtype in FLOAT_DTYPES
+                   and int(np.prod(graph.tensors[t].shape)) == 1]
+        if not scalars:
+            outs = ", ".join(f"{graph.tensors[t].name}{list(graph.tensors[t].shape)}" for t in graph.outputs)
+            raise ModelImportError(
+                f"{graph.name!r} has no scalar float output to use as the loss (outputs: {outs}); "
+                "add a loss to the model (e.g. SoftmaxCrossEntropyLoss or ReduceMean of a squared error)"
+            )
+        tid = scalars[0]
+    t = graph.tensors[tid]
+    if t.dtype not in FLOAT_DTYPES or int(np.prod(t.shape)) != 1:
+        raise UsageError(f"loss {t.name!r} must be a one-element float tensor, got {t.dtype}{list(t.shape)}")
+    return tid
+
+
+def _rule_inputs(graph: Graph, node: Node) -> list[int]:
+    """Input slots that can carry a gradient: the rule's, or every float input for unknown ops."""
+    rule = RULES.get(node.op_type)
+    if rule is not None:
+        slots = rule.differentiable(node)
+    else:
+        slots = range(len(node.inputs))
+    return [i for i in slots if node.inputs[i] != NO_TENSOR and graph.tensors[node.inputs[i]].dtype in FLOAT_DTYPES]
+
+
+def _rule_outputs(graph: Graph, node: Node) -> list[int]:
+    rule = RULES.get(node.op_type)
+    return [k for k, t in enumerate(node.outputs)
+            if t != NO_TENSOR and graph.tensors[t].dtype in FLOAT_DTYPES and (rule is None or rule.carries(k))]
+
+
+def _forward_activity(graph: Graph, params: Sequence[int]) -> list[bool]:
+    """active[t]: float tensor t depends on a trainable initializer through differentiable slots."""
+    active = [False] * len(graph.tensors)
+    for t in params:
+        active[t] = True
+    for node in graph.nodes:
+        if node.op_type in STOP_GRADIENT or node.domain not in ("", "ai.onnx"):
+            if node.domain not in ("", "ai.onnx") and any(active[t] for t in node.inputs if t != NO_TENSOR):
+                _no_rule(graph, node)
+            continue
+        if any(active[node.inputs[i]] for i in _rule_inputs(graph, node)):
+            for k in _rule_outputs(graph, node):
+                active[node.outputs[k]] = True
+    return active
+
+
+def _backward_reach(graph: Graph, loss: int, active: list[bool]) -> tuple[list[int], list[bool]]:
+    """Nodes on a differentiable path to the loss (forward order) and the tensors that need grads."""
+    useful = [False] * len(graph.tensors)
+    useful[loss] = True
+    on_path: list[int] = []
+    for node in reversed(graph.nodes):
+        if node.op_type in STOP_GRADIENT:
+            continue
+        if not any(useful[node.outputs[k]] for k in _rule_outputs(graph, node)):
+            continue
+        wanted = [node.inputs[i] for i in _rule_inputs(graph, node) if active[node.inputs[i]]]
+        if not wanted:
+            continue
+        if node.op_type not in RULES:
+            _no_rule(graph, node)
+        on_path.append(node.id)
+        for t in wanted:
+            useful[t] = True
+    return on_path[::-1], useful
+
+
+def _no_rule(graph: Graph, node: Node) -> None:
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    raise ModelImportError(
+        f"no gradient rule for node {node.name!r} ({op}) on the path from the trainable weights to the loss; "
+        f"supported ops: {', '.join(supported_ops())}; freeze the weights before it with --freeze PATTERN"
+    )
+
+
+def _loss_ancestors(graph: Graph, loss: int) -> set[int]:
+    """Nodes the loss depends on (any input, differentiable or not)."""
+    needed = {loss}
+    keep: set[int] = set()
+    for node in reversed(graph.nodes):
+        if any(t in needed for t in node.outputs):
+            keep.add(node.id)
+            needed.update(t for t in node.inputs if t != NO_TENSOR)
+    return keep
+
+
+# ---- emission ---------------------------------------------------------------------------------
+class _Builder:
+    """One training-graph construction: forward copy, backward sweep, optional optimizer, names."""
+
+    def __init__(self, fwd: Graph, loss: int, params: list[int], active: list[bool], on_path: list[int],
+                 options: TrainOptions):
+        self.fwd, self.loss, self.params, self.active = fwd, loss, params, active
+        self.on_path, self.options = on_path, options
+        self.b = GraphBuilder(name=f"{fwd.name}_train", opsets=fwd.opsets)
+        self.em = Emitter(self.b, int(fwd.opsets.get("", fwd.opsets.get("ai.onnx", 17))))
+        self.remap: dict[int, int] = {}
+        self.values: dict[int, np.ndarray] = {}
+        self.nodes: dict[int, Node] = {}
+        self.grads: dict[int, int] = {}
+        self.saved: dict[str, tuple[str, ...]] = {}
+
+    def run(self) -> TrainingStep:
+        self._copy_forward()
+        param_ids = [self.remap[p] for p in self.params]
+        pending = self._count_contributions()
+        opt = OptimizerStep(self.em, self.options.optimizer, param_ids)
+        self.grads[self.remap[self.loss]] = self.em.const(np.ones(self.fwd.tensors[self.loss].shape,
+                                                                  dtype=self.fwd.tensors[self.loss].dtype))
+        for nid in reversed(self.on_path):
+            for t in self._backward(self.fwd.nodes[nid]):
+                if t in pending:
+                    pending[t] -= 1
+                    if pending[t] == 0:
+                        self.em.begin(self.b.tensor(t).name)
+                        opt.update(t, self.grads[t])
+        grad_names = self._name_gradients(param_ids)
+        self.b.output(self.remap[self.loss])
+        if not opt.enabled or self.options.keep_grads:
+            for p in param_ids:
+                self.b.output(self.grads[p])
+        for t in opt.outputs():
+            self.b.output(t)
+        graph = _rename(self.b.build(), grad_names)
+        names = [self.fwd.tensors[p].name for p in self.params]
+        return TrainingStep(
+            graph=graph,
+            loss=self.fwd.tensors[self.loss].name,
+            params=tuple(names),
+            grads={n: f"{n}_grad" for n in names},
+            updates=dict(opt.updates),
+            state=tuple(opt.state),
+            saved=self.saved,
+        )
+
+    def _copy_forward(self) -> None:
+        fwd, b = self.fwd, self.b
+        keep = _loss_ancestors(fwd, self.loss)
+        used = {t for nid in keep for t in fwd.nodes[nid].inputs if t != NO_TENSOR} | {self.loss}
+        for t in fwd.inputs:
+            self.remap[t] = b.input(fwd.tensors[t].name, fwd.tensors[t].dtype, fwd.tensors[t].shape)
+        trainable = set(self.params)
+        for t in fwd.tensors:
+            if t.kind in (TensorKind.TRAINABLE, TensorKind.FROZEN) and t.id in used:
+                self.remap[t.id] = b.initializer(t.name, fwd.values[t.id], trainable=t.id in trainable)
+                if t.id not in trainable:
+                    self.values[self.remap[t.id]] = np.asarray(fwd.values[t.id])
+        on_path = set(self.on_path)
+        for node in fwd.nodes:
+            if node.id not in keep:
+                continue
+            outs: list = [None if t == NO_TENSOR else (fwd.tensors[t].name, fwd.tensors[t].dtype, fwd.tensors[t].shape)
+                          for t in node.outputs]
+            rule = RULES.get(node.op_type)
+            if node.id in on_path and rule is not None and rule.extra_outputs is not None:
+                value_of = lambda t: None if t == NO_TENSOR else fwd.values.get(t)  # noqa: E731
+                for slot, (suffix, dtype, shape) in sorted(rule.extra_outputs(node, fwd.tensors.__getitem__,
+                                                                                value_of).items()):
+                    outs.extend([None] * (slot + 1 - len(outs)))
+                    if outs[slot] is None:
+                        outs[slot] = (self.em.fresh(f"{node.name}__{suffix}"), dtype, shape)
+            ins = [NO_TENSOR if t == NO_TENSOR else self.remap[t] for t in node.inputs]
+            new_outs = b.node(node.op_type, ins, outs, name=node.name, domain=node.domain, attrs=node.attrs)
+            for old, new in zip(node.outputs, new_outs):
+                if old != NO_TENSOR:
+                    self.remap[old] = new
+            self.nodes[node.id] = Node(len(self.nodes), node.name, node.op_type, tuple(ins), new_outs, node.domain,
+                                       node.attrs)
+
+    def _needed_slots(self, node: Node) -> list[int]:
+        return [i for i in _rule_inputs(self.fwd, node) if self.active[node.inputs[i]]]
+
+    def _count_contributions(self) -> dict[int, int]:
+        """Per trainable parameter (new id): how many gradient terms will arrive."""
+        counts = {self.remap[p]: 0 for p in self.params}
+        for nid in self.on_path:
+            node = self.fwd.nodes[nid]
+            for i in self._needed_slots(node):
+                t = self.remap[node.inputs[i]]
+                if t in counts:
+                    counts[t] += 1
+        return counts
+
+    def _backward(self, fwd_node: Node) -> list[int]:
+        """Run one rule; accumulate its input gradients. Returns the tensors that got a term."""
+        rule: GradRule = RULES[fwd_node.op_type]
+        node = self.nodes[fwd_node.id]
+        need = self._needed_slots(fwd_node)
+        dys = tuple(self.grads.get(t) if t != NO_TENSOR and rule.carries(k) else None
+                    for k, t in enumerate(node.outputs))
+        self.em.begin(node.name)
+        ctx = BackwardContext(node, self.em, dys, frozenset(need), self.values)
+        result = rule.backward(ctx)
+        got = []
+        for i in need:
+            t, g = node.inputs[i], result.get(i)
+            if g is None or self.em.shape(g) != self.em.shape(t):
+                raise GraphError(
+                    f"gradient rule for {node.op_type} (node {node.name!r}) returned "
+                    f"{'nothing' if g is None else list(self.em.shape(g))} for input {i}, expected "
+                    f"{list(self.em.shape(t))}"
+                )
+            self.grads[t] = g if t not in self.grads else self.em.add(self.grads[t], g)
+            got.append(t)
+        self.saved[node.name] = tuple(self.b.tensor(t).name for t in ctx.saved)
+        return got
+
+    def _name_gradients(self, param_ids: list[int]) -> dict[int, str]:
+        """``<param>_grad`` for parameters (an Identity where the tensor is shared or not a backward
+        output), ``<tensor>__grad`` for other gradients where free. Returns the renames."""
+        n_forward = len(self.nodes)
+        renames: dict[int, str] = {}
+        taken: set[str] = set()  # names given by renames (the builder knows the others)
+        for p in param_ids:
+            g, name = self.grads[p], f"{self.b.tensor(p).name}_grad"
+            if name in taken or self.b.has(name):
+                raise ModelImportError(f"cannot name the gradient of {self.b.tensor(p).name!r}: {name!r} is taken")
+            if self.b.tensor(g).producer >= n_forward and g not in renames:
+                renames[g] = name
+            else:
+                self.em.begin(self.b.tensor(p).name)
+                self.grads[p] = self.em.unary("Identity", g, out_name=name)
+            taken.add(name)
+        for t in sorted(self.grads):
+            g = self.grads[t]
+            name = f"{self.b.tensor(t).name}__grad"
+            if self.b.tensor(g).producer >= n_forward and g not in renames and name not in taken \
+                    and not self.b.has(name):
+                renames[g] = name
+                taken.add(name)
+        return renames
+
+
+def _rename(graph: Graph, names: Mapping[int, str]) -> Graph:
+    if not names:
+        return graph
+    tensors = tuple(dataclasses.replace(t, name=names[t.id]) if t.id in names else t for t in graph.tensors)
+    return dataclasses.replace(graph, tensors=tensors).validate()

@@ -1,0 +1,184 @@
+"""Gradients of Softmax/LogSoftmax, the normalizations and the classification losses.
+
+Softmax keeps only its output. LayerNormalization keeps its input and the Mean/InvStdDev outputs
+the rule adds to the forward node. BatchNormalization in training mode recomputes the batch mean
+and inverse std from its input in standard ops: the forward's optional outputs are the *running*
+statistics, not the batch ones. SoftmaxCrossEntropyLoss differentiates through its log_prob output.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from passes.gradients import BackwardContext, register
+from passes.gradients._emit import prod
+
+
+def _softmax_axes(ctx: BackwardContext) -> list[int]:
+    """Opset 13+ normalizes one axis (default -1); before, everything from ``axis`` (default 1) on."""
+    rank = len(ctx.x_shape(0))
+    if ctx.opset >= 13:
+        return [int(ctx.attr("axis", -1)) % rank]
+    return list(range(int(ctx.attr("axis", 1)) % rank, rank))
+
+
+@register("Softmax")
+def softmax(ctx: BackwardContext) -> dict[int, int]:
+    """dx = y * (g - sum(g * y))."""
+    em, y, g = ctx.em, ctx.y(), ctx.dy()
+    return {0: em.mul(y, em.sub(g, em.reduce_sum(em.mul(g, y), _softmax_axes(ctx))))}
+
+
+@register("LogSoftmax")
+def log_softmax(ctx: BackwardContext) -> dict[int, int]:
+    """dx = g - exp(y) * sum(g)."""
+    em, y, g = ctx.em, ctx.y(), ctx.dy()
+    return {0: em.sub(g, em.mul(em.unary("Exp", y), em.reduce_sum(g, _softmax_axes(ctx))))}
+
+
+# ---- normalizations ---------------------------------------------------------------------------
+def _layer_norm_stats(node, tensor_of, value_of):
+    x_shape = tensor_of(node.inputs[0]).shape
+    axis = int(node.attrs.get("axis", -1)) % len(x_shape)
+    stat_shape = tuple(x_shape[:axis]) + (1,) * (len(x_shape) - axis)
+    return {1: ("mean", "float32", stat_shape), 2: ("inv_std", "float32", stat_shape)}
+
+
+@register("LayerNormalization", inputs=(0, 1, 2), extra_outputs=_layer_norm_stats)
+def layer_norm(ctx: BackwardContext) -> dict[int, int]:
+    """xhat = (x - mean) * inv; dx = inv * (gs - mean(gs) - xhat * mean(gs * xhat)), gs = g * scale."""
+    em, g = ctx.em, ctx.dy()
+    rank = len(ctx.x_shape(0))
+    axes = list(range(int(ctx.attr("axis", -1)) % rank, rank))
+    dtype = em.dtype(g)
+    inv = em.cast(ctx.y(2), dtype)
+    xhat = em.mul(em.sub(ctx.x(0), em.cast(ctx.y(1), dtype)), inv)
+    out = {}
+    if ctx.needs(2):
+        out[2] = em.unbroadcast(g, ctx.x_shape(2))
+    if ctx.needs(1):
+        out[1] = em.unbroadcast(em.mul(g, xhat), ctx.x_shape(1))
+    if ctx.needs(0):
+        gs = em.mul(g, ctx.x(1))
+        centered = em.sub(gs, em.reduce_mean(gs, axes))
+        out[0] = em.mul(inv, em.sub(centered, em.mul(xhat, em.reduce_mean(em.mul(gs, xhat), axes))))
+    return out
+
+
+def _normalize_backward(ctx: BackwardContext, stat_axes: list[int], eps: float) -> dict[int, int]:
+    """Backward of y = scale[c] * (x - mean) / sqrt(var + eps) + B[c], batch statistics over
+    ``stat_axes``, recomputed from x (BatchNormalization training mode, InstanceNormalization)."""
+    em, g, x = ctx.em, ctx.dy(), ctx.x(0)
+    x_shape = ctx.x_shape(0)
+    rank, channels = len(x_shape), x_shape[1]
+    param_axes = [0, *range(2, rank)]
+    count = prod(x_shape[a] for a in stat_axes)
+    mean = em.reduce_mean(x, stat_axes)
+    xc = em.sub(x, mean)
+    inv = em.unary("Reciprocal", em.unary("Sqrt", em.add(em.reduce_mean(em.mul(xc, xc), stat_axes),
+                                                            em.scalar(eps, x))))
+    xhat = em.mul(xc, inv)
+    sum_g = em.reduce_sum(g, stat_axes)
+    sum_gx = em.reduce_sum(em.mul(g, xhat), stat_axes)
+    rest = [a for a in param_axes if a not in stat_axes]
+    out = {}
+    if ctx.needs(2):
+        out[2] = em.reshape(em.reduce_sum(sum_g, rest), [channels])
+    if ctx.needs(1):
+        out[1] = em.reshape(em.reduce_sum(sum_gx, rest), [channels])
+    if ctx.needs(0):
+        k = em.mul(em.reshape(ctx.x(1), [1, channels] + [1] * (rank - 2)), inv)
+        centered = em.sub(g, em.scale(sum_g, 1.0 / count))
+        out[0] = em.mul(k, em.sub(centered, em.mul(xhat, em.scale(sum_gx, 1.0 / count))))
+    return out
+
+
+@register("BatchNormalization", inputs=(0, 1, 2))
+def batch_norm(ctx: BackwardContext) -> dict[int, int]:
+    """Training mode (opset 14+, training_mode=1): batch statistics. Otherwise the running
+    statistics are constants and the op is an affine map per channel."""
+    eps = float(ctx.attr("epsilon", 1e-5))
+    rank = len(ctx.x_shape(0))
+    if ctx.opset >= 14 and int(ctx.attr("training_mode", 0)) == 1:
+        return _normalize_backward(ctx, [0, *range(2, rank)], eps)
+    em, g = ctx.em, ctx.dy()
+    channels = ctx.x_shape(0)[1]
+    bshape = [1, channels] + [1] * (rank - 2)
+    param_axes = [0, *range(2, rank)]
+    var = em.reshape(ctx.x(4), bshape)
+    inv = em.unary("Reciprocal", em.unary("Sqrt", em.add(var, em.scalar(eps, var))))
+    out = {}
+    if ctx.needs(2):
+        out[2] = em.reduce_sum(g, param_axes, keepdims=False)
+    if ctx.needs(1):
+        xhat = em.mul(em.sub(ctx.x(0), em.reshape(ctx.x(3), bshape)), inv)
+        out[1] = em.reduce_sum(em.mul(g, xhat), param_axes, keepdims=False)
+    if ctx.needs(0):
+        out[0] = em.mul(g, em.mul(em.reshape(ctx.x(1), bshape), inv))
+    return out
+
+
+@register("InstanceNormalization", inputs=(0, 1, 2))
+def instance_norm(ctx: BackwardContext) -> dict[int, int]:
+    return _normalize_backward(ctx, list(range(2, len(ctx.x_shape(0)))), float(ctx.attr("epsilon", 1e-5)))
+
+
+# ---- losses -----------------------------------------------------------------------------------
+def _sample_coefficients(ctx: BackwardContext) -> int:
+    """d loss / d (per-sample loss), shaped like the labels (or a scalar): the output gradient times
+    the class weight, zero at ignore_index, divided by the weight total for reduction='mean'."""
+    em, g = ctx.em, ctx.dy()
+    labels = ctx.x(1)
+    ldtype, lshape = em.dtype(labels), em.shape(labels)
+    coef = None
+    ignore = ctx.attr("ignore_index")
+    keep = None
+    if ignore is not None:
+        keep = em.unary("Not", em.binary("Equal", labels, em.const(np.asarray(ignore, dtype=ldtype))))
+        coef = em.cast(keep, em.dtype(g))
+    if ctx.has_input(2):
+        safe = labels if keep is None else em.where(keep, labels, em.const(np.asarray(0, dtype=ldtype)))
+        weight = em.op("Gather", [ctx.x(2), safe], lshape, em.dtype(g), axis=0)
+        coef = weight if coef is None else em.mul(coef, weight)
+    if ctx.attr("reduction", "mean") == "mean":
+        if coef is None:
+            return em.scale(g, 1.0 / prod(lshape))
+        coef = em.div(coef, em.reduce_sum(coef, range(len(lshape)), keepdims=False))
+    return g if coef is None else em.mul(coef, g)
+
+
+def _one_hot_minus(ctx: BackwardContext, probs: int | None) -> int:
+    """probs - onehot(labels) (or -onehot when probs is None), shaped like the scores."""
+    em = ctx.em
+    labels = ctx.x(1)
+    s_shape = ctx.x_shape(0)
+    classes = np.arange(s_shape[1], dtype=em.dtype(labels)).reshape([1, s_shape[1]] + [1] * (len(s_shape) - 2))
+    match = em.binary("Equal", em.reshape(labels, [s_shape[0], 1, *s_shape[2:]]), em.const(classes))
+    onehot = em.cast(match, ctx.x_dtype(0))
+    return em.neg(onehot) if probs is None else em.sub(probs, onehot)
+
+
+def _times_coefficients(ctx: BackwardContext, per_class: int) -> int:
+    em = ctx.em
+    coef = _sample_coefficients(ctx)
+    s_shape = ctx.x_shape(0)
+    if em.shape(coef):
+        coef = em.reshape(coef, [s_shape[0], 1, *s_shape[2:]])
+    return em.mul(per_class, coef)
+
+
+def _log_prob_output(node, tensor_of, value_of):
+    scores = tensor_of(node.inputs[0])
+    return {1: ("log_prob", scores.dtype, scores.shape)}
+
+
+@register("SoftmaxCrossEntropyLoss", extra_outputs=_log_prob_output)
+def softmax_cross_entropy(ctx: BackwardContext) -> dict[int, int]:
+    """d scores = (softmax - onehot(label)) * coefficient, softmax = exp(log_prob)."""
+    probs = ctx.em.unary("Exp", ctx.y(1))
+    return {0: _times_coefficients(ctx, _one_hot_minus(ctx, probs))}
+
+
+@register("NegativeLogLikelihoodLoss")
+def negative_log_likelihood(ctx: BackwardContext) -> dict[int, int]:
+    """d input = -onehot(label) * coefficient."""
+    return {0: _times_coefficients(ctx, _one_hot_minus(ctx, None))}

@@ -1,0 +1,308 @@
+"""Gradients of data-movement ops (reshape, transpose, concat/split, slice, gather, pad, resize)
+and of ReduceSum/ReduceMean.
+
+Shapes and the constant inputs (shape, axes, starts, pads, scales) are static after import, so the
+per-axis maps of Slice with steps, Pad reflect/edge/wrap and Resize are built here as small
+constant matrices and their adjoints applied with one MatMul per axis.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from passes.gradients import BackwardContext, register
+from passes.gradients._emit import prod
+from planner.errors import ModelImportError
+
+
+def _require_const(ctx: BackwardContext, slot: int, what: str) -> np.ndarray:
+    value = ctx.const_input(slot)
+    if value is None:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} ({ctx.node.op_type}) has a {what} computed at run time; memplan needs it "
+            "constant to build the gradient (bind symbolic dims with --dim so the importer can fold it)"
+        )
+    return value
+
+
+def _axes(ctx: BackwardContext, slot: int, attr_before: int, rank: int) -> list[int] | None:
+    """An ``axes`` list from the input ``slot`` (opset >= attr_before) or the attribute; None if absent."""
+    if ctx.opset >= attr_before:
+        if not ctx.has_input(slot):
+            return None
+        values = _require_const(ctx, slot, "axes input")
+    else:
+        values = ctx.attr("axes")
+        if values is None:
+            return None
+    return sorted(int(a) % rank for a in np.asarray(values).reshape(-1))
+
+
+# ---- pure reshapes ----------------------------------------------------------------------------
+@register("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def reshape(ctx: BackwardContext) -> dict[int, int]:
+    return {0: ctx.em.reshape(ctx.dy(), ctx.x_shape(0))}
+
+
+@register("Transpose")
+def transpose(ctx: BackwardContext) -> dict[int, int]:
+    perm = ctx.attr("perm") or list(reversed(range(len(ctx.x_shape(0)))))
+    return {0: ctx.em.transpose(ctx.dy(), np.argsort(perm))}
+
+
+@register("Expand")
+def expand(ctx: BackwardContext) -> dict[int, int]:
+    return {0: ctx.em.unbroadcast(ctx.dy(), ctx.x_shape(0))}
+
+
+@register("Tile")
+def tile(ctx: BackwardContext) -> dict[int, int]:
+    """Split each axis into (repeat, size) and sum over the repeats."""
+    em = ctx.em
+    x_shape = ctx.x_shape(0)
+    repeats = [int(r) for r in _require_const(ctx, 1, "repeats input")]
+    split = [d for r, n in zip(repeats, x_shape) for d in (r, n)]
+    summed = em.reduce_sum(em.reshape(ctx.dy(), split), range(0, 2 * len(x_shape), 2), keepdims=False)
+    return {0: em.reshape(summed, x_shape)}
+
+
+# ---- concat / split ---------------------------------------------------------------------------
+@register("Concat", inputs=None)
+def concat(ctx: BackwardContext) -> dict[int, int]:
+    rank = len(ctx.y_shape())
+    axis = int(ctx.attr("axis")) % rank
+    out, start = {}, 0
+    for i in range(len(ctx.node.inputs)):
+        size = ctx.x_shape(i)[axis]
+        if ctx.needs(i):
+            out[i] = ctx.em.slice(ctx.dy(), [start], [start + size], [axis])
+        start += size
+    return out
+
+
+@register("Split", outputs=None)
+def split(ctx: BackwardContext) -> dict[int, int]:
+    """Concatenate the output gradients, zeros for outputs that receive none."""
+    em = ctx.em
+    axis = int(ctx.attr("axis", 0)) % len(ctx.x_shape(0))
+    dtype = ctx.x_dtype(0)
+    parts = [ctx.dy(i) if ctx.dy(i) is not None else em.zeros(ctx.y_shape(i), dtype)
+             for i in range(len(ctx.node.outputs))]
+    return {0: em.concat(parts, axis)}
+
+
+# ---- slice / gather / pad ---------------------------------------------------------------------
+def _selection_matrix(rows: Sequence[int], size: int) -> np.ndarray:
+    """M[j, i] = 1 where output position j reads input position i (an adjoint is g @ M)."""
+    m = np.zeros((len(rows), size))
+    for j, i in enumerate(rows):
+        if i is not None:
+            m[j, i] += 1.0
+    return m
+
+
+@register("Slice")
+def slice_(ctx: BackwardContext) -> dict[int, int]:
+    """Unit steps: zero-pad g back to the input shape. Other steps: one selection matrix per axis."""
+    em = ctx.em
+    x_shape = ctx.x_shape(0)
+    rank = len(x_shape)
+    if ctx.opset < 10:
+        starts, ends = ctx.attr("starts"), ctx.attr("ends")
+        axes = ctx.attr("axes") or list(range(len(starts)))
+        steps = [1] * len(starts)
+    else:
+        starts = _require_const(ctx, 1, "starts input").tolist()
+        ends = _require_const(ctx, 2, "ends input").tolist()
+        axes = _require_const(ctx, 3, "axes input").tolist() if ctx.has_input(3) else list(range(len(starts)))
+        steps = _require_const(ctx, 4, "steps input").tolist() if ctx.has_input(4) else [1] * len(starts)
+    picked = {int(a) % rank: range(*slice(int(s), int(e), int(st)).indices(x_shape[int(a) % rank]))
+              for s, e, a, st in zip(starts, ends, axes, steps)}
+    g = ctx.dy()
+    if all(r.step == 1 for r in picked.values()):
+        begin = [picked[a].start if a in picked else 0 for a in range(rank)]
+        end = [x_shape[a] - (picked[a].start + len(picked[a])) if a in picked else 0 for a in range(rank)]
+        return {0: em.pad_zeros(g, begin, end)}
+    for axis in sorted(picked):
+        g = em.axis_matmul(g, axis, _selection_matrix(list(picked[axis]), x_shape[axis]))
+    return {0: g}
+
+
+def _pad_source(j: int, n: int, begin: int, mode: str) -> int | None:
+    """Input position that padded position j reads along one axis (None for constant fill)."""
+    p = j - begin
+    if 0 <= p < n:
+        return p
+    if mode == "constant":
+        return None
+    if mode == "edge":
+        return min(max(p, 0), n - 1)
+    if mode == "wrap":
+        return p % n
+    period = 2 * (n - 1)  # reflect
+    p = abs(p) % period if period else 0
+    return period - p if p >= n else p
+
+
+@register("Pad")
+def pad(ctx: BackwardContext) -> dict[int, int]:
+    """Constant mode with non-negative pads crops g; other cases apply the adjoint per padded axis."""
+    em = ctx.em
+    x_shape, y_shape = ctx.x_shape(0), ctx.y_shape()
+    rank = len(x_shape)
+    mode = ctx.attr("mode", "constant")
+    if ctx.opset < 11:
+        pads = [int(p) for p in ctx.attr("pads")]
+    else:
+        pads = [int(p) for p in _require_const(ctx, 1, "pads input")]
+    axes = list(range(rank))
+    if ctx.opset >= 18 and ctx.has_input(3):
+        axes = [int(a) % rank for a in _require_const(ctx, 3, "axes input")]
+    begin, end = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        begin[a], end[a] = pads[k], pads[k + len(axes)]
+    g = ctx.dy()
+    if mode == "constant" and min(begin + end) >= 0:
+        return {0: em.slice(g, begin, [b + n for b, n in zip(begin, x_shape)], list(range(rank)))}
+    for axis in range(rank):
+        if begin[axis] or end[axis]:
+            rows = [_pad_source(j, x_shape[axis], begin[axis], mode) for j in range(y_shape[axis])]
+            g = em.axis_matmul(g, axis, _selection_matrix(rows, x_shape[axis]))
+    return {0: g}
+
+
+@register("Gather")
+def gather(ctx: BackwardContext) -> dict[int, int]:
+    """Scatter-add g back along ``axis`` (ScatterND with reduction='add', opset 16+)."""
+    em, g = ctx.em, ctx.dy()
+    x_shape = ctx.x_shape(0)
+    rank = len(x_shape)
+    axis = int(ctx.attr("axis", 0)) % rank
+    if ctx.opset < 16:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (Gather) needs ScatterND with reduction='add' (opset 16) for its "
+            "gradient; export the model with opset >= 16"
+        )
+    i_shape = ctx.x_shape(1)
+    const_idx = ctx.const_input(1)
+    if const_idx is not None:
+        idx = em.const(np.where(const_idx < 0, const_idx + x_shape[axis], const_idx).astype(np.int64))
+    else:
+        raw = ctx.x(1)
+        negative = em.binary("Less", raw, em.const(np.asarray(0, dtype=em.dtype(raw))))
+        idx = em.cast(em.where(negative, em.add(raw, em.const(np.asarray(x_shape[axis], em.dtype(raw)))), raw),
+                      "int64")
+    idx = em.reshape(idx, [*i_shape, 1])
+    # g is x[:axis] + i_shape + x[axis+1:]; move the index dims first.
+    ni = len(i_shape)
+    perm = [*range(axis, axis + ni), *range(axis), *range(axis + ni, len(em.shape(g)))]
+    moved = em.transpose(g, perm)
+    target = [x_shape[axis], *x_shape[:axis], *x_shape[axis + 1:]]
+    scattered = em.op("ScatterND", [em.zeros(target, em.dtype(g)), idx, moved], target, em.dtype(g),
+                      reduction="add")
+    back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
+    return {0: em.transpose(scattered, back)}
+
+
+# ---- resize -----------------------------------------------------------------------------------
+def _source_coordinate(x: np.ndarray, scale: float, n_in: int, n_out: int, mode: str) -> np.ndarray:
+    """ONNX Resize coordinate_transformation_mode: output coordinate -> input coordinate."""
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+    if mode == "align_corners":
+        return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(x)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    if mode == "half_pixel_symmetric":
+        adjustment = n_out / (scale * n_in)
+        offset = n_in / 2 * (1 - adjustment)
+        return offset + (x + 0.5) / scale - 0.5
+    raise ValueError(mode)
+
+
+def _resize_matrix(n_in: int, n_out: int, scale: float, ctx: BackwardContext) -> np.ndarray:
+    """M[o, i]: weight of input i in output o along one axis (nearest or linear)."""
+    mode = ctx.attr("mode", "nearest")
+    coords = _source_coordinate(np.arange(n_out, dtype=np.float64), scale, n_in, n_out,
+                                ctx.attr("coordinate_transformation_mode", "half_pixel"))
+    m = np.zeros((n_out, n_in))
+    rows = np.arange(n_out)
+    if mode == "nearest":
+        rounding = ctx.attr("nearest_mode", "round_prefer_floor")
+        frac = coords - np.floor(coords)
+        if rounding == "floor":
+            idx = np.floor(coords)
+        elif rounding == "ceil":
+            idx = np.ceil(coords)
+        elif rounding == "round_prefer_ceil":
+            idx = np.where(frac == 0.5, np.ceil(coords), np.round(coords))
+        else:
+            idx = np.where(frac == 0.5, np.floor(coords), np.round(coords))
+        m[rows, np.clip(idx, 0, n_in - 1).astype(np.int64)] = 1.0
+        return m
+    coords = np.clip(coords, 0, n_in - 1)
+    lo = np.floor(coords).astype(np.int64)
+    hi = np.minimum(lo + 1, n_in - 1)
+    w = coords - lo
+    np.add.at(m, (rows, lo), 1.0 - w)
+    np.add.at(m, (rows, hi), w)
+    return m
+
+
+@register("Resize")
+def resize(ctx: BackwardContext) -> dict[int, int]:
+    """Nearest and (bi/tri)linear Resize are separable: the adjoint is one constant matrix per axis."""
+    em = ctx.em
+    x_shape, y_shape = ctx.x_shape(0), ctx.y_shape()
+    rank = len(x_shape)
+    mode = ctx.attr("mode", "nearest")
+    ctm = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear") or ctm == "tf_crop_and_resize" or int(ctx.attr("antialias", 0)):
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (Resize) uses mode={mode!r}, coordinate_transformation_mode={ctm!r}, "
+            f"antialias={ctx.attr('antialias', 0)}; memplan differentiates Resize with mode nearest or linear, "
+            "without antialias or tf_crop_and_resize"
+        )
+    axes = [int(a) % rank for a in ctx.attr("axes", range(rank))]
+    scales = [y / x for x, y in zip(x_shape, y_shape)]
+    scale_slot = 2 if ctx.opset >= 11 else 1
+    given = ctx.const_input(scale_slot)
+    if given is not None and given.size:
+        for a, s in zip(axes, given.reshape(-1)):
+            scales[a] = float(s)
+    elif ctx.has_input(3) and ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        pick = min if ctx.attr("keep_aspect_ratio_policy") == "not_larger" else max
+        common = pick(y_shape[a] / x_shape[a] for a in axes)
+        for a in axes:
+            scales[a] = common
+    g = ctx.dy()
+    for axis in reversed(range(rank)):
+        if x_shape[axis] == y_shape[axis] and scales[axis] == 1.0:
+            continue
+        g = em.axis_matmul(g, axis, _resize_matrix(x_shape[axis], y_shape[axis], scales[axis], ctx))
+    return {0: g}
+
+
+# ---- reductions -------------------------------------------------------------------------------
+@register("ReduceSum", "ReduceMean")
+def reduce_sum_mean(ctx: BackwardContext) -> dict[int, int]:
+    """Broadcast g back over the reduced axes (divided by their size for the mean)."""
+    em = ctx.em
+    x_shape = ctx.x_shape(0)
+    rank = len(x_shape)
+    attr_before = 13 if ctx.node.op_type == "ReduceSum" else 18
+    axes = _axes(ctx, 1, attr_before, rank)
+    if axes is None or not axes:
+        if int(ctx.attr("noop_with_empty_axes", 0)):
+            return {0: ctx.dy()}
+        axes = list(range(rank))
+    g = ctx.dy()
+    if ctx.node.op_type == "ReduceMean":
+        g = em.scale(g, 1.0 / prod(x_shape[a] for a in axes))
+    kept = [1 if a in axes else d for a, d in enumerate(x_shape)]
+    return {0: em.expand(em.reshape(g, kept), x_shape)}

@@ -1,0 +1,118 @@
+"""Optimizer update step appended to a training graph: SGD (momentum) or Adam, torch semantics.
+
+State is explicit: each state tensor is a graph input (``<param>_momentum``, ``<param>_adam_m``,
+``<param>_adam_v``, the shared ``adam_step`` count) and its new value an output (``..._new``), so a
+caller (``passes/training.py``) feeds the outputs of one step into the next. Initial state is zeros.
+Weight decay is the L2 term ``g + wd * p`` of torch.optim.SGD/Adam.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from passes.gradients._emit import Emitter
+from planner.errors import UsageError
+
+OPTIMIZERS = ("none", "sgd", "adam")
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    kind: str = "none"  # none | sgd | adam
+    lr: float = 0.01  # learning rate
+    momentum: float = 0.0  # SGD momentum (no dampening, not Nesterov); 0 adds no state
+    beta1: float = 0.9  # Adam first-moment decay
+    beta2: float = 0.999  # Adam second-moment decay
+    eps: float = 1e-8  # Adam denominator guard
+    weight_decay: float = 0.0  # L2 penalty folded into the gradient
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIMIZERS:
+            raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.kind!r}")
+        checks = [("--lr", self.lr, self.lr > 0), ("--momentum", self.momentum, 0 <= self.momentum < 1),
+                  ("--beta1", self.beta1, 0 <= self.beta1 < 1), ("--beta2", self.beta2, 0 <= self.beta2 < 1),
+                  ("--weight-decay", self.weight_decay, self.weight_decay >= 0), ("eps", self.eps, self.eps > 0)]
+        for flag, value, ok in checks:
+            if not (ok and math.isfinite(value)):
+                raise UsageError(f"{flag} {value} is out of range (lr > 0; momentum, betas in [0, 1); decay >= 0)")
+
+
+@dataclass(frozen=True)
+class StateSlot:
+    input: str  # graph input holding the state before the step
+    output: str  # graph output holding it after the step
+    initial: np.ndarray  # value to feed before the first step
+
+
+class OptimizerStep:
+    """Emits one parameter's update when its gradient is complete; collects outputs in param order."""
+
+    def __init__(self, em: Emitter, options: OptimizerOptions, params: list[int]):
+        self.em, self.opt = em, options
+        self.enabled = options.kind != "none"
+        self.updates: dict[str, str] = {}
+        self.state: list[StateSlot] = []
+        self._new: dict[int, int] = {}  # param id -> updated value
+        self._state_out: dict[int, list[int]] = {}
+        self._step_new: int | None = None
+        if options.kind == "adam":
+            self._init_adam_step()
+        suffixes = {"sgd": ["momentum"] if options.momentum else [], "adam": ["adam_m", "adam_v"]}
+        self._inputs = {p: [self._state_input(p, s) for s in suffixes.get(options.kind, [])] for p in params}
+
+    def _init_adam_step(self) -> None:
+        em, b = self.em, self.em.b
+        step = b.input("adam_step", "float32", ())
+        em.begin("adam_step")
+        t = em.add(step, em.scalar(1.0, step), out_name="adam_step_new")
+        self._step_new = t
+        self.state.append(StateSlot("adam_step", "adam_step_new", np.zeros((), np.float32)))
+        one = em.scalar(1.0, step)
+        bc1 = em.sub(one, em.binary("Pow", em.scalar(self.opt.beta1, step), t))
+        bc2 = em.sub(one, em.binary("Pow", em.scalar(self.opt.beta2, step), t))
+        self._lr_t = em.div(em.scalar(self.opt.lr, step), bc1)  # lr / (1 - beta1^t)
+        self._sqrt_bc2 = em.unary("Sqrt", bc2)
+
+    def _state_input(self, param: int, suffix: str) -> int:
+        p = self.em.tensor(param)
+        name = f"{p.name}_{suffix}"
+        self.state.append(StateSlot(name, f"{name}_new", np.zeros(p.shape, dtype=p.dtype)))
+        return self.em.b.input(name, p.dtype, p.shape)
+
+    def update(self, param: int, grad: int) -> None:
+        if not self.enabled:
+            return
+        em, o = self.em, self.opt
+        name = em.tensor(param).name
+        if o.weight_decay:
+            grad = em.add(grad, em.scale(param, o.weight_decay))
+        outs = []
+        if o.kind == "sgd":
+            step = grad
+            if o.momentum:
+                (v,) = self._inputs[param]
+                step = em.add(em.scale(v, o.momentum), grad, out_name=f"{name}_momentum_new")
+                outs.append(step)
+            new = em.sub(param, em.scale(step, o.lr), out_name=f"{name}_new")
+        else:
+            m, v = self._inputs[param]
+            m_new = em.add(em.scale(m, o.beta1), em.scale(grad, 1 - o.beta1), out_name=f"{name}_adam_m_new")
+            v_new = em.add(em.scale(v, o.beta2), em.scale(em.mul(grad, grad), 1 - o.beta2),
+                           out_name=f"{name}_adam_v_new")
+            outs += [m_new, v_new]
+            dtype = em.dtype(param)
+            denom = em.add(em.div(em.unary("Sqrt", v_new), em.cast(self._sqrt_bc2, dtype)), em.scalar(o.eps, param))
+            new = em.sub(param, em.mul(em.div(m_new, denom), em.cast(self._lr_t, dtype)), out_name=f"{name}_new")
+        self._new[param] = new
+        self._state_out[param] = outs
+        self.updates[name] = f"{name}_new"
+
+    def outputs(self) -> list[int]:
+        """Updated parameters, then state outputs, both in parameter order; then the Adam step."""
+        order = sorted(self._new)
+        outs = [self._new[p] for p in order] + [s for p in order for s in self._state_out[p]]
+        if self._step_new is not None:
+            outs.append(self._step_new)
+        return outs
