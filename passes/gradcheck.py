@@ -70,12 +70,29 @@ def loss_evaluator(forward: Graph, loss: str, params: Sequence[str], use_referen
     if use_reference:
         from onnx.reference import ReferenceEvaluator
 
-        ref = ReferenceEvaluator(model)
+        ref = ReferenceEvaluator(model, new_ops=[_grouped_conv_transpose()])
         return lambda feeds: float(np.asarray(ref.run([loss], dict(feeds))[0]).reshape(()))
     sess = ort_session(model)
     names = {i.name for i in sess.get_inputs()}
     return lambda feeds: float(np.asarray(sess.run([loss], {k: v for k, v in feeds.items() if k in names})[0])
                                .reshape(()))
+
+
+def _grouped_conv_transpose():
+    """onnx's reference ConvTranspose ignores ``group``; run it once per group instead."""
+    from onnx.reference.ops.op_conv_transpose import ConvTranspose as Base
+
+    class ConvTranspose(Base):
+        def _run(self, X, W, B=None, group=None, **attrs):  # noqa: N803 - ONNX input names
+            group = int(group or 1)
+            if group == 1:
+                return super()._run(X, W, B, group=1, **attrs)
+            xs, ws = np.split(X, group, axis=1), np.split(W, group, axis=0)
+            bs = np.split(B, group) if B is not None else [None] * group
+            parts = [super(ConvTranspose, self)._run(x, w, b, group=1, **attrs)[0] for x, w, b in zip(xs, ws, bs)]
+            return (np.concatenate(parts, axis=1),)
+
+    return ConvTranspose
 
 
 def finite_differences(

@@ -161,8 +161,8 @@ def _times_coefficients(ctx: BackwardContext, per_class: int) -> int:
     em = ctx.em
     coef = _sample_coefficients(ctx)
     s_shape = ctx.x_shape(0)
-    if em.shape(coef):
-        coef = em.reshape(coef, [s_shape[0], 1, *s_shape[2:]])
+    # Per sample (reduction 'none', or weights/ignore_index) or one number (a () or (1,) loss).
+    coef = em.reshape(coef, [s_shape[0], 1, *s_shape[2:]] if em.shape(coef) == ctx.x_shape(1) else [])
     return em.mul(per_class, coef)
 
 

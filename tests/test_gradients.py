@@ -1,0 +1,220 @@
+"""Every gradient rule alone against float64 central finite differences, through ORT (CPU).
+
+Shapes are tiny and random; the cases cover broadcasting and the attribute variants each rule
+handles (Conv groups/strides/pads/dilations, pool variants, BN train mode, LayerNorm axes, Softmax
+axes, Resize modes, Gather axes, Slice steps, Pad modes, Split/Concat, loss reductions).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradcase import check_gradients, node
+from passes.gradients import supported_ops
+
+I64 = np.int64
+
+
+def rnd(*shape, seed=0, low=None):
+    """Standard normal values; with ``low``, magnitudes shifted away from 0 (for Div/Log/Sqrt)."""
+    v = np.random.default_rng(seed + 7 * len(shape) + sum(shape)).standard_normal(shape)
+    return v if low is None else np.abs(v) + low
+
+
+def ints(*values):
+    return np.asarray(values, dtype=I64)
+
+
+# Each case: id -> (nodes, params, extra keyword arguments of check_gradients).
+CASES = {
+    # ---- arithmetic with broadcasting ----
+    "add_broadcast": ([node("Add", ["a", "b"], ["y"])], {"a": rnd(2, 3, 4), "b": rnd(3, 1)}, {}),
+    "sub_broadcast": ([node("Sub", ["a", "b"], ["y"])], {"a": rnd(2, 3), "b": rnd(4, 1, 3)}, {}),
+    "mul_broadcast": ([node("Mul", ["a", "b"], ["y"])], {"a": rnd(2, 1, 4), "b": rnd(3, 1)}, {}),
+    "div_broadcast": ([node("Div", ["a", "b"], ["y"])], {"a": rnd(2, 3), "b": rnd(3, low=0.5)}, {}),
+    "pow_both": ([node("Pow", ["a", "b"], ["y"])], {"a": rnd(2, 3, low=0.5), "b": rnd(3)}, {}),
+    "pow_const_int": ([node("Pow", ["a", "e"], ["y"])], {"a": rnd(2, 3)}, {"consts": {"e": np.asarray(3, I64)}}),
+    "pow_square": ([node("Pow", ["a", "e"], ["y"])], {"a": rnd(2, 3)},
+                   {"consts": {"e": np.asarray(2.0)}, "freeze": ["e"]}),
+    "sum_variadic": ([node("Sum", ["a", "b", "c"], ["y"])], {"a": rnd(2, 3), "b": rnd(3), "c": rnd(1, 1)}, {}),
+    "fan_out_same_tensor": ([node("Mul", ["a", "a"], ["y"])], {"a": rnd(3, 2)}, {}),
+    # ---- unary ----
+    "sqrt": ([node("Sqrt", ["a"], ["y"])], {"a": rnd(2, 3, low=0.5)}, {}),
+    "neg": ([node("Neg", ["a"], ["y"])], {"a": rnd(4)}, {}),
+    "exp": ([node("Exp", ["a"], ["y"])], {"a": rnd(2, 3)}, {}),
+    "log": ([node("Log", ["a"], ["y"])], {"a": rnd(2, 3, low=0.5)}, {}),
+    "reciprocal": ([node("Reciprocal", ["a"], ["y"])], {"a": rnd(2, 3, low=0.5)}, {}),
+    "abs": ([node("Abs", ["a"], ["y"])], {"a": rnd(2, 5)}, {}),
+    "identity": ([node("Identity", ["a"], ["y"])], {"a": rnd(2, 5)}, {}),
+    "cast_roundtrip": ([node("Cast", ["a"], ["h"], to=1), node("Cast", ["h"], ["y"], to=11)], {"a": rnd(3, 2)},
+                       {"eps": 1e-3, "tol64": 1e-3}),  # FD through a float32 cast needs a wide step
+    # ---- activations ----
+    "relu": ([node("Relu", ["a"], ["y"])], {"a": rnd(3, 4)}, {}),
+    "leaky_relu": ([node("LeakyRelu", ["a"], ["y"], alpha=0.1)], {"a": rnd(3, 4)}, {}),
+    "leaky_relu_negative_alpha": ([node("LeakyRelu", ["a"], ["y"], alpha=-0.5)], {"a": rnd(3, 4)}, {}),
+    "sigmoid": ([node("Sigmoid", ["a"], ["y"])], {"a": rnd(3, 4)}, {}),
+    "tanh": ([node("Tanh", ["a"], ["y"])], {"a": rnd(3, 4)}, {}),
+    # onnx's reference Erf rounds to float32 (and ORT has no float64 Erf): a wider FD step.
+    "erf": ([node("Erf", ["a"], ["y"])], {"a": rnd(3, 4)}, {"eps": 1e-3}),
+    "gelu_exact": ([node("Gelu", ["a"], ["y"])], {"a": rnd(3, 4)}, {"opset": 20, "eps": 1e-3}),
+    "gelu_tanh": ([node("Gelu", ["a"], ["y"], approximate="tanh")], {"a": rnd(3, 4)}, {"opset": 20}),
+    "hard_sigmoid": ([node("HardSigmoid", ["a"], ["y"], alpha=0.3, beta=0.4)], {"a": 3 * rnd(4, 5)}, {}),
+    "hard_swish": ([node("HardSwish", ["a"], ["y"])], {"a": 3 * rnd(4, 5)}, {}),
+    "clip_both": ([node("Clip", ["a", "lo", "hi"], ["y"])], {"a": rnd(4, 5)},
+                  {"consts": {"lo": np.asarray(-0.5), "hi": np.asarray(0.7)}}),
+    "clip_min_only": ([node("Clip", ["a", "lo"], ["y"])], {"a": rnd(4, 5)}, {"consts": {"lo": np.asarray(-0.2)}}),
+    "softplus": ([node("Softplus", ["a"], ["y"])], {"a": rnd(3, 4)}, {}),
+    # ---- softmax family ----
+    "softmax_axis1": ([node("Softmax", ["a"], ["y"], axis=1)], {"a": rnd(2, 3, 4)}, {}),
+    "softmax_last": ([node("Softmax", ["a"], ["y"])], {"a": rnd(2, 3, 4)}, {}),
+    "softmax_opset11_coerced": ([node("Softmax", ["a"], ["y"], axis=1)], {"a": rnd(2, 3, 4)}, {"opset": 11}),
+    "log_softmax_axis0": ([node("LogSoftmax", ["a"], ["y"], axis=0)], {"a": rnd(3, 4)}, {}),
+    # ---- normalization ----
+    "layer_norm_last": ([node("LayerNormalization", ["x", "s", "b"], ["y"])],
+                        {"x": rnd(2, 3, 4), "s": rnd(4), "b": rnd(4)}, {"tol64": 1e-4}),
+    "layer_norm_axis1_no_bias": ([node("LayerNormalization", ["x", "s"], ["y"], axis=1, epsilon=1e-3)],
+                                 {"x": rnd(2, 3, 2), "s": rnd(3, 2)}, {"tol64": 1e-4}),
+    "batch_norm_train_4d": ([node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                                 training_mode=1)],
+                            {"x": rnd(3, 2, 2, 3), "s": rnd(2), "b": rnd(2)},
+                            {"consts": {"m": rnd(2), "v": rnd(2, low=0.5)}, "opset": 15}),
+    "batch_norm_train_3d": ([node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                                  training_mode=1, epsilon=1e-2)],
+                            {"x": rnd(4, 3, 2), "s": rnd(3), "b": rnd(3)},
+                            {"consts": {"m": rnd(3), "v": rnd(3, low=0.5)}, "opset": 15}),
+    "batch_norm_inference": ([node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+                             {"x": rnd(2, 3, 2, 2), "s": rnd(3), "b": rnd(3)},
+                             {"consts": {"m": rnd(3), "v": rnd(3, low=0.5)}}),
+    "instance_norm": ([node("InstanceNormalization", ["x", "s", "b"], ["y"])],
+                      {"x": rnd(2, 3, 4), "s": rnd(3), "b": rnd(3)}, {}),
+    # ---- linear algebra ----
+    "matmul_batched_2d": ([node("MatMul", ["a", "b"], ["y"])], {"a": rnd(2, 3, 4), "b": rnd(4, 5)}, {}),
+    "matmul_broadcast_batch": ([node("MatMul", ["a", "b"], ["y"])], {"a": rnd(2, 1, 3, 4), "b": rnd(3, 4, 2)}, {}),
+    "matmul_1d_left": ([node("MatMul", ["a", "b"], ["y"])], {"a": rnd(4), "b": rnd(2, 4, 3)}, {}),
+    "matmul_1d_right": ([node("MatMul", ["a", "b"], ["y"])], {"a": rnd(2, 3, 4), "b": rnd(4)}, {}),
+    "matmul_1d_both": ([node("MatMul", ["a", "b"], ["y"])], {"a": rnd(4), "b": rnd(4, seed=1)}, {}),
+    "gemm_plain_bias_row": ([node("Gemm", ["a", "b", "c"], ["y"])], {"a": rnd(3, 4), "b": rnd(4, 2), "c": rnd(2)}, {}),
+    "gemm_transA": ([node("Gemm", ["a", "b", "c"], ["y"], transA=1, alpha=0.5, beta=2.0)],
+                    {"a": rnd(4, 3), "b": rnd(4, 2), "c": rnd(3, 1)}, {}),
+    "gemm_transB": ([node("Gemm", ["a", "b"], ["y"], transB=1, alpha=1.5)], {"a": rnd(3, 4), "b": rnd(2, 4)}, {}),
+    "gemm_transAB": ([node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1)],
+                     {"a": rnd(4, 3), "b": rnd(2, 4), "c": rnd(3, 2)}, {}),
+    # ---- convolution ----
+    "conv_pad1_bias": ([node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                       {"x": rnd(2, 2, 4, 4), "w": rnd(3, 2, 3, 3), "b": rnd(3)}, {}),
+    "conv_stride2_asym_pads": ([node("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 0, 0, 1])],
+                               {"x": rnd(1, 2, 5, 6), "w": rnd(2, 2, 3, 2)}, {}),
+    "conv_dilation2": ([node("Conv", ["x", "w"], ["y"], dilations=[2, 2], pads=[2, 2, 2, 2])],
+                       {"x": rnd(1, 2, 5, 5), "w": rnd(2, 2, 3, 3)}, {}),
+    "conv_groups2_stride2": ([node("Conv", ["x", "w", "b"], ["y"], group=2, strides=[2, 2], pads=[1, 1, 1, 1])],
+                             {"x": rnd(2, 4, 5, 5), "w": rnd(4, 2, 3, 3), "b": rnd(4)}, {}),
+    "conv_depthwise": ([node("Conv", ["x", "w"], ["y"], group=3, pads=[1, 1, 1, 1])],
+                       {"x": rnd(2, 3, 4, 4), "w": rnd(6, 1, 3, 3)}, {}),
+    "conv_same_upper_stride2": ([node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+                                {"x": rnd(1, 2, 5, 4), "w": rnd(2, 2, 3, 3)}, {}),
+    "conv_1d": ([node("Conv", ["x", "w", "b"], ["y"], strides=[2], pads=[1, 1])],
+                {"x": rnd(2, 3, 7), "w": rnd(2, 3, 3), "b": rnd(2)}, {}),
+    "conv_transpose_stride2": ([node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                                     output_padding=[1, 1])],
+                               {"x": rnd(1, 2, 3, 3), "w": rnd(2, 3, 3, 3), "b": rnd(3)}, {}),
+    "conv_transpose_groups": ([node("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[2, 1])],
+                              {"x": rnd(2, 4, 3, 3), "w": rnd(4, 1, 2, 2)}, {}),
+    # ---- pools ----
+    "maxpool_2x2": ([node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], {"x": rnd(2, 2, 4, 4)}, {}),
+    "maxpool_overlap_pads": ([node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                             {"x": rnd(1, 2, 4, 5)}, {}),
+    "maxpool_ceil_dilation": ([node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1,
+                                    dilations=[1, 2])], {"x": rnd(1, 2, 5, 6)}, {}),
+    "avgpool_2x2": ([node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], {"x": rnd(2, 2, 4, 4)}, {}),
+    "avgpool_pads_exclude": ([node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                   pads=[1, 1, 1, 1])], {"x": rnd(1, 2, 5, 4)}, {}),
+    "avgpool_pads_include": ([node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                   pads=[1, 1, 1, 1], count_include_pad=1)], {"x": rnd(1, 2, 5, 4)}, {}),
+    "avgpool_ceil": ([node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)],
+                     {"x": rnd(1, 1, 6, 6)}, {}),
+    "global_avgpool": ([node("GlobalAveragePool", ["x"], ["y"])], {"x": rnd(2, 3, 3, 2)}, {}),
+    # ---- reductions ----
+    "reduce_mean_attr": ([node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)], {"x": rnd(2, 3, 4)}, {}),
+    "reduce_mean_input_opset18": ([node("ReduceMean", ["x", "ax"], ["y"])], {"x": rnd(2, 3, 4)},
+                                  {"consts": {"ax": ints(0, 2)}, "opset": 18}),
+    "reduce_sum_input": ([node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)], {"x": rnd(2, 3, 4)},
+                         {"consts": {"ax": ints(-1)}}),
+    "reduce_sum_all": ([node("ReduceSum", ["x"], ["y"])], {"x": rnd(2, 3)}, {}),
+    "reduce_sum_attr_opset11": ([node("ReduceSum", ["x"], ["y"], axes=[0, 2])], {"x": rnd(2, 3, 2)}, {"opset": 11}),
+    # ---- shape ops ----
+    "reshape": ([node("Reshape", ["x", "s"], ["y"])], {"x": rnd(2, 3, 4)}, {"consts": {"s": ints(4, -1)}}),
+    "flatten": ([node("Flatten", ["x"], ["y"], axis=2)], {"x": rnd(2, 3, 2, 2)}, {}),
+    "transpose": ([node("Transpose", ["x"], ["y"], perm=[2, 0, 1])], {"x": rnd(2, 3, 4)}, {}),
+    "squeeze_unsqueeze": ([node("Unsqueeze", ["x", "a0"], ["u"]), node("Squeeze", ["u", "a1"], ["y"])],
+                          {"x": rnd(2, 1, 3)}, {"consts": {"a0": ints(0, 3), "a1": ints(2)}}),
+    "concat_with_const": ([node("Concat", ["a", "k", "b"], ["y"], axis=1)], {"a": rnd(2, 1), "b": rnd(2, 3)},
+                          {"inputs": {"k": rnd(2, 2)}}),
+    "split_input_unused_output": ([node("Split", ["x", "sp"], ["y0", "y1", "y2"], axis=1)], {"x": rnd(2, 6)},
+                                  {"consts": {"sp": ints(1, 2, 3)}, "outputs": ["y0", "y2"]}),
+    "split_num_outputs_opset18": ([node("Split", ["x"], ["y0", "y1"], axis=0, num_outputs=2)], {"x": rnd(4, 3)},
+                                  {"opset": 18, "outputs": ["y0", "y1"]}),
+    "slice_unit_negative": ([node("Slice", ["x", "st", "en", "ax"], ["y"])], {"x": rnd(3, 5)},
+                            {"consts": {"st": ints(-4), "en": ints(-1), "ax": ints(1)}}),
+    "slice_steps": ([node("Slice", ["x", "st", "en", "ax", "sp"], ["y"])], {"x": rnd(5, 6)},
+                    {"consts": {"st": ints(4, 0), "en": ints(0, 6), "ax": ints(0, 1), "sp": ints(-1, 2)}}),
+    "gather_axis0_const_dupes_negative": ([node("Gather", ["x", "i"], ["y"])], {"x": rnd(4, 3)},
+                                          {"consts": {"i": ints(0, 2, 0, -1)}}),
+    "gather_axis1_runtime_2d": ([node("Gather", ["x", "i"], ["y"], axis=1)], {"x": rnd(2, 4, 3)},
+                                {"inputs": {"i": np.asarray([[1, -1], [1, 0]], I64)}}),
+    "gather_scalar_index": ([node("Gather", ["x", "i"], ["y"], axis=1)], {"x": rnd(2, 4)},
+                            {"consts": {"i": np.asarray(2, I64)}}),
+    "expand": ([node("Expand", ["x", "s"], ["y"])], {"x": rnd(3, 1)}, {"consts": {"s": ints(2, 3, 4)}}),
+    "tile": ([node("Tile", ["x", "r"], ["y"])], {"x": rnd(2, 3)}, {"consts": {"r": ints(2, 3)}}),
+    "where": ([node("Where", ["c", "a", "b"], ["y"])], {"a": rnd(2, 3), "b": rnd(3)},
+              {"consts": {"c": np.asarray([[True, False, True], [False, False, True]])}}),
+    "pad_constant": ([node("Pad", ["x", "p"], ["y"])], {"x": rnd(2, 3)}, {"consts": {"p": ints(1, 0, 2, 1)}}),
+    "pad_negative": ([node("Pad", ["x", "p"], ["y"])], {"x": rnd(3, 4)}, {"consts": {"p": ints(-1, 1, 0, -2)}}),
+    "pad_reflect": ([node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": rnd(1, 2, 3, 4)},
+                    {"consts": {"p": ints(0, 0, 2, 1, 0, 0, 1, 3)}}),
+    "pad_edge": ([node("Pad", ["x", "p"], ["y"], mode="edge")], {"x": rnd(3, 4)}, {"consts": {"p": ints(2, 1, 0, 3)}}),
+    "resize_nearest_asymmetric_floor": (
+        [node("Resize", ["x", "", "sc"], ["y"], mode="nearest", coordinate_transformation_mode="asymmetric",
+              nearest_mode="floor")], {"x": rnd(1, 2, 3, 3)},
+        {"consts": {"sc": np.asarray([1, 1, 2, 2], np.float32)}}),
+    "resize_nearest_half_pixel_down": (
+        [node("Resize", ["x", "", "sc"], ["y"], mode="nearest")], {"x": rnd(1, 1, 6, 5)},
+        {"consts": {"sc": np.asarray([1, 1, 0.5, 0.6], np.float32)}}),
+    "resize_linear_half_pixel": (
+        [node("Resize", ["x", "", "sc"], ["y"], mode="linear")], {"x": rnd(1, 2, 3, 4)},
+        {"consts": {"sc": np.asarray([1, 1, 2, 1.5], np.float32)}}),
+    "resize_linear_align_corners_sizes": (
+        [node("Resize", ["x", "", "", "sz"], ["y"], mode="linear", coordinate_transformation_mode="align_corners")],
+        {"x": rnd(1, 1, 3, 4)}, {"consts": {"sz": ints(1, 1, 5, 7)}}),
+    "resize_linear_pytorch_half_pixel": (
+        [node("Resize", ["x", "", "sc"], ["y"], mode="linear", coordinate_transformation_mode="pytorch_half_pixel")],
+        {"x": rnd(2, 1, 4, 3)}, {"consts": {"sc": np.asarray([1, 1, 1.5, 2], np.float32)}}),
+    # ---- losses and dropout ----
+    "sce_mean": ([node("SoftmaxCrossEntropyLoss", ["s", "t"], ["y"])], {"s": rnd(4, 3)},
+                 {"consts": {"t": ints(0, 2, 1, 2)}}),
+    "sce_sum_weights_ignore": ([node("SoftmaxCrossEntropyLoss", ["s", "t", "w"], ["y"], reduction="sum",
+                                     ignore_index=1)], {"s": rnd(4, 3)},
+                               {"consts": {"t": ints(0, 1, 1, 2)}, "inputs": {"w": rnd(3, low=0.2)}}),
+    "sce_mean_weights_ignore_spatial": ([node("SoftmaxCrossEntropyLoss", ["s", "t", "w"], ["y"], ignore_index=-100)],
+                                        {"s": rnd(2, 3, 2)},
+                                        {"consts": {"t": np.asarray([[0, -100], [2, 1]], I64)},
+                                         "inputs": {"w": rnd(3, low=0.2)}}),
+    "sce_none": ([node("SoftmaxCrossEntropyLoss", ["s", "t"], ["y"], reduction="none")], {"s": rnd(3, 4)},
+                 {"consts": {"t": ints(3, 0, 1)}}),
+    "nll_mean_ignore": ([node("NegativeLogLikelihoodLoss", ["s", "t"], ["y"], ignore_index=0)], {"s": rnd(4, 3)},
+                        {"consts": {"t": ints(0, 2, 1, 2)}}),
+    "dropout_ratio0_training": ([node("Dropout", ["x", "r", "tm"], ["y"])], {"x": rnd(3, 4)},
+                                {"consts": {"r": np.asarray(0.0), "tm": np.asarray(True)}}),
+    "dropout_inference": ([node("Dropout", ["x"], ["y"])], {"x": rnd(3, 4)}, {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rule_matches_finite_differences(case):
+    nodes, params, kwargs = CASES[case]
+    check_gradients(nodes, params, **kwargs)
+
+
+def test_every_rule_has_a_case():
+    """Each registered op type appears in at least one case above."""
+    used = {n.op_type for nodes, _, _ in CASES.values() for n in nodes}
+    assert set(supported_ops()) <= used, f"untested rules: {sorted(set(supported_ops()) - used)}"
