@@ -99,6 +99,50 @@ def main(verbose: int) -> None:
 # ---- commands ------------------------------------------------------------------------------
 # Each command lives below; keep them thin.
 
+MODEL_HELP = "MODEL is an .onnx file, zoo:NAME[?opt=v&...] (built-in model) or a benchmark JSON graph."
+dim_option = click.option("--dim", "dims", multiple=True, metavar="NAME=V",
+                          help="Bind a symbolic input dim, e.g. --dim batch=32 (repeatable).")
+
+
+def training_graph(graph, **options):
+    """Forward graph with a scalar loss -> training graph (autodiff)."""
+    try:
+        from passes.autodiff import build_training_graph
+    except ImportError:
+        raise UsageError("--train needs autodiff, which this build does not have yet") from None
+    return build_training_graph(graph, **options)
+
+
+# ---- inspect ---------------------------------------------------------------------------------
+@main.command()
+@click.argument("model")
+@click.option("--train", is_flag=True, help="Inspect the training step (forward + backward).")
+@dim_option
+@click.option("--top", default=15, show_default=True, type=click.IntRange(min=0), help="Tensors listed at the peak.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of memory over steps.")
+@handles_errors
+def inspect(model: str, train: bool, dims: tuple[str, ...], top: int, as_json: bool, plot: str | None) -> None:
+    """Tensors, liveness, constant base and peak of one run of MODEL."""
+    from passes.onnx_import import load_graph
+    from planner.fileio import atomic_write
+    from planner.liveness import analyze
+    from planner.report import inspect_dict, inspect_table, timeline_png
+
+    graph = load_graph(model, parse_dims(dims))
+    if train:
+        graph = training_graph(graph)
+    lv = analyze(graph)
+    info = inspect_dict(lv, model, top)
+    if plot:
+        atomic_write(plot, timeline_png(lv, f"{model}{' (training step)' if train else ''}"))
+        log.info("wrote %s", plot)
+    if as_json:
+        emit_json(info)
+    else:
+        info.pop("timeline_bytes")
+        click.echo(inspect_table(info))
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

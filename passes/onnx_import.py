@@ -164,6 +164,10 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
     unknown = sorted(set(dims) - used)
     if unknown:
         log.warning("--dim %s matched no symbolic input dim", ", ".join(unknown))
+    # Shape inference walks nodes in file order: sort first (this also rejects cycles).
+    ordered = _topo_order(g, init_names | {i.name for i in g.input}, display)
+    del g.node[:]
+    g.node.extend(ordered)
     # Stale intermediate shapes would fight the bound dims; shape inference recomputes them.
     del g.value_info[:]
     for out in g.output:
