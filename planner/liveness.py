@@ -37,8 +37,9 @@ class MemoryModel:
     threads: int = 1
     # Where's CPU kernel materialises both broadcast branches: 2x its output (measured).
     where_scratch_factor: int = 2
-    # SoftmaxCrossEntropyLoss runs as a function: LogSoftmax + two transposed copies of its input.
-    sce_scratch_factor: int = 3
+    # SoftmaxCrossEntropyLoss runs as a function body whose log-probabilities (1x its input) are
+    # resident during the node, as the log_prob output if requested, else as scratch (measured).
+    sce_scratch_factor: int = 1
 
     def view_source(self, graph: Graph, node: Node) -> int:
         """Tensor id whose buffer output 0 shares, or NO_TENSOR."""
