@@ -144,5 +144,62 @@ def inspect(model: str, train: bool, dims: tuple[str, ...], top: int, as_json: b
         click.echo(inspect_table(info))
 
 
+# ---- verify ----------------------------------------------------------------------------------
+@main.command()
+@click.argument("model")
+@click.argument("planned", metavar="OUT.onnx")
+@dim_option
+@click.option("--seed", default=0, show_default=True, help="Seed of the generated inputs.")
+@click.option("--rtol", default=0.0, show_default=True, help="Relative tolerance (0: bit-identical).")
+@click.option("--atol", default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handles_errors
+def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: float, atol: float, as_json: bool) -> None:
+    """Run MODEL's (training) graph and the planned OUT.onnx on the same inputs in ORT: outputs, peak, time.
+
+    Exit 0 when every output matches within the tolerance, 1 when not.
+    """
+    import models
+    from passes.onnx_export import export_model
+    from passes.onnx_import import import_model, load_proto
+    from passes.verify import verify_models
+    from planner.liveness import MemoryModel, analyze
+    from planner.units import format_bytes
+
+    planned_proto, _, _ = load_proto(planned)
+    meta = {p.key: p.value for p in planned_proto.metadata_props}
+    made_with = json.loads(meta.get("memplan.plan", "{}"))
+    graph = import_model(model, parse_dims(dims))
+    if made_with.get("train") is not None:
+        graph = training_graph(graph, **made_with["train"])
+    reference = export_model(graph)
+    planned_graph = import_model(planned_proto)
+    # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
+    predicted = analyze(planned_graph, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+    feeds = models.example_feeds(reference, seed=seed)
+    report = verify_models(reference, planned_proto, feeds, predicted_planned_peak=predicted,
+                           base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol)
+    info = report.as_dict()
+    if as_json:
+        emit_json(info)
+    else:
+        p, r = info["planned"], info["reference"]
+        click.echo(f"outputs      {'equal' if report.outputs_equal else 'DIFFER'} "
+                   f"(rtol {rtol:g}, atol {atol:g}; {len(report.outputs)} compared)")
+        for o in report.outputs:
+            if not o.ok:
+                click.echo(f"  {o.name}: max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g}")
+        click.echo(f"peak         reference {format_bytes(r['peak_bytes'])}, planned {format_bytes(p['peak_bytes'])} "
+                   f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
+                   f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
+                   f"measured/predicted {p['measured_over_predicted']:.3f})")
+        click.echo(f"default ORT  planned dynamic peak {format_bytes(p['default_options_dynamic_peak_bytes'])} "
+                   "with ORT's default session options")
+        click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
+                   f"({info['time_overhead'] * 100:+.1f}%)")
+    if not report.outputs_equal:
+        sys.exit(EXIT_FAILED)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

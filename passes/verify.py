@@ -74,6 +74,12 @@ t0 = time.perf_counter()
 outs = sess.run(None, feeds)
 dt = time.perf_counter() - t0
 hwm = status("VmHWM")
+times = [dt]
+for _ in range(args["repeats"] - 1):
+    t0 = time.perf_counter()
+    sess.run(None, feeds)
+    times.append(time.perf_counter() - t0)
+dt = sorted(times)[len(times) // 2]
 if args["outputs"]:
     np.savez(args["outputs"], **{{o.name: v for o, v in zip(sess.get_outputs(), outs)}})
 print(json.dumps({{"peak": hwm - before, "seconds": dt}}))
@@ -87,9 +93,13 @@ def measure_peak(
     planned_options: bool = True,
     threads: int = 1,
     keep_outputs: bool = False,
+    repeats: int = 3,
     timeout: float = 600.0,
 ) -> PeakMeasurement:
-    """Measure one run's dynamic peak memory on CPU ORT in a fresh subprocess (Linux only)."""
+    """Measure one run's dynamic peak memory on CPU ORT in a fresh subprocess (Linux only).
+
+    ``seconds`` is the median of ``repeats`` timed runs (the first is the measured one).
+    """
     if not Path("/proc/self/clear_refs").exists():
         raise PlannerError("peak measurement needs Linux /proc (clear_refs, VmHWM)")
     root = str(Path(__file__).resolve().parents[1])
@@ -105,7 +115,7 @@ def measure_peak(
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0",
                    OMP_NUM_THREADS=str(threads))
         args = json.dumps({"model": path, "feeds": feeds_path, "planned": planned_options, "threads": threads,
-                           "outputs": out_path})
+                           "outputs": out_path, "repeats": max(1, repeats)})
         proc = subprocess.run([sys.executable, "-c", _CHILD.format(root=root), args], env=env,
                               capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
@@ -117,3 +127,88 @@ def measure_peak(
             with np.load(out_path) as z:
                 outputs = {k: z[k] for k in z.files}
     return PeakMeasurement(int(result["peak"]), float(result["seconds"]), outputs)
+
+
+# ---- verify: planned model against its reference -------------------------------------------------
+@dataclass(frozen=True)
+class OutputCheck:
+    name: str
+    max_abs_diff: float
+    max_rel_diff: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    outputs: tuple[OutputCheck, ...]
+    rtol: float
+    atol: float
+    base_bytes: int  # inputs + initializers of the planned model (resident before the run)
+    reference_peak: int  # measured dynamic peak of the reference (planned session options)
+    planned_peak: int  # measured dynamic peak of the planned model (planned session options)
+    planned_default_peak: int  # measured with ORT's default session options
+    predicted_planned_peak: int  # liveness model's dynamic peak of the planned model
+    reference_seconds: float
+    planned_seconds: float
+
+    @property
+    def outputs_equal(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    def as_dict(self) -> dict:
+        return {
+            "schema": "memplan.verify/1",
+            "outputs_equal": self.outputs_equal,
+            "tolerance": {"rtol": self.rtol, "atol": self.atol},
+            "outputs": [o.__dict__ for o in self.outputs],
+            "base_bytes": self.base_bytes,
+            "reference": {"peak_bytes": self.base_bytes + self.reference_peak,
+                          "dynamic_peak_bytes": self.reference_peak, "seconds": self.reference_seconds},
+            "planned": {"peak_bytes": self.base_bytes + self.planned_peak, "dynamic_peak_bytes": self.planned_peak,
+                        "predicted_dynamic_peak_bytes": self.predicted_planned_peak,
+                        "measured_over_predicted": self.planned_peak / max(1, self.predicted_planned_peak),
+                        "default_options_dynamic_peak_bytes": self.planned_default_peak,
+                        "seconds": self.planned_seconds},
+            "time_overhead": self.planned_seconds / max(1e-12, self.reference_seconds) - 1.0,
+        }
+
+
+def compare_outputs(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], rtol: float, atol: float):
+    checks = []
+    for name in sorted(ref):
+        a, b = np.asarray(ref[name]), np.asarray(got[name])
+        if a.shape != b.shape:
+            checks.append(OutputCheck(name, float("inf"), float("inf"), False))
+            continue
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        scale = np.abs(a.astype(np.float64))
+        max_abs = float(diff.max()) if diff.size else 0.0
+        max_rel = float((diff / np.maximum(scale, 1e-30)).max()) if diff.size else 0.0
+        ok = bool(np.all(diff <= atol + rtol * scale)) and bool(np.isfinite(b).all() == np.isfinite(a).all())
+        checks.append(OutputCheck(name, max_abs, max_rel, ok))
+    return tuple(checks)
+
+
+def verify_models(
+    reference: onnx.ModelProto,
+    planned: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    predicted_planned_peak: int,
+    base_bytes: int,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+) -> VerifyReport:
+    """Run both models on the same feeds; compare outputs; measure peaks and step times."""
+    ref_names = {o.name for o in reference.graph.output}
+    missing = [o.name for o in planned.graph.output if o.name not in ref_names]
+    if missing:
+        raise PlannerError(f"the planned model has output {missing[0]!r} that the reference lacks; "
+                           "was it made from this MODEL?")
+    ref = measure_peak(reference, feeds, keep_outputs=True)
+    got = measure_peak(planned, feeds, keep_outputs=True)
+    default = measure_peak(planned, feeds, planned_options=False)
+    assert ref.outputs is not None and got.outputs is not None
+    checks = compare_outputs({k: ref.outputs[k] for k in got.outputs}, got.outputs, rtol, atol)
+    return VerifyReport(checks, rtol, atol, base_bytes, ref.peak_bytes, got.peak_bytes, default.peak_bytes,
+                        predicted_planned_peak, ref.seconds, got.seconds)

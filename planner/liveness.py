@@ -23,6 +23,8 @@ import numpy as np
 from planner.errors import GraphError
 from planner.graph import NO_TENSOR, Graph, Node, TensorKind
 
+#: Ops whose output lives in host memory when the model runs on a device.
+HOST_OPS = frozenset({"MemcpyToHost"})
 #: Ops whose output is a zero-copy view of input 0.
 VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 
@@ -40,6 +42,9 @@ class MemoryModel:
     # SoftmaxCrossEntropyLoss runs as a function body whose log-probabilities (1x its input) are
     # resident during the node, as the log_prob output if requested, else as scratch (measured).
     sce_scratch_factor: int = 1
+    # MemcpyToHost's output lives in host memory: not device memory, unless we model a CPU run
+    # (where ORT runs the swap nodes as plain copies in the same RAM).
+    host_copies_resident: bool = False
 
     def view_source(self, graph: Graph, node: Node) -> int:
         """Tensor id whose buffer output 0 shares, or NO_TENSOR."""
@@ -158,6 +163,8 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
             if k == 0 and src != NO_TENSOR:
                 buffer_of[t] = buffer_of[src]  # view: shares the buffer (or the base, -1)
                 continue
+            if node.op_type in HOST_OPS and not model.host_copies_resident:
+                continue  # host memory: buffer_of stays -1, like the constant base
             buffer_of[t] = len(roots)
             roots.append(t)
             alloc.append(s)
