@@ -200,6 +200,99 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if not report.outputs_equal:
         sys.exit(EXIT_FAILED)
 
+# ---- check -----------------------------------------------------------------------------------
+def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
+    """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``. Wire the planner here."""
+    from planner.gate import no_planner
+
+    return no_planner(graph, budget_bytes, device, time_limit)
+
+
+def _load_for_check(item):
+    from passes.onnx_import import load_graph
+
+    graph = load_graph(item.model, dict(item.dims))
+    return training_graph(graph) if item.train else graph
+
+
+def _training_available() -> bool:
+    """Whether ``training_graph`` can work; checked before any model is loaded."""
+    import importlib.util
+
+    return importlib.util.find_spec("passes.autodiff") is not None
+
+
+def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
+    """Report files must land in an existing folder and never on top of an input."""
+    from pathlib import Path
+
+    taken = {Path(p).resolve() for p in inputs if not p.startswith("zoo:")}
+    for option, path in outputs.items():
+        if not path or path == "-":
+            continue
+        target = Path(path).resolve()
+        if not target.parent.is_dir():
+            raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
+        if target in taken:
+            raise UsageError(f"{option} {path} is one of the inputs; choose another file name")
+
+
+@main.command()
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
+@click.option("--budget", "budgets", multiple=True, metavar="B",
+              help="Memory budget: 8GiB, 512MiB, 1.5GB, or 60% of the unplanned peak (needs a plan). Repeatable.")
+@click.option("--train", is_flag=True, help="Check the training step (forward + backward).")
+@click.option("--device", default=None, help="Device profile the planner prices time on (default h100).")
+@dim_option
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per plan (default 30).")
+@click.option("--no-plan", is_flag=True, help="Only 'fits as is' counts; do not try to plan.")
+@click.option("--config", "config", type=click.Path(dir_okay=False),
+              help="Config file (pyproject.toml with [tool.memplan], or memplan.toml). Default: found upward.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML: one testcase per model and budget.")
+@click.option("--markdown", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write a Markdown table (for $GITHUB_STEP_SUMMARY); '-' prints it instead of the table.")
+@handles_errors
+def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device: str | None,
+          dims: tuple[str, ...], time_limit: float | None, no_plan: bool, config: str | None, as_json: bool,
+          junit: str | None, markdown: str | None) -> None:
+    """CI gate: does each MODEL fit its budget, as is or with a plan?
+
+    Exit 0 when every model fits, 1 when any does not, 2 usage error, 3 a model cannot be loaded
+    (the others are still checked and reported). Without MODEL, checks the models listed in the
+    config ([tool.memplan] in pyproject.toml, or memplan.toml).
+    """
+    from pathlib import Path
+
+    from planner import gate, gate_report
+    from planner.fileio import atomic_write
+    from planner.gate_config import Overrides, collect_items
+
+    if as_json and markdown == "-":
+        raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
+    cli = Overrides(budgets=budgets, train=train, dims=parse_dims(dims), device=device, time_limit=time_limit,
+                    no_plan=no_plan)
+    items, config_path = collect_items(models, cli, config, Path.cwd())
+    if any(item.train for item in items) and not _training_available():
+        raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
+    inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
+    _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs)
+
+    verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
+                               progress=lambda line: click.echo(f"memplan: {line}", err=True))
+    for message in gate.model_errors(verdicts):
+        click.echo(f"memplan: error: {message}", err=True)
+    if junit:
+        atomic_write(junit, gate_report.to_junit(verdicts))
+    if markdown and markdown != "-":
+        atomic_write(markdown, gate_report.to_markdown(verdicts))
+    if as_json:
+        emit_json(gate_report.to_json(verdicts))
+    else:
+        click.echo(gate_report.to_markdown(verdicts) if markdown == "-" else gate_report.to_table(verdicts))
+    sys.exit(gate.exit_code(verdicts))
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()
