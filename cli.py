@@ -99,6 +99,200 @@ def main(verbose: int) -> None:
 # ---- commands ------------------------------------------------------------------------------
 # Each command lives below; keep them thin.
 
+MODEL_HELP = "MODEL is an .onnx file, zoo:NAME[?opt=v&...] (built-in model) or a benchmark JSON graph."
+dim_option = click.option("--dim", "dims", multiple=True, metavar="NAME=V",
+                          help="Bind a symbolic input dim, e.g. --dim batch=32 (repeatable).")
+
+
+def training_graph(graph, **options):
+    """Forward graph with a scalar loss -> training graph (autodiff)."""
+    try:
+        from passes.autodiff import build_training_graph
+    except ImportError:
+        raise UsageError("--train needs autodiff, which this build does not have yet") from None
+    return build_training_graph(graph, **options)
+
+
+# ---- inspect ---------------------------------------------------------------------------------
+@main.command()
+@click.argument("model")
+@click.option("--train", is_flag=True, help="Inspect the training step (forward + backward).")
+@dim_option
+@click.option("--top", default=15, show_default=True, type=click.IntRange(min=0), help="Tensors listed at the peak.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of memory over steps.")
+@handles_errors
+def inspect(model: str, train: bool, dims: tuple[str, ...], top: int, as_json: bool, plot: str | None) -> None:
+    """Tensors, liveness, constant base and peak of one run of MODEL."""
+    from passes.onnx_import import load_graph
+    from planner.fileio import atomic_write
+    from planner.liveness import analyze
+    from planner.report import inspect_dict, inspect_table, timeline_png
+
+    graph = load_graph(model, parse_dims(dims))
+    if train:
+        graph = training_graph(graph)
+    lv = analyze(graph)
+    info = inspect_dict(lv, model, top)
+    if plot:
+        atomic_write(plot, timeline_png(lv, f"{model}{' (training step)' if train else ''}"))
+        log.info("wrote %s", plot)
+    if as_json:
+        emit_json(info)
+    else:
+        info.pop("timeline_bytes")
+        click.echo(inspect_table(info))
+
+
+# ---- verify ----------------------------------------------------------------------------------
+@main.command()
+@click.argument("model")
+@click.argument("planned", metavar="OUT.onnx")
+@dim_option
+@click.option("--seed", default=0, show_default=True, help="Seed of the generated inputs.")
+@click.option("--rtol", default=0.0, show_default=True, help="Relative tolerance (0: bit-identical).")
+@click.option("--atol", default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handles_errors
+def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: float, atol: float, as_json: bool) -> None:
+    """Run MODEL's (training) graph and the planned OUT.onnx on the same inputs in ORT: outputs, peak, time.
+
+    Exit 0 when every output matches within the tolerance, 1 when not.
+    """
+    import models
+    from passes.onnx_export import export_model
+    from passes.onnx_import import import_model, load_proto
+    from passes.verify import verify_models
+    from planner.liveness import MemoryModel, analyze
+    from planner.units import format_bytes
+
+    planned_proto, _, _ = load_proto(planned)
+    meta = {p.key: p.value for p in planned_proto.metadata_props}
+    made_with = json.loads(meta.get("memplan.plan", "{}"))
+    graph = import_model(model, parse_dims(dims))
+    if made_with.get("train") is not None:
+        graph = training_graph(graph, **made_with["train"])
+    reference = export_model(graph)
+    planned_graph = import_model(planned_proto)
+    # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
+    predicted = analyze(planned_graph, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+    feeds = models.example_feeds(reference, seed=seed)
+    report = verify_models(reference, planned_proto, feeds, predicted_planned_peak=predicted,
+                           base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol)
+    info = report.as_dict()
+    if as_json:
+        emit_json(info)
+    else:
+        p, r = info["planned"], info["reference"]
+        click.echo(f"outputs      {'equal' if report.outputs_equal else 'DIFFER'} "
+                   f"(rtol {rtol:g}, atol {atol:g}; {len(report.outputs)} compared)")
+        for o in report.outputs:
+            if not o.ok:
+                click.echo(f"  {o.name}: max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g}")
+        click.echo(f"peak         reference {format_bytes(r['peak_bytes'])}, planned {format_bytes(p['peak_bytes'])} "
+                   f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
+                   f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
+                   f"measured/predicted {p['measured_over_predicted']:.3f})")
+        click.echo(f"default ORT  planned dynamic peak {format_bytes(p['default_options_dynamic_peak_bytes'])} "
+                   "with ORT's default session options")
+        click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
+                   f"({info['time_overhead'] * 100:+.1f}%)")
+    if not report.outputs_equal:
+        sys.exit(EXIT_FAILED)
+
+# ---- check -----------------------------------------------------------------------------------
+def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
+    """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``. Wire the planner here."""
+    from planner.gate import no_planner
+
+    return no_planner(graph, budget_bytes, device, time_limit)
+
+
+def _load_for_check(item):
+    from passes.onnx_import import load_graph
+
+    graph = load_graph(item.model, dict(item.dims))
+    return training_graph(graph) if item.train else graph
+
+
+def _training_available() -> bool:
+    """Whether ``training_graph`` can work; checked before any model is loaded."""
+    import importlib.util
+
+    return importlib.util.find_spec("passes.autodiff") is not None
+
+
+def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
+    """Report files must land in an existing folder and never on top of an input."""
+    from pathlib import Path
+
+    taken = {Path(p).resolve() for p in inputs if not p.startswith("zoo:")}
+    for option, path in outputs.items():
+        if not path or path == "-":
+            continue
+        target = Path(path).resolve()
+        if not target.parent.is_dir():
+            raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
+        if target in taken:
+            raise UsageError(f"{option} {path} is one of the inputs; choose another file name")
+
+
+@main.command()
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
+@click.option("--budget", "budgets", multiple=True, metavar="B",
+              help="Memory budget: 8GiB, 512MiB, 1.5GB, or 60% of the unplanned peak (needs a plan). Repeatable.")
+@click.option("--train", is_flag=True, help="Check the training step (forward + backward).")
+@click.option("--device", default=None, help="Device profile the planner prices time on (default h100).")
+@dim_option
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per plan (default 30).")
+@click.option("--no-plan", is_flag=True, help="Only 'fits as is' counts; do not try to plan.")
+@click.option("--config", "config", type=click.Path(dir_okay=False),
+              help="Config file (pyproject.toml with [tool.memplan], or memplan.toml). Default: found upward.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML: one testcase per model and budget.")
+@click.option("--markdown", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write a Markdown table (for $GITHUB_STEP_SUMMARY); '-' prints it instead of the table.")
+@handles_errors
+def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device: str | None,
+          dims: tuple[str, ...], time_limit: float | None, no_plan: bool, config: str | None, as_json: bool,
+          junit: str | None, markdown: str | None) -> None:
+    """CI gate: does each MODEL fit its budget, as is or with a plan?
+
+    Exit 0 when every model fits, 1 when any does not, 2 usage error, 3 a model cannot be loaded
+    (the others are still checked and reported). Without MODEL, checks the models listed in the
+    config ([tool.memplan] in pyproject.toml, or memplan.toml).
+    """
+    from pathlib import Path
+
+    from planner import gate, gate_report
+    from planner.fileio import atomic_write
+    from planner.gate_config import Overrides, collect_items
+
+    if as_json and markdown == "-":
+        raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
+    cli = Overrides(budgets=budgets, train=train, dims=parse_dims(dims), device=device, time_limit=time_limit,
+                    no_plan=no_plan)
+    items, config_path = collect_items(models, cli, config, Path.cwd())
+    if any(item.train for item in items) and not _training_available():
+        raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
+    inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
+    _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs)
+
+    verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
+                               progress=lambda line: click.echo(f"memplan: {line}", err=True))
+    for message in gate.model_errors(verdicts):
+        click.echo(f"memplan: error: {message}", err=True)
+    if junit:
+        atomic_write(junit, gate_report.to_junit(verdicts))
+    if markdown and markdown != "-":
+        atomic_write(markdown, gate_report.to_markdown(verdicts))
+    if as_json:
+        emit_json(gate_report.to_json(verdicts))
+    else:
+        click.echo(gate_report.to_markdown(verdicts) if markdown == "-" else gate_report.to_table(verdicts))
+    sys.exit(gate.exit_code(verdicts))
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

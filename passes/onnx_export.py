@@ -38,8 +38,11 @@ def _attribute(name: str, value):
     return helper.make_attribute(name, value)
 
 
-def export_model(graph: Graph, producer: str = "memplan") -> onnx.ModelProto:
-    """Build a ModelProto from a Graph (no checker run; see ``check_model``)."""
+def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    """Build a ModelProto from a Graph (no checker run; see ``check_model``).
+
+    ``metadata`` becomes the model's metadata_props (memplan records how a planned model was made).
+    """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     nodes = []
     for node in graph.nodes:
@@ -66,6 +69,8 @@ def export_model(graph: Graph, producer: str = "memplan") -> onnx.ModelProto:
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
     model = helper.make_model(g, opset_imports=opsets, producer_name=producer)
     model.ir_version = ir_version_for(opsets)
+    for key, value in sorted((metadata or {}).items()):
+        model.metadata_props.add(key=key, value=value)
     return model
 
 

@@ -164,10 +164,17 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
     unknown = sorted(set(dims) - used)
     if unknown:
         log.warning("--dim %s matched no symbolic input dim", ", ".join(unknown))
-    # Stale intermediate shapes would fight the bound dims; shape inference recomputes them.
+    # Shape inference walks nodes in file order: sort first (this also rejects cycles).
+    ordered = _topo_order(g, init_names | {i.name for i in g.input}, display)
+    del g.node[:]
+    g.node.extend(ordered)
+    # Symbolic intermediate shapes would fight the bound dims; shape inference recomputes them.
+    # Static ones stay: they carry shapes through ops ONNX cannot infer (MemcpyToHost/FromHost).
+    static = [vi for vi in g.value_info if _is_static(vi)]
     del g.value_info[:]
+    g.value_info.extend(static)
     for out in g.output:
-        if out.type.HasField("tensor_type"):
+        if out.type.HasField("tensor_type") and not _is_static(out):
             out.type.tensor_type.ClearField("shape")
     folded: set[str] = set()
     for _ in range(8):
@@ -177,6 +184,11 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
             break
         folded |= new
     return model, folded
+
+
+def _is_static(vi: onnx.ValueInfoProto) -> bool:
+    tt = vi.type.tensor_type
+    return vi.type.HasField("tensor_type") and tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
 
 
 def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:

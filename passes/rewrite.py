@@ -1,0 +1,176 @@
+"""Graph + planned schedule -> Graph that runs that schedule: recompute copies, swap nodes, order edges.
+
+Pre: ``graph`` validated; ``schedule`` is the event list of a plan for this graph
+(``{"op": "compute", "node": NAME}``, ``{"op": "free" | "swap_out" | "swap_in", "tensor": NAME}``)
+that computes every node at least once with its inputs resident.
+Post: a validated Graph with the nodes in planned order. The first computation of a node keeps its
+names; the k-th recomputation is a copy named ``<node>__rc<k>`` writing ``<tensor>__rc<k>``, and
+every later reader uses the newest copy, so ORT frees the original after its last planned reader.
+A swap is ``MemcpyToHost`` -> ``<tensor>__host`` and ``MemcpyFromHost`` -> ``<tensor>__sw<k>``.
+Each recompute chain and swap-in reads its first input through a zero-copy ordering edge tied to
+the tensor computed just before it in the schedule, so even ORT's default (DFS) execution order
+cannot hoist it back to where the original was (DESIGN.md, "How an emitted model must run"):
+``e = Slice(Reshape(Size(G), [1]), [0], [0])`` (an empty int64 vector that depends on G) and
+``X' = Reshape(X, Concat(shape(X), e))``.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from planner.errors import PlannerError
+from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
+
+
+class PlanMismatchError(PlannerError):
+    """The plan does not fit this model (other model, edited file, corrupted plan)."""
+
+
+def apply_schedule(graph: Graph, schedule: Sequence[Mapping[str, object]]) -> Graph:
+    """Rewrite ``graph`` so that running it in file order executes ``schedule``."""
+    return _Rewriter(graph).run(schedule)
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.b = GraphBuilder(name=graph.name, opsets=graph.opsets)
+        self.node_by_name = {n.name: n for n in graph.nodes}
+        # current[t]: id in the new graph of the newest copy of original tensor t (None once freed)
+        self.current: dict[int, int | None] = {}
+        self.computed: dict[int, int] = {}  # node id -> times emitted
+        self.swapped: dict[int, int] = {}  # tensor id -> host copy id (new graph)
+        self.swap_count: dict[int, int] = {}
+        self.last_output: int | None = None  # new-graph tensor of the last ordinary computation
+        self.in_chain = False  # inside a run of recomputes (only the first gets an ordering edge)
+
+    # ---- setup ---------------------------------------------------------------------------
+    def _copy_constants(self) -> None:
+        g, b = self.g, self.b
+        for tid in g.inputs:
+            t = g.tensors[tid]
+            self.current[tid] = b.input(t.name, t.dtype, t.shape)
+        for t in g.initializers():
+            self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
+
+    def run(self, schedule: Sequence[Mapping[str, object]]) -> Graph:
+        self._copy_constants()
+        for k, event in enumerate(schedule):
+            op = event.get("op")
+            if op == "compute":
+                self._compute(self._node(event, k))
+            elif op == "free":
+                self._free(self._tensor(event, k))
+            elif op == "swap_out":
+                self._swap_out(self._tensor(event, k))
+            elif op == "swap_in":
+                self._swap_in(self._tensor(event, k))
+            else:
+                raise PlanMismatchError(f"schedule event {k} has unknown op {op!r}")
+        missing = [n.name for n in self.g.nodes if n.id not in self.computed]
+        if missing:
+            raise PlanMismatchError(
+                f"the plan never computes node {missing[0]!r} ({len(missing)} nodes missing); "
+                "it was made for another model"
+            )
+        for tid in self.g.outputs:
+            self.b.output(self._read(tid, "graph output"))
+        return self.b.build()
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def _node(self, event: Mapping[str, object], k: int) -> Node:
+        name = event.get("node")
+        if name not in self.node_by_name:
+            raise PlanMismatchError(f"schedule event {k} computes node {name!r}, which this model does not have")
+        return self.node_by_name[name]  # type: ignore[index]
+
+    def _tensor(self, event: Mapping[str, object], k: int) -> int:
+        name = event.get("tensor")
+        tid = self.g.by_name.get(name)  # type: ignore[arg-type]
+        if tid is None:
+            raise PlanMismatchError(f"schedule event {k} moves tensor {name!r}, which this model does not have")
+        return tid
+
+    def _read(self, tid: int, reader: str) -> int:
+        cur = self.current.get(tid)
+        if cur is None:
+            raise PlanMismatchError(
+                f"{reader} reads {self.g.tensors[tid].name!r} while it is not resident in the plan"
+            )
+        return cur
+
+    # ---- events ----------------------------------------------------------------------------
+    def _compute(self, node: Node) -> None:
+        k = self.computed.get(node.id, 0)
+        inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, f"node {node.name!r}") for t in node.inputs]
+        if k == 0:
+            name, suffix = node.name, ""
+            self.in_chain = False
+        else:
+            name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
+            if not self.in_chain:
+                inputs = self._ordered(inputs, f"{name}__order")
+            self.in_chain = True
+        outs = [None if t == NO_TENSOR else (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype,
+                                             self.g.tensors[t].shape) for t in node.outputs]
+        new = self.b.node(node.op_type, inputs, outs, name=name, domain=node.domain, attrs=node.attrs)
+        for old, t in zip(node.outputs, new):
+            if old != NO_TENSOR:
+                self.current[old] = t
+        if k == 0:
+            self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
+        self.computed[node.id] = k + 1
+
+    def _free(self, tid: int) -> None:
+        if self.g.tensors[tid].kind is not TensorKind.ACTIVATION:
+            raise PlanMismatchError(f"the plan frees {self.g.tensors[tid].name!r}, an input or initializer")
+        self._read(tid, "a free event")
+        self.current[tid] = None
+
+    def _swap_out(self, tid: int) -> None:
+        t = self.g.tensors[tid]
+        src = self._read(tid, "a swap_out event")
+        (host,) = self.b.node("MemcpyToHost", [src], [(f"{t.name}__host", t.dtype, t.shape)],
+                              name=f"{t.name}__swap_out")
+        self.swapped[tid] = host
+        self.current[tid] = None
+
+    def _swap_in(self, tid: int) -> None:
+        t = self.g.tensors[tid]
+        if tid not in self.swapped:
+            raise PlanMismatchError(f"the plan swaps {t.name!r} in before swapping it out")
+        k = self.swap_count.get(tid, 0) + 1
+        self.swap_count[tid] = k
+        (host,) = self._ordered([self.swapped[tid]], f"{t.name}__sw{k}__order")
+        (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
+                             name=f"{t.name}__swap_in{k}")
+        self.current[tid] = dev
+        self.in_chain = False
+
+    # ---- ordering edge ---------------------------------------------------------------------
+    def _ordered(self, inputs: list[int], prefix: str) -> list[int]:
+        """Route the first real input through a view that depends on the last computed tensor."""
+        gate = self.last_output
+        pos = next((i for i, t in enumerate(inputs) if t != NO_TENSOR), None)
+        if gate is None or pos is None:
+            return inputs
+        b, x = self.b, self.b.tensor(inputs[pos])
+        one = b.initializer(f"{prefix}_one", np.array([1], np.int64), trainable=False)
+        zero = b.initializer(f"{prefix}_zero", np.array([0], np.int64), trainable=False)
+        shape = b.initializer(f"{prefix}_shape", np.array(x.shape, np.int64), trainable=False)
+        (size,) = b.node("Size", [gate], [(f"{prefix}_size", "int64", ())], name=f"{prefix}_size")
+        (vec,) = b.node("Reshape", [size, one], [(f"{prefix}_vec", "int64", (1,))], name=f"{prefix}_vec")
+        (empty,) = b.node("Slice", [vec, zero, zero], [(f"{prefix}_empty", "int64", (0,))], name=f"{prefix}_empty")
+        (target,) = b.node("Concat", [shape, empty], [(f"{prefix}_target", "int64", (len(x.shape),))],
+                           name=f"{prefix}_target", attrs={"axis": 0})
+        (view,) = b.node("Reshape", [x.id, target], [(f"{prefix}_x", x.dtype, x.shape)], name=f"{prefix}_x")
+        out = list(inputs)
+        out[pos] = view
+        return out
+
+
+def default_schedule(graph: Graph, order: Iterable[int] | None = None) -> list[dict[str, object]]:
+    """The unplanned schedule: every node once, in ``order`` (file order by default)."""
+    ids = range(len(graph.nodes)) if order is None else order
+    return [{"op": "compute", "node": graph.nodes[i].name} for i in ids]

@@ -1,0 +1,227 @@
+"""The CI memory-budget gate: does each model's step fit its budget, as is or with a plan?
+
+Pure: models arrive through an injected ``load`` function and plans through an injected
+:data:`PlanFn`, so this module never touches ONNX and never imports a solver. One
+:class:`CheckItem` (a model with its options and one or more budgets) yields one :class:`Verdict`
+per budget. A verdict passes when the unplanned peak fits the budget, or, with planning allowed,
+when the plan's peak does. :func:`exit_code` folds the verdicts into the command's exit status:
+3 if any model could not be loaded (the gate cannot vouch for it), else 1 if any budget is not met,
+else 0. Usage errors (exit 2) are raised before any model is loaded, by whoever builds the items.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError, UsageError
+from planner.graph import Graph
+from planner.liveness import analyze
+from planner.units import Budget, format_bytes, parse_budget
+
+log = logging.getLogger(__name__)
+
+#: Device profile used to price recompute and swap when neither the command line nor the config names one.
+DEFAULT_DEVICE = "h100"
+#: Seconds one plan may take; CI wants a bounded gate, and a feasible plan usually comes early.
+DEFAULT_TIME_LIMIT = 30.0
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_MODEL = 0, 1, 3
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What a planner reports for one graph and budget; the gate's only view of planning."""
+
+    fits: bool  # the plan's (simulated) peak is within the budget
+    peak_bytes: int  # the plan's simulated peak; 0 when no plan was produced
+    added_time_fraction: float  # added time / compute time of the unplanned step (0.125 = +12.5%)
+    status: str  # optimal | feasible | infeasible | timeout | no-planner | ...
+
+
+#: ``plan_fn(graph, budget_bytes, device, time_limit) -> PlanOutcome``. It may also raise
+#: BudgetInfeasibleError or SolverTimeoutError; the gate turns those into a not-fitting outcome.
+PlanFn = Callable[[Graph, int, str, float], PlanOutcome]
+
+
+def no_planner(graph: Graph, budget_bytes: int, device: str, time_limit: float) -> PlanOutcome:
+    """The honest default until a planner is wired in: no plan, so nothing fits *with* a plan."""
+    return PlanOutcome(fits=False, peak_bytes=0, added_time_fraction=0.0, status="no-planner")
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One model to check: how to load it, how to judge it, and the budgets it must meet."""
+
+    model: str  # MODEL spec the loader reads (config-relative paths already resolved)
+    budgets: tuple[tuple[str, Budget], ...]  # (as written, parsed), in the order given
+    label: str = ""  # how reports name the model; defaults to ``model``
+    train: bool = False  # check the training step (forward + backward) instead of one forward run
+    dims: tuple[tuple[str, int], ...] = ()  # symbolic input dims, sorted by name
+    device: str = DEFAULT_DEVICE  # device profile the planner prices time on
+    time_limit: float = DEFAULT_TIME_LIMIT  # seconds per plan
+    plan: bool = True  # False (--no-plan): only "fits as is" counts
+
+    @property
+    def name(self) -> str:
+        """Report name: the label plus what changes the graph (training step, bound dims)."""
+        extras = (["train"] if self.train else []) + [f"{k}={v}" for k, v in self.dims]
+        base = self.label or self.model
+        return f"{base} [{', '.join(extras)}]" if extras else base
+
+
+def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options) -> CheckItem:
+    """Validate and build a CheckItem; every problem is a UsageError naming ``where`` and the fix."""
+    prefix = f"{where}: " if where else ""
+    if not budgets:
+        raise UsageError(f"{prefix}no budget for {model!r}; give --budget B (e.g. 8GiB or 60%)")
+    parsed = []
+    for text in budgets:
+        try:
+            budget = parse_budget(text)
+        except UsageError as err:
+            raise UsageError(f"{prefix}{err}") from None
+        if budget.fraction is not None and not options.get("plan", True):
+            raise UsageError(
+                f"{prefix}budget {text!r} is a share of the unplanned peak and only means something with a "
+                "plan; drop --no-plan (plan = false) or give an absolute size such as 8GiB"
+            )
+        parsed.append((str(text), budget))
+    dims = tuple(sorted(dict(options.pop("dims", {}) or {}).items()))
+    return CheckItem(model=model, budgets=tuple(parsed), dims=dims, **options)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's answer for one model and one budget."""
+
+    item: CheckItem
+    budget: str  # as written: "2GiB", "60%"
+    budget_bytes: int | None  # resolved; None when the model could not be loaded
+    unplanned_peak: int | None  # liveness peak of the graph as given; None on error
+    plan: PlanOutcome | None  # None when no plan was attempted (fits as is, --no-plan, error)
+    error: str | None = None  # why the model could not be loaded
+    wall_s: float = 0.0  # seconds spent on this verdict (load + liveness + plan)
+
+    @property
+    def fits_as_is(self) -> bool | None:
+        if self.unplanned_peak is None or self.budget_bytes is None:
+            return None
+        return self.unplanned_peak <= self.budget_bytes
+
+    @property
+    def fits_with_plan(self) -> bool | None:
+        return None if self.plan is None else self.plan.fits
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.fits_as_is or self.fits_with_plan)
+
+    @property
+    def outcome(self) -> str:
+        """pass, fail or error (a model that could not be loaded)."""
+        return "error" if self.error is not None else "pass" if self.passed else "fail"
+
+    @property
+    def peak(self) -> int | None:
+        """The peak that counts: the plan's when a plan was made, else the unplanned one."""
+        if self.plan is not None and self.plan.peak_bytes > 0:
+            return self.plan.peak_bytes
+        return self.unplanned_peak
+
+    @property
+    def headroom(self) -> int | None:
+        """Budget minus the peak that counts; negative when over."""
+        if self.peak is None or self.budget_bytes is None:
+            return None
+        return self.budget_bytes - self.peak
+
+    @property
+    def plan_note(self) -> str:
+        """Why there is or is not a plan, in words for the reports."""
+        if self.error is not None:
+            return "-"
+        if self.plan is None:
+            return "not needed" if self.fits_as_is else "not tried (--no-plan)"
+        p = self.plan
+        if p.fits:
+            return f"yes, +{p.added_time_fraction * 100:.1f}% time ({p.status})"
+        if p.status == "no-planner":
+            return "unknown: no planner in this build"
+        best = f", best {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
+        return f"no ({p.status}{best})"
+
+
+def run_checks(
+    items: Sequence[CheckItem],
+    load: Callable[[CheckItem], Graph],
+    plan_fn: PlanFn = no_planner,
+    progress: Callable[[str], None] | None = None,
+) -> list[Verdict]:
+    """Judge every item against each of its budgets, in the given order.
+
+    ``load`` turns an item into the graph to judge (forward or training step) and raises
+    ModelImportError for a bad model; such an item yields error verdicts and the others still
+    run. ``progress`` hears one line before each plan (plans are the slow part).
+    """
+    verdicts: list[Verdict] = []
+    total = sum(len(item.budgets) for item in items)
+    for item in items:
+        start = time.perf_counter()
+        try:
+            graph = load(item)
+            peak = analyze(graph).peak_bytes
+        except ModelImportError as err:
+            elapsed = time.perf_counter() - start
+            verdicts.extend(
+                Verdict(item, text, None, None, None, error=str(err), wall_s=elapsed) for text, _ in item.budgets
+            )
+            continue
+        log.info("%s: unplanned peak %s", item.name, format_bytes(peak))
+        for text, budget in item.budgets:
+            budget_bytes = budget.resolve(peak)
+            plan = None
+            if peak > budget_bytes and item.plan:
+                if progress is not None:
+                    progress(
+                        f"[{len(verdicts) + 1}/{total}] {item.name} @ {text}: planning for "
+                        f"{format_bytes(budget_bytes)} (limit {item.time_limit:g} s)"
+                    )
+                plan = _plan(plan_fn, graph, budget_bytes, item)
+            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, wall_s=time.perf_counter() - start))
+            start = time.perf_counter()
+    return verdicts
+
+
+def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> PlanOutcome:
+    """Call the planner; infeasible and timed-out solves are answers (does not fit), not crashes."""
+    try:
+        outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit)
+    except BudgetInfeasibleError as err:
+        return PlanOutcome(False, err.least_bytes or 0, 0.0, "infeasible")
+    except SolverTimeoutError:
+        return PlanOutcome(False, 0, 0.0, "timeout")
+    if outcome.fits and outcome.peak_bytes > budget_bytes:
+        raise GraphError(
+            f"{item.name}: the planner reported a fit at {outcome.peak_bytes} bytes, over the budget of "
+            f"{budget_bytes} bytes; this is a planner bug, please report it"
+        )
+    return outcome
+
+
+def exit_code(verdicts: Iterable[Verdict]) -> int:
+    """3 if any model could not be loaded, else 1 if any budget is not met, else 0."""
+    outcomes = {v.outcome for v in verdicts}
+    if "error" in outcomes:
+        return EXIT_BAD_MODEL
+    return EXIT_FAILED if "fail" in outcomes else EXIT_OK
+
+
+def model_errors(verdicts: Iterable[Verdict]) -> list[str]:
+    """One line per model that could not be loaded (once, however many budgets it had)."""
+    seen: dict[str, None] = {}
+    for v in verdicts:
+        if v.error is not None:
+            seen.setdefault(v.error, None)
+    return list(seen)

@@ -1,0 +1,208 @@
+"""What `memplan check` checks: MODEL arguments, or a config file listing models and budgets.
+
+The config is the ``[tool.memplan]`` table of a ``pyproject.toml``, or the top level of a
+``memplan.toml`` (same keys). Without ``--config`` it is looked for from the current folder
+upward, stopping at the repository root (a folder holding ``.git``); in each folder
+``memplan.toml`` wins over ``pyproject.toml``, and a ``pyproject.toml`` without ``[tool.memplan]``
+is passed over. Defaults sit at the top; each ``[[...check]]`` entry names one model::
+
+    [tool.memplan]
+    device = "h100"          # default device profile
+    time_limit = 30          # seconds per plan
+    budget = "8GiB"          # default budget(s) of entries that give none
+    [[tool.memplan.check]]
+    model = "zoo:gpt?layers=4"      # or a path, relative to the config file's folder
+    budget = ["2GiB", "60%"]        # one testcase per budget
+    train = true
+    dims = { batch = 32 }
+
+Every problem is a UsageError naming the file, the entry and the key, raised before any model is
+loaded. Command-line options override the config for every entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from planner.errors import UsageError
+from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, CheckItem, make_item
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ImportError:
+        tomllib = None  # type: ignore[assignment]
+
+CONFIG_NAMES = ("memplan.toml", "pyproject.toml")
+#: Keys an entry may set; the top level may set them all (as defaults) except model and name.
+ENTRY_KEYS = ("model", "name", "budget", "train", "dims", "device", "time_limit", "plan")
+DEFAULT_KEYS = ("budget", "train", "dims", "device", "time_limit", "plan")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line says; it beats the config. None / empty / False mean "not given"."""
+
+    budgets: tuple[str, ...] = ()
+    train: bool = False
+    dims: Mapping[str, int] = field(default_factory=dict)
+    device: str | None = None
+    time_limit: float | None = None
+    no_plan: bool = False
+
+
+def collect_items(
+    models: Sequence[str], cli: Overrides, config: str | None, cwd: Path
+) -> tuple[tuple[CheckItem, ...], Path | None]:
+    """The items to check and the config file they came from (None for MODEL arguments)."""
+    if models:
+        if config:
+            raise UsageError("give MODEL arguments or --config, not both; the config lists its own models")
+        options = {"train": cli.train, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
+                   "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan}
+        return tuple(make_item(m, cli.budgets, **options) for m in models), None
+    path = Path(config) if config else find_config(cwd)
+    if path is None:
+        raise UsageError(
+            f"no MODEL given and no memplan.toml or pyproject.toml with [tool.memplan] found from {cwd} upward; "
+            "run memplan check MODEL --budget B, or add a config (see the README)"
+        )
+    return load_config(path, cli), path
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest memplan.toml, or pyproject.toml holding [tool.memplan], up to the repository root."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        own = folder / "memplan.toml"
+        if own.is_file():
+            return own
+        project = folder / "pyproject.toml"
+        if project.is_file() and _mentions_memplan(project):
+            return project
+        if (folder / ".git").exists():
+            return None
+    return None
+
+
+def _mentions_memplan(path: Path) -> bool:
+    """Cheap pre-filter so an unrelated (even broken) pyproject.toml is passed over, not parsed."""
+    try:
+        return "tool.memplan" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise UsageError(f"{path}: cannot read ({err.strerror})") from None
+
+
+def read_table(path: Path) -> dict[str, Any]:
+    """The memplan table of a config file: [tool.memplan] of a pyproject.toml, else the top level."""
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise UsageError("reading a config needs Python 3.11+ or the tomli package; pip install tomli")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found; check the --config path") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder; --config takes a .toml file") from None
+    except OSError as err:
+        raise UsageError(f"{path}: cannot read config ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: config is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path}: not valid TOML ({err}); fix the file or point --config at another") from None
+    if path.name == "pyproject.toml":
+        table = data.get("tool", {}).get("memplan")
+        if not isinstance(table, dict):
+            raise UsageError(f"{path}: no [tool.memplan] table; add one (see the README) or use memplan.toml")
+        return table
+    return data
+
+
+def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ...]:
+    """Validate a config file and turn its entries into CheckItems, command-line overrides applied."""
+    table = read_table(path)
+    prefix = "tool.memplan." if path.name == "pyproject.toml" else ""
+    top = _Section(path, f"[{prefix[:-1]}]" if prefix else "top level", table)
+    top.only(DEFAULT_KEYS + ("check",))
+    defaults = {k: top.get(k) for k in DEFAULT_KEYS}
+    entries = table.get("check")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise UsageError(
+            f"{path}: needs at least one [[{prefix}check]] table with model = \"...\" and budget = \"...\""
+        )
+    items = []
+    for i, entry in enumerate(entries, start=1):
+        sec = _Section(path, f"[[{prefix}check]] #{i}", entry)
+        sec.only(ENTRY_KEYS)
+        model = sec.get("model")
+        if model is None:
+            raise UsageError(f"{sec.where}: missing key 'model' (a path to an .onnx file or zoo:NAME)")
+        label = model
+        if not model.startswith("zoo:") and not Path(model).is_absolute():
+            model = str(path.parent / model)
+        value = {k: defaults[k] if sec.get(k) is None else sec.get(k) for k in DEFAULT_KEYS}
+        dims = {**(defaults["dims"] or {}), **(value["dims"] or {}), **cli.dims}
+        budgets = cli.budgets or value["budget"] or ()
+        items.append(make_item(
+            model, budgets, where=sec.where, label=sec.get("name") or label,
+            train=cli.train or bool(value["train"]), dims=dims,
+            device=cli.device or value["device"] or DEFAULT_DEVICE,
+            time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
+            plan=not cli.no_plan and value["plan"] is not False,
+        ))
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class _Section:
+    """One table of the config, with typed getters that name the file, table and key on error."""
+
+    path: Path
+    name: str
+    table: Mapping[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}: {self.name}"
+
+    def only(self, allowed: Sequence[str]) -> None:
+        unknown = sorted(set(self.table) - set(allowed))
+        if unknown:
+            raise UsageError(f"{self.where}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}")
+
+    def get(self, key: str) -> Any:
+        """The value of ``key`` (None when absent), checked against what the key takes."""
+        if key not in self.table:
+            return None
+        value = self.table[key]
+        ok, want = _CHECKS[key](value)
+        if not ok:
+            raise UsageError(f"{self.where}: {key} must be {want}, got {value!r}")
+        if key == "budget":
+            return tuple(str(b) for b in (value if isinstance(value, list) else [value]))
+        return value
+
+
+def _is_budget(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))
+
+
+_CHECKS = {
+    "model": lambda v: (isinstance(v, str) and bool(v.strip()), "a non-empty string (a path or zoo:NAME)"),
+    "name": lambda v: (isinstance(v, str), "a string"),
+    "budget": lambda v: (_is_budget(v) or (isinstance(v, list) and bool(v) and all(map(_is_budget, v))),
+                         'a size such as "8GiB", a percentage such as "60%", or a list of them'),
+    "train": lambda v: (isinstance(v, bool), "true or false"),
+    "plan": lambda v: (isinstance(v, bool), "true or false"),
+    "device": lambda v: (isinstance(v, str) and bool(v.strip()), 'a device name such as "h100"'),
+    "time_limit": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                             "a positive number of seconds"),
+    "dims": lambda v: (isinstance(v, dict) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v.values()),
+        "a table of positive integers, e.g. { batch = 32 }"),
+    "check": lambda v: (True, ""),
+}

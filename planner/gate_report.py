@@ -1,0 +1,161 @@
+"""The gate's verdicts as a terminal table, one JSON object, JUnit XML and a Markdown table.
+
+Every form carries the same columns: model, budget, unplanned peak, fits as is, fits with a plan
+(and its added time), headroom (budget minus the peak that counts), result. JUnit has one
+testcase per model and budget: a ``<failure>`` when the budget is not met, an ``<error>`` when the
+model could not be loaded, the numbers in bytes in the failure text. The Markdown suits a CI job
+summary (``$GITHUB_STEP_SUMMARY``).
+"""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any, Sequence
+
+from planner.gate import Verdict, exit_code
+from planner.units import format_bytes
+
+SCHEMA = "memplan.check/1"
+HEADER = ("model", "budget", "unplanned peak", "fits as is", "fits with plan", "headroom", "result")
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _yes_no(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
+
+
+def cells(v: Verdict) -> tuple[str, ...]:
+    """One verdict as the report columns (HEADER order), in words."""
+    share = v.budget.strip().endswith("%") and v.budget_bytes is not None
+    budget = f"{v.budget} ({_size(v.budget_bytes)})" if share else v.budget
+    return (v.item.name, budget, _size(v.unplanned_peak), _yes_no(v.fits_as_is), v.plan_note,
+            _size(v.headroom), v.outcome.upper())
+
+
+def counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
+    out = {"checked": len(verdicts), "passed": 0, "failed": 0, "errors": 0}
+    for v in verdicts:
+        out[{"pass": "passed", "fail": "failed", "error": "errors"}[v.outcome]] += 1
+    return out
+
+
+def summary_line(verdicts: Sequence[Verdict]) -> str:
+    c = counts(verdicts)
+    return f"{c['passed']} of {c['checked']} passed, {c['failed']} failed, {c['errors']} errors"
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+def verdict_dict(v: Verdict) -> dict[str, Any]:
+    p = v.plan
+    return {
+        "model": v.item.label or v.item.model,
+        "name": v.item.name,
+        "budget": v.budget,
+        "budget_bytes": v.budget_bytes,
+        "train": v.item.train,
+        "dims": dict(v.item.dims),
+        "device": v.item.device,
+        "unplanned_peak_bytes": v.unplanned_peak,
+        "fits_as_is": v.fits_as_is,
+        "fits_with_plan": v.fits_with_plan,
+        "plan": None if p is None else {
+            "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes,
+            "added_time_fraction": p.added_time_fraction,
+        },
+        "peak_bytes": v.peak,
+        "headroom_bytes": v.headroom,
+        "result": v.outcome,
+        "error": v.error,
+        "wall_s": round(v.wall_s, 3),
+    }
+
+
+def to_json(verdicts: Sequence[Verdict]) -> dict[str, Any]:
+    """One JSON-ready object: schema, exit code, counts and one result per model and budget."""
+    return {
+        "schema": SCHEMA,
+        "ok": exit_code(verdicts) == 0,
+        "exit_code": exit_code(verdicts),
+        **counts(verdicts),
+        "results": [verdict_dict(v) for v in verdicts],
+    }
+
+
+# ---- text and Markdown tables -----------------------------------------------------------------
+def to_table(verdicts: Sequence[Verdict]) -> str:
+    """Aligned plain-text table for a terminal, with the summary line under it."""
+    rows = [HEADER, *(cells(v) for v in verdicts)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join([*lines, "", summary_line(verdicts)])
+
+
+def _md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def to_markdown(verdicts: Sequence[Verdict]) -> str:
+    """A heading with the counts, a GitHub-flavoured table, and the load errors below it."""
+    mark = {"PASS": "✅ pass", "FAIL": "❌ fail", "ERROR": "⚠️ error"}
+    lines = [f"### memplan check: {summary_line(verdicts)}", "", "| " + " | ".join(HEADER) + " |",
+             "|" + "---|" * len(HEADER)]
+    for v in verdicts:
+        row = list(cells(v))
+        row[0] = f"`{row[0]}`"
+        row[-1] = mark[row[-1]]
+        lines.append("| " + " | ".join(_md(c) for c in row) + " |")
+    errors = {v.item.name: v.error for v in verdicts if v.error is not None}
+    if errors:
+        lines += ["", "Models that could not be loaded:", ""]
+        lines += [f"- `{_md(name)}`: {_md(error or '')}" for name, error in errors.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---- JUnit XML --------------------------------------------------------------------------------
+def _details(v: Verdict) -> str:
+    """Every number behind a verdict, in bytes and in words, for a failure body."""
+    lines = [
+        f"model: {v.item.name}",
+        f"budget: {v.budget} = {v.budget_bytes} bytes ({_size(v.budget_bytes)})",
+        f"unplanned peak: {v.unplanned_peak} bytes ({_size(v.unplanned_peak)})",
+        f"fits as is: {_yes_no(v.fits_as_is)}",
+        f"fits with plan: {v.plan_note}",
+    ]
+    if v.plan is not None and v.plan.peak_bytes > 0:
+        lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}, "
+                     f"added time {v.plan.added_time_fraction * 100:.1f}%")
+    lines.append(f"headroom: {v.headroom} bytes ({_size(v.headroom)})")
+    lines.append(f"device: {v.item.device}, time limit {v.item.time_limit:g} s, train: {v.item.train}")
+    return "\n".join(lines)
+
+
+def _failure_message(v: Verdict) -> str:
+    over = -(v.headroom or 0)
+    return (f"peak {_size(v.peak)} ({v.peak} bytes) is over the budget {v.budget} = {_size(v.budget_bytes)} "
+            f"({v.budget_bytes} bytes) by {_size(over)}; unplanned peak {_size(v.unplanned_peak)}, "
+            f"with a plan: {v.plan_note}")
+
+
+def to_junit(verdicts: Sequence[Verdict]) -> str:
+    """JUnit XML: one testsuite, one testcase per model and budget."""
+    c = counts(verdicts)
+    total_time = f"{sum(v.wall_s for v in verdicts):.3f}"
+    stats = {"tests": str(c["checked"]), "failures": str(c["failed"]), "errors": str(c["errors"])}
+    root = ET.Element("testsuites", {"name": "memplan check", **stats, "time": total_time})
+    suite = ET.SubElement(root, "testsuite", {"name": "memplan check", **stats, "skipped": "0", "time": total_time})
+    for v in verdicts:
+        case = ET.SubElement(suite, "testcase", {
+            "classname": "memplan.check", "name": f"{v.item.name} @ {v.budget}", "time": f"{v.wall_s:.3f}",
+        })
+        if v.outcome == "error":
+            ET.SubElement(case, "error", {"type": "ModelImportError", "message": v.error or ""}).text = v.error
+        elif v.outcome == "fail":
+            ET.SubElement(case, "failure", {"type": "MemoryBudgetExceeded", "message": _failure_message(v)}).text = (
+                _details(v)
+            )
+        else:
+            ET.SubElement(case, "system-out").text = _details(v)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -1,0 +1,194 @@
+"""Liveness intervals, the memory timeline and the peak of one run, under ORT's memory model.
+
+The model (measured on CPU ORT with the planned session options of passes/verify.py, i.e. arena,
+memory pattern and memory reuse off, PRIORITY_BASED order; see tests/test_liveness_ort.py):
+  * graph inputs and initializers are the constant base, resident for the whole run;
+  * a node's outputs are allocated when it starts, while its inputs are still resident;
+  * zero-copy views (Reshape, Identity, Squeeze, Unsqueeze, Flatten, Cast to the same type) share
+    their input's buffer; a buffer is freed right after the last step that reads any of its views;
+  * a buffer that nobody reads (an unused optional output) and graph outputs stay to the end;
+  * no in-place reuse: with memory reuse off ORT gives Relu & co. a fresh output buffer;
+  * kernel scratch lives only during its node: Where 2x its output, Conv a fixed im2col working
+    buffer per thread, ConvTranspose its column buffer, SoftmaxCrossEntropyLoss the temporaries of
+    its function body (calibrated with ``session.collect_node_memory_stats_to_file``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import GraphError
+from planner.graph import NO_TENSOR, Graph, Node, TensorKind
+
+#: Ops whose output lives in host memory when the model runs on a device.
+HOST_OPS = frozenset({"MemcpyToHost"})
+#: Ops whose output is a zero-copy view of input 0.
+VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """How ORT allocates; one field per measured behaviour."""
+
+    # MLAS's im2col working buffer: 32768 floats per thread for any Conv that is not a plain 1x1.
+    conv_workspace_per_thread: int = 131072
+    # intra-op threads of the run the model describes (the working buffer is per thread).
+    threads: int = 1
+    # Where's CPU kernel materialises both broadcast branches: 2x its output (measured).
+    where_scratch_factor: int = 2
+    # SoftmaxCrossEntropyLoss runs as a function body whose log-probabilities (1x its input) are
+    # resident during the node, as the log_prob output if requested, else as scratch (measured).
+    sce_scratch_factor: int = 1
+    # MemcpyToHost's output lives in host memory: not device memory, unless we model a CPU run
+    # (where ORT runs the swap nodes as plain copies in the same RAM).
+    host_copies_resident: bool = False
+
+    def view_source(self, graph: Graph, node: Node) -> int:
+        """Tensor id whose buffer output 0 shares, or NO_TENSOR."""
+        if not node.inputs or node.inputs[0] == NO_TENSOR:
+            return NO_TENSOR
+        src = node.inputs[0]
+        if node.op_type in VIEW_OPS and node.domain == "":
+            return src
+        if node.op_type == "Cast" and node.outputs and node.outputs[0] != NO_TENSOR:
+            if graph.tensors[node.outputs[0]].dtype == graph.tensors[src].dtype:
+                return src
+        return NO_TENSOR
+
+    def scratch(self, graph: Graph, node: Node) -> int:
+        """Bytes a kernel allocates for itself during its own step."""
+        op = node.op_type
+        out = graph.tensors[node.outputs[0]].nbytes if node.outputs and node.outputs[0] != NO_TENSOR else 0
+        if op == "Where":
+            return self.where_scratch_factor * out
+        if op == "Conv":
+            w = graph.tensors[node.inputs[1]]
+            kernel = w.shape[2:]
+            strides = node.attr("strides") or [1] * len(kernel)
+            pads = node.attr("pads") or [0] * (2 * len(kernel))
+            plain = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+            return 0 if plain else self.conv_workspace_per_thread * self.threads
+        if op == "ConvTranspose":
+            x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
+            # one group's column buffer at a time: (C_out / group) * prod(kernel) * prod(input spatial)
+            cols = w.shape[1] * math.prod(w.shape[2:]) * math.prod(x.shape[2:])
+            return cols * x.nbytes // max(1, math.prod(x.shape))
+        if op == "SoftmaxCrossEntropyLoss":
+            x = graph.tensors[node.inputs[0]].nbytes
+            has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
+            return (self.sce_scratch_factor - (1 if has_log_prob else 0)) * x
+        return 0
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Buffers and the memory timeline of one run in a given node order."""
+
+    graph: Graph = field(repr=False)
+    order: tuple[int, ...]  # node ids in execution order; step s runs node order[s]
+    buffer_of: np.ndarray  # tensor id -> buffer id; -1 for the constant base (and views of it)
+    buffer_root: np.ndarray  # buffer id -> tensor id that allocated it
+    buffer_size: np.ndarray  # bytes
+    alloc_step: np.ndarray  # first step the buffer is resident
+    free_step: np.ndarray  # last step the buffer is resident (inclusive)
+    scratch: np.ndarray  # per-step kernel scratch bytes
+    dynamic: np.ndarray  # per-step dynamic bytes (buffers + scratch)
+    base_bytes: int  # inputs + initializers
+
+    @property
+    def memory(self) -> np.ndarray:
+        """Total resident bytes at each step (constant base included)."""
+        return self.dynamic + self.base_bytes
+
+    @property
+    def peak_step(self) -> int:
+        return int(np.argmax(self.dynamic)) if len(self.dynamic) else 0
+
+    @property
+    def dynamic_peak(self) -> int:
+        return int(self.dynamic.max()) if len(self.dynamic) else 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.base_bytes + self.dynamic_peak
+
+    def live_buffers(self, step: int) -> np.ndarray:
+        """Buffer ids resident at ``step``, largest first."""
+        ids = np.nonzero((self.alloc_step <= step) & (self.free_step >= step))[0]
+        return ids[np.argsort(-self.buffer_size[ids], kind="stable")]
+
+    def tensors_of(self, buffer: int) -> list[int]:
+        return [int(t) for t in np.nonzero(self.buffer_of == buffer)[0]]
+
+
+def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel | None = None) -> Liveness:
+    """Compute buffers, intervals and the timeline of ``graph`` run in ``order`` (default: file order)."""
+    model = model or MemoryModel()
+    n = len(graph.nodes)
+    order = tuple(range(n)) if order is None else tuple(int(i) for i in order)
+    if sorted(order) != list(range(n)):
+        raise GraphError("order must be a permutation of the node ids")
+    step_of = np.empty(n, dtype=np.int64)
+    step_of[list(order)] = np.arange(n)
+
+    nt = len(graph.tensors)
+    buffer_of = np.full(nt, -1, dtype=np.int64)
+    roots: list[int] = []
+    alloc: list[int] = []
+    last: list[int] = []
+    scratch = np.zeros(n, dtype=np.int64)
+    end = n - 1
+    resident = [t.kind is not TensorKind.ACTIVATION for t in graph.tensors]
+    for s, nid in enumerate(order):
+        node = graph.nodes[nid]
+        for t in node.inputs:
+            if t == NO_TENSOR:
+                continue
+            if not resident[t]:
+                raise GraphError(
+                    f"node {node.name!r} ({node.op_type}) at step {s} reads {graph.tensors[t].name!r} "
+                    "before it is produced in this order"
+                )
+            b = buffer_of[t]
+            if b >= 0:
+                last[b] = max(last[b], s)
+        src = model.view_source(graph, node)
+        for k, t in enumerate(node.outputs):
+            if t == NO_TENSOR:
+                continue
+            resident[t] = True
+            if k == 0 and src != NO_TENSOR:
+                buffer_of[t] = buffer_of[src]  # view: shares the buffer (or the base, -1)
+                continue
+            if node.op_type in HOST_OPS and not model.host_copies_resident:
+                continue  # host memory: buffer_of stays -1, like the constant base
+            buffer_of[t] = len(roots)
+            roots.append(t)
+            alloc.append(s)
+            last.append(-1)  # set by readers; -1 means nobody reads it
+        scratch[s] = model.scratch(graph, node)
+    for t in graph.outputs:
+        if buffer_of[t] >= 0:
+            last[buffer_of[t]] = end
+    free = np.array([end if l < 0 else l for l in last], dtype=np.int64)
+    alloc_a = np.array(alloc, dtype=np.int64)
+    sizes = np.array([graph.tensors[t].nbytes for t in roots], dtype=np.int64)
+    delta = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(delta, alloc_a, sizes)
+    np.add.at(delta, free + 1, -sizes)
+    dynamic = np.cumsum(delta[:n]) + scratch
+    return Liveness(
+        graph=graph,
+        order=order,
+        buffer_of=buffer_of,
+        buffer_root=np.array(roots, dtype=np.int64),
+        buffer_size=sizes,
+        alloc_step=alloc_a,
+        free_step=free,
+        scratch=scratch,
+        dynamic=dynamic,
+        base_bytes=graph.base_bytes,
+    )

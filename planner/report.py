@@ -1,0 +1,119 @@
+"""Human-facing summaries of a Liveness: the inspect table, its JSON form and the timeline plot."""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from planner.graph import TensorKind
+from planner.liveness import Liveness
+from planner.units import format_bytes
+
+
+def base_breakdown(lv: Liveness) -> dict[str, int]:
+    g = lv.graph
+    out = {k.value: 0 for k in (TensorKind.INPUT, TensorKind.TRAINABLE, TensorKind.FROZEN)}
+    for t in g.tensors:
+        if t.kind is not TensorKind.ACTIVATION:
+            out[t.kind.value] += t.nbytes
+    return out
+
+
+def live_at_peak(lv: Liveness, top: int | None = None) -> list[dict[str, Any]]:
+    """Buffers resident at the peak step, largest first, with their tensors and intervals."""
+    g = lv.graph
+    rows = []
+    for b in lv.live_buffers(lv.peak_step)[: top if top else None]:
+        t = g.tensors[int(lv.buffer_root[b])]
+        producer = g.nodes[t.producer]
+        rows.append({
+            "tensor": t.name,
+            "shape": list(t.shape),
+            "dtype": t.dtype,
+            "bytes": int(lv.buffer_size[b]),
+            "producer": producer.name,
+            "op_type": producer.op_type,
+            "alloc_step": int(lv.alloc_step[b]),
+            "free_step": int(lv.free_step[b]),
+        })
+    return rows
+
+
+def inspect_dict(lv: Liveness, model: str, top: int = 20) -> dict[str, Any]:
+    g = lv.graph
+    step = lv.peak_step
+    node = g.nodes[lv.order[step]] if g.nodes else None
+    return {
+        "schema": "memplan.inspect/1",
+        "model": model,
+        "nodes": len(g.nodes),
+        "tensors": len(g.tensors),
+        "base_bytes": lv.base_bytes,
+        "base": base_breakdown(lv),
+        "peak_bytes": lv.peak_bytes,
+        "dynamic_peak_bytes": lv.dynamic_peak,
+        "peak_step": step,
+        "peak_node": node.name if node else None,
+        "peak_op_type": node.op_type if node else None,
+        "peak_scratch_bytes": int(lv.scratch[step]) if len(lv.scratch) else 0,
+        "live_at_peak": live_at_peak(lv, top),
+        "timeline_bytes": [int(x) for x in lv.memory],
+    }
+
+
+def inspect_table(info: dict[str, Any]) -> str:
+    b = info["base"]
+    lines = [
+        f"model        {info['model']}  ({info['nodes']} nodes, {info['tensors']} tensors)",
+        f"constant     {format_bytes(info['base_bytes'])}  (inputs {format_bytes(b['input'])}, "
+        f"trainable {format_bytes(b['trainable'])}, frozen {format_bytes(b['frozen'])})",
+        f"peak         {format_bytes(info['peak_bytes'])} at step {info['peak_step']} "
+        f"({info['peak_node']}, {info['peak_op_type']}) = constant + "
+        f"{format_bytes(info['dynamic_peak_bytes'])} dynamic"
+        + (f" incl. {format_bytes(info['peak_scratch_bytes'])} kernel scratch" if info["peak_scratch_bytes"] else ""),
+        "",
+        f"largest tensors live at the peak ({len(info['live_at_peak'])} shown):",
+    ]
+    header = ("tensor", "shape", "dtype", "size", "producer", "steps")
+    rows = [
+        (r["tensor"], "x".join(map(str, r["shape"])) or "scalar", r["dtype"], format_bytes(r["bytes"]),
+         r["op_type"], f"{r['alloc_step']}-{r['free_step']}")
+        for r in info["live_at_peak"]
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    widths[0] = min(widths[0], 48)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines.append("  " + fmt.format(*header))
+    for r in rows:
+        lines.append("  " + fmt.format(r[0][:48], *r[1:]))
+    return "\n".join(lines)
+
+
+def timeline_png(lv: Liveness, title: str) -> bytes:
+    """PNG of resident memory over steps: constant base shaded, peak marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mib = 2.0**20
+    steps = np.arange(len(lv.dynamic))
+    fig, ax = plt.subplots(figsize=(9, 4), dpi=110)
+    ax.fill_between(steps, 0, lv.base_bytes / mib, step="mid", color="#c9d6e3", label="constant (inputs, weights)")
+    ax.fill_between(steps, lv.base_bytes / mib, lv.memory / mib, step="mid", color="#4c78a8",
+                    label="activations + scratch")
+    p = lv.peak_step
+    ax.plot([p], [lv.peak_bytes / mib], marker="v", color="#e45756", markersize=9)
+    ax.annotate(f"peak {format_bytes(lv.peak_bytes)} @ step {p}", (p, lv.peak_bytes / mib),
+                textcoords="offset points", xytext=(6, 6), color="#e45756")
+    ax.set_xlabel("step (node in execution order)")
+    ax.set_ylabel("resident memory (MiB)")
+    ax.set_title(title)
+    ax.set_ylim(0, lv.peak_bytes / mib * 1.15 + 1e-9)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

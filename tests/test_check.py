@@ -1,0 +1,434 @@
+"""`memplan check`: every exit code, the JUnit/JSON/Markdown reports, config discovery, bad input.
+
+Models are small inline ONNX files whose peaks are known by hand. "Fits with a plan" is exercised
+with a fake planner injected as ``cli.check_plan_fn`` (it reaches 70% of the unplanned peak at
++20% time); without it the default honestly reports that no planner is available.
+"""
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+import cli
+from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError
+from planner.gate import CheckItem, PlanOutcome, Verdict, exit_code, make_item, run_checks
+from planner.gate_report import HEADER, to_json
+from planner.graph import GraphBuilder
+from planner.liveness import analyze
+from tests.helpers import parse_model
+from tests.test_cli_inspect import MLP  # x[batch,64] -> MatMul 128 -> Relu -> MatMul 16
+
+ROOT = Path(__file__).resolve().parents[1]
+KiB = 1024
+
+# batch 32: constant base = x (8 KiB) + W1 (32 KiB) + W2 (8 KiB) = 48 KiB; h and r (16 KiB each)
+# are both resident when Relu runs -> unplanned peak 80 KiB.
+MLP_PEAK = 80 * KiB
+
+WIDE = """
+<ir_version: 8, opset_import: ["" : 17]>
+wide (float[32, 64] x) => (float[32, 64] y) <float[64, 256] W1, float[256, 64] W2>
+{
+    h = MatMul(x, W1)
+    t = Tanh(h)
+    y = MatMul(t, W2)
+}
+"""
+# base = x 8 KiB + W1 64 KiB + W2 64 KiB = 136 KiB; h and t 32 KiB each -> peak 200 KiB.
+WIDE_PEAK = 200 * KiB
+
+
+def _save(text: str, shapes: dict[str, tuple[int, ...]], path: Path) -> Path:
+    model = parse_model(text)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend(
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in sorted(shapes.items())
+    )
+    onnx.save_model(model, path)
+    return path
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    return _save(MLP, {"W1": (64, 128), "W2": (128, 16)}, tmp_path / "mlp.onnx")
+
+
+@pytest.fixture
+def wide(tmp_path):
+    return _save(WIDE, {"W1": (64, 256), "W2": (256, 64)}, tmp_path / "wide.onnx")
+
+
+class FakePlanner:
+    """Reaches 70% of the unplanned peak at +20% time; counts its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, graph, budget_bytes, device, time_limit):
+        self.calls.append((budget_bytes, device, time_limit))
+        best = int(analyze(graph).peak_bytes * 0.7)
+        if budget_bytes < best:
+            raise BudgetInfeasibleError("cannot reach the budget", least_bytes=best)
+        return PlanOutcome(fits=True, peak_bytes=best, added_time_fraction=0.2, status="optimal")
+
+
+def run(args, monkeypatch=None, planner=None):
+    """In-process CLI run; returns (exit code, stdout, stderr)."""
+    if planner is not None:
+        monkeypatch.setattr(cli, "check_plan_fn", planner)
+    result = CliRunner().invoke(cli.main, ["check", *map(str, args)])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def memplan(*args, cwd=ROOT):
+    """Subprocess run (real exit status and stderr), from any folder."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "cli", "check", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memplan: error:"), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---- exit 0 and 1 -----------------------------------------------------------------------------
+JSON_KEYS = {"schema", "ok", "exit_code", "checked", "passed", "failed", "errors", "results"}
+RESULT_KEYS = {"model", "name", "budget", "budget_bytes", "train", "dims", "device", "unplanned_peak_bytes",
+               "fits_as_is", "fits_with_plan", "plan", "peak_bytes", "headroom_bytes", "result", "error", "wall_s"}
+
+
+def test_fits_as_is_exit_0_and_json_keys(mlp):
+    rc, out, _ = run([mlp, "--budget", "100KiB", "--dim", "batch=32", "--json"])
+    assert rc == 0
+    info = json.loads(out)
+    assert set(info) == JSON_KEYS and info["schema"] == "memplan.check/1"
+    assert info["ok"] is True and info["exit_code"] == 0 and info["checked"] == info["passed"] == 1
+    (r,) = info["results"]
+    assert set(r) == RESULT_KEYS
+    assert r["unplanned_peak_bytes"] == MLP_PEAK and r["budget_bytes"] == 100 * KiB
+    assert r["fits_as_is"] is True and r["plan"] is None and r["fits_with_plan"] is None
+    assert r["headroom_bytes"] == 20 * KiB and r["result"] == "pass" and r["dims"] == {"batch": 32}
+
+
+def test_fits_with_plan_exit_0(mlp, monkeypatch):
+    fake = FakePlanner()
+    rc, out, err = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--device", "a100", "--time-limit", "5",
+                        "--json"], monkeypatch, fake)
+    assert rc == 0
+    assert fake.calls == [(64 * KiB, "a100", 5.0)]
+    (r,) = json.loads(out)["results"]
+    assert r["fits_as_is"] is False and r["fits_with_plan"] is True
+    assert r["plan"] == {"status": "optimal", "fits": True, "peak_bytes": int(MLP_PEAK * 0.7),
+                         "added_time_fraction": 0.2}
+    # headroom counts against the planned peak, not the unplanned one
+    assert r["headroom_bytes"] == 64 * KiB - int(MLP_PEAK * 0.7)
+    assert "planning for 64.00 KiB" in err  # the progress line
+
+
+def test_no_planner_is_reported_honestly_exit_1(mlp):
+    rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--json"])
+    assert rc == 1
+    (r,) = json.loads(out)["results"]
+    assert r["plan"]["status"] == "no-planner" and r["fits_with_plan"] is False and r["result"] == "fail"
+    rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32"])
+    assert rc == 1 and "no planner in this build" in out
+
+
+def test_plan_infeasible_and_no_plan_exit_1(mlp, monkeypatch):
+    fake = FakePlanner()
+    rc, out, _ = run([mlp, "--budget", "60%", "--dim", "batch=32", "--json"], monkeypatch, fake)
+    assert rc == 1
+    (r,) = json.loads(out)["results"]
+    assert r["budget_bytes"] == int(MLP_PEAK * 0.6)
+    assert r["plan"]["status"] == "infeasible" and r["plan"]["peak_bytes"] == int(MLP_PEAK * 0.7)
+    assert r["headroom_bytes"] == int(MLP_PEAK * 0.6) - int(MLP_PEAK * 0.7) < 0
+
+    rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--no-plan", "--json"], monkeypatch, fake)
+    assert rc == 1 and len(fake.calls) == 1  # --no-plan never asks the planner
+    (r,) = json.loads(out)["results"]
+    assert r["plan"] is None and r["headroom_bytes"] == 64 * KiB - MLP_PEAK
+
+
+def test_one_testcase_per_model_and_budget_junit(mlp, wide, tmp_path, monkeypatch):
+    junit = tmp_path / "out" / "check.xml"
+    junit.parent.mkdir()
+    rc, _, _ = run([mlp, wide, "--dim", "batch=32", "--budget", "100KiB", "--budget", "150KiB", "--junit", junit],
+                   monkeypatch, FakePlanner())
+    # mlp fits both; wide (200 KiB, plans down to 140 KiB) fails 100 KiB, fits 150 KiB with a plan
+    assert rc == 1
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites" and root.get("tests") == "4" and root.get("failures") == "1"
+    cases = root.findall("./testsuite/testcase")
+    assert [c.get("name") for c in cases] == [
+        f"{mlp} [batch=32] @ 100KiB", f"{mlp} [batch=32] @ 150KiB",
+        f"{wide} [batch=32] @ 100KiB", f"{wide} [batch=32] @ 150KiB",
+    ]
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert failed == [cases[2]]
+    failure = cases[2].find("failure")
+    for number in (str(WIDE_PEAK), str(100 * KiB), str(int(WIDE_PEAK * 0.7)), str(100 * KiB - int(WIDE_PEAK * 0.7))):
+        assert number in failure.text
+    assert "100KiB" in failure.get("message") and str(int(WIDE_PEAK * 0.7)) in failure.get("message")
+
+
+def test_markdown_table(mlp, wide, tmp_path, monkeypatch):
+    md = tmp_path / "summary.md"
+    rc, _, _ = run([mlp, wide, "--dim", "batch=32", "--budget", "150KiB", "--markdown", md],
+                   monkeypatch, FakePlanner())
+    assert rc == 0
+    lines = md.read_text().splitlines()
+    assert lines[0] == "### memplan check: 2 of 2 passed, 0 failed, 0 errors"
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == "| " + " | ".join(HEADER) + " |" and set(table[1]) <= set("|-")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
+    assert rows == [
+        [f"`{mlp} [batch=32]`", "150KiB", "80.00 KiB", "yes", "not needed", "70.00 KiB", "✅ pass"],
+        [f"`{wide} [batch=32]`", "150KiB", "200.00 KiB", "no", "yes, +20.0% time (optimal)", "10.00 KiB", "✅ pass"],
+    ]
+    rc, out, _ = run([mlp, "--dim", "batch=32", "--budget", "1KiB", "--markdown", "-"])
+    assert rc == 1 and out.startswith("### memplan check: 0 of 1 passed") and "❌ fail" in out
+
+
+def test_training_step_uses_the_autodiff_hook(mlp, monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "_training_available", lambda: True)
+    monkeypatch.setattr(cli, "training_graph", lambda g: seen.append(g.name) or g)
+    rc, out, _ = run([mlp, "--train", "--dim", "batch=32", "--budget", "1MiB", "--json"])
+    assert rc == 0 and len(seen) == 1
+    assert json.loads(out)["results"][0]["name"] == f"{mlp} [train, batch=32]"
+
+
+# ---- exit 2: usage errors, before any model is loaded ----------------------------------------
+@pytest.mark.parametrize("args, says", [
+    (["--budget", "2XB"], "unknown unit 'XB'"),
+    ([], "no budget"),
+    (["--budget", "60%", "--no-plan"], "only means something with a plan"),
+    (["--budget", "1GiB", "--json", "--markdown", "-"], "both want stdout"),
+    (["--budget", "1GiB", "--dim", "batch"], "NAME=POSITIVE_INT"),
+])
+def test_usage_errors_exit_2(args, says, mlp):
+    rc, out, err = run([mlp, *args])
+    assert rc == 2 and out == ""
+    assert says in one_error_line(err)
+
+
+def test_usage_errors_are_found_before_loading(tmp_path):
+    # the model does not exist, yet the bad unit wins: usage is checked first (2 before 3)
+    rc, _, err = memplan(tmp_path / "missing.onnx", "--budget", "2XB", cwd=tmp_path)
+    assert rc == 2 and "unknown unit" in one_error_line(err)
+
+
+def test_train_without_autodiff_exit_2(mlp, monkeypatch):
+    monkeypatch.setattr(cli, "_training_available", lambda: False)
+    rc, _, err = run([mlp, "--train", "--budget", "1GiB"])
+    assert rc == 2 and "needs autodiff" in one_error_line(err)
+
+
+def test_report_paths_checked_before_running(mlp, tmp_path):
+    rc, _, err = run([mlp, "--budget", "1GiB", "--junit", tmp_path / "no" / "such" / "x.xml"])
+    assert rc == 2 and "does not exist" in one_error_line(err)
+    before = mlp.read_bytes()
+    rc, _, err = run([mlp, "--budget", "1GiB", "--dim", "batch=2", "--markdown", mlp])
+    assert rc == 2 and "one of the inputs" in one_error_line(err)
+    assert mlp.read_bytes() == before
+
+
+def test_no_models_and_no_config_exit_2(tmp_path):
+    (tmp_path / ".git").mkdir()  # the search for a config stops at the repository root
+    rc, out, err = memplan(cwd=tmp_path)
+    assert rc == 2 and out == ""
+    assert "no MODEL given" in one_error_line(err)
+
+
+def test_unreadable_config_exit_2(tmp_path):
+    bad = tmp_path / "memplan.toml"
+    bad.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1GiB\n')
+    junit = tmp_path / "j.xml"
+    rc, _, err = memplan("--config", bad, "--junit", junit, cwd=tmp_path)
+    assert rc == 2 and "not valid TOML" in one_error_line(err) and not junit.exists()
+    rc, _, err = memplan("--config", tmp_path / "absent.toml", cwd=tmp_path)
+    assert rc == 2 and "config file not found" in one_error_line(err)
+
+
+@pytest.mark.parametrize("body, says", [
+    ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\nbatch = 3\n', "unknown key 'batch'"),
+    ('[[check]]\nmodel = "m.onnx"\nbudget = "4 parsecs"\n', "budget '4 parsecs'"),
+    ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ntrain = "yes"\n', "train must be true or false"),
+    ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ndims = { batch = 0 }\n', "dims must be a table"),
+    ('[[check]]\nbudget = "1GiB"\n', "missing key 'model'"),
+    ('[[check]]\nmodel = "m.onnx"\n', "no budget"),
+    ('device = "h100"\n', "needs at least one [[check]]"),
+])
+def test_invalid_config_exit_2(body, says, tmp_path):
+    (tmp_path / "memplan.toml").write_text(body)
+    rc, _, err = run(["--config", tmp_path / "memplan.toml"])
+    assert rc == 2 and says in one_error_line(err)
+
+
+# ---- exit 3: bad models, the others still reported ------------------------------------------
+def test_missing_model_path_exit_3(tmp_path):
+    rc, out, err = memplan(tmp_path / "nope.onnx", "--budget", "1GiB", cwd=tmp_path)
+    assert rc == 3
+    assert "nope.onnx: no such file" in one_error_line(err)
+    assert "ERROR" in out
+
+
+def test_bad_model_among_good_ones_exit_3(mlp, tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"definitely not a protobuf")
+    junit = tmp_path / "j.xml"
+    rc, out, err = memplan(mlp, junk, "--dim", "batch=32", "--budget", "1KiB", "--budget", "1MiB",
+                           "--junit", junit, "--json", cwd=tmp_path)
+    assert rc == 3  # a model that cannot be read outranks a budget miss (exit 1)
+    errors = [line for line in err.splitlines() if not line.startswith("memplan: [")]  # minus progress lines
+    assert "junk.onnx: not a valid ONNX" in one_error_line("\n".join(errors))
+    info = json.loads(out)
+    assert [r["result"] for r in info["results"]] == ["fail", "pass", "error", "error"]
+    assert info["exit_code"] == 3 and info["errors"] == 2
+    cases = ET.parse(junit).getroot().findall("./testsuite/testcase")
+    assert [c.find("error") is not None for c in cases] == [False, False, True, True]
+    assert "not a valid ONNX" in cases[2].find("error").get("message")
+
+
+# ---- config discovery ------------------------------------------------------------------------
+PYPROJECT = """
+[project]
+name = "user-project"
+
+[tool.memplan]
+time_limit = 7
+budget = "1MiB"
+dims = { batch = 32 }
+
+[[tool.memplan.check]]
+model = "nets/mlp.onnx"
+
+[[tool.memplan.check]]
+model = "nets/wide.onnx"
+name = "wide net"
+budget = ["150KiB", "90%"]
+device = "t4"
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "nets").mkdir()
+    _save(MLP, {"W1": (64, 128), "W2": (128, 16)}, tmp_path / "nets" / "mlp.onnx")
+    _save(WIDE, {"W1": (64, 256), "W2": (256, 64)}, tmp_path / "nets" / "wide.onnx")
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    sub = tmp_path / "src" / "deep"
+    sub.mkdir(parents=True)
+    return tmp_path, sub
+
+
+def test_config_found_upward_from_a_subfolder(project, monkeypatch):
+    root, sub = project
+    monkeypatch.chdir(sub)
+    fake = FakePlanner()
+    rc, out, _ = run(["--json"], monkeypatch, fake)
+    assert rc == 0
+    results = json.loads(out)["results"]
+    assert [(r["name"], r["budget"]) for r in results] == [
+        ("nets/mlp.onnx [batch=32]", "1MiB"), ("wide net [batch=32]", "150KiB"), ("wide net [batch=32]", "90%"),
+    ]
+    assert [r["device"] for r in results] == ["h100", "t4", "t4"]
+    assert results[0]["unplanned_peak_bytes"] == MLP_PEAK and results[1]["unplanned_peak_bytes"] == WIDE_PEAK
+    assert fake.calls == [(150 * KiB, "t4", 7), (int(WIDE_PEAK * 0.9), "t4", 7)]
+
+
+def test_command_line_overrides_the_config(project, monkeypatch):
+    root, _ = project
+    monkeypatch.chdir(root)
+    rc, out, _ = run(["--budget", "100KiB", "--no-plan", "--json"])
+    assert rc == 1
+    results = json.loads(out)["results"]
+    assert [(r["budget"], r["result"]) for r in results] == [("100KiB", "pass"), ("100KiB", "fail")]
+
+
+def test_memplan_toml_wins_and_unrelated_pyproject_is_passed_over(project, monkeypatch):
+    root, sub = project
+    (root / "memplan.toml").write_text('budget = "1KiB"\n[[check]]\nmodel = "nets/mlp.onnx"\ndims = { batch = 32 }\n')
+    (sub / "pyproject.toml").write_text('[project]\nname = "inner"\n[tool.black]\nline-length = 80\n')
+    monkeypatch.chdir(sub)
+    rc, out, _ = run(["--json"])
+    assert rc == 1
+    (r,) = json.loads(out)["results"]
+    assert r["model"] == "nets/mlp.onnx" and r["budget"] == "1KiB"
+
+
+def test_models_and_config_are_alternatives(project, mlp):
+    root, _ = project
+    rc, _, err = run([mlp, "--budget", "1GiB", "--config", root / "pyproject.toml"])
+    assert rc == 2 and "not both" in one_error_line(err)
+
+
+def test_pyproject_without_table_given_explicitly(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    rc, _, err = run(["--config", tmp_path / "pyproject.toml"])
+    assert rc == 2 and "no [tool.memplan] table" in one_error_line(err)
+
+
+# ---- the gate itself (pure) ------------------------------------------------------------------
+def _tiny_graph():
+    b = GraphBuilder("tiny")
+    x = b.input("x", "float32", (256,))
+    (y,) = b.node("Relu", [x], [("y", "float32", (256,))])
+    b.output(y)
+    return b.build()
+
+
+def test_each_model_loads_once_for_all_its_budgets():
+    loads = []
+    item = make_item("m", ["1KiB", "2KiB", "50%"])
+    verdicts = run_checks([item], lambda it: loads.append(it.model) or _tiny_graph())
+    assert loads == ["m"] and [v.budget_bytes for v in verdicts] == [1024, 2048, 1024]
+    assert [v.outcome for v in verdicts] == ["fail", "pass", "fail"]  # peak = 1 KiB x + 1 KiB y
+
+
+def test_exit_code_precedence_and_json_counts():
+    item = make_item("m", ["1KiB"])
+    ok = Verdict(item, "1KiB", 1024, 1000, None)
+    over = Verdict(item, "1KiB", 1024, 2000, None)
+    bad = Verdict(item, "1KiB", None, None, None, error="m: no such file")
+    assert exit_code([ok]) == 0 and exit_code([ok, over]) == 1 and exit_code([over, bad]) == 3
+    assert over.headroom == -976 and ok.headroom == 24 and bad.headroom is None
+    assert {k: to_json([ok, over, bad])[k] for k in ("checked", "passed", "failed", "errors")} == {
+        "checked": 3, "passed": 1, "failed": 1, "errors": 1}
+
+
+def test_planner_answers_and_bugs():
+    item = make_item("m", ["1KiB"])
+
+    def timeout(*_):
+        raise SolverTimeoutError("no plan in 1 s")
+
+    (v,) = run_checks([item], lambda _: _tiny_graph(), timeout)
+    assert v.plan == PlanOutcome(False, 0, 0.0, "timeout") and v.outcome == "fail"
+    with pytest.raises(GraphError, match="planner bug"):
+        run_checks([item], lambda _: _tiny_graph(), lambda *_: PlanOutcome(True, 4096, 0.1, "optimal"))
+
+
+def test_load_failure_becomes_error_verdicts():
+    def broken(item: CheckItem):
+        raise ModelImportError(f"{item.model}: not an ONNX model")
+
+    verdicts = run_checks([make_item("a.onnx", ["1KiB", "1MiB"]), make_item("b", ["1GiB"])],
+                          lambda it: broken(it) if it.model == "a.onnx" else _tiny_graph())
+    assert [v.outcome for v in verdicts] == ["error", "error", "pass"]
+    assert verdicts[0].error == "a.onnx: not an ONNX model"

@@ -1,0 +1,126 @@
+"""`memplan inspect`: output on a small model, and every bad-input path exits 3 with one line."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.helpers import parse_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MLP = """
+<ir_version: 8, opset_import: ["" : 17]>
+mlp (float[batch, 64] x) => (float[batch, 16] y) <float[64, 128] W1, float[128, 16] W2>
+{
+    h = MatMul(x, W1)
+    r = Relu(h)
+    y = MatMul(r, W2)
+}
+"""
+
+
+def memplan(*args, cwd=None):
+    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture
+def mlp_path(tmp_path):
+    model = parse_model(MLP)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((64, 128)).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.standard_normal((128, 16)).astype(np.float32), "W2"),
+    ])
+    path = tmp_path / "mlp.onnx"
+    onnx.save_model(model, path)
+    return path
+
+
+def test_inspect_json_and_plot(mlp_path, tmp_path):
+    plot = tmp_path / "t.png"
+    rc, out, err = memplan("inspect", mlp_path, "--dim", "batch=32", "--json", "--plot", plot)
+    assert rc == 0, err
+    info = json.loads(out)
+    assert info["base_bytes"] == 32 * 64 * 4 + (64 * 128 + 128 * 16) * 4
+    # h and r (32x128 floats each) are both resident when Relu runs; y is 32x16.
+    assert info["dynamic_peak_bytes"] == 2 * 32 * 128 * 4
+    assert info["live_at_peak"][0]["bytes"] == 32 * 128 * 4
+    assert len(info["timeline_bytes"]) == 3
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_inspect_table(mlp_path):
+    rc, out, _ = memplan("inspect", mlp_path, "--dim", "batch=8")
+    assert rc == 0
+    assert "peak" in out and "constant" in out and "Relu" in out
+
+
+def _one_line_exit3(args, tmp_path):
+    plot = tmp_path / "never.png"
+    rc, out, err = memplan("inspect", *args, "--plot", plot)
+    assert rc == 3, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memplan: error:"), err
+    assert "Traceback" not in err
+    assert not plot.exists()
+    return lines[0]
+
+
+def test_missing_path(tmp_path):
+    assert "no such file" in _one_line_exit3([tmp_path / "nope.onnx"], tmp_path)
+
+
+def test_not_onnx(tmp_path):
+    p = tmp_path / "notes.onnx"
+    p.write_text("hello, this is not a model\n" * 20)
+    assert "not" in _one_line_exit3([p], tmp_path)
+
+
+def test_truncated_protobuf(mlp_path, tmp_path):
+    data = mlp_path.read_bytes()
+    p = tmp_path / "cut.onnx"
+    p.write_bytes(data[: len(data) // 2])
+    assert "not a valid ONNX protobuf" in _one_line_exit3([p, "--dim", "batch=2"], tmp_path)
+
+
+def test_cycle(tmp_path):
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Neg", ["a"], ["b"], name="n2"),
+             helper.make_node("Identity", ["b"], ["y"], name="n3")]
+    p = tmp_path / "cycle.onnx"
+    onnx.save_model(helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                                      opset_imports=[helper.make_opsetid("", 17)]), p)
+    assert "cycle" in _one_line_exit3([p], tmp_path)
+
+
+def test_unbound_dim(mlp_path, tmp_path):
+    line = _one_line_exit3([mlp_path], tmp_path)
+    assert "'batch'" in line and "--dim batch=N" in line
+
+
+@pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd"])
+def test_external_data_outside_folder(tmp_path, location):
+    model = parse_model(MLP.replace("batch", "2"))
+    w1 = numpy_helper.from_array(np.ones((64, 128), np.float32), "W1")
+    w1.ClearField("raw_data")
+    w1.data_location = onnx.TensorProto.EXTERNAL
+    w1.external_data.add(key="location", value=location)
+    model.graph.initializer.extend([w1, numpy_helper.from_array(np.ones((128, 16), np.float32), "W2")])
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 64 * 128 * 4)
+    p = folder / "ext.onnx"
+    p.write_bytes(model.SerializeToString())
+    assert "outside the model's folder" in _one_line_exit3([p], tmp_path)
+
+
+def test_bad_dim_flag_is_usage_error(mlp_path):
+    rc, _, err = memplan("inspect", mlp_path, "--dim", "batch")
+    assert rc == 2 and "NAME=POSITIVE_INT" in err

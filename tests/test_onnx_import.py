@@ -1,0 +1,101 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from passes.onnx_export import check_model, export_model
+from passes.onnx_import import import_model
+from planner.errors import ModelImportError
+from planner.graph import TensorKind
+from tests.helpers import parse_model
+
+SHAPE_SUBGRAPH = """
+<ir_version: 8, opset_import: ["" : 17]>
+agraph (float[batch, 6] x) => (float[batch, 2, 3] y) <float[6, 6] W>
+{
+    h = MatMul(x, W)
+    s = Shape(h)
+    b = Gather<axis = 0>(s, zero)
+    bu = Unsqueeze(b, zero1)
+    shp = Concat<axis = 0>(bu, two3)
+    r = Reshape(h, shp)
+    y = Relu(r)
+}
+"""
+
+
+def _with_inits(model: onnx.ModelProto) -> onnx.ModelProto:
+    g = model.graph
+    g.initializer.extend([
+        numpy_helper.from_array(np.eye(6, dtype=np.float32), "W"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+        numpy_helper.from_array(np.array([2, 3], np.int64), "two3"),
+    ])
+    return model
+
+
+def test_binds_dims_and_folds_shape_subgraph():
+    graph = import_model(_with_inits(parse_model(SHAPE_SUBGRAPH)), {"batch": 4})
+    assert [n.op_type for n in graph.nodes] == ["MatMul", "Reshape", "Relu"]
+    assert graph.tensor("y").shape == (4, 2, 3)
+    assert graph.tensor("shp").kind is TensorKind.FROZEN
+    assert list(graph.values[graph.tensor("shp").id]) == [4, 2, 3]
+    assert graph.tensor("W").kind is TensorKind.TRAINABLE
+    assert graph.tensor("h").nbytes == 4 * 6 * 4
+
+
+def test_unbound_dim_names_dim_and_flag():
+    with pytest.raises(ModelImportError, match=r"symbolic dim 'batch'.*--dim batch=N"):
+        import_model(_with_inits(parse_model(SHAPE_SUBGRAPH)))
+
+
+def test_export_roundtrip_runs_in_ort():
+    import onnxruntime as ort
+
+    graph = import_model(_with_inits(parse_model(SHAPE_SUBGRAPH)), {"batch": 3})
+    model = export_model(graph)
+    check_model(model)
+    x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
+    (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(3, 2, 3))
+
+
+def test_batchnorm_stats_are_frozen():
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3, 4, 4] x) => (float[2, 3, 4, 4] y) <float[3] s, float[3] b, float[3] m, float[3] v>
+    { y = BatchNormalization<training_mode = 0>(x, s, b, m, v) }
+    """)
+    for name in "sbmv":
+        model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), name))
+    graph = import_model(model)
+    kinds = {n: graph.tensor(n).kind for n in "sbmv"}
+    assert kinds == {"s": TensorKind.TRAINABLE, "b": TensorKind.TRAINABLE,
+                     "m": TensorKind.FROZEN, "v": TensorKind.FROZEN}
+
+
+def test_out_of_order_nodes_are_sorted_and_cycles_rejected():
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])
+    nodes = [helper.make_node("Neg", ["a"], ["y"], name="second"), helper.make_node("Relu", ["x"], ["a"], name="first")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert [n.name for n in import_model(model).nodes] == ["first", "second"]
+    cyc = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Neg", ["a"], ["b"], name="n2"),
+           helper.make_node("Identity", ["b"], ["y"], name="n3")]
+    model = helper.make_model(helper.make_graph(cyc, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelImportError, match="cycle"):
+        import_model(model)
+
+
+def test_dtype_byte_sizes():
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float16[3, 5] x) => (double[3, 5] y, bool[3, 5] z, int8[3, 5] w)
+    { y = Cast<to = 11>(x)
+      z = Cast<to = 9>(x)
+      w = Cast<to = 3>(x) }
+    """)
+    g = import_model(model)
+    assert [g.tensor(n).nbytes for n in "xyzw"] == [30, 120, 15, 15]
