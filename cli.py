@@ -106,11 +106,9 @@ dim_option = click.option("--dim", "dims", multiple=True, metavar="NAME=V",
 
 def training_graph(graph, **options):
     """Forward graph with a scalar loss -> training graph (autodiff)."""
-    try:
-        from passes.autodiff import build_training_graph
-    except ImportError:
-        raise UsageError("--train needs autodiff, which this build does not have yet") from None
-    return build_training_graph(graph, **options)
+    from passes.autodiff import training_graph as build
+
+    return build(graph, **options)
 
 
 # ---- inspect ---------------------------------------------------------------------------------
@@ -292,6 +290,113 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device
     else:
         click.echo(gate_report.to_markdown(verdicts) if markdown == "-" else gate_report.to_table(verdicts))
     sys.exit(gate.exit_code(verdicts))
+
+
+# ---- train-graph / train (autodiff) ----------------------------------------------------------
+def optimizer_options(f):
+    """Flags shared by train-graph and train: optimizer, its hyper-parameters, --freeze, --dim."""
+    for opt in reversed([
+        click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default=None,
+                     help="Append an update step (default: none for train-graph, adam for train)."),
+        click.option("--lr", type=float, default=None, help="Learning rate (default 0.01 sgd, 0.003 adam)."),
+        click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum."),
+        click.option("--beta1", type=float, default=0.9, show_default=True, help="Adam beta1."),
+        click.option("--beta2", type=float, default=0.999, show_default=True, help="Adam beta2."),
+        click.option("--weight-decay", type=float, default=0.0, show_default=True, help="L2 weight decay."),
+        click.option("--freeze", multiple=True, metavar="PATTERN",
+                     help="Initializers (glob on the name) that get no gradient; repeatable."),
+        click.option("--loss", default=None, help="Loss output (default: the first scalar float output)."),
+        dim_option,
+    ]):
+        f = opt(f)
+    return f
+
+
+def _train_options(optimizer, lr, momentum, beta1, beta2, weight_decay, freeze, loss, default_optimizer, **extra):
+    from passes.autodiff import TrainOptions
+
+    kind = optimizer or default_optimizer
+    lr = lr if lr is not None else (0.003 if kind == "adam" else 0.01)
+    return TrainOptions.from_kwargs(loss=loss, freeze=freeze, optimizer=kind, lr=lr, momentum=momentum,
+                                    beta1=beta1, beta2=beta2, weight_decay=weight_decay, **extra)
+
+
+@main.command("train-graph")
+@click.argument("model")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Training-step model to write.")
+@optimizer_options
+@click.option("--keep-grads", is_flag=True, help="With an optimizer, also output the <param>_grad tensors.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handles_errors
+def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool, as_json: bool, **flags) -> None:
+    """Forward MODEL ending in a scalar loss -> OUT.onnx with the backward (and optimizer step) in standard ops.
+
+    Outputs: the loss, <param>_grad per trainable initializer; with --optimizer also <param>_new and
+    the optimizer state (inputs <state>, outputs <state>_new; zeros before the first step).
+    """
+    import json as json_lib
+    from pathlib import Path
+
+    from passes.autodiff import build_training_graph
+    from passes.onnx_export import check_model, export_model, save_model
+    from passes.onnx_import import load_graph
+
+    if not model.startswith("zoo:") and Path(model).resolve() == Path(output).resolve():
+        raise UsageError(f"-o {output} is the input model; choose another file name")
+    if not Path(output).resolve().parent.is_dir():
+        raise UsageError(f"-o {output}: folder {Path(output).resolve().parent} does not exist; create it first")
+    options = _train_options(default_optimizer="none", keep_grads=keep_grads, **flags)
+    forward = load_graph(model, parse_dims(dims))
+    step = build_training_graph(forward, options)
+    proto = export_model(step.graph, metadata={"memplan.train": json_lib.dumps(options.as_kwargs())})
+    check_model(proto, full=True)
+    save_model(proto, output)
+    backward = len(step.graph.nodes) - sum(1 for n in step.graph.nodes if "__bw_node_" not in n.name)
+    info = {"model": model, "output": output, "loss": step.loss, "params": len(step.params),
+            "optimizer": options.optimizer.kind, "nodes": len(step.graph.nodes), "backward_nodes": backward,
+            "inputs": [step.graph.tensors[t].name for t in step.graph.inputs],
+            "outputs": [step.graph.tensors[t].name for t in step.graph.outputs],
+            "saved": {k: list(v) for k, v in step.saved.items()}}
+    if as_json:
+        emit_json(info)
+    else:
+        click.echo(f"wrote {output}: {info['nodes']} nodes ({backward} backward/update), {len(step.params)} trainable "
+                   f"initializers, optimizer {options.optimizer.kind}, {len(info['outputs'])} outputs")
+
+
+@main.command("train")
+@click.argument("model")
+@optimizer_options
+@click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1), help="Optimizer steps.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic data.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with every step's loss).")
+@handles_errors
+def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider: str, as_json: bool, **flags) -> None:
+    """Train MODEL for --steps steps on a synthetic learnable task, running memplan's training step in ORT."""
+    from passes.autodiff import build_training_graph
+    from passes.onnx_import import load_graph
+    from passes.training import summary, train
+
+    options = _train_options(default_optimizer="adam", **flags)
+    if options.optimizer.kind == "none":
+        raise UsageError("memplan train needs --optimizer sgd or adam")
+    forward = load_graph(model, parse_dims(dims))
+    result = train(build_training_graph(forward, options), forward, steps, seed=seed, provider=provider)
+    info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,
+            "steps": steps, "provider": result.provider, "seconds": result.seconds, **summary(result)}
+    if as_json:
+        emit_json({**info, "losses": list(result.losses)})
+        return
+    stride = max(1, steps // 10)
+    for k in range(0, steps, stride):
+        click.echo(f"step {k:5d}  loss {result.losses[k]:.5f}")
+    click.echo(f"step {steps - 1:5d}  loss {result.losses[-1]:.5f}")
+    click.echo(f"{model}: {result.task} task, {options.optimizer.kind} lr {options.optimizer.lr:g}, "
+               f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f} "
+               f"(mean of first/last tenth {info['first_mean']:.4f} -> {info['last_mean']:.4f}) "
+               f"in {result.seconds:.2f} s on {result.provider}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,6 +40,24 @@ class TrainOptions:
     optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
     keep_grads: bool = False  # with an optimizer, also output the gradients (they then live to the end)
 
+    @classmethod
+    def from_kwargs(
+        cls, *, loss: str | None = None, freeze: Sequence[str] = (), optimizer: str = "none", lr: float = 0.01,
+        momentum: float = 0.0, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+        weight_decay: float = 0.0, keep_grads: bool = False,
+    ) -> "TrainOptions":
+        """Flat keyword form (CLI flags, JSON metadata) -> options; bad values raise UsageError."""
+        opt = OptimizerOptions(kind=optimizer, lr=lr, momentum=momentum, beta1=beta1, beta2=beta2, eps=eps,
+                               weight_decay=weight_decay)
+        return cls(loss=loss, freeze=tuple(freeze), optimizer=opt, keep_grads=keep_grads)
+
+    def as_kwargs(self) -> dict:
+        """Inverse of ``from_kwargs`` (JSON-serializable), e.g. to record how a model was made."""
+        o = self.optimizer
+        return {"loss": self.loss, "freeze": list(self.freeze), "optimizer": o.kind, "lr": o.lr,
+                "momentum": o.momentum, "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
+                "weight_decay": o.weight_decay, "keep_grads": self.keep_grads}
+
 
 @dataclass(frozen=True)
 class TrainingStep:
@@ -54,9 +72,9 @@ class TrainingStep:
     saved: Mapping[str, tuple[str, ...]]  # forward node -> forward tensors its gradient rule keeps
 
 
-def autodiff(forward: Graph, options: TrainOptions | None = None) -> Graph:
-    """Convenience: just the training Graph."""
-    return build_training_graph(forward, options).graph
+def training_graph(forward: Graph, **options) -> Graph:
+    """Just the training Graph; ``options`` are ``TrainOptions.from_kwargs``'s keywords."""
+    return build_training_graph(forward, TrainOptions.from_kwargs(**options)).graph
 
 
 def build_training_graph(forward: Graph, options: TrainOptions | None = None) -> TrainingStep:

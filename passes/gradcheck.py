@@ -137,8 +137,19 @@ class GradReport:
         return name, self.errors[name]
 
 
-def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], loss: float) -> GradReport:
-    return GradReport(loss, {k: relative_error(got[k], want[k]) for k in sorted(want)})
+def compare(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], loss: float,
+            floor: float = 0.0) -> GradReport:
+    """Relative error per parameter. ``floor`` (a fraction of the largest reference gradient of
+    the model) keeps gradients that are zero in theory, float noise in practice (a conv bias before
+    a training-mode BatchNorm), from dividing by noise."""
+    top = max((float(np.max(np.abs(w))) for w in want.values() if np.size(w)), default=0.0)
+    errors = {}
+    for k in sorted(want):
+        w = np.asarray(want[k], np.float64)
+        scale = max(float(np.max(np.abs(w))) if w.size else 0.0, floor * top)
+        diff = float(np.max(np.abs(np.asarray(got[k], np.float64) - w))) if w.size else 0.0
+        errors[k] = diff / scale if scale > 0 else diff
+    return GradReport(loss, errors)
 
 
 def has_float64_kernels(graph: Graph) -> bool:
@@ -158,3 +169,92 @@ def initializer_values(graph: Graph, names: Sequence[str]) -> dict[str, np.ndarr
 
 def to_numpy(tensor: onnx.TensorProto) -> np.ndarray:
     return numpy_helper.to_array(tensor)
+
+
+def graph_as_float64(graph: Graph) -> Graph:
+    """The same graph computing in float64 (float32 tensors, values and Cast targets widened), for
+    finite differences that float32 rounding would drown. Resize's roi/scales stay float32."""
+    import dataclasses
+
+    keep32 = {n.inputs[i] for n in graph.nodes if n.op_type == "Resize" for i in (1, 2) if i < len(n.inputs)}
+    wide = lambda t: t.dtype == "float32" and t.id not in keep32  # noqa: E731
+    tensors = tuple(dataclasses.replace(t, dtype="float64") if wide(t) else t for t in graph.tensors)
+    values = {k: (np.asarray(v, np.float64) if wide(graph.tensors[k]) else v) for k, v in graph.values.items()}
+    nodes = []
+    for n in graph.nodes:
+        attrs = dict(n.attrs)
+        if n.op_type == "Cast" and attrs.get("to") == onnx.TensorProto.FLOAT:
+            attrs["to"] = onnx.TensorProto.DOUBLE
+        for k, v in attrs.items():
+            if isinstance(v, np.ndarray) and v.dtype == np.float32:
+                attrs[k] = v.astype(np.float64)
+        nodes.append(dataclasses.replace(n, attrs=attrs))
+    return dataclasses.replace(graph, tensors=tensors, nodes=tuple(nodes), values=values).validate()
+
+
+def directional_errors(
+    forward: Graph, step: TrainingStep, feeds: Mapping[str, np.ndarray],
+    steps: Sequence[float] = (1e-6, 1e-4, 1e-3), good_enough: float = 1e-4,
+) -> dict[str, float]:
+    """Per parameter p: |FD of the loss along d - <grad_p, d>| / |grad_p|, d = grad_p / |grad_p|,
+    with the forward in float64 through onnx's reference evaluator. Wrong rules give O(1).
+
+    Several FD steps are tried and the best kept: a small step can straddle a ReLU/MaxPool kink
+    less often, a large one beats rounding in the reference's float32-only kernels (Erf)."""
+    _, grads = run_training_step(step, feeds)
+    fwd64 = graph_as_float64(forward)
+    evaluate = loss_evaluator(fwd64, step.loss, list(step.params), use_reference=True)
+    base = {k: np.asarray(v, np.float64) if np.asarray(v).dtype == np.float32 else v for k, v in feeds.items()}
+    base.update({p: np.asarray(fwd64.values[fwd64.by_name[p]], np.float64) for p in step.params})
+    errors = {}
+    for p in step.params:
+        g = np.asarray(grads[p], np.float64)
+        norm = float(np.linalg.norm(g))
+        if norm == 0.0:
+            errors[p] = 0.0
+            continue
+        d = g / norm
+        best = float("inf")
+        for eps in steps:
+            up = evaluate({**base, p: base[p] + eps * d})
+            down = evaluate({**base, p: base[p] - eps * d})
+            best = min(best, abs((up - down) / (2 * eps) - norm) / norm)
+            if best < good_enough:
+                break
+        errors[p] = best
+    return errors
+
+
+# ---- whole models -----------------------------------------------------------------------------
+def fixture_report(onnx_path, options=None) -> GradReport:
+    """A torch-exported fixture (``<name>.onnx`` + ``<name>.npz`` with torch's loss and gradients):
+    ORT run of memplan's training graph vs torch autograd, per initializer."""
+    from pathlib import Path
+
+    from passes.autodiff import build_training_graph
+    from passes.onnx_import import import_model
+
+    ref = np.load(Path(onnx_path).with_suffix(".npz"))
+    dims = {k[4:]: int(ref[k]) for k in ref.files if k.startswith("dim:")}
+    step = build_training_graph(import_model(onnx_path, dims), options)
+    feeds = {k[6:]: ref[k] for k in ref.files if k.startswith("input:")}
+    loss, got = run_training_step(step, feeds)
+    want = {k[5:]: ref[k] for k in ref.files if k.startswith("grad:")}
+    missing = sorted(set(want) ^ set(got))
+    if missing:
+        raise AssertionError(f"{onnx_path}: trainable set differs from torch's parameters: {missing[:5]}")
+    return compare(got, want, loss, floor=1e-3)
+
+
+def zoo_report(name: str, seed: int = 0, **zoo_options) -> GradReport:
+    """A zoo model: ORT (float32) training-graph gradients vs float64 directional differences."""
+    import models
+    from passes.autodiff import build_training_graph
+    from passes.onnx_import import import_model
+
+    model = models.build(name, **zoo_options)
+    forward = import_model(model)
+    step = build_training_graph(forward)
+    feeds = models.example_feeds(model, seed=seed)
+    loss, _ = run_training_step(step, feeds)
+    return GradReport(loss, directional_errors(forward, step, feeds))

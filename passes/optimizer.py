@@ -55,8 +55,6 @@ class OptimizerStep:
         self.updates: dict[str, str] = {}
         self.state: list[StateSlot] = []
         self._new: dict[int, int] = {}  # param id -> updated value
-        self._state_out: dict[int, list[int]] = {}
-        self._step_new: int | None = None
         if options.kind == "adam":
             self._init_adam_step()
         suffixes = {"sgd": ["momentum"] if options.momentum else [], "adam": ["adam_m", "adam_v"]}
@@ -67,7 +65,6 @@ class OptimizerStep:
         step = b.input("adam_step", "float32", ())
         em.begin("adam_step")
         t = em.add(step, em.scalar(1.0, step), out_name="adam_step_new")
-        self._step_new = t
         self.state.append(StateSlot("adam_step", "adam_step_new", np.zeros((), np.float32)))
         one = em.scalar(1.0, step)
         bc1 = em.sub(one, em.binary("Pow", em.scalar(self.opt.beta1, step), t))
@@ -88,31 +85,23 @@ class OptimizerStep:
         name = em.tensor(param).name
         if o.weight_decay:
             grad = em.add(grad, em.scale(param, o.weight_decay))
-        outs = []
         if o.kind == "sgd":
             step = grad
             if o.momentum:
                 (v,) = self._inputs[param]
                 step = em.add(em.scale(v, o.momentum), grad, out_name=f"{name}_momentum_new")
-                outs.append(step)
             new = em.sub(param, em.scale(step, o.lr), out_name=f"{name}_new")
         else:
             m, v = self._inputs[param]
             m_new = em.add(em.scale(m, o.beta1), em.scale(grad, 1 - o.beta1), out_name=f"{name}_adam_m_new")
             v_new = em.add(em.scale(v, o.beta2), em.scale(em.mul(grad, grad), 1 - o.beta2),
                            out_name=f"{name}_adam_v_new")
-            outs += [m_new, v_new]
             dtype = em.dtype(param)
             denom = em.add(em.div(em.unary("Sqrt", v_new), em.cast(self._sqrt_bc2, dtype)), em.scalar(o.eps, param))
             new = em.sub(param, em.mul(em.div(m_new, denom), em.cast(self._lr_t, dtype)), out_name=f"{name}_new")
         self._new[param] = new
-        self._state_out[param] = outs
         self.updates[name] = f"{name}_new"
 
     def outputs(self) -> list[int]:
-        """Updated parameters, then state outputs, both in parameter order; then the Adam step."""
-        order = sorted(self._new)
-        outs = [self._new[p] for p in order] + [s for p in order for s in self._state_out[p]]
-        if self._step_new is not None:
-            outs.append(self._step_new)
-        return outs
+        """Updated parameters in parameter order, then the state outputs in ``self.state`` order."""
+        return [self._new[p] for p in sorted(self._new)] + [self.em.b.id(s.output) for s in self.state]

@@ -61,7 +61,7 @@ class Emitter:
 
     def const(self, value: Any, dtype: str | np.dtype | None = None) -> int:
         """A FROZEN initializer holding ``value`` (shared between equal constants)."""
-        arr = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        arr = np.array(value, dtype=dtype, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._consts:
             self._consts[key] = self.b.initializer(f"memplan__const_{len(self._consts)}", arr, trainable=False)

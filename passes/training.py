@@ -1,0 +1,122 @@
+"""A real training loop over an emitted training step, in stock onnxruntime (the ``memplan train`` demo).
+
+Each step feeds the current weights and optimizer state, runs forward + backward + update in one
+ORT call, and feeds ``<param>_new`` and the state outputs into the next. The data is synthetic but
+learnable: for a classifier (SoftmaxCrossEntropyLoss over [N, C] scores with float inputs) each
+class has a fixed random prototype and a sample is its class prototype plus noise, fresh every
+step; for other models (token inputs, per-pixel labels) one fixed seeded batch is memorized.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from passes.autodiff import TrainingStep
+from passes.gradcheck import params_as_inputs
+from passes.onnx_export import export_model
+from planner.errors import UsageError
+from planner.graph import Graph
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    losses: tuple[float, ...]  # loss of each step, before its update
+    task: str  # "prototypes" or "fixed batch"
+    seconds: float  # wall time of the loop (session creation excluded)
+    provider: str  # ORT execution provider that ran the steps
+
+
+def _classifier(forward: Graph) -> tuple[str, int] | None:
+    """(labels input, number of classes) when the loss is a classification over [N, C] scores."""
+    inputs = {forward.tensors[t].name for t in forward.inputs}
+    for node in forward.nodes:
+        if node.op_type != "SoftmaxCrossEntropyLoss":
+            continue
+        scores, labels = forward.tensors[node.inputs[0]], forward.tensors[node.inputs[1]]
+        if len(scores.shape) == 2 and labels.name in inputs:
+            return labels.name, scores.shape[1]
+    return None
+
+
+class SyntheticTask:
+    """Batches for the demo (see module docstring); deterministic for a seed."""
+
+    def __init__(self, forward: Graph, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.inputs = [forward.tensors[t] for t in forward.inputs]
+        cls = _classifier(forward)
+        floats = [t for t in self.inputs if t.dtype.startswith("float")]
+        self.task = "prototypes" if cls is not None and floats else "fixed batch"
+        if self.task == "prototypes":
+            self.labels, classes = cls
+            self.prototypes = {t.name: self.rng.standard_normal((classes, *t.shape[1:])).astype(t.dtype)
+                               for t in floats}
+            self.classes = classes
+        else:
+            self.fixed = {t.name: self._random(t) for t in self.inputs}
+
+    def _random(self, t) -> np.ndarray:
+        if t.dtype.startswith("float"):
+            return self.rng.standard_normal(t.shape).astype(t.dtype)
+        if t.dtype == "bool":
+            return self.rng.random(t.shape) < 0.5
+        return self.rng.integers(0, 2, size=t.shape).astype(t.dtype)
+
+    def batch(self) -> dict[str, np.ndarray]:
+        if self.task == "fixed batch":
+            return self.fixed
+        feeds = {}
+        labels_t = next(t for t in self.inputs if t.name == self.labels)
+        labels = self.rng.integers(0, self.classes, size=labels_t.shape).astype(labels_t.dtype)
+        for t in self.inputs:
+            if t.name == self.labels:
+                feeds[t.name] = labels
+            elif t.name in self.prototypes:
+                noise = self.rng.standard_normal(t.shape).astype(t.dtype)
+                feeds[t.name] = self.prototypes[t.name][labels] + noise
+            else:
+                feeds[t.name] = self._random(t)
+        return feeds
+
+
+def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provider: str = "cpu") -> TrainResult:
+    """Run ``steps`` optimizer steps of ``step`` (built with an optimizer) in ORT."""
+    import onnxruntime as ort
+
+    if not step.updates:
+        raise UsageError("training needs an optimizer step: build the graph with --optimizer sgd or adam")
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {steps}")
+    providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+    if provider not in providers:
+        raise UsageError(f"--provider must be cpu or cuda, got {provider!r}")
+    if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise UsageError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu")
+    model = params_as_inputs(export_model(step.graph), step.params)
+    session = ort.InferenceSession(model.SerializeToString(), providers=providers[provider])
+    weights: dict[str, np.ndarray] = {p: np.asarray(step.graph.values[step.graph.by_name[p]]) for p in step.params}
+    state: dict[str, np.ndarray] = {s.input: s.initial for s in step.state}
+    outputs = [step.loss] + [step.updates[p] for p in step.params] + [s.output for s in step.state]
+    task = SyntheticTask(forward, seed)
+    losses = []
+    start = time.perf_counter()
+    for k in range(steps):
+        values = session.run(outputs, {**task.batch(), **weights, **state})
+        losses.append(float(np.asarray(values[0]).reshape(())))
+        weights = dict(zip(step.params, values[1:1 + len(step.params)]))
+        state = {s.input: v for s, v in zip(step.state, values[1 + len(step.params):])}
+        log.info("step %d loss %.5f", k, losses[-1])
+    return TrainResult(tuple(losses), task.task, time.perf_counter() - start, session.get_providers()[0])
+
+
+def summary(result: TrainResult) -> Mapping[str, float]:
+    n = len(result.losses)
+    window = max(1, n // 10)
+    return {"first_loss": result.losses[0], "last_loss": result.losses[-1],
+            "first_mean": float(np.mean(result.losses[:window])), "last_mean": float(np.mean(result.losses[-window:]))}

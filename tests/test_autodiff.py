@@ -1,0 +1,293 @@
+"""End-to-end autodiff: whole small models, the zoo and the torch fixtures, the optimizer step, the
+error path and the CLI (train-graph, train, inspect --train)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import helper, numpy_helper
+
+import cli
+from passes import gradcheck
+from passes.autodiff import TrainOptions, build_training_graph
+from passes.onnx_export import export_model
+from passes.onnx_import import import_model
+from planner.errors import ModelImportError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+F64 = onnx.TensorProto.DOUBLE
+
+
+def _model(nodes, inits, inputs, opset=17, dtype=np.float64, loss_dtype=F64) -> onnx.ModelProto:
+    tensors = [numpy_helper.from_array(np.asarray(v, dtype) if np.asarray(v).dtype.kind == "f" else np.asarray(v), k)
+               for k, v in inits.items()]
+    ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), list(np.shape(v)))
+           for k, v in inputs.items()]
+    graph = helper.make_graph(nodes, "m", ins, [helper.make_tensor_value_info("loss", loss_dtype, [])],
+                              initializer=tensors)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _mlp(extra_nodes=(), extra_inits=None) -> tuple[onnx.ModelProto, dict]:
+    """Two-layer MLP with a shared weight (fan-out), an int shape subgraph and SCE loss, float64."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [
+        n("Gemm", ["x", "w1", "b1"], ["h"], transB=1),
+        n("Relu", ["h"], ["r"], name="relu"),
+        n("Shape", ["r"], ["r_shape"]),  # int path, passes through untouched
+        n("Reshape", ["r", "r_shape"], ["r2"]),
+        n("MatMul", ["r2", "w2"], ["z"]),
+        n("MatMul", ["z", "w2sq"], ["z2"]),
+        n("Add", ["z", "z2"], ["z3"]),
+        n("Mul", ["z3", "w2scale"], ["logits"]),
+        *extra_nodes,
+        n("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["loss"]),
+    ]
+    inits = {"w1": rng.standard_normal((5, 4)), "b1": rng.standard_normal(5), "w2": rng.standard_normal((5, 3)),
+             "w2sq": rng.standard_normal((3, 3)), "w2scale": rng.standard_normal(3), **(extra_inits or {})}
+    inputs = {"x": rng.standard_normal((6, 4)), "labels": np.asarray([0, 1, 2, 1, 0, 2], np.int64)}
+    return _model(nodes, inits, inputs), inputs
+
+
+def _fd_check(model, feeds, options=None, tol=1e-6):
+    forward = import_model(model)
+    step = build_training_graph(forward, options)
+    loss, got = gradcheck.run_training_step(step, feeds)
+    evaluate = gradcheck.loss_evaluator(forward, step.loss, list(step.params))
+    want = gradcheck.finite_differences(evaluate, feeds, gradcheck.initializer_values(forward, step.params))
+    report = gradcheck.compare(got, want, loss)
+    assert report.worst[1] < tol, report.worst
+    return step
+
+
+def test_small_model_gradients_match_finite_differences():
+    model, feeds = _mlp()
+    step = _fd_check(model, feeds)
+    assert step.params == ("w1", "b1", "w2", "w2sq", "w2scale")
+
+
+def test_outputs_are_loss_then_named_gradients_and_checker_passes():
+    model, _ = _mlp()
+    step = build_training_graph(import_model(model))
+    names = [step.graph.tensors[t].name for t in step.graph.outputs]
+    assert names == ["loss"] + [f"{p}_grad" for p in step.params]
+    assert {"r__grad", "logits__grad"} <= set(step.graph.by_name)  # intermediate gradients named after tensors
+    onnx.checker.check_model(export_model(step.graph), full_check=True)
+
+
+def test_fan_out_is_summed_with_add():
+    model, _ = _mlp()
+    step = build_training_graph(import_model(model))
+    g = step.graph
+    z_grad = g.tensor("z__grad")  # z feeds MatMul and Add: two terms
+    assert g.nodes[z_grad.producer].op_type == "Add"
+
+
+def test_relu_saves_its_output_not_its_input():
+    model, _ = _mlp()
+    step = build_training_graph(import_model(model))
+    assert step.saved["relu"] == ("r",)
+
+
+def test_int_subgraph_and_forward_untouched():
+    model, _ = _mlp()
+    forward = import_model(model)
+    step = build_training_graph(forward)
+    fwd_ops = [(n.name, n.op_type) for n in forward.nodes]
+    assert [(n.name, n.op_type) for n in step.graph.nodes[:len(fwd_ops)]] == fwd_ops
+    assert not any(n.op_type == "Shape" for n in step.graph.nodes[len(fwd_ops):])
+
+
+def test_unsupported_op_on_path_names_node_op_and_supported_ops():
+    cos = helper.make_node("Cos", ["logits0"], ["logits"], name="the_cos")
+    model, _ = _mlp()
+    for node in model.graph.node:
+        if node.op_type == "Mul":
+            node.output[0] = "logits0"
+    model.graph.node.insert(len(model.graph.node) - 1, cos)
+    with pytest.raises(ModelImportError) as err:
+        build_training_graph(import_model(model))
+    message = str(err.value)
+    assert "'the_cos' (Cos)" in message and "supported ops: Abs, Add," in message and "\n" not in message
+
+
+def test_unsupported_op_off_path_and_freeze(tmp_path):
+    """Cos on a frozen weight is fine: nothing trainable flows through it."""
+    n = helper.make_node
+    model, feeds = _mlp(extra_nodes=[n("Cos", ["c"], ["cc"]), n("Add", ["logits0", "cc"], ["logits"])],
+                        extra_inits={"c": np.ones(3)})
+    for node in model.graph.node:
+        if node.op_type == "Mul":
+            node.output[0] = "logits0"
+    with pytest.raises(ModelImportError):
+        build_training_graph(import_model(model))
+    step = _fd_check(model, feeds, TrainOptions(freeze=("c",)))
+    assert "c" not in step.params and "c_grad" not in step.graph.by_name
+
+
+def test_batchnorm_running_stats_not_trainable():
+    rng = np.random.default_rng(1)
+    n = helper.make_node
+    nodes = [n("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1),
+             n("ReduceSum", ["y"], ["t"], keepdims=0), n("Mul", ["t", "t"], ["loss"])]
+    model = _model(nodes, {"s": rng.standard_normal(2), "b": rng.standard_normal(2), "m": np.zeros(2),
+                           "v": np.ones(2)}, {"x": rng.standard_normal((3, 2, 2))}, opset=15)
+    assert build_training_graph(import_model(model)).params == ("s", "b")
+
+
+def test_sgd_momentum_and_weight_decay_update():
+    model, feeds = _mlp()
+    forward = import_model(model)
+    plain = build_training_graph(forward)
+    _, grads = gradcheck.run_training_step(plain, feeds)
+    options = TrainOptions.from_kwargs(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.01)
+    step = build_training_graph(forward, options)
+    onnx.checker.check_model(export_model(step.graph), full_check=True)
+    sess = gradcheck.ort_session(export_model(step.graph))
+    velocity = {p: np.full(forward.tensor(p).shape, 0.5) for p in step.params}
+    state = {s.input: velocity[s.input[: -len("_momentum")]] for s in step.state}
+    outs = sess.run([step.updates[p] for p in step.params] + [s.output for s in step.state], {**feeds, **state})
+    for k, p in enumerate(step.params):
+        w = forward.values[forward.by_name[p]]
+        v_new = 0.9 * velocity[p] + grads[p] + 0.01 * w
+        np.testing.assert_allclose(outs[k], w - 0.1 * v_new, rtol=1e-10)
+        np.testing.assert_allclose(outs[len(step.params) + k], v_new, rtol=1e-10)
+
+
+def test_adam_two_steps_match_numpy():
+    model, feeds = _mlp()
+    forward = import_model(model)
+    options = TrainOptions.from_kwargs(optimizer="adam", lr=0.01, beta1=0.8, beta2=0.99, weight_decay=0.1)
+    step = build_training_graph(forward, options)
+    names = [step.graph.tensors[t].name for t in step.graph.outputs]
+    assert names[0] == "loss" and "adam_step_new" in names and not any(n.endswith("_grad") for n in names)
+    sess = gradcheck.ort_session(gradcheck.params_as_inputs(export_model(step.graph), step.params))
+    grad_sess = gradcheck.ort_session(gradcheck.params_as_inputs(export_model(build_training_graph(forward).graph),
+                                                                 step.params))
+    w = {p: forward.values[forward.by_name[p]] for p in step.params}
+    m = {p: np.zeros_like(v) for p, v in w.items()}
+    v = {p: np.zeros_like(x) for p, x in w.items()}
+    state = {s.input: s.initial for s in step.state}
+    for t in (1, 2):
+        grads = dict(zip(step.params, grad_sess.run([f"{p}_grad" for p in step.params], {**feeds, **w})))
+        outs = sess.run([step.updates[p] for p in step.params] + [s.output for s in step.state], {**feeds, **w, **state})
+        state = {s.input: o for s, o in zip(step.state, outs[len(step.params):])}
+        for k, p in enumerate(step.params):
+            g = grads[p] + 0.1 * w[p]
+            m[p] = 0.8 * m[p] + 0.2 * g
+            v[p] = 0.99 * v[p] + 0.01 * g * g
+            expect = w[p] - 0.01 / (1 - 0.8**t) * m[p] / (np.sqrt(v[p]) / np.sqrt(1 - 0.99**t) + 1e-8)
+            np.testing.assert_allclose(outs[k], expect, rtol=1e-5, atol=1e-9)
+            w[p] = outs[k]
+    assert float(state["adam_step"]) == 2.0
+
+
+def test_dropout_in_training_uses_the_forward_mask():
+    """loss = sum(R * dropout(x)) so grad_x = R * mask / (1 - p) and loss == sum(x * grad_x)."""
+    rng = np.random.default_rng(3)
+    n = helper.make_node
+    nodes = [n("Dropout", ["x", "ratio", "train"], ["y"], seed=5), n("Mul", ["y", "r"], ["yr"]),
+             n("ReduceSum", ["yr"], ["loss"], keepdims=0)]
+    model = _model(nodes, {"x": rng.standard_normal((8, 16)), "ratio": np.asarray(0.25), "train": np.asarray(True)},
+                   {"r": rng.standard_normal((8, 16))}, opset=17)
+    step = build_training_graph(import_model(model), TrainOptions(freeze=("ratio",)))
+    feeds = {"r": rng.standard_normal((8, 16))}
+    loss, grads = gradcheck.run_training_step(step, feeds)
+    x = import_model(model).values[import_model(model).by_name["x"]]
+    kept = grads["x"] != 0
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(grads["x"][kept], feeds["r"][kept] / 0.75, rtol=1e-12)
+    np.testing.assert_allclose(loss, float(np.sum(x * grads["x"])), rtol=1e-10)
+
+
+def test_same_input_same_model_bytes():
+    model, _ = _mlp()
+    a = export_model(build_training_graph(import_model(model), TrainOptions.from_kwargs(optimizer="adam")).graph)
+    b = export_model(build_training_graph(import_model(model), TrainOptions.from_kwargs(optimizer="adam")).graph)
+    assert a.SerializeToString() == b.SerializeToString()
+
+
+# ---- zoo and torch fixtures ---------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt", "resnet", pytest.param("unet", marks=pytest.mark.slow)])
+def test_zoo_gradients_match_float64_directional_differences(name):
+    report = gradcheck.zoo_report(name, size="small")
+    param, worst = report.worst
+    assert worst < 1e-3, f"{name}: {param} off by {worst:.2e}"
+
+
+IMPORT_FAILS = pytest.mark.xfail(raises=ModelImportError, strict=True,
+                                 reason="importer cannot infer the position-embedding Gather shape (main)")
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "efficientnet", "vgg", "vit",
+                                  pytest.param("gpt2", marks=IMPORT_FAILS), pytest.param("bert", marks=IMPORT_FAILS)])
+def test_fixture_gradients_match_torch_autograd(name):
+    report = gradcheck.fixture_report(FIXTURES / f"{name}.onnx")
+    torch_loss = float(np.load(FIXTURES / f"{name}.npz")["loss"])
+    assert report.loss == pytest.approx(torch_loss, rel=1e-4)
+    param, worst = report.worst
+    assert worst < 2e-3, f"{name}: {param} off by {worst:.2e}"
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def test_cli_train_graph_writes_checked_model_that_runs(tmp_path):
+    out = tmp_path / "step.onnx"
+    result = CliRunner().invoke(cli.main, ["train-graph", "zoo:cnn", "-o", str(out), "--optimizer", "sgd",
+                                           "--momentum", "0.9", "--json"])
+    assert result.exit_code == 0, result.output
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    outputs = [o.name for o in model.graph.output]
+    assert outputs[0] == "loss" and all(o.endswith("_new") for o in outputs[1:])
+    import models
+
+    feeds = models.example_feeds(model, seed=0)
+    values = gradcheck.ort_session(model).run(None, feeds)
+    assert np.isfinite(values[0]).all()
+
+
+def test_cli_unsupported_op_exits_3_without_output(tmp_path):
+    model, _ = _mlp(extra_nodes=[helper.make_node("Cos", ["logits0"], ["logits"], name="the_cos")])
+    for node in model.graph.node:
+        if node.op_type == "Mul":
+            node.output[0] = "logits0"
+    src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    result = CliRunner().invoke(cli.main, ["train-graph", str(src), "-o", str(out)])
+    assert result.exit_code == 3
+    assert result.output.count("\n") == 1 and "'the_cos' (Cos)" in result.output
+    assert not out.exists()
+
+
+def test_cli_refuses_to_overwrite_input(tmp_path):
+    model, _ = _mlp()
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    before = src.read_bytes()
+    result = CliRunner().invoke(cli.main, ["train-graph", str(src), "-o", str(src)])
+    assert result.exit_code == 2 and src.read_bytes() == before
+
+
+def test_cli_train_loss_falls():
+    result = CliRunner().invoke(cli.main, ["train", "zoo:mlp", "--steps", "40", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    info = json.loads(result.output)
+    assert len(info["losses"]) == 40 and info["task"] == "prototypes"
+    assert info["last_mean"] < 0.5 * info["first_mean"]
+
+
+def test_cli_inspect_train_counts_backward():
+    fwd = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", "--json"])
+    train = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", "--train", "--json"])
+    assert fwd.exit_code == 0 and train.exit_code == 0, train.output
+    import json
+
+    assert json.loads(train.output)["peak_bytes"] > json.loads(fwd.output)["peak_bytes"]
