@@ -192,6 +192,11 @@ def _is_static(vi: onnx.ValueInfoProto) -> bool:
 
 
 def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
+    # Shapes left symbolic by an earlier round (unk__N) would stick: let inference redo them.
+    g = model.graph
+    static = [vi for vi in g.value_info if _is_static(vi)]
+    del g.value_info[:]
+    g.value_info.extend(static)
     try:
         return shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
