@@ -351,7 +351,7 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
     proto = export_model(step.graph, metadata={"memplan.train": json_lib.dumps(options.as_kwargs())})
     check_model(proto, full=True)
     save_model(proto, output)
-    backward = len(step.graph.nodes) - sum(1 for n in step.graph.nodes if "__bw_node_" not in n.name)
+    backward = len(step.graph.nodes) - step.forward_nodes
     info = {"model": model, "output": output, "loss": step.loss, "params": len(step.params),
             "optimizer": options.optimizer.kind, "nodes": len(step.graph.nodes), "backward_nodes": backward,
             "inputs": [step.graph.tensors[t].name for t in step.graph.inputs],

@@ -70,6 +70,7 @@ class TrainingStep:
     updates: Mapping[str, str]  # param -> updated value output (``<param>_new``); empty without optimizer
     state: tuple[StateSlot, ...]  # optimizer state inputs/outputs with their initial values
     saved: Mapping[str, tuple[str, ...]]  # forward node -> forward tensors its gradient rule keeps
+    forward_nodes: int  # graph.nodes[:forward_nodes] is the forward copy, the rest backward (+ update)
 
 
 def training_graph(forward: Graph, **options) -> Graph:
@@ -117,9 +118,14 @@ def _pick_loss(graph: Graph, name: str | None) -> int:
     return tid
 
 
+def _rule(node: Node) -> GradRule | None:
+    """The gradient rule of a default-domain node (a com.microsoft Gelu is not ONNX's Gelu)."""
+    return RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+
+
 def _rule_inputs(graph: Graph, node: Node) -> list[int]:
     """Input slots that can carry a gradient: the rule's, or every float input for unknown ops."""
-    rule = RULES.get(node.op_type)
+    rule = _rule(node)
     if rule is not None:
         slots = rule.differentiable(node)
     else:
@@ -128,7 +134,7 @@ def _rule_inputs(graph: Graph, node: Node) -> list[int]:
 
 
 def _rule_outputs(graph: Graph, node: Node) -> list[int]:
-    rule = RULES.get(node.op_type)
+    rule = _rule(node)
     return [k for k, t in enumerate(node.outputs)
             if t != NO_TENSOR and graph.tensors[t].dtype in FLOAT_DTYPES and (rule is None or rule.carries(k))]
 
@@ -139,9 +145,7 @@ def _forward_activity(graph: Graph, params: Sequence[int]) -> list[bool]:
     for t in params:
         active[t] = True
     for node in graph.nodes:
-        if node.op_type in STOP_GRADIENT or node.domain not in ("", "ai.onnx"):
-            if node.domain not in ("", "ai.onnx") and any(active[t] for t in node.inputs if t != NO_TENSOR):
-                _no_rule(graph, node)
+        if _stops_gradient(node):
             continue
         if any(active[node.inputs[i]] for i in _rule_inputs(graph, node)):
             for k in _rule_outputs(graph, node):
@@ -155,19 +159,23 @@ def _backward_reach(graph: Graph, loss: int, active: list[bool]) -> tuple[list[i
     useful[loss] = True
     on_path: list[int] = []
     for node in reversed(graph.nodes):
-        if node.op_type in STOP_GRADIENT:
+        if _stops_gradient(node):
             continue
         if not any(useful[node.outputs[k]] for k in _rule_outputs(graph, node)):
             continue
         wanted = [node.inputs[i] for i in _rule_inputs(graph, node) if active[node.inputs[i]]]
         if not wanted:
             continue
-        if node.op_type not in RULES:
+        if _rule(node) is None:
             _no_rule(graph, node)
         on_path.append(node.id)
         for t in wanted:
             useful[t] = True
     return on_path[::-1], useful
+
+
+def _stops_gradient(node: Node) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in STOP_GRADIENT
 
 
 def _no_rule(graph: Graph, node: Node) -> None:
@@ -236,6 +244,7 @@ class _Builder:
             updates=dict(opt.updates),
             state=tuple(opt.state),
             saved=self.saved,
+            forward_nodes=len(self.nodes),
         )
 
     def _copy_forward(self) -> None:
@@ -256,7 +265,7 @@ class _Builder:
                 continue
             outs: list = [None if t == NO_TENSOR else (fwd.tensors[t].name, fwd.tensors[t].dtype, fwd.tensors[t].shape)
                           for t in node.outputs]
-            rule = RULES.get(node.op_type)
+            rule = _rule(node)
             if node.id in on_path and rule is not None and rule.extra_outputs is not None:
                 value_of = lambda t: None if t == NO_TENSOR else fwd.values.get(t)  # noqa: E731
                 for slot, (suffix, dtype, shape) in sorted(rule.extra_outputs(node, fwd.tensors.__getitem__,

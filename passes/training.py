@@ -3,8 +3,8 @@
 Each step feeds the current weights and optimizer state, runs forward + backward + update in one
 ORT call, and feeds ``<param>_new`` and the state outputs into the next. The data is synthetic but
 learnable: for a classifier (SoftmaxCrossEntropyLoss over [N, C] scores with float inputs) each
-class has a fixed random prototype and a sample is its class prototype plus noise, fresh every
-step; for other models (token inputs, per-pixel labels) one fixed seeded batch is memorized.
+class has a fixed random prototype (a pattern plus, for images, a per-channel offset) and a sample
+is its class prototype plus unit noise, fresh every step; for other models (token inputs, per-pixel labels) one fixed seeded batch is memorized.
 """
 from __future__ import annotations
 
@@ -55,11 +55,18 @@ class SyntheticTask:
         self.task = "prototypes" if cls is not None and floats else "fixed batch"
         if self.task == "prototypes":
             self.labels, classes = cls
-            self.prototypes = {t.name: self.rng.standard_normal((classes, *t.shape[1:])).astype(t.dtype)
-                               for t in floats}
+            self.prototypes = {t.name: self._prototypes(classes, t.shape).astype(t.dtype) for t in floats}
             self.classes = classes
         else:
             self.fixed = {t.name: self._random(t) for t in self.inputs}
+
+    def _prototypes(self, classes: int, shape: tuple[int, ...]) -> np.ndarray:
+        """A random pattern per class, plus a per-channel offset for images so that models that
+        average over space (global pooling) can tell classes apart too."""
+        protos = self.rng.standard_normal((classes, *shape[1:]))
+        if len(shape) >= 3:
+            protos += self.rng.standard_normal((classes, shape[1]) + (1,) * (len(shape) - 2))
+        return protos
 
     def _random(self, t) -> np.ndarray:
         if t.dtype.startswith("float"):

@@ -286,3 +286,17 @@ def test_cli_inspect_train_counts_backward():
     import json
 
     assert json.loads(train.output)["peak_bytes"] > json.loads(fwd.output)["peak_bytes"]
+
+
+def test_custom_domain_op_is_not_mistaken_for_onnx_op():
+    """A com.microsoft Gelu has no rule here even though ONNX's Gelu does."""
+    model, _ = _mlp(extra_nodes=[helper.make_node("Gelu", ["logits0"], ["logits"], name="ms_gelu",
+                                                  domain="com.microsoft")])
+    for node in model.graph.node:
+        if node.op_type == "Mul":
+            node.output[0] = "logits0"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    vi = helper.make_tensor_value_info("logits", F64, [6, 3])
+    model.graph.value_info.append(vi)
+    with pytest.raises(ModelImportError, match=r"no gradient rule for node 'ms_gelu' \(com\.microsoft\.Gelu\)"):
+        build_training_graph(import_model(model))
