@@ -227,9 +227,10 @@ class _Builder:
                     if pending[t] == 0:
                         self.em.begin(self.b.tensor(t).name)
                         opt.update(t, self.grads[t])
-        grad_names = self._name_gradients(param_ids)
+        grads_out = not opt.enabled or self.options.keep_grads
+        grad_names = self._name_gradients(param_ids, grads_out)
         self.b.output(self.remap[self.loss])
-        if not opt.enabled or self.options.keep_grads:
+        if grads_out:
             for p in param_ids:
                 self.b.output(self.grads[p])
         for t in opt.outputs():
@@ -272,7 +273,7 @@ class _Builder:
                                                                                 value_of).items()):
                     outs.extend([None] * (slot + 1 - len(outs)))
                     if outs[slot] is None:
-                        outs[slot] = (self.em.fresh(f"{node.name}__{suffix}"), dtype, shape)
+                        outs[slot] = (self._free_name(f"{node.name}__{suffix}"), dtype, shape)
             ins = [NO_TENSOR if t == NO_TENSOR else self.remap[t] for t in node.inputs]
             new_outs = b.node(node.op_type, ins, outs, name=node.name, domain=node.domain, attrs=node.attrs)
             for old, new in zip(node.outputs, new_outs):
@@ -280,6 +281,13 @@ class _Builder:
                     self.remap[old] = new
             self.nodes[node.id] = Node(len(self.nodes), node.name, node.op_type, tuple(ins), new_outs, node.domain,
                                        node.attrs)
+
+    def _free_name(self, stem: str) -> str:
+        """``stem`` (or ``stem_k``) unused by the forward model and the graph built so far."""
+        name, k = stem, 0
+        while name in self.fwd.by_name or self.b.has(name):
+            name, k = f"{stem}_{k}", k + 1
+        return name
 
     def _needed_slots(self, node: Node) -> list[int]:
         return [i for i in _rule_inputs(self.fwd, node) if self.active[node.inputs[i]]]
@@ -319,9 +327,10 @@ class _Builder:
         self.saved[node.name] = tuple(self.b.tensor(t).name for t in ctx.saved)
         return got
 
-    def _name_gradients(self, param_ids: list[int]) -> dict[int, str]:
+    def _name_gradients(self, param_ids: list[int], outputs: bool) -> dict[int, str]:
         """``<param>_grad`` for parameters (an Identity where the tensor is shared or not a backward
-        output), ``<tensor>__grad`` for other gradients where free. Returns the renames."""
+        output, if gradients are outputs), ``<tensor>__grad`` for other gradients where free.
+        Returns the renames."""
         n_forward = len(self.nodes)
         renames: dict[int, str] = {}
         taken: set[str] = set()  # names given by renames (the builder knows the others)
@@ -331,11 +340,11 @@ class _Builder:
                 raise ModelImportError(f"cannot name the gradient of {self.b.tensor(p).name!r}: {name!r} is taken")
             if self.b.tensor(g).producer >= n_forward and g not in renames:
                 renames[g] = name
-            else:
+            elif outputs:
                 self.em.begin(self.b.tensor(p).name)
                 self.grads[p] = self.em.unary("Identity", g, out_name=name)
             taken.add(name)
-        for t in sorted(self.grads):
+        for t in sorted(set(self.grads) - set(param_ids)):
             g = self.grads[t]
             name = f"{self.b.tensor(t).name}__grad"
             if self.b.tensor(g).producer >= n_forward and g not in renames and name not in taken \

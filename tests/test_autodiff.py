@@ -300,3 +300,17 @@ def test_custom_domain_op_is_not_mistaken_for_onnx_op():
     model.graph.value_info.append(vi)
     with pytest.raises(ModelImportError, match=r"no gradient rule for node 'ms_gelu' \(com\.microsoft\.Gelu\)"):
         build_training_graph(import_model(model))
+
+
+def test_shared_gradient_tensor_gets_both_names():
+    """Add passes one tensor back to both inputs; each parameter still gets its own output."""
+    n = helper.make_node
+    nodes = [n("Add", ["a", "b"], ["s"]), n("Identity", ["c"], ["c2"]), n("Mul", ["s", "c2"], ["p"]),
+             n("ReduceSum", ["p"], ["loss"], keepdims=0)]
+    model = _model(nodes, {"a": np.arange(3.0), "b": np.ones(3), "c": np.asarray(2.0)}, {})
+    step = build_training_graph(import_model(model))
+    loss, grads = gradcheck.run_training_step(step, {})
+    np.testing.assert_allclose(grads["a"], [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(grads["b"], [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(grads["c"], 6.0)
+    assert [step.graph.tensors[t].name for t in step.graph.outputs] == ["loss", "a_grad", "b_grad", "c_grad"]
