@@ -3,25 +3,40 @@
 Post: every tensor has value_info (so ORT and readers need no shape inference); the IR version is
 the least the opsets need (every ORT that knows those opsets reads it); models over 2 GB keep their
 weights in an external data file beside the model. Files are written atomically.
+
+ORT runs the file in file order only if it inlines nothing (planner/liveness.py, "run order"): a
+node of ``ORT_INLINED_OPS`` is written as its ONNX function body, in place, its nodes named
+``<node>/<k>_<op>`` and its intermediate tensors ``<node>/<name>``.
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+import onnx.inliner
+from onnx import helper, numpy_helper, shape_inference
 
 from passes.onnx_import import DTYPE_TO_ONNX
 from planner.fileio import atomic_write
 from planner.graph import NO_TENSOR, Graph, Tensor
 
+log = logging.getLogger(__name__)
+
 #: ORT's own ops that onnx.checker does not know (see DESIGN.md, swap nodes).
 ORT_ONLY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 #: Protobuf's hard limit; above it weights go to external data.
 PROTO_LIMIT = 2**31 - 1
+#: Default-domain ops ORT's CPU EP has no kernel for (measured on 1.31 by profiling node names): it
+#: inlines their function body at session load and numbers the body's nodes after all others, so
+#: PRIORITY_BASED runs the body late, not where the file puts the node. We write the body ourselves.
+ORT_INLINED_OPS = frozenset({
+    "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "HardSwish", "Mish", "Swish", "CastLike",
+    "GroupNormalization",
+})
 
 
 def _value_info(t: Tensor) -> onnx.ValueInfoProto:
@@ -44,7 +59,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     ``metadata`` becomes the model's metadata_props (memplan records how a planned model was made).
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
-    nodes = []
+    opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
+    taken = {t.name for t in graph.tensors} | {n.name for n in graph.nodes}
+    nodes, body_info = [], []
     for node in graph.nodes:
         n = helper.make_node(
             node.op_type,
@@ -54,10 +71,16 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
             domain=node.domain or None,
         )
         n.attribute.extend(_attribute(k, v) for k, v in sorted(node.attrs.items()))
-        nodes.append(n)
+        if node.op_type in ORT_INLINED_OPS and node.domain in ("", "ai.onnx"):
+            io_info = [_value_info(graph.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
+            body, info = function_body(n, io_info, opsets, taken)
+            nodes.extend(body)
+            body_info.extend(info)
+        else:
+            nodes.append(n)
     inits = [numpy_helper.from_array(np.asarray(graph.values[t.id]), t.name) for t in graph.initializers()]
     io = set(graph.inputs) | set(graph.outputs)
-    value_info = [_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io]
+    value_info = [_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io] + body_info
     g = helper.make_graph(
         nodes,
         graph.name,
@@ -66,12 +89,68 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
         initializer=inits,
         value_info=value_info,
     )
-    opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
     model = helper.make_model(g, opset_imports=opsets, producer_name=producer)
     model.ir_version = ir_version_for(opsets)
     for key, value in sorted((metadata or {}).items()):
         model.metadata_props.add(key=key, value=value)
     return model
+
+
+def function_body(
+    node: onnx.NodeProto, io_info: list[onnx.ValueInfoProto], opsets: list[onnx.OperatorSetIdProto], taken: set[str]
+) -> tuple[list[onnx.NodeProto], list[onnx.ValueInfoProto]]:
+    """``node`` as its ONNX function body (nested functions of ``ORT_INLINED_OPS`` too) and the
+    value_info of the body's intermediate tensors. New names are added to ``taken``.
+
+    onnx's inliner binds the attributes and builds context-dependent bodies from the input types;
+    a one-node model keeps that cheap whatever the size of the graph.
+    """
+    known = {vi.name: vi for vi in io_info}
+    inputs = [known[x] for x in dict.fromkeys(node.input) if x]
+    outputs = [known[y] for y in node.output if y]
+    single = helper.make_model(helper.make_graph([node], "body", inputs, outputs), opset_imports=opsets)
+    single.ir_version = ir_version_for(opsets)
+    try:
+        inlined = onnx.inliner.inline_selected_functions(
+            single, [("", op) for op in sorted(ORT_INLINED_OPS)], inline_schema_functions=True)
+        inferred = shape_inference.infer_shapes(inlined, strict_mode=True)
+        onnx.checker.check_model(inferred)
+    except (onnx.checker.ValidationError, shape_inference.InferenceError) as err:
+        log.warning("node %r (%s) kept as one node, ORT will run its body late: %s", node.name, node.op_type,
+                    str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return [node], []
+    boundary = set(known) | {""}
+    renames: dict[str, str] = {}
+    for n in inlined.graph.node:
+        for t in n.output:
+            if t not in boundary and t not in renames:
+                renames[t] = _fresh(f"{node.name}/{t}", taken)
+    body = []
+    for k, n in enumerate(inlined.graph.node):
+        b = onnx.NodeProto()
+        b.CopyFrom(n)
+        b.name = _fresh(f"{node.name}/{k}_{n.op_type}", taken)
+        del b.input[:], b.output[:]
+        b.input.extend(renames.get(x, x) for x in n.input)
+        b.output.extend(renames.get(y, y) for y in n.output)
+        body.append(b)
+    info = []
+    for vi in inferred.graph.value_info:
+        if vi.name in renames:
+            copy = onnx.ValueInfoProto()
+            copy.CopyFrom(vi)
+            copy.name = renames[vi.name]
+            info.append(copy)
+    return body, info
+
+
+def _fresh(stem: str, taken: set[str]) -> str:
+    """``stem`` (or ``stem_k``) not in ``taken``; records it."""
+    name, k = stem, 0
+    while name in taken:
+        name, k = f"{stem}_{k}", k + 1
+    taken.add(name)
+    return name
 
 
 def ir_version_for(opsets) -> int:

@@ -1,32 +1,54 @@
 """Liveness intervals, the memory timeline and the peak of one run, under ORT's memory model.
 
-The model (measured on CPU ORT with the planned session options of passes/verify.py, i.e. arena,
-memory pattern and memory reuse off, PRIORITY_BASED order; see tests/test_liveness_ort.py):
+The model (measured on CPU ORT 1.31 with the planned session options of passes/verify.py, i.e. arena,
+memory pattern and memory reuse off, PRIORITY_BASED order; see tests/test_liveness.py and
+tests/test_peak_accuracy.py):
   * graph inputs and initializers are the constant base, resident for the whole run;
+  * run order is file order: PRIORITY_BASED is a topological sort that takes, of the ready nodes,
+    Shape/Size first, then the lowest node index, and a sorted file's next node is always ready.
+    But ORT inlines the function body of ops its CPU EP has no kernel for (SoftmaxCrossEntropyLoss,
+    NegativeLogLikelihoodLoss, HardSwish, Mish, ...) with node indices after all others, so such a
+    body ran late (the loss's log-probabilities lived to the end, and independent backward nodes ran
+    early, e.g. every Relu mask right after the forward: +10-32% peak on the zoo's training steps).
+    passes/onnx_export.py writes those bodies in place, so file order is again run order;
   * a node's outputs are allocated when it starts, while its inputs are still resident;
   * zero-copy views (Reshape, Identity, Squeeze, Unsqueeze, Flatten, Cast to the same type) share
     their input's buffer; a buffer is freed right after the last step that reads any of its views;
-  * a buffer that nobody reads (an unused optional output) and graph outputs stay to the end;
-  * no in-place reuse: with memory reuse off ORT gives Relu & co. a fresh output buffer;
-  * kernel scratch lives only during its node: Where 2x its output, Conv a fixed im2col working
-    buffer per thread, ConvTranspose its column buffer, SoftmaxCrossEntropyLoss the temporaries of
-    its function body (calibrated with ``session.collect_node_memory_stats_to_file``).
+  * in place: IN_PLACE_OPS (Relu, Sigmoid, Tanh, Softmax, Clip, ScatterElements, ...) write over their
+    input's buffer when this step is that buffer's last read (once), the buffer is dynamic and holds
+    no graph output, and the shapes and element sizes match. ORT's allocation planner does this even
+    with memory reuse off, which only stops it handing dead buffers to new tensors;
+  * a graph output always gets a buffer of its own (ORT allocates outputs for the caller), even from
+    a view or in-place op, and stays to the end; so does a buffer that nobody reads;
+  * kernel scratch lives only during its node: Where a temporary per branch of shape broadcast(cond,
+    branch), Conv a fixed im2col working buffer per thread, ConvTranspose its column buffer,
+    ScatterElements an int64 copy of its indices, Dropout a bool mask when the graph takes none,
+    SoftmaxCrossEntropyLoss the temporaries of its function body (calibrated with
+    ``session.collect_node_memory_stats_to_file`` and single-node runs).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from planner.errors import GraphError
-from planner.graph import NO_TENSOR, Graph, Node, TensorKind
+from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor_bytes
 
 #: Ops whose output lives in host memory when the model runs on a device.
 HOST_OPS = frozenset({"MemcpyToHost"})
 #: Ops whose output is a zero-copy view of input 0.
 VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+#: Ops whose CPU kernel may write output 0 over this input's buffer (ORT's KernelDef MayInplace;
+#: measured on 1.31: Add, Mul, Sub, Div, Neg, Exp, Sqrt, Sign, Erf, ScatterND, BatchNormalization,
+#: Transpose, ... never are).
+IN_PLACE_OPS: Mapping[str, int] = MappingProxyType({
+    op: 0 for op in ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid", "Softplus",
+                     "Softsign", "ThresholdedRelu", "Clip", "Softmax", "LogSoftmax", "ScatterElements")
+})
 
 
 @dataclass(frozen=True)
@@ -37,11 +59,19 @@ class MemoryModel:
     conv_workspace_per_thread: int = 131072
     # intra-op threads of the run the model describes (the working buffer is per thread).
     threads: int = 1
-    # Where's CPU kernel materialises both broadcast branches: 2x its output (measured).
-    where_scratch_factor: int = 2
+    # Where's CPU kernel first selects each branch into a temporary of shape broadcast(cond, branch),
+    # then merges them into the output: 2x the output for a full-size condition (measured).
+    where_branch_temporaries: bool = True
+    # Dropout without its mask output still fills a bool mask: 1 byte per element (measured).
+    dropout_mask_bytes: int = 1
     # SoftmaxCrossEntropyLoss runs as a function body whose log-probabilities (1x its input) are
     # resident during the node, as the log_prob output if requested, else as scratch (measured).
     sce_scratch_factor: int = 1
+    # ORT's allocation planner runs IN_PLACE_OPS in place on their input's last use, whatever
+    # enable_mem_reuse says (that only stops reusing dead buffers); False models a runtime that never does.
+    in_place: bool = True
+    # ScatterElements copies its indices into an int64 vector: 8 bytes per index (measured, int32 too).
+    scatter_index_bytes: int = 8
     # MemcpyToHost's output lives in host memory: not device memory, unless we model a CPU run
     # (where ORT runs the swap nodes as plain copies in the same RAM).
     host_copies_resident: bool = False
@@ -58,12 +88,22 @@ class MemoryModel:
                 return src
         return NO_TENSOR
 
+    def in_place_source(self, node: Node) -> int:
+        """Input tensor id whose buffer output 0 may take over (if it dies here), or NO_TENSOR."""
+        slot = IN_PLACE_OPS.get(node.op_type) if self.in_place and node.domain in ("", "ai.onnx") else None
+        if slot is None or slot >= len(node.inputs):
+            return NO_TENSOR
+        return node.inputs[slot]
+
     def scratch(self, graph: Graph, node: Node) -> int:
         """Bytes a kernel allocates for itself during its own step."""
         op = node.op_type
-        out = graph.tensors[node.outputs[0]].nbytes if node.outputs and node.outputs[0] != NO_TENSOR else 0
-        if op == "Where":
-            return self.where_scratch_factor * out
+        if op == "Where" and self.where_branch_temporaries:
+            cond, a, b = (graph.tensors[t] for t in node.inputs[:3])
+            dtype = graph.tensors[node.outputs[0]].dtype
+            return sum(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape)) for x in (a, b))
+        if op == "Dropout" and (len(node.outputs) < 2 or node.outputs[1] == NO_TENSOR):
+            return self.dropout_mask_bytes * math.prod(graph.tensors[node.outputs[0]].shape)
         if op == "Conv":
             w = graph.tensors[node.inputs[1]]
             kernel = w.shape[2:]
@@ -76,6 +116,8 @@ class MemoryModel:
             # one group's column buffer at a time: (C_out / group) * prod(kernel) * prod(input spatial)
             cols = w.shape[1] * math.prod(w.shape[2:]) * math.prod(x.shape[2:])
             return cols * x.nbytes // max(1, math.prod(x.shape))
+        if op == "ScatterElements":
+            return self.scatter_index_bytes * math.prod(graph.tensors[node.inputs[1]].shape)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
@@ -124,6 +166,28 @@ class Liveness:
         return [int(t) for t in np.nonzero(self.buffer_of == buffer)[0]]
 
 
+def _in_place_input(graph: Graph, node: Node, model: MemoryModel, buffer_of: np.ndarray, reads_left: list[int],
+                    pinned: list[bool], step: int) -> int:
+    """The input whose buffer ``node``'s output 0 takes over at ``step``, or NO_TENSOR.
+
+    ORT's rule: the kernel allows it, the input's buffer is dynamic, holds no graph output, and this
+    is its last read (once, through any of its tensors); input and output have the same element size
+    and shape.
+    """
+    t = model.in_place_source(node)
+    if t == NO_TENSOR or not node.outputs or node.outputs[0] == NO_TENSOR:
+        return NO_TENSOR
+    b = buffer_of[t]
+    if b < 0 or pinned[b] or reads_left[b] != step:
+        return NO_TENSOR
+    if sum(1 for u in node.inputs if u != NO_TENSOR and buffer_of[u] == b) != 1:
+        return NO_TENSOR
+    x, y = graph.tensors[t], graph.tensors[node.outputs[0]]
+    if x.shape != y.shape or DTYPE_BITS[x.dtype] != DTYPE_BITS[y.dtype]:
+        return NO_TENSOR
+    return t
+
+
 def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel | None = None) -> Liveness:
     """Compute buffers, intervals and the timeline of ``graph`` run in ``order`` (default: file order)."""
     model = model or MemoryModel()
@@ -131,14 +195,20 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
     order = tuple(range(n)) if order is None else tuple(int(i) for i in order)
     if sorted(order) != list(range(n)):
         raise GraphError("order must be a permutation of the node ids")
-    step_of = np.empty(n, dtype=np.int64)
-    step_of[list(order)] = np.arange(n)
 
     nt = len(graph.tensors)
+    last_read = np.full(nt, -1, dtype=np.int64)  # last step reading each tensor
+    for s, nid in enumerate(order):
+        for t in graph.nodes[nid].inputs:
+            if t != NO_TENSOR:
+                last_read[t] = s
+    outputs = graph.output_set
     buffer_of = np.full(nt, -1, dtype=np.int64)
     roots: list[int] = []
     alloc: list[int] = []
-    last: list[int] = []
+    last: list[int] = []  # per buffer: last step reading any tensor in it
+    reads_left: list[int] = []  # per buffer: last step any tensor in it will be read (known in advance)
+    pinned: list[bool] = []  # per buffer: holds a graph output (ORT never lends it to another tensor)
     scratch = np.zeros(n, dtype=np.int64)
     end = n - 1
     resident = [t.kind is not TensorKind.ACTIVATION for t in graph.tensors]
@@ -156,12 +226,17 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
             if b >= 0:
                 last[b] = max(last[b], s)
         src = model.view_source(graph, node)
+        inplace = _in_place_input(graph, node, model, buffer_of, reads_left, pinned, s)
         for k, t in enumerate(node.outputs):
             if t == NO_TENSOR:
                 continue
             resident[t] = True
-            if k == 0 and src != NO_TENSOR:
-                buffer_of[t] = buffer_of[src]  # view: shares the buffer (or the base, -1)
+            shared = src if k == 0 and src != NO_TENSOR else inplace if k == 0 else NO_TENSOR
+            if shared != NO_TENSOR and t not in outputs:
+                b = buffer_of[shared]  # view or in-place: shares the buffer (or the base, -1)
+                buffer_of[t] = b
+                if b >= 0:
+                    reads_left[b] = max(reads_left[b], int(last_read[t]))
                 continue
             if node.op_type in HOST_OPS and not model.host_copies_resident:
                 continue  # host memory: buffer_of stays -1, like the constant base
@@ -169,6 +244,8 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
             roots.append(t)
             alloc.append(s)
             last.append(-1)  # set by readers; -1 means nobody reads it
+            reads_left.append(int(last_read[t]))
+            pinned.append(t in outputs)
         scratch[s] = model.scratch(graph, node)
     for t in graph.outputs:
         if buffer_of[t] >= 0:

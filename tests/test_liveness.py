@@ -5,7 +5,7 @@ import pytest
 from passes.onnx_export import export_model
 from passes.verify import measure_peak
 from planner.graph import GraphBuilder
-from planner.liveness import analyze
+from planner.liveness import MemoryModel, analyze
 
 F = "float32"
 
@@ -75,6 +75,55 @@ def test_custom_order_changes_peak():
         analyze(g, order=[1, 0, 2, 3, 4])
 
 
+def test_in_place_takes_the_input_buffer_on_its_last_read_only():
+    b = GraphBuilder()
+    x = b.input("x", F, (100,))
+    (a,) = b.node("Neg", [x], [("a", F, (100,))])
+    (r,) = b.node("Relu", [a], [("r", F, (100,))])  # a's last read: in place
+    (s,) = b.node("Sigmoid", [r], [("s", F, (100,))])  # r is read again below: fresh buffer
+    (t,) = b.node("Add", [r, s], [("t", F, (100,))])
+    (u,) = b.node("Tanh", [x], [("u", F, (100,))])  # graph input: never lent
+    (y,) = b.node("Add", [t, u], [("y", F, (100,))])
+    b.output(y)
+    lv = analyze(b.build())
+    assert lv.buffer_of[r] == lv.buffer_of[a]
+    assert len({lv.buffer_of[s], lv.buffer_of[a]}) == 2 and lv.buffer_of[u] >= 0
+    assert lv.dynamic.tolist() == [400, 400, 800, 1200, 800, 1200]
+    off = analyze(b.build(), model=MemoryModel(in_place=False))
+    assert off.dynamic.tolist() == [400, 800, 800, 1200, 800, 1200]
+
+
+def test_graph_outputs_get_their_own_buffer():
+    b = GraphBuilder()
+    x = b.input("x", F, (100,))
+    (a,) = b.node("Neg", [x], [("a", F, (100,))])
+    (v,) = b.node("Identity", [a], [("v", F, (100,))])  # a view, but a graph output: ORT copies
+    (r,) = b.node("Relu", [a], [("r", F, (100,))])  # a's last read, but r is a graph output
+    (o,) = b.node("Neg", [x], [("o", F, (100,))])
+    (t,) = b.node("Relu", [o], [("t", F, (100,))])  # o is a graph output: not lent either
+    for out in (v, r, o, t):
+        b.output(out)
+    lv = analyze(b.build())
+    assert len({int(lv.buffer_of[i]) for i in (a, v, r, o, t)}) == 5
+    assert lv.dynamic.tolist() == [400, 800, 1200, 1200, 1600]
+
+
+def test_where_and_scatter_scratch():
+    b = GraphBuilder()
+    x = b.input("x", F, (100,))
+    mask = b.input("m", "bool", (100,))
+    cond = b.initializer("c", np.array(True))
+    zero = b.initializer("z", np.array(0.0, np.float32))
+    (w1,) = b.node("Where", [mask, x, zero], [("w1", F, (100,))])  # two full-size branch temporaries
+    (w2,) = b.node("Where", [cond, w1, zero], [("w2", F, (100,))])  # scalar condition: one
+    idx = b.input("i", "int32", (10,))
+    (s,) = b.node("ScatterElements", [w2, idx, b.input("u", F, (10,))], [("s", F, (100,))])
+    b.output(b.node("Neg", [s], [("y", F, (100,))])[0])
+    lv = analyze(b.build())
+    assert lv.scratch.tolist() == [800, 404, 80, 0]  # ScatterElements: an int64 copy of the indices
+    assert lv.buffer_of[s] == lv.buffer_of[w2]  # in place on w2's last read
+
+
 MiB = 2**20
 
 
@@ -102,3 +151,47 @@ def test_predicted_peak_matches_ort(make):
     measured = measure_peak(export_model(g), feeds).peak_bytes
     predicted = analyze(g).dynamic_peak
     assert predicted == pytest.approx(measured, rel=0.03)
+
+
+def _in_place_chain(n):
+    """Relu then Sigmoid in place (through a view) while two other buffers are resident."""
+    b = GraphBuilder(opsets={"": 17})
+    x = b.input("x", F, (n,))
+    shape = b.initializer("shape", np.array([n // 4, 4], np.int64), trainable=False)
+    (a,) = b.node("Neg", [x], [("a", F, (n,))])
+    (k1,) = b.node("Exp", [x], [("k1", F, (n,))])
+    (k2,) = b.node("Sin", [x], [("k2", F, (n,))])
+    (v,) = b.node("Reshape", [a, shape], [("v", F, (n // 4, 4))])
+    (r,) = b.node("Relu", [v], [("r", F, (n // 4, 4))])
+    (s,) = b.node("Sigmoid", [r], [("s", F, (n // 4, 4))])
+    sums = [b.node("ReduceSum", [t], [(f"sum_{k}", F, (1,) * len(b.tensor(t).shape))])[0]
+            for k, t in enumerate((s, k1, k2))]
+    (q,) = b.node("Sum", sums[1:], [("q", F, (1,))])
+    (y,) = b.node("Add", [b.node("Reshape", [sums[0], b.initializer("one", np.array([1], np.int64), trainable=False)],
+                                 [("p", F, (1,))])[0], q], [("y", F, (1,))])
+    b.output(y)
+    return b.build()
+
+
+def _output_copy(n):
+    """A graph output made by Identity gets a buffer of its own while its source lives on."""
+    b = GraphBuilder(opsets={"": 17})
+    x = b.input("x", F, (n,))
+    (a,) = b.node("Neg", [x], [("a", F, (n,))])
+    (o,) = b.node("Identity", [a], [("o", F, (n,))])
+    (y,) = b.node("Exp", [a], [("y", F, (n,))])
+    b.output(o)
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("make, unmodelled", [(_in_place_chain, MemoryModel(in_place=False)), (_output_copy, None)])
+def test_in_place_and_output_rules_match_ort(make, unmodelled):
+    g = make(2 * MiB)
+    feeds = {"x": np.random.default_rng(0).standard_normal(2 * MiB).astype(np.float32)}
+    measured = measure_peak(export_model(g), feeds, repeats=1).peak_bytes
+    predicted = analyze(g).dynamic_peak
+    assert predicted == pytest.approx(measured, rel=0.03)
+    assert predicted // MiB == 24  # three 8 MiB buffers: not four (in place), not two (output copy)
+    if unmodelled is not None:
+        assert analyze(g, model=unmodelled).dynamic_peak // MiB == 32

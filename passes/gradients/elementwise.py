@@ -132,8 +132,11 @@ def _mask(ctx: BackwardContext, cond: int) -> int:
 
 @register("Relu")
 def relu(ctx: BackwardContext) -> dict[int, int]:
-    em, y = ctx.em, ctx.y()
-    return {0: _mask(ctx, em.binary("Greater", y, em.scalar(0.0, y)))}
+    """dx = g * Sign(y): y = relu(x) >= 0, so Sign(y) is exactly the 0/1 mask. One temporary of y's
+    size; Greater + Where would hold a bool mask plus Where's 2x scratch (planner/liveness.py). Differs
+    from the Where form only where g is inf/NaN and y == 0 (NaN instead of 0)."""
+    em = ctx.em
+    return {0: em.mul(ctx.dy(), em.unary("Sign", ctx.y()))}
 
 
 @register("LeakyRelu")
