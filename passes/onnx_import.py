@@ -55,8 +55,10 @@ FOLDABLE = frozenset({
     "Trilu", "Split", "Flatten", "CastLike", "Constant", "Sign", "Clip", "NonZero", "Erf", "Exp", "Log",
     "Reciprocal", "Relu", "Softmax", "Sigmoid", "Tanh",
 })
-#: Folded results larger than this stay in the graph (they would bloat the constant base).
-FOLD_MAX_ELEMENTS = 1 << 20
+#: Folded results larger than this stay in the graph: shape arithmetic is small, while a big tensor
+#: computed from constants (ConstantOfShape zeros, Expand, Tile) is runtime memory in ORT, which
+#: does not fold it with the planned session options (ORT_DISABLE_ALL).
+FOLD_MAX_ELEMENTS = 4096
 #: Never folded even with constant inputs.
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli", "Dropout"})
@@ -245,7 +247,8 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
             value = [np.array(int(np.prod(shapes[node.input[0]][0])), dtype=np.int64)]
         elif node.op_type in FOLDABLE and all(not n or n in consts for n in node.input):
             value = _evaluate(node, [consts[n] if n else None for n in node.input], model.opset_import)
-        if value is None or any(v is None or v.size > FOLD_MAX_ELEMENTS for v in value) or any(
+        too_big = node.op_type != "Constant" and any(v is not None and v.size > FOLD_MAX_ELEMENTS for v in value or [])
+        if value is None or too_big or any(v is None for v in value) or any(
             o in graph_outputs for o in node.output
         ):
             keep.append(node)
