@@ -200,10 +200,23 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
 # ---- check -----------------------------------------------------------------------------------
 def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
-    """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``. Wire the planner here."""
-    from planner.gate import no_planner
+    """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``."""
+    from passes.plan_model import plan_graph
+    from planner.cpsat import PlannerOptions
+    from planner.gate import PlanOutcome
 
-    return no_planner(graph, budget_bytes, device, time_limit)
+    _, node_time, transfer, overlap = _device_costs(device)
+    pm = plan_graph(graph, budget_bytes, options=PlannerOptions(time_limit=time_limit), node_time=node_time,
+                    transfer_time=transfer, copy_overlap=overlap, time_unit="s")
+    r = pm.result
+    if not pm.ok:
+        if r.status == "infeasible" and r.least_bytes is not None:
+            raise BudgetInfeasibleError(f"infeasible: the least memory any plan reaches is {r.least_bytes}",
+                                        least_bytes=r.least_bytes)
+        if r.status == "timeout":
+            raise SolverTimeoutError(r.note or "no plan within the time limit")
+        return PlanOutcome(False, 0, 0.0, r.status)
+    return PlanOutcome(True, int(pm.peak_bytes), float(r.added_time / max(r.compute_time, 1e-300)), r.status)
 
 
 def _load_for_check(item):
@@ -397,6 +410,343 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
                f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f} "
                f"(mean of first/last tenth {info['first_mean']:.4f} -> {info['last_mean']:.4f}) "
                f"in {result.seconds:.2f} s on {result.provider}")
+
+
+# ---- plan / rewrite for ONNX models ----------------------------------------------------------
+def _device_costs(device_name: str):
+    """(node_time(graph, node), transfer_time(bytes), copy_overlap) for a device profile."""
+    from planner.costs import op_time
+    from planner.devices import device, transfer_time
+    from planner.graph import DTYPE_BITS
+
+    dev = device(device_name)
+
+    def node_time(graph, node):
+        shape = lambda t: None if t < 0 else graph.tensors[t].shape  # noqa: E731
+        first = next((t for t in node.outputs if t >= 0), -1)
+        width = max(1, DTYPE_BITS[graph.tensors[first].dtype] // 8) if first >= 0 else 4
+        return op_time(node.op_type, [shape(t) for t in node.inputs], [shape(t) for t in node.outputs],
+                       node.attrs, dev, width)
+
+    return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), dev.copy_overlap
+
+
+def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01):
+    """MODEL -> (graph to plan, the training options used or None)."""
+    from passes.onnx_import import import_model, load_proto
+
+    proto, _, _ = load_proto(model)
+    already = any(p.key == "memplan.train" for p in proto.metadata_props)
+    graph = import_model(proto if not model.startswith("zoo:") else model, dims)
+    if forward or already:
+        return graph, None
+    train = {"optimizer": optimizer, "lr": lr}
+    return training_graph(graph, **train), train
+
+
+# ---- plan + bench remat (planner helper) ---------------------------------------------------
+def _load_planning_problem(model: str, swap_bandwidth: float | None, swap_overlap: bool):
+    """MODEL -> PlanningProblem. JSON graphs here; ONNX models come with the importer."""
+    from planner.problem import load_remat_json
+
+    problem = load_remat_json(model)
+    if swap_bandwidth is not None:
+        if swap_bandwidth <= 0:
+            raise UsageError(f"--swap-bandwidth must be > 0 bytes per cost unit, got {swap_bandwidth}")
+        problem = problem.with_swap(problem.size / swap_bandwidth, copy_overlap=swap_overlap)
+    return problem
+
+
+def _resolve_budget(text: str, problem) -> int:
+    from planner.units import parse_budget
+
+    b = parse_budget(text)
+    return b.bytes if b.bytes is not None else problem.budget_for(b.fraction)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--budget", "budget_text", required=True, help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%).")
+@click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True)
+@click.option("--device", "device_name", default="H100", show_default=True,
+              help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
+@click.option("--swap/--no-swap", default=True, show_default=True, help="ONNX models: allow swapping to host memory.")
+@dim_option
+@click.option("--forward", is_flag=True, help="ONNX models: plan the graph as it is (no training step).")
+@click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default="none", show_default=True,
+              help="ONNX models: optimizer step added to the training graph.")
+@click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate of --optimizer.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
+@click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
+@click.option("--swap-bandwidth", type=float, default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
+@click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
+@click.option("--emit", type=click.Path(dir_okay=False), default=None, help="ONNX models: write the planned model here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@click.option("--explain", is_flag=True, help="Say per tensor what was decided and why.")
+@click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits, unplanned and planned.")
+@click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
+@handles_errors
+def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimizer, lr, time_limit, seed, workers,
+         max_computations, swap_bandwidth, swap_overlap, output, emit, as_json, explain, max_batch, batch_dim) -> None:
+    """Choose keep / recompute / swap for every tensor so the peak fits --budget.
+
+    MODEL is an ONNX model (planned as a training step unless --forward or it already is one),
+    zoo:NAME, or a Checkmate/Moccasin JSON graph. Exit 1 when no plan reaches the budget.
+    """
+    from planner.cpsat import PlannerOptions
+    from planner.explain import explain as explain_plan, explain_table
+    from planner.fileio import atomic_write
+    from planner.problem import is_remat_json
+    from planner.units import format_bytes, parse_budget
+
+    budget_spec = parse_budget(budget_text)
+    options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations)
+    for path in (output, emit):
+        _refuse_overwrite(path, model)
+    if max_batch:
+        return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
+                          optimizer, lr, batch_dim, as_json)
+    if is_remat_json(model):
+        if emit:
+            raise UsageError("--emit writes ONNX models; MODEL is a JSON graph (use -o for the plan)")
+        from planner.planning import solve
+
+        problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
+        budget = budget_spec.bytes if budget_spec.bytes is not None else problem.budget_for(budget_spec.fraction)
+        result = solve(problem, budget, strategy, options)
+        obj = result.to_json(problem)
+        planned = None
+    else:
+        problem, result, obj, planned, budget = _plan_onnx(model, budget_spec, strategy, options, device_name, swap,
+                                                            parse_dims(dims), forward, optimizer, lr)
+    if explain and result.plan is not None:
+        obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
+    if as_json:
+        emit_json(obj)
+    if result.plan is None:
+        if result.status == "timeout":
+            raise SolverTimeoutError(f"{result.note}; try a longer --time-limit or a larger --budget")
+        least = result.least_bytes
+        if result.status == "infeasible" and least is not None:
+            word = "is" if result.least_exact else "is at least"
+            raise BudgetInfeasibleError(
+                f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}); "
+                f"budget {budget} ({format_bytes(budget)})", least_bytes=least)
+        raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}); try --strategy cpsat")
+    if output:
+        atomic_write(output, json.dumps(obj, indent=2) + "\n")
+    if emit and planned is not None:
+        from passes.onnx_export import save_model
+
+        save_model(planned, emit)
+    if not as_json:
+        unit = f" {problem.time_unit}" if problem.time_unit else ""
+        click.echo(f"{obj['model']}: {result.strategy} {result.status}")
+        click.echo(f"  budget        {format_bytes(budget)} ({budget} B)")
+        click.echo(f"  peak          {format_bytes(obj['peak_bytes'])} (unplanned {format_bytes(obj['unplanned_peak_bytes'])})")
+        click.echo(f"  added time    {result.added_time:.4g}{unit} ({obj['added_time_pct']:.2f}% of {problem.total_cost:.4g}{unit})")
+        gap = result.solver.gap
+        click.echo(f"  solver        {result.solver.wall_s:.2f} s, gap {'-' if gap is None else f'{100 * gap:.2f}%'}"
+                   f", {len(obj['recomputed'])} recomputed, {len(obj['swapped'])} swapped")
+        if result.note:
+            click.echo(f"  note          {result.note}")
+        if emit:
+            click.echo(f"  wrote         {emit} (run it with passes.verify.planned_session_options())")
+        if explain:
+            click.echo(explain_table(obj["explain"]))
+
+
+def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, batch_dim,
+               as_json) -> None:
+    """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget."""
+    import models
+    from passes.plan_model import max_batch, plan_graph
+    from planner.problem import is_remat_json
+    from planner.units import format_bytes
+
+    if is_remat_json(model):
+        raise UsageError("--max-batch needs an ONNX model or zoo:NAME (JSON graphs have no batch dim)")
+    if budget_spec.bytes is None:
+        raise UsageError("--max-batch needs an absolute --budget (e.g. 8GiB), not a percentage")
+    budget = budget_spec.bytes
+    _, node_time, transfer, overlap = _device_costs(device_name)
+    if model.startswith("zoo:"):
+        name, opts = models.parse_spec(model)
+        def spec_at(b: int) -> tuple[str, dict]:
+            return models.format_spec(name, {**opts, batch_dim: b}), dims
+    else:
+        def spec_at(b: int) -> tuple[str, dict]:
+            return model, {**dims, batch_dim: b}
+
+    def build(b: int):
+        spec, d = spec_at(b)
+        return _graph_to_plan(spec, d, forward, optimizer, lr)[0]
+
+    def plan_at(graph, limit):
+        return plan_graph(graph, limit, strategy=strategy, options=options, node_time=node_time,
+                          transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
+
+    result = max_batch(build, budget, plan_at)
+    pm = result.planned_result
+    added = None if pm is None else pm.result.added_time / max(pm.result.compute_time, 1e-300)
+    obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,
+           "unplanned_batch": result.unplanned, "planned_batch": result.planned, "ratio": result.ratio,
+           "planned_added_time_fraction": added, "planned_peak_bytes": None if pm is None else pm.peak_bytes,
+           "probes": [{"batch": b, "kind": k, "fits": f} for b, k, f in result.probes]}
+    if as_json:
+        emit_json(obj)
+        return
+    click.echo(f"{model} under {format_bytes(budget)}:")
+    click.echo(f"  largest batch unplanned  {result.unplanned}")
+    click.echo(f"  largest batch planned    {result.planned}"
+               + (f"  ({result.ratio:.2f}x, +{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
+                  if pm is not None and result.ratio else ""))
+
+
+def _refuse_overwrite(path: str | None, model: str) -> None:
+    """Nothing the user gave is ever overwritten."""
+    import os
+
+    if path and os.path.exists(model) and os.path.exists(path) and os.path.samefile(path, model):
+        raise UsageError(f"{path!r} is the input model; write the output to another file")
+
+
+def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr):
+    """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
+    import math
+
+    from passes.onnx_export import export_model
+    from passes.plan_model import fingerprint, plan_graph
+    from planner.liveness import analyze
+
+    graph, train = _graph_to_plan(model, dims, forward, optimizer, lr)
+    dev, node_time, transfer, overlap = _device_costs(device_name)
+    unplanned = analyze(graph).peak_bytes
+    budget = budget_spec.bytes if budget_spec.bytes is not None else math.ceil(unplanned * budget_spec.fraction)
+    pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
+                    transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
+    result, problem = pm.result, pm.problem
+    obj = result.to_json(problem)
+    made = {"source": model, "dims": dims, "train": train, "device": dev.name, "budget_bytes": budget,
+            "model_fingerprint": fingerprint(graph)}
+    obj.update(model=model, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
+               problem_peak_bytes=result.peak_bytes, **{k: v for k, v in made.items() if k != "source"})
+    obj["budget_bytes"] = budget
+    if result.plan is not None:
+        counts = result.plan.counts(problem.n)
+        obj["recomputed"] = [problem.names[i] for i, c in enumerate(counts["compute"]) if c > 1]
+        obj["swapped"] = [problem.names[i] for i, c in enumerate(counts["swap_in"]) if c > 0]
+        obj["schedule"] = list(pm.events)
+    planned = None
+    if pm.planned is not None:
+        made["peak_bytes"] = pm.peak_bytes
+        planned = export_model(pm.planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)})
+    return problem, result, obj, planned, budget
+
+
+@main.command()
+@click.argument("model")
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Write the planned model here.")
+@handles_errors
+def rewrite(model: str, plan_path: str, output: str) -> None:
+    """Apply a saved plan (from memplan plan -o) to MODEL and write the planned ONNX model."""
+    from passes.onnx_export import export_model, save_model
+    from passes.plan_model import fingerprint
+    from passes.rewrite import apply_schedule
+    from planner.liveness import analyze
+    from planner.units import format_bytes
+
+    _refuse_overwrite(output, model)
+    _refuse_overwrite(output, plan_path)
+    try:
+        with open(plan_path) as fh:
+            obj = json.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"{plan_path}: no such file") from None
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{plan_path}: not a plan JSON file ({err})") from None
+    if not isinstance(obj, dict) or obj.get("schema") != "memplan.plan/1" or "model_fingerprint" not in obj:
+        raise UsageError(f"{plan_path}: not a memplan.plan/1 plan of an ONNX model; write one with memplan plan -o")
+    train = obj.get("train")
+    graph, _ = _graph_to_plan(model, obj.get("dims") or {}, train is None, **(train or {}))
+    if fingerprint(graph) != obj["model_fingerprint"]:
+        raise UsageError(f"{plan_path} was made for another model than {model!r} (or the model changed); "
+                         "make a new plan with memplan plan")
+    planned = apply_schedule(graph, obj.get("schedule") or [])
+    peak = analyze(planned).peak_bytes
+    made = {k: obj.get(k) for k in ("dims", "train", "device", "budget_bytes", "model_fingerprint")}
+    made.update(source=model, peak_bytes=peak)
+    save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}), output)
+    click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
+
+
+def _bench_group() -> click.Group:
+    """The shared ``bench`` group (other benchmarks add their own subcommands to it)."""
+    grp = main.commands.get("bench")
+    if grp is None:
+        @main.group("bench")
+        def grp() -> None:
+            """Solver and allocator benchmark tables."""
+    return grp
+
+
+@_bench_group().command("remat")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Folder of the remat JSON graphs (default: ../shared/benchmarks/remat beside the checkout).")
+@click.option("--graph", "graphs", multiple=True, help="Graph label (VGG16, ResNet50, RL100, ...); repeatable. Default: all.")
+@click.option("--budgets", default="90,80,70,60,50,40", show_default=True, help="Percentages of the no-remat peak.")
+@click.option("--strategies", default="cpsat,greedy,chen", show_default=True)
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="CP-SAT seconds per solve for graphs up to 400 nodes (doubled above).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the rows as JSON.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+@handles_errors
+def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, output, md_path, as_json) -> None:
+    """keep/recompute strategies on the Checkmate/Moccasin train graphs at a sweep of budgets."""
+    from pathlib import Path
+
+    from planner import remat_bench
+    from planner.cpsat import PlannerOptions
+    from planner.fileio import atomic_write
+    from planner.planning import STRATEGIES
+
+    folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
+    if not folder.is_dir():
+        raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
+    try:
+        fractions = [float(x) / 100 for x in budgets.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--budgets {budgets!r} must be comma-separated percentages, e.g. 90,50") from None
+    if not fractions or any(not 0 < f <= 10 for f in fractions):
+        raise UsageError(f"--budgets {budgets!r} must be percentages in (0, 1000]")
+    strats = [s.strip() for s in strategies.split(",") if s.strip()]
+    bad = [s for s in strats if s not in STRATEGIES]
+    if bad or not strats:
+        raise UsageError(f"--strategies {strategies!r}: unknown {bad}; use any of {', '.join(STRATEGIES)}")
+    try:
+        found = remat_bench.find_graphs(folder, graphs or None)
+    except KeyError as err:
+        raise UsageError(f"--graph {err.args[0]!r} is not one of {', '.join(remat_bench.TRAIN_GRAPHS)}") from None
+    if not found:
+        raise UsageError(f"no remat train graphs found in {folder}")
+    options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed)
+    rows = remat_bench.run(found, fractions, strats, options)
+    obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit, "rows": rows}
+    if output:
+        atomic_write(output, json.dumps(obj, indent=2) + "\n")
+    if md_path:
+        atomic_write(md_path, remat_bench.markdown(rows))
+    if as_json:
+        emit_json(obj)
+    else:
+        click.echo(remat_bench.table(rows))
 
 
 if __name__ == "__main__":  # pragma: no cover

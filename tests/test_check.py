@@ -139,13 +139,20 @@ def test_fits_with_plan_exit_0(mlp, monkeypatch):
     assert "planning for 64.00 KiB" in err  # the progress line
 
 
-def test_no_planner_is_reported_honestly_exit_1(mlp):
-    rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--json"])
+def test_real_planner_infeasible_is_reported_exit_1(mlp):
+    rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--json", "--time-limit", "5"])
     assert rc == 1
     (r,) = json.loads(out)["results"]
-    assert r["plan"]["status"] == "no-planner" and r["fits_with_plan"] is False and r["result"] == "fail"
-    rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32"])
-    assert rc == 1 and "no planner in this build" in out
+    assert r["plan"]["status"] == "infeasible" and r["fits_with_plan"] is False and r["result"] == "fail"
+
+
+def test_real_planner_fits_zoo_training_step_exit_0():
+    rc, out, err = run(["zoo:gpt", "--budget", "80%", "--train", "--json", "--time-limit", "10"])
+    assert rc == 0, err
+    (r,) = json.loads(out)["results"]
+    assert r["fits_as_is"] is False and r["fits_with_plan"] is True
+    assert r["plan"]["peak_bytes"] <= r["budget_bytes"] < r["unplanned_peak_bytes"]
+    assert r["plan"]["added_time_fraction"] > 0
 
 
 def test_plan_infeasible_and_no_plan_exit_1(mlp, monkeypatch):

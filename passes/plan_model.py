@@ -1,0 +1,153 @@
+"""Plan an ONNX training graph end to end: lower, solve, rewrite, re-check on the real Graph.
+
+Pre: a validated Graph (a training step, or any graph to plan as is) and a budget in bytes
+(constant base included).
+Post: a :class:`PlannedModel` whose ``planned`` Graph runs the plan's schedule and whose liveness
+peak (the model of what ORT holds) is at most the budget; if rewriting adds bytes the problem did
+not see (ordering edges, recompute copies of unread outputs), the solve is repeated with the
+budget lowered by the excess, so the returned peak is never over budget.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from passes.rewrite import apply_schedule
+from planner.cpsat import PlannerOptions
+from planner.errors import GraphError
+from planner.graph import Graph
+from planner.liveness import analyze
+from planner.lowering import Lowering, lower
+from planner.plan import SolveResult
+from planner.planning import solve
+from planner.problem import PlanningProblem
+
+log = logging.getLogger(__name__)
+
+#: Re-solves allowed when the rewritten graph holds a few bytes more than the problem said.
+MAX_TIGHTENING = 3
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    graph: Graph  # the graph that was planned
+    problem: PlanningProblem
+    lowering: Lowering
+    result: SolveResult  # the solver's result over ``problem`` (at the budget it was given)
+    budget_bytes: int  # the user's budget
+    events: tuple[dict[str, Any], ...]  # the schedule in the Graph's names (plan.json)
+    planned: Graph | None  # the rewritten graph; None when no plan
+    peak_bytes: int | None  # liveness peak of ``planned`` (base included)
+
+    @property
+    def ok(self) -> bool:
+        return self.planned is not None
+
+
+def fingerprint(graph: Graph) -> str:
+    """Structural hash of a graph (names, ops, shapes, dtypes, edges): plans are tied to it."""
+    h = hashlib.sha256()
+    for t in graph.tensors:
+        h.update(f"t{t.id}:{t.name}:{t.dtype}:{t.shape}:{t.kind.value};".encode())
+    for n in graph.nodes:
+        h.update(f"n{n.id}:{n.name}:{n.op_type}:{n.inputs}:{n.outputs};".encode())
+    h.update(f"o{graph.outputs}".encode())
+    return h.hexdigest()[:16]
+
+
+def plan_graph(
+    graph: Graph,
+    budget: int,
+    *,
+    strategy: str = "cpsat",
+    options: PlannerOptions | None = None,
+    node_time: Callable | None = None,
+    transfer_time: Callable[[int], float] | None = None,
+    copy_overlap: bool = True,
+    time_unit: str = "",
+) -> PlannedModel:
+    """Lower, solve, rewrite and re-check (see module docstring)."""
+    problem, lowering = lower(graph, node_time=node_time, transfer_time=transfer_time,
+                              copy_overlap=copy_overlap, time_unit=time_unit)
+    target = budget
+    for _ in range(MAX_TIGHTENING + 1):
+        result = solve(problem, target, strategy, options)
+        if result.plan is None:
+            return PlannedModel(graph, problem, lowering, replace(result, budget_bytes=budget), budget, (), None, None)
+        events = tuple(lowering.onnx_schedule(result.plan))
+        planned = apply_schedule(graph, events)
+        peak = analyze(planned).peak_bytes
+        if peak <= budget:
+            return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak)
+        log.info("rewritten graph peaks %d bytes over the budget; re-solving tighter", peak - budget)
+        target -= peak - budget
+    raise GraphError(
+        f"the rewritten graph still peaks at {peak} bytes, over the budget {budget}, after "
+        f"{MAX_TIGHTENING} tighter solves (a memplan bug: please report it with the model)"
+    )
+
+
+# ---- max batch -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MaxBatch:
+    unplanned: int  # largest batch whose unplanned peak fits (0: none)
+    planned: int  # largest batch some plan fits (0: none)
+    planned_result: PlannedModel | None  # the plan at ``planned``
+    probes: tuple[tuple[int, str, bool], ...]  # (batch, "unplanned"|"planned", fits), in probe order
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.unplanned == 0 else self.planned / self.unplanned
+
+
+def _largest(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20) -> int:
+    """Largest b in [1, limit] with fits(b), assuming fits is monotone (doubling, then bisection)."""
+    if not fits(start):
+        return 0
+    lo, hi = start, start * 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph, int], PlannedModel]) -> MaxBatch:
+    """Largest batch whose training step fits ``budget`` as is, and with a plan.
+
+    ``build(b)`` returns the graph to plan at batch b; ``plan(graph, budget)`` plans it. Memory
+    grows with the batch, so both searches double then bisect; the planned search starts at the
+    unplanned answer (a plan always exists where no plan is needed).
+    """
+    probes: list[tuple[int, str, bool]] = []
+    graphs: dict[int, Graph] = {}
+    plans: dict[int, PlannedModel] = {}
+
+    def graph(b: int) -> Graph:
+        if b not in graphs:
+            graphs.clear()  # one at a time: big graphs are big
+            graphs[b] = build(b)
+        return graphs[b]
+
+    def fits_unplanned(b: int) -> bool:
+        ok = analyze(graph(b)).peak_bytes <= budget
+        probes.append((b, "unplanned", ok))
+        return ok
+
+    def fits_planned(b: int) -> bool:
+        pm = plan(graph(b), budget)
+        probes.append((b, "planned", pm.ok))
+        if pm.ok:
+            plans[b] = pm
+        return pm.ok
+
+    unplanned = _largest(fits_unplanned)
+    planned = _largest(fits_planned, start=max(1, unplanned))
+    return MaxBatch(unplanned, planned, plans.get(planned), tuple(probes))

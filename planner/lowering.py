@@ -1,0 +1,169 @@
+"""Graph -> PlanningProblem, and a plan over that problem -> the Graph's own event schedule.
+
+The solvers see one buffer per problem node. A Graph has multi-output nodes, zero-copy views and
+outputs nobody reads, so lowering groups them:
+  * every ONNX node that allocates is a problem node; its size is the bytes of the buffers it
+    allocates (all its outputs, views excluded);
+  * a view (Reshape/Identity/... of a produced tensor, other inputs constant) joins its source's
+    group: it shares the buffer, so it is freed, recomputed and swapped with it;
+  * a view of a constant is a problem node of size 0;
+  * an output nobody reads stays resident to the end in ORT (liveness.py), so its bytes go to the
+    constant base (conservative) and not to its node's size;
+  * a node holding a graph output is pinned; random ops are never recomputed;
+  * in-place ops (Relu & co.) count a buffer of their own (see ``lower``).
+The problem's memory then never under-states the Graph's (see tests/test_lowering.py), and the
+rewritten Graph is analysed again before a plan is returned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from planner.graph import NO_TENSOR, Graph, Node, TensorKind
+from planner.liveness import MemoryModel, analyze
+from planner.plan import Plan
+from planner.problem import PlanningProblem
+
+#: Never recomputed: a second run would draw other random numbers.
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli", "Dropout"})
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How problem nodes map back to the Graph."""
+
+    graph: Graph
+    groups: tuple[tuple[int, ...], ...]  # problem node -> Graph node ids, in schedule order
+    buffers: tuple[tuple[int, ...], ...]  # problem node -> tensor ids of the buffers it allocates
+    views: tuple[tuple[int, ...], ...]  # problem node -> Graph node ids of its views (subset of groups)
+    dangling_bytes: int  # unread outputs counted in the constant base
+
+    def onnx_schedule(self, plan: Plan) -> list[dict[str, Any]]:
+        """The plan's events in the Graph's terms: compute NODE, free/swap_* TENSOR."""
+        g = self.graph
+        out: list[dict[str, Any]] = []
+        outputs = g.output_set
+        for e in plan.events:
+            nodes = self.groups[e.node]
+            if e.op == "compute":
+                out.extend({"op": "compute", "node": g.nodes[n].name} for n in nodes)
+            elif e.op == "free":
+                out.extend({"op": "free", "tensor": g.tensors[t].name}
+                           for n in nodes for t in g.nodes[n].outputs if t != NO_TENSOR and t not in outputs)
+            elif e.op == "swap_out":
+                out.extend({"op": "swap_out", "tensor": g.tensors[t].name} for t in self.buffers[e.node])
+                out.extend({"op": "free", "tensor": g.tensors[g.nodes[v].outputs[0]].name}
+                           for v in self.views[e.node])
+            elif e.op == "swap_in":
+                out.extend({"op": "swap_in", "tensor": g.tensors[t].name} for t in self.buffers[e.node])
+                # the views are re-made on the swapped-in copy (zero-copy, no time)
+                out.extend({"op": "compute", "node": g.nodes[v].name} for v in self.views[e.node])
+        return out
+
+
+NodeTime = Callable[[Graph, Node], float]
+
+
+def lower(
+    graph: Graph,
+    *,
+    node_time: NodeTime | None = None,
+    transfer_time: Callable[[int], float] | None = None,
+    copy_overlap: bool = True,
+    time_unit: str = "",
+    memory: MemoryModel | None = None,
+) -> tuple[PlanningProblem, Lowering]:
+    """Build the PlanningProblem of ``graph`` (in its node order) and the map back to it."""
+    # In-place outputs are counted as buffers of their own: a recompute or free can move the
+    # in-place op away from its input's last read, and then ORT gives it a fresh buffer. This
+    # over-states memory by one buffer at an in-place step (safe); plans are re-checked with the
+    # in-place model on the rewritten graph.
+    memory = memory or MemoryModel(in_place=False)
+    lv = analyze(graph, model=memory)
+    node_time = node_time or (lambda g, n: 1.0)
+    group_of = np.full(len(graph.nodes), -1, dtype=np.int64)
+    groups: list[list[int]] = []
+    views: list[list[int]] = []
+    for node in graph.nodes:
+        src = memory.view_source(graph, node)
+        others_constant = all(
+            t == NO_TENSOR or graph.tensors[t].is_constant_base for t in node.inputs[1:]
+        )
+        if src != NO_TENSOR and len(node.outputs) == 1 and others_constant and graph.tensors[src].producer >= 0:
+            j = int(group_of[graph.tensors[src].producer])
+            groups[j].append(node.id)
+            views[j].append(node.id)
+            group_of[node.id] = j
+            continue
+        group_of[node.id] = len(groups)
+        groups.append([node.id])
+        views.append([])
+
+    readers = graph.consumers
+    outputs = graph.output_set
+    pinned_buffers = {int(lv.buffer_of[t]) for t in outputs if lv.buffer_of[t] >= 0}
+    read_buffers = {int(lv.buffer_of[t]) for t in range(len(graph.tensors)) if readers[t] and lv.buffer_of[t] >= 0}
+    m = len(groups)
+    size = np.zeros(m, dtype=np.int64)
+    scratch = np.zeros(m, dtype=np.int64)
+    cost = np.zeros(m, dtype=np.float64)
+    pinned = np.zeros(m, dtype=bool)
+    recomputable = np.ones(m, dtype=bool)
+    preds: list[set[int]] = [set() for _ in range(m)]
+    buffers: list[list[int]] = [[] for _ in range(m)]
+    dangling = 0
+    for b, root in enumerate(lv.buffer_root):
+        j = int(group_of[graph.tensors[int(root)].producer])
+        if b in pinned_buffers:
+            pinned[j] = True
+        if b not in read_buffers and b not in pinned_buffers:
+            dangling += int(lv.buffer_size[b])
+            continue
+        size[j] += int(lv.buffer_size[b])
+        buffers[j].append(int(root))
+    step_of = {nid: s for s, nid in enumerate(lv.order)}
+    for j, members in enumerate(groups):
+        for nid in members:
+            node = graph.nodes[nid]
+            cost[j] += float(node_time(graph, node))
+            scratch[j] = max(scratch[j], int(lv.scratch[step_of[nid]]))
+            if node.op_type in RANDOM_OPS:
+                recomputable[j] = False
+            for t in node.inputs:
+                if t != NO_TENSOR and graph.tensors[t].kind is TensorKind.ACTIVATION:
+                    p = int(group_of[graph.tensors[t].producer])
+                    if p != j:
+                        preds[j].add(p)
+    transfer = None
+    if transfer_time is not None:
+        transfer = [float(transfer_time(int(s))) for s in size]
+    problem = PlanningProblem.build(
+        size=size,
+        cost=cost,
+        preds=[sorted(p) for p in preds],
+        name=graph.name,
+        names=[graph.nodes[g[0]].name for g in groups],
+        base_bytes=graph.base_bytes + dangling,
+        scratch=scratch,
+        pinned=pinned,
+        recomputable=recomputable,
+        transfer=transfer,
+        copy_overlap=copy_overlap,
+        time_unit=time_unit,
+    )
+    lowering = Lowering(graph, tuple(map(tuple, groups)), tuple(map(tuple, buffers)), tuple(map(tuple, views)),
+                        dangling)
+    return problem, lowering
+
+
+def names_of(graph: Graph, ids: Sequence[int]) -> list[str]:
+    return [graph.nodes[i].name for i in ids]
+
+
+def group_table(lowering: Lowering) -> Mapping[str, Sequence[str]]:
+    """Problem node name -> the Graph nodes it stands for (for --explain)."""
+    g = lowering.graph
+    return {g.nodes[grp[0]].name: names_of(g, grp) for grp in lowering.groups}

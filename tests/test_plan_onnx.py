@@ -1,0 +1,110 @@
+"""Planning ONNX training graphs end to end: plan -> emit -> ORT runs it, same numbers, less memory."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import models
+from passes.autodiff import training_graph
+from passes.onnx_export import export_model
+from passes.onnx_import import import_model
+from passes.plan_model import plan_graph
+from passes.verify import measure_peak, planned_session_options
+from planner.cpsat import PlannerOptions
+from planner.liveness import analyze
+from planner.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = "zoo:cnn?batch=16"
+
+
+def memplan(*args):
+    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run(model: onnx.ModelProto, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), planned_session_options(),
+                                providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+@pytest.fixture(scope="module")
+def train_graph():
+    return training_graph(import_model(SPEC))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "cpsat"])
+def test_plan_fits_budget_and_keeps_numbers(train_graph, strategy):
+    unplanned = analyze(train_graph).peak_bytes
+    budget = int(unplanned * 0.8)
+    opts = PlannerOptions(time_limit=10, workers=1, seed=0)
+    pm = plan_graph(train_graph, budget, strategy=strategy, options=opts)
+    assert pm.ok, pm.result.note
+    assert pm.peak_bytes <= budget < unplanned
+    assert simulate(pm.problem, pm.result.plan, budget).peak_bytes <= budget
+    feeds = models.example_feeds(export_model(train_graph), seed=1)
+    ref, got = run(export_model(train_graph), feeds), run(export_model(pm.planned), feeds)
+    assert set(ref) == set(got)
+    for name in ref:  # pure recompute on CPU: bit-identical
+        np.testing.assert_array_equal(ref[name], got[name], err_msg=name)
+
+
+def test_measured_peak_matches_plan():
+    graph = training_graph(import_model("zoo:cnn?batch=64"))
+    unplanned = analyze(graph).peak_bytes
+    pm = plan_graph(graph, int(unplanned * 0.8), strategy="greedy")
+    model = export_model(pm.planned)
+    measured = measure_peak(model, models.example_feeds(model), repeats=1).peak_bytes
+    assert measured == pytest.approx(pm.peak_bytes - pm.planned.base_bytes, rel=0.05)
+    assert measured + pm.planned.base_bytes <= pm.budget_bytes * 1.05
+
+
+def test_cli_plan_emit_rewrite_verify(tmp_path):
+    plan_json, emitted, rewritten = tmp_path / "p.json", tmp_path / "a.onnx", tmp_path / "b.onnx"
+    rc, out, err = memplan("plan", SPEC, "--budget", "80%", "--strategy", "greedy", "-o", plan_json,
+                           "--emit", emitted, "--json")
+    assert rc == 0, err
+    obj = json.loads(out)
+    for key in ("schema", "status", "budget_bytes", "unplanned_peak_bytes", "peak_bytes", "base_bytes",
+                "compute_time", "added_time", "solver", "schedule", "model_fingerprint"):
+        assert key in obj
+    assert obj["peak_bytes"] <= obj["budget_bytes"] < obj["unplanned_peak_bytes"]
+    assert {e["op"] for e in obj["schedule"]} <= {"compute", "free", "swap_out", "swap_in"}
+    assert all(("node" in e) if e["op"] == "compute" else ("tensor" in e) for e in obj["schedule"])
+    assert json.loads(plan_json.read_text()) == obj
+    rc, _, err = memplan("rewrite", SPEC, plan_json, "-o", rewritten)
+    assert rc == 0, err
+    assert rewritten.read_bytes() == emitted.read_bytes()
+    rc, out, err = memplan("verify", SPEC, emitted, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["outputs_equal"] is True
+
+
+def test_plan_for_another_model_is_refused(tmp_path):
+    plan_json = tmp_path / "p.json"
+    assert memplan("plan", SPEC, "--budget", "80%", "--strategy", "greedy", "-o", plan_json)[0] == 0
+    rc, _, err = memplan("rewrite", "zoo:cnn?batch=8", plan_json, "-o", tmp_path / "x.onnx")
+    assert rc == 2 and "another model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_infeasible_budget_exits_1_with_least_memory(tmp_path):
+    out = tmp_path / "never.onnx"
+    rc, _, err = memplan("plan", SPEC, "--budget", "1KiB", "--emit", out, "--time-limit", "5")
+    assert rc == 1 and "infeasible: the least memory any plan reaches" in err
+    assert not out.exists()
+
+
+def test_emit_never_overwrites_the_model(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save_model(models.load_spec(SPEC), src)
+    before = src.read_bytes()
+    rc, _, err = memplan("plan", src, "--budget", "80%", "--strategy", "greedy", "--emit", src)
+    assert rc == 2 and "input model" in err
+    assert src.read_bytes() == before
