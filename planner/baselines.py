@@ -1,0 +1,154 @@
+"""Reference strategies: no remat, Chen et al.'s sqrt(n) checkpointing, and a budget greedy.
+
+All three drive one executor, :func:`keep_schedule`: walk the fixed order; before a node runs,
+recompute any input that is not resident (recursively, from whatever is resident); after it runs,
+free what the policy says. The policy is a ``keep`` mask plus a ``window``:
+  * a buffer with no later reader in the fixed order is freed (graph outputs excepted);
+  * a kept buffer stays until then;
+  * any other buffer is freed as soon as its next reader is more than ``window`` steps away.
+So a recomputed segment stays resident while its readers come soon (Chen's backward pass), and
+everything the executor emits is a valid schedule whatever the mask.
+
+The greedy lives in planner/greedy.py. They serve as comparison rows and as hints for the
+CP-SAT model.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.greedy import evict_greedy, split_greedy
+from planner.plan import Event, Plan
+from planner.problem import PlanningProblem
+from planner.simulate import Simulation, simulate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A baseline plan with its simulation (peak may exceed the budget it was asked for)."""
+
+    plan: Plan
+    sim: Simulation
+
+
+def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strategy: str) -> Plan:
+    """Event schedule of the recompute-on-demand executor for a ``keep`` mask (module docstring)."""
+    n = problem.n
+    preds = problem.pred_lists
+    readers = effective_readers(problem, keep, window)
+    pinned = problem.pinned
+    resident = np.zeros(n, dtype=bool)
+    pending = np.zeros(n, dtype=np.int64)  # computes of the current step still to read the buffer
+    events: list[Event] = []
+
+    def should_free(u: int, t: int) -> bool:
+        if pinned[u]:
+            return False
+        rs = readers[u]
+        j = bisect.bisect_right(rs, t)
+        if j == len(rs):
+            return True  # no later reader
+        return not keep[u] and rs[j] > t + window
+
+    def free_if_done(u: int, t: int) -> None:
+        if resident[u] and pending[u] == 0 and should_free(u, t):
+            events.append(Event("free", u))
+            resident[u] = False
+
+    for t in range(n):
+        # Everything step t needs that is not resident, closed over inputs; ascending id is a
+        # topological order, so each is recomputed once for this step.
+        todo: set[int] = set()
+        stack = [p for p in preds[t] if not resident[p]]
+        while stack:
+            x = stack.pop()
+            if x in todo:
+                continue
+            todo.add(x)
+            stack.extend(p for p in preds[x] if not resident[p] and p not in todo)
+        chain = sorted(todo)
+        for y in (*chain, t):
+            for p in preds[y]:
+                pending[p] += 1
+        for x in (*chain, t):
+            events.append(Event("compute", x))
+            resident[x] = True
+            for p in preds[x]:
+                pending[p] -= 1
+                free_if_done(p, t)
+        free_if_done(t, t)
+    return Plan(tuple(events), strategy)
+
+
+def effective_readers(problem: PlanningProblem, keep: np.ndarray, window: int) -> list[list[int]]:
+    """Steps before which each buffer must be resident: its readers, plus the steps where a
+    dropped reader of it gets recomputed (that recompute reads it too).
+
+    A dropped buffer v is recomputed before each of its readers that comes more than ``window``
+    steps after the previous one (or after v). Readers have larger ids, so one reverse pass
+    settles every buffer.
+    """
+    readers = [list(s) for s in problem.succ_lists]
+    for v in range(problem.n - 1, -1, -1):
+        rs = sorted(set(readers[v]))
+        readers[v] = rs
+        if keep[v] or problem.pinned[v]:
+            continue
+        prev = v
+        points = []
+        for r in rs:
+            if r - prev > window:
+                points.append(r)
+            prev = r
+        for p in problem.pred_lists[v]:
+            readers[p].extend(points)
+    return readers
+
+
+def no_remat(problem: PlanningProblem) -> Plan:
+    """Every node once, each buffer freed after its last reader."""
+    return keep_schedule(problem, np.ones(problem.n, dtype=bool), problem.n, "none")
+
+
+def chen_sqrt(problem: PlanningProblem) -> Plan:
+    """Chen et al. (2016): keep every ceil(sqrt(L))-th forward output, recompute the rest.
+
+    Forward nodes are the non-backward ones when the problem marks a backward pass, else all
+    nodes. Backward buffers are kept (freed after their last reader). The window is the segment
+    length, so a segment recomputed for the backward pass stays until its readers ran.
+    """
+    n = problem.n
+    fwd = np.arange(n) if problem.backward is None else np.nonzero(~problem.backward)[0]
+    k = max(1, math.ceil(math.sqrt(len(fwd))))
+    keep = np.ones(n, dtype=bool)
+    drop = [int(v) for j, v in enumerate(fwd) if (j + 1) % k != 0]
+    keep[drop] = False
+    return keep_schedule(problem, keep, k, "chen")
+
+
+def greedy(problem: PlanningProblem, budget: int) -> Candidate | None:
+    """The budget greedy: the cheaper fitting plan of the eviction and the split greedy
+    (planner.greedy); None when neither gets under ``budget``."""
+    best: Candidate | None = None
+    for make in (evict_greedy, split_greedy):
+        plan = make(problem, budget)
+        if plan is None:
+            continue
+        sim = simulate(problem, plan)
+        if sim.peak_bytes <= budget and (best is None or sim.added_time < best.sim.added_time):
+            best = Candidate(plan, sim)
+    return best
+
+
+def baseline(problem: PlanningProblem, strategy: str, budget: int) -> Candidate | None:
+    """Run one named baseline ("none", "chen", "greedy"); None when greedy finds no fitting plan."""
+    if strategy == "greedy":
+        return greedy(problem, budget)
+    plan = no_remat(problem) if strategy == "none" else chen_sqrt(problem)
+    return Candidate(plan, simulate(problem, plan))

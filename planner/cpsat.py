@@ -1,0 +1,545 @@
+"""The CP-SAT model: keep, recompute or swap every buffer so the real peak fits a budget.
+
+Formulation (interval model in the spirit of Moccasin; O(N*C + E*C^2) variables, never N^2):
+  * node v has up to C_v *compute instances*: its original (always present) and optional
+    recomputes, plus, when swapping is modelled, one optional *swap-in instance*. Instance i
+    starts at S_i, is ready d_i later and keeps its buffer resident on [S_i, E_i);
+  * every present compute instance c of node w reads, for each input v, exactly one present
+    instance j of v that is ready by S_c and resident until c is done (E_j >= S_c + d_w);
+  * memory: one cumulative over the retention intervals (demand = size) and the compute
+    intervals (demand = scratch) with capacity = budget - base: the liveness peak at every
+    point of the axis, never a sum of saved bytes.
+
+Axes. Recompute only (the default): a *slot* axis. Step t owns a few slots and its original
+runs in the last one (a constant); recomputes go in any slot between their node and its last
+reader. A slot may hold several computes: they run in node-id order (topological) and their
+memory is counted together, which can only over-count, so decoded plans always replay within
+budget. The objective is exact: sum of recompute costs. Slots per step come from the hints
+(one compute per slot, so a hint maps exactly) plus ``spare_slots``. With swapping: a real-time
+axis in ticks (``time_resolution`` per unplanned run), one compute stream (no-overlap), a copy
+stream each way (or the compute stream where copies cannot overlap), objective = makespan.
+Either way the plan's added time is recomputed exactly by simulate().
+
+Cuts that tighten the LP: at every original step t, a buffer live across t that is neither
+recomputed nor swapped stays resident through t, so
+    sum_{v live across t, not read by t} size_v * (1 - recomputed_v - swapped_v) <= capacity - need_t.
+
+Phases (planner/planning.py): (1) when no baseline fits, minimise the capacity from the
+lowest-peak baseline and stop at the first plan within budget; (2) minimise added time from the
+best plan so far. Fixed seed and workers; interleaved (deterministic) parallel search.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner import cpsat_plans
+from planner.errors import GraphError
+from planner.plan import Plan
+from planner.problem import PlanningProblem, gcd_of
+
+log = logging.getLogger(__name__)
+
+ORIGINAL, RECOMPUTE, SWAP_IN = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """Knobs of the CP-SAT planner; each says why it exists."""
+
+    # Wall-clock seconds for baselines and every solver phase together.
+    time_limit: float = 60.0
+    # CP-SAT search workers; the product targets 2-core machines.
+    workers: int = 2
+    # Fixed seed: with the same workers, the same plan (search is interleaved, not racing).
+    seed: int = 0
+    # Computations allowed per node (original + recomputes). 3 = two extra where needed; a
+    # hint that computes a node more often raises that node's count so hints stay representable.
+    max_computations: int = 3
+    # Per-step knapsack cuts (module docstring): they give the LP a real lower bound.
+    knapsack_cuts: bool = True
+    # Deterministic parallel search (interleave_search); off races workers (faster, not repeatable).
+    deterministic: bool = True
+    # Share of the remaining time phase 1 (find any plan within budget) may use.
+    feasibility_share: float = 0.85
+    # Ticks per unplanned run on the real-time axis (swap mode only).
+    time_resolution: int = 100_000
+    # Recompute slots per step beyond what the hints use (slot axis): more freedom, bigger domains.
+    spare_slots: int = 0
+    # Grow computation counts and slots so every hint fits the model (never worse than a hint).
+    # Off gives a model that does not depend on the budget's hints (same slots at every budget).
+    grow_from_hints: bool = True
+    # Spare slots per step when no baseline fits and the solver must find chains on its own.
+    search_slots: int = 2
+    # Full-search subsolvers in the portfolio (empty: CP-SAT's own list). One LP search leaves
+    # the other worker's time to LNS, which finds the plans at tight budgets (measured).
+    subsolvers: tuple[str, ...] = ("default_lp",)
+    # Fuse single-use chains first when the graph has more nodes than this (planner/coarsen.py).
+    coarsen_above: int = 2000
+    # Solver log on stderr (debugging).
+    log_search: bool = False
+
+
+@dataclass
+class _Instance:
+    node: int
+    kind: int  # ORIGINAL, RECOMPUTE or SWAP_IN
+    start: cp_model.IntVar
+    end: cp_model.IntVar  # retention end E
+    present: cp_model.IntVar | int  # literal, or 1 for originals
+    dur: int  # production time: compute duration, or transfer time for a swap-in
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    name: str
+    status: str  # CP-SAT status name
+    wall_s: float
+    objective: float | None
+    bound: float | None
+    plan: Plan | None
+    values: dict | None  # variable index -> value, to hint the next phase
+
+
+class RematModel:
+    """Builds the CP-SAT model for one problem; ``budget=None`` leaves the capacity free."""
+
+    def __init__(self, problem: PlanningProblem, budget: int | None, options: PlannerOptions, hints: Sequence[Plan] = ()):
+        self.p = problem
+        self.budget = budget
+        self.opt = options
+        self.timed = problem.transfer is not None and bool(problem.swappable.any())
+        self.m = cp_model.CpModel()
+        self._set_counts(hints)
+        self._set_scales()
+        self._set_axis(hints)
+        self.build()
+
+    # ---- sizes of things -------------------------------------------------------------------
+    def _set_counts(self, hints: Sequence[Plan]) -> None:
+        """C_v: 1 for buffers that cannot or need not be recomputed, else max_computations."""
+        p = self.p
+        readers = np.array([len(s) for s in p.succ_lists])
+        useful = p.recomputable & (p.last_use > np.arange(p.n) + 1)
+        counts = np.where(useful, np.minimum(self.opt.max_computations, readers + 1), 1)
+        for plan in hints if self.opt.grow_from_hints else ():
+            c = np.array(plan.counts(p.n)["compute"])
+            counts = np.maximum(counts, np.where(p.recomputable, c, 1))
+        self.counts = counts.astype(int)
+        self.swappable = p.swappable & (p.last_use > np.arange(p.n) + 1) if self.timed else np.zeros(p.n, bool)
+
+    def _set_scales(self) -> None:
+        p = self.p
+        self.mem_unit = gcd_of([s for s in p.size if s] + [s for s in p.scratch if s])
+        self.size = (p.size // self.mem_unit).astype(int)
+        self.scratch = (p.scratch // self.mem_unit).astype(int)
+        cost = p.cost
+        if np.all(cost == np.round(cost)) and cost.sum() < 2**50:
+            g = gcd_of([int(c) for c in cost if c])
+            self.obj_cost = (cost // g).astype(np.int64)
+            self.time_per_obj = float(g)
+        else:
+            scale = 1e9 / max(cost.sum(), 1e-300)
+            self.obj_cost = np.round(cost * scale).astype(np.int64)
+            self.time_per_obj = 1.0 / scale
+        if self.timed:
+            total = max(float(cost.sum()), 1e-300)
+            self.tick = total / self.opt.time_resolution  # time units per tick
+            self.dur = np.maximum(1, np.round(cost / self.tick)).astype(int)
+            self.tr = np.maximum(1, np.ceil(p.transfer / self.tick)).astype(int)
+        else:
+            self.tick = None
+            self.dur = np.ones(p.n, dtype=int)
+            self.tr = np.zeros(p.n, dtype=int)
+
+    def _set_axis(self, hints: Sequence[Plan]) -> None:
+        """Slot axis: step t owns slots [first_t, pos_t]; its original runs in the last one,
+        recomputes in any slot. Step t gets as many recompute slots as any hint recomputes
+        before it (so hints map one compute per slot) plus ``spare_slots``."""
+        p = self.p
+        if self.timed:
+            self.horizon = int((self.counts * self.dur).sum() + 2 * (self.tr * self.swappable).sum())
+            self.lo = np.concatenate([[0], np.cumsum(self.dur)[:-1]])
+            self.hi = self.horizon - np.cumsum(self.dur[::-1])[::-1]
+            return
+        extra = np.full(p.n, self.opt.spare_slots, dtype=int)
+        for plan in hints if self.opt.grow_from_hints else ():
+            extra = np.maximum(extra, cpsat_plans.recomputes_per_step(plan, p.n))
+        self.pos = np.cumsum(extra + 1) - 1  # slot of each original
+        self.horizon = int(self.pos[-1]) + 1 if p.n else 0
+        self.lo = self.pos
+        self.hi = self.pos
+
+    # ---- build ---------------------------------------------------------------------------
+    def build(self) -> None:
+        self._add_instances()
+        self._add_order()
+        self._add_swaps()
+        self._add_reads()
+        self._add_memory()
+        if self.opt.knapsack_cuts:
+            self._add_knapsack_cuts()
+        self._add_objective()
+
+    def _occupy(self, node: int) -> int:
+        """Length of a compute on the axis: one slot, or its duration in ticks."""
+        return int(self.dur[node])
+
+    def _add_instances(self) -> None:
+        """Instances, start domains and retention ends (E >= S + own compute).
+
+        A recompute of v lies after v's original and no later than its last reader's original
+        (slots) / ends before it starts (ticks). Originals are constants on the slot axis.
+        """
+        p, m = self.p, self.m
+        self.inst: list[_Instance] = []
+        self.of_node: list[list[int]] = [[] for _ in range(p.n)]
+        H = self.horizon
+        for v in range(p.n):
+            d = self._occupy(v)
+            if self.timed:
+                s = m.NewIntVar(int(self.lo[v]), int(self.hi[v]), f"S{v}")
+            else:
+                s = m.NewConstant(int(self.pos[v]))
+            lo_s, hi_s = int(self.lo[v]), int(self.hi[v])
+            if p.pinned[v]:
+                e = m.NewConstant(H)
+            elif not p.succ_lists[v]:
+                e = m.NewIntVar(lo_s + d, hi_s + d, f"E{v}")
+                m.Add(e == s + d)
+            else:
+                e = m.NewIntVar(lo_s + d, H, f"E{v}")
+                m.Add(e >= s + d)
+            self._register(_Instance(v, ORIGINAL, s, e, 1, d))
+            last = int(p.last_use[v])
+            lo = (lo_s + d) if self.timed else int(self.pos[v]) + 1
+            hi = (int(self.hi[last]) - d) if self.timed else int(self.pos[last])
+            for k in range(1, int(self.counts[v])):
+                lit = m.NewBoolVar(f"r{v}_{k}")
+                s = m.NewIntVar(lo, max(lo, hi), f"S{v}_{k}")
+                e = m.NewIntVar(lo + d, H, f"E{v}_{k}")
+                m.Add(e >= s + d)
+                m.Add(s == lo).OnlyEnforceIf(lit.Not())  # absent: pinned, no symmetry
+                self._register(_Instance(v, RECOMPUTE, s, e, lit, d))
+
+    def _register(self, inst: _Instance) -> int:
+        self.inst.append(inst)
+        self.of_node[inst.node].append(len(self.inst) - 1)
+        return len(self.inst) - 1
+
+    def _add_order(self) -> None:
+        """Recomputes of a node come after its original, in index order, present ones first.
+        Ticks only: originals keep the fixed order and computes never overlap (one stream).
+        Slots may hold several computes; they run in node-id order (a topological order) and
+        their memory is counted together, which only over-counts."""
+        m = self.m
+        self.compute_iv = []
+        for v, ids in enumerate(self.of_node):
+            prev = self.inst[ids[0]]
+            self.compute_iv.append((m.NewFixedSizeIntervalVar(prev.start, prev.dur, f"C{v}"), v))
+            for i in ids[1:]:
+                x = self.inst[i]
+                m.Add(x.start >= prev.start + prev.dur).OnlyEnforceIf(x.present)
+                if prev.kind == RECOMPUTE:
+                    m.AddImplication(x.present, prev.present)
+                iv = m.NewOptionalFixedSizeIntervalVar(x.start, x.dur, x.present, f"C{v}_{i}")
+                self.compute_iv.append((iv, v))
+                prev = x
+        self.compute_stream = [iv for iv, _ in self.compute_iv]
+        if self.timed:
+            orig = [self.inst[ids[0]] for ids in self.of_node]
+            for a, b in zip(orig, orig[1:]):
+                m.Add(a.start + a.dur <= b.start)
+            if self.p.copy_overlap or not self.swappable.any():
+                m.AddNoOverlap(self.compute_stream)
+
+    def _add_swaps(self) -> None:
+        """Swap-out after the original is produced (the original stays resident until the copy
+        ends), swap-in after the swap-out ends; the swap-in instance is resident from its start."""
+        m, p = self.m, self.p
+        self.swap_out: dict[int, tuple] = {}
+        out_stream, in_stream = [], []
+        for v in np.nonzero(self.swappable)[0]:
+            v = int(v)
+            orig = self.inst[self.of_node[v][0]]
+            tr = int(self.tr[v])
+            last = int(p.last_use[v])
+            lit = m.NewBoolVar(f"w{v}")
+            so = m.NewIntVar(int(self.lo[v]) + orig.dur, self.horizon, f"SO{v}")
+            m.Add(so >= orig.start + orig.dur)
+            m.Add(orig.end >= so + tr).OnlyEnforceIf(lit)
+            m.Add(so == int(self.lo[v]) + orig.dur).OnlyEnforceIf(lit.Not())
+            out_iv = m.NewOptionalFixedSizeIntervalVar(so, tr, lit, f"O{v}")
+            lo_in = int(self.lo[v]) + orig.dur + tr
+            si = m.NewIntVar(lo_in, max(lo_in, int(self.hi[last]) - tr), f"SI{v}")
+            e = m.NewIntVar(lo_in + tr, self.horizon, f"EI{v}")
+            m.Add(si >= so + tr).OnlyEnforceIf(lit)
+            m.Add(si == lo_in).OnlyEnforceIf(lit.Not())
+            m.Add(e >= si + tr)
+            in_iv = m.NewOptionalFixedSizeIntervalVar(si, tr, lit, f"I{v}")
+            idx = self._register(_Instance(v, SWAP_IN, si, e, lit, tr))
+            self.swap_out[v] = (lit, so, idx)
+            out_stream.append(out_iv)
+            in_stream.append(in_iv)
+        if not out_stream:
+            return
+        if p.copy_overlap:
+            m.AddNoOverlap(out_stream)
+            m.AddNoOverlap(in_stream)
+        else:
+            m.AddNoOverlap(self.compute_stream + out_stream + in_stream)
+
+    def _add_reads(self) -> None:
+        """Each present compute instance c of w reads exactly one present instance j of every
+        input v, ready before c starts and resident until c is done:
+            x => S_j + ready_j <= S_c,   x => E_j >= S_c + d_w,
+        where ready_j is d_v (ticks; 0 on slots: same slot, lower id first) or the transfer time
+        of a swap-in. A recompute or swap-in nobody reads is absent."""
+        m, p = self.m, self.p
+        self.reads: list[tuple[int, int, int, object]] = []  # (consumer, input node, provider, literal)
+        used_by: dict[int, list] = {}
+        for w in range(p.n):
+            for c in self.of_node[w]:
+                cons = self.inst[c]
+                if cons.kind == SWAP_IN:
+                    continue
+                need = cons.start + cons.dur
+                for v in p.pred_lists[w]:
+                    ids = self.of_node[v]
+                    if len(ids) == 1:
+                        prov = self.inst[ids[0]]
+                        ct = m.Add(prov.end >= need)
+                        if cons.kind != ORIGINAL:
+                            ct.OnlyEnforceIf(cons.present)
+                        self.reads.append((c, v, ids[0], 1 if cons.kind == ORIGINAL else cons.present))
+                        continue
+                    lits = []
+                    for j in ids:
+                        prov = self.inst[j]
+                        x = m.NewBoolVar(f"x{c}_{j}")
+                        lits.append(x)
+                        if prov.kind != ORIGINAL:
+                            ready = prov.dur if (self.timed or prov.kind == SWAP_IN) else 0
+                            m.AddImplication(x, prov.present)
+                            m.Add(prov.start + ready <= cons.start).OnlyEnforceIf(x)
+                            used_by.setdefault(j, []).append(x)
+                        m.Add(prov.end >= need).OnlyEnforceIf(x)
+                        self.reads.append((c, v, j, x))
+                    if cons.kind == ORIGINAL:
+                        m.AddExactlyOne(lits)
+                    else:
+                        m.Add(sum(lits) == cons.present)
+        for j, inst in enumerate(self.inst):
+            if inst.kind != ORIGINAL:
+                lits = used_by.get(j, [])
+                if lits:
+                    m.AddBoolOr(lits).OnlyEnforceIf(inst.present)
+                else:
+                    m.Add(inst.present == 0)
+
+    def _add_memory(self) -> None:
+        """cumulative(retention intervals: size; compute intervals: scratch) <= capacity."""
+        m, p = self.m, self.p
+        base = p.base_bytes
+        floor = -((-(p.memory_floor - base)) // self.mem_unit)
+        top = -((-(p.unplanned_peak - base)) // self.mem_unit)
+        if self.budget is None:
+            self.cap = m.NewIntVar(max(0, floor), max(top, floor), "capacity")
+        else:
+            self.cap = m.NewConstant(max(0, (self.budget - base) // self.mem_unit))
+        ivs, demands = [], []
+        self.lengths: list[tuple[cp_model.IntVar, _Instance]] = []
+        for j, x in enumerate(self.inst):
+            size = int(self.size[x.node])
+            if size == 0:
+                continue
+            length = m.NewIntVar(0, self.horizon, f"L{j}")
+            m.Add(length == x.end - x.start)
+            self.lengths.append((length, x))
+            if x.kind == ORIGINAL:
+                iv = m.NewIntervalVar(x.start, length, x.end, f"R{j}")
+            else:
+                iv = m.NewOptionalIntervalVar(x.start, length, x.end, x.present, f"R{j}")
+            ivs.append(iv)
+            demands.append(size)
+        for iv, v in self.compute_iv:
+            if self.scratch[v]:
+                ivs.append(iv)
+                demands.append(int(self.scratch[v]))
+        m.AddCumulative(ivs, demands, self.cap)
+
+    def _droppable_literals(self, v: int) -> list:
+        lits = []
+        ids = self.of_node[v]
+        if len(ids) > 1 and self.inst[ids[1]].kind == RECOMPUTE:
+            lits.append(self.inst[ids[1]].present)
+        if v in self.swap_out:
+            lits.append(self.swap_out[v][0])
+        return lits
+
+    def _add_knapsack_cuts(self) -> None:
+        """At each original step t: buffers live across t, kept (not recomputed, not swapped),
+        plus what t itself needs, fit the capacity (module docstring)."""
+        m, p = self.m, self.p
+        need = (p.step_need - p.base_bytes) / self.mem_unit
+        last = p.last_use
+        self.n_cuts = 0
+        live: set[int] = set()
+        # sweep t upward: v is live across t when v < t < last_use(v)
+        ends: dict[int, list[int]] = {}
+        for v in range(p.n):
+            ends.setdefault(int(last[v]), []).append(v)
+        for t in range(p.n):
+            for v in ends.get(t, ()):
+                live.discard(v)
+            reads = set(p.pred_lists[t])
+            across = [v for v in sorted(live) if v not in reads]
+            const = sum(int(self.size[v]) for v in across) + math.ceil(need[t])
+            terms = []
+            for v in across:
+                for lit in self._droppable_literals(v):
+                    terms.append(int(self.size[v]) * lit)
+            if self.budget is not None:
+                cap_val = max(0, (self.budget - p.base_bytes) // self.mem_unit)
+                if const <= cap_val:
+                    pass
+                elif terms:
+                    m.Add(sum(terms) >= const - cap_val)
+                    self.n_cuts += 1
+            elif terms:
+                m.Add(sum(terms) + self.cap >= const)
+                self.n_cuts += 1
+            else:
+                m.Add(self.cap >= const)
+            if last[t] > t:
+                live.add(t)
+
+    def _add_objective(self) -> None:
+        m = self.m
+        if self.timed:
+            self.makespan = m.NewIntVar(int(self.dur.sum()), self.horizon, "makespan")
+            for x in self.inst:
+                if x.kind == RECOMPUTE:
+                    m.Add(self.makespan >= x.start + x.dur).OnlyEnforceIf(x.present)
+            lastx = self.inst[self.of_node[-1][0]]
+            m.Add(self.makespan >= lastx.start + lastx.dur)
+            self.time_expr = self.makespan - int(self.dur.sum())
+        else:
+            terms = []
+            for x in self.inst:
+                if x.kind == RECOMPUTE and self.obj_cost[x.node]:
+                    terms.append(int(self.obj_cost[x.node]) * x.present)
+            self.time_expr = sum(terms) if terms else m.NewConstant(0)
+
+    # ---- hints ---------------------------------------------------------------------------
+    def hint_from_plan(self, plan: Plan) -> dict[int, int] | None:
+        """Variable values reproducing a recompute-only plan (None if the model cannot hold it)."""
+        return cpsat_plans.hint_values(self, plan)
+
+    def lower(self, var: cp_model.IntVar) -> int:
+        """Lower end of a variable's domain."""
+        return int(self.m.Proto().variables[var.Index()].domain[0])
+
+    def values_by_name(self, values: dict[int, int]) -> dict[str, int]:
+        proto = self.m.Proto()
+        return {proto.variables[i].name: v for i, v in values.items() if proto.variables[i].name}
+
+    def hint_by_name(self, named: dict[str, int]) -> dict[int, int]:
+        proto = self.m.Proto()
+        return {i: named[var.name] for i, var in enumerate(proto.variables) if var.name in named}
+
+    def apply_hint(self, values: dict[int, int]) -> None:
+        self.m.ClearHints()
+        proto = self.m.Proto()
+        for idx in sorted(values):
+            var = self.m.GetIntVarFromProtoIndex(idx)
+            dom = proto.variables[idx].domain
+            if len(dom) == 2 and dom[0] == dom[1]:
+                continue
+            self.m.AddHint(var, values[idx])
+
+    # ---- solve ---------------------------------------------------------------------------
+    def solve(self, name: str, time_limit: float, stop_at: int | None = None) -> PhaseResult:
+        """Run CP-SAT once; ``stop_at`` (min-peak mode) stops at the first capacity <= it."""
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.max_time_in_seconds = max(0.05, float(time_limit))
+        prm.num_workers = max(1, int(self.opt.workers))
+        prm.random_seed = int(self.opt.seed)
+        if self.opt.deterministic and prm.num_workers > 1:
+            prm.interleave_search = True
+        for sub in self.opt.subsolvers:
+            prm.subsolvers.append(sub)
+        prm.log_search_progress = bool(self.opt.log_search)
+        callback = _StopAt(self.cap, stop_at) if stop_at is not None else None
+        t0 = time.perf_counter()
+        status = solver.Solve(self.m, callback)
+        wall = time.perf_counter() - t0
+        sname = solver.StatusName(status)
+        if status == cp_model.MODEL_INVALID:
+            raise GraphError(f"CP-SAT rejected the remat model: {self.m.Validate()}")
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return PhaseResult(name, sname, wall, None, _bound(solver), None, None)
+        values = dict(enumerate(int(x) for x in solver.ResponseProto().solution))
+        plan = self.decode(solver, name)
+        return PhaseResult(name, sname, wall, solver.ObjectiveValue(), _bound(solver), plan, values)
+
+    # ---- decode --------------------------------------------------------------------------
+    def decode(self, solver: cp_model.CpSolver, strategy: str) -> Plan:
+        return cpsat_plans.decode(self, solver, strategy)
+
+    def model_size(self) -> dict[str, int]:
+        proto = self.m.Proto()
+        return {
+            "instances": len(self.inst),
+            "variables": len(proto.variables),
+            "constraints": len(proto.constraints),
+            "reads": len(self.reads),
+            "cuts": getattr(self, "n_cuts", 0),
+        }
+
+    # ---- conversions ---------------------------------------------------------------------
+    def time_of_objective(self, obj: float | None) -> float | None:
+        """Solver objective (or bound) -> added time in the problem's unit."""
+        if obj is None:
+            return None
+        if self.timed:
+            return float(obj) * float(self.tick)
+        return float(obj) * self.time_per_obj
+
+    def bytes_of_capacity(self, cap: float | None) -> int | None:
+        if cap is None:
+            return None
+        return int(math.ceil(cap - 1e-9)) * self.mem_unit + self.p.base_bytes
+
+    def set_objective_time(self) -> None:
+        self.m.ClearObjective()
+        self.m.Minimize(self.time_expr)
+
+    def set_objective_peak(self) -> None:
+        self.m.ClearObjective()
+        self.m.Minimize(self.cap)
+
+
+
+class _StopAt(cp_model.CpSolverSolutionCallback):
+    """Stop the search at the first solution whose capacity is within the target."""
+
+    def __init__(self, cap: cp_model.IntVar, target: int):
+        super().__init__()
+        self.cap, self.target = cap, target
+
+    def on_solution_callback(self) -> None:
+        if self.Value(self.cap) <= self.target:
+            self.StopSearch()
+
+
+def _bound(solver: cp_model.CpSolver) -> float | None:
+    b = solver.BestObjectiveBound()
+    return float(b) if math.isfinite(b) else None

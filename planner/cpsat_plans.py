@@ -1,0 +1,158 @@
+"""Plans in and out of the CP-SAT model: a baseline plan as a complete hint, and a solution as
+an event schedule. Kept apart from the model so each reads in one sitting."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.plan import Event, Plan
+from planner.simulate import simulate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ortools.sat.python import cp_model
+
+    from planner.cpsat import RematModel
+
+ORIGINAL, RECOMPUTE, SWAP_IN = 0, 1, 2
+
+
+def recomputes_per_step(plan: Plan, n: int) -> np.ndarray:
+    """How many recompute events a plan runs before each node's first computation."""
+    out = np.zeros(n, dtype=int)
+    seen = np.zeros(n, dtype=bool)
+    pending = 0
+    for ev in plan.events:
+        if ev.op != "compute":
+            continue
+        if seen[ev.node]:
+            pending += 1
+        else:
+            seen[ev.node] = True
+            out[ev.node] = pending
+            pending = 0
+    return out
+
+
+def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
+    """Values of every model variable that reproduce a recompute-only ``plan``.
+
+    The k-th compute of a node is its instance k. On slots, an original sits at its slot and
+    the recomputes before it take the free slots of its step, one each (so the model counts
+    exactly what the simulator counts); on ticks, computes run back to back. A buffer's
+    retention ends where the plan frees it. None when the plan needs more instances or slots
+    than the model has, or swaps.
+    """
+    p = model.p
+    values: dict[int, int] = {}
+    seen = [0] * p.n
+    current = [-1] * p.n  # instance of each node resident now
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    chosen: dict[tuple[int, int], int] = {}
+    t = 0  # next free slot / tick
+    last_end = 0
+    done = 0  # originals computed so far: the next one is node ``done`` (fixed order)
+    for ev in plan.events:
+        v = ev.node
+        if ev.op == "free":
+            ends[current[v]] = last_end
+            current[v] = -1
+            continue
+        if ev.op != "compute":
+            return None
+        k = seen[v]
+        seen[v] += 1
+        if k >= len(model.of_node[v]) or model.inst[model.of_node[v][k]].kind != (ORIGINAL if k == 0 else RECOMPUTE):
+            return None
+        j = model.of_node[v][k]
+        if k == 0:
+            done += 1
+        if not model.timed:
+            if k == 0:
+                t = int(model.pos[v])
+            elif done >= p.n or t >= int(model.pos[done]):
+                return None  # no free slot left before the next original
+        starts[j] = t
+        for u in p.pred_lists[v]:
+            chosen[(j, u)] = current[u]
+        current[v] = j
+        t += int(model.dur[v])
+        last_end = t
+    for j, x in enumerate(model.inst):
+        if j in starts:
+            values[x.start.Index()] = starts[j]
+            values[x.end.Index()] = model.horizon if p.pinned[x.node] else ends.get(j, model.horizon)
+        elif x.kind != ORIGINAL:
+            lo = model.lower(x.start)
+            values[x.start.Index()] = lo
+            values[x.end.Index()] = max(lo + x.dur, model.lower(x.end))
+        if not isinstance(x.present, int):
+            values[x.present.Index()] = int(j in starts)
+    for lit, so, _ in model.swap_out.values():
+        values[lit.Index()] = 0
+        values[so.Index()] = model.lower(so)
+    for c, v, j, lit in model.reads:
+        if not isinstance(lit, int):
+            values[lit.Index()] = int(c in starts and chosen.get((c, v)) == j)
+    for length, x in model.lengths:
+        values[length.Index()] = values[x.end.Index()] - values[x.start.Index()]
+    if model.budget is None:
+        peak = simulate(p, plan).peak_bytes
+        values[model.cap.Index()] = -((-(peak - p.base_bytes)) // model.mem_unit)
+    if model.timed:
+        values[model.makespan.Index()] = t
+    return values
+
+
+def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> Plan:
+    """A solution as events: keep only instances something reads (transitively), shrink each
+    retention to its last read, merge overlapping residencies of one node (the later compute
+    is dropped), then order allocations and releases by time, releases first at equal times.
+    Every step only removes memory or time, so the plan replays within what the model counted.
+    """
+    p = model.p
+    val = solver.Value
+    inst = model.inst
+    present = [True if isinstance(x.present, int) else bool(val(x.present)) for x in inst]
+    reads_of: dict[int, list[int]] = {}
+    for c, _v, j, lit in model.reads:
+        if present[c] and (isinstance(lit, int) or val(lit)):
+            reads_of.setdefault(c, []).append(j)
+    users = [0] * len(inst)
+    for js in reads_of.values():
+        for j in js:
+            users[j] += 1
+    start = [val(x.start) for x in inst]
+    for j in sorted(range(len(inst)), key=lambda j: (-start[j], j)):  # readers come later
+        if present[j] and inst[j].kind != ORIGINAL and users[j] == 0:
+            present[j] = False
+            for i in reads_of.get(j, []):
+                users[i] -= 1
+    end: dict[int, float] = {j: (math.inf if p.pinned[x.node] else start[j] + x.dur)
+                             for j, x in enumerate(inst) if present[j]}
+    for c, js in reads_of.items():
+        if present[c]:
+            for j in js:
+                end[j] = max(end[j], start[c] + inst[c].dur)
+    for v, (_lit, so, idx) in model.swap_out.items():
+        if present[idx]:  # the original stays until its copy to host is done
+            j0 = model.of_node[v][0]
+            end[j0] = max(end[j0], val(so) + int(model.tr[v]))
+    events: list[tuple] = []  # (time, rank, node, op)
+    for v in range(p.n):
+        spans = sorted((start[j], end[j], inst[j].kind) for j in model.of_node[v] if present[j])
+        merged: list[list] = []
+        for s, e, kind in spans:
+            if merged and s < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e, kind])
+        for k, (s, e, kind) in enumerate(merged):
+            events.append((s, 1 if kind == SWAP_IN else 2, v, "swap_in" if kind == SWAP_IN else "compute"))
+            if e != math.inf:
+                nxt = merged[k + 1][2] if k + 1 < len(merged) else None
+                events.append((e, 0, v, "swap_out" if nxt == SWAP_IN else "free"))
+    events.sort(key=lambda x: (x[0], x[1], x[2]))
+    return Plan(tuple(Event(op, v) for _, _, v, op in events), strategy)

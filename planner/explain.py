@@ -1,0 +1,102 @@
+"""Say, per buffer, what a plan decided and why: kept, recomputed k times, or swapped.
+
+Each entry gives the buffer's size and cost, its unplanned live interval (producer step to last
+reader), the steps where the plan holds it, and a one-line reason. Reasons come from the problem
+(cannot be dropped) or from the plan and the unplanned memory profile (what dropping it saved).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.plan import Plan
+from planner.problem import PlanningProblem
+from planner.units import format_bytes
+
+
+def residency(problem: PlanningProblem, plan: Plan) -> list[list[list[int]]]:
+    """Per node: [first step, last step] segments where the plan holds its output.
+
+    A step is a node's first computation; a recompute or swap-in belongs to the next step.
+    """
+    n = problem.n
+    segs: list[list[list[int]]] = [[] for _ in range(n)]
+    seen = np.zeros(n, dtype=bool)
+    cur = -1
+    for ev in plan.events:
+        v = ev.node
+        if ev.op == "compute" and not seen[v]:
+            seen[v] = True
+            cur = v
+            segs[v].append([v, v])
+        elif ev.op in ("compute", "swap_in"):
+            segs[v].append([cur + 1, cur + 1])
+        elif segs[v]:
+            segs[v][-1][1] = max(segs[v][-1][0], cur)
+    for v in range(n):
+        if problem.pinned[v] and segs[v]:
+            segs[v][-1][1] = n - 1
+    return segs
+
+
+def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str, Any]]:
+    """One entry per node, in node order."""
+    counts = plan.counts(problem.n)
+    segs = residency(problem, plan)
+    over = problem.unplanned_memory > budget
+    out = []
+    for v in range(problem.n):
+        size, cost = int(problem.size[v]), float(problem.cost[v])
+        live = [v, int(problem.last_use[v])]
+        extra = counts["compute"][v] - 1
+        swaps = counts["swap_in"][v]
+        crowded = int(over[live[0] : live[1] + 1].sum())
+        if swaps:
+            decision = "swap"
+            why = (f"moved to host and back {swaps}x: frees {format_bytes(size)} across "
+                   f"{crowded} over-budget step(s); transfer {problem.transfer[v]:g} vs recompute {cost:g}")
+        elif extra > 0:
+            decision = f"recompute x{extra}"
+            why = (f"freed between reads and recomputed {extra}x at cost {cost * extra:g}: frees "
+                   f"{format_bytes(size)} across {crowded} over-budget step(s)")
+        else:
+            decision = "keep"
+            why = _keep_reason(problem, v, crowded)
+        out.append({
+            "node": problem.node_ids[v],
+            "name": problem.names[v],
+            "size_bytes": size,
+            "cost": cost,
+            "live": live,
+            "resident": segs[v],
+            "decision": decision,
+            "why": why,
+        })
+    return out
+
+
+def _keep_reason(problem: PlanningProblem, v: int, crowded: int) -> str:
+    if problem.pinned[v]:
+        return "graph output: stays to the end"
+    if not problem.recomputable[v] and not problem.swappable[v]:
+        return "may not be recomputed or swapped"
+    if int(problem.last_use[v]) <= v + 1:
+        return "read only by the next step: nothing to free in between"
+    if crowded == 0:
+        return "its live interval never exceeds the budget"
+    return (f"kept across {crowded} over-budget step(s): freeing other buffers there was cheaper "
+            f"(recompute cost {float(problem.cost[v]):g}, {float(problem.cost[v]) / max(1, int(problem.size[v])):.3g}/byte)")
+
+
+def explain_table(entries: list[dict[str, Any]], only_changed: bool = False) -> str:
+    """Plain-text table of :func:`explain` entries."""
+    rows = [("node", "name", "size", "cost", "live", "decision", "why")]
+    for e in entries:
+        if only_changed and e["decision"] == "keep":
+            continue
+        rows.append((str(e["node"]), e["name"][:28], format_bytes(e["size_bytes"]), f"{e['cost']:g}",
+                     f"{e['live'][0]}-{e['live'][1]}", e["decision"], e["why"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6] for r in rows]
+    return "\n".join(lines)

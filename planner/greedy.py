@@ -1,0 +1,274 @@
+"""Split greedy: free a buffer between two of its reads and recompute it just before the next.
+
+State: each buffer's residency is a list of segments [s, e] over fixed-order steps (inclusive),
+starting as [v, last_use(v)]; ``reads[v]`` are the steps that need it (its readers, plus steps
+where a split reader of it is recomputed). Memory at step t = sizes of segments covering t +
+scratch[t] (+ base): the same step accounting the unplanned peak uses.
+
+Move: at the peak step t*, take a buffer v resident there but not read by t*, and the read gap
+(a, b) around t*. Split v's segment into [.., a] and [b, ..], recompute v before step b, and
+extend each input of v that is not resident at b up to b. Benefit at t* = size_v minus the
+inputs whose extension crosses t*; the move with least cost per byte of benefit wins. Repeat
+until the peak fits or no move helps. The schedule recomputes, before each step, the buffers
+whose segment starts there (ascending id) and frees a buffer after the step its segment ends.
+"""
+from __future__ import annotations
+
+import bisect
+import sys
+
+import numpy as np
+
+from planner.plan import Event, Plan
+from planner.problem import PlanningProblem
+
+
+def split_greedy(problem: PlanningProblem, budget: int, max_moves: int | None = None, chain_depth: int = 8) -> Plan | None:
+    """A plan whose step-accounted peak is within ``budget``, or None if the greedy gets stuck."""
+    p = problem
+    n = p.n
+    if n == 0:
+        return Plan((), "greedy")
+    size = p.size.astype(np.int64)
+    segs: list[list[list[int]]] = [[[v, int(p.last_use[v])]] for v in range(n)]
+    reads: list[list[int]] = [sorted(set(s)) for s in p.succ_lists]
+    mem = p.unplanned_memory.astype(np.int64).copy()
+    preds = p.pred_lists
+    droppable = p.recomputable & ~p.pinned & (size > 0)
+    limit = max_moves if max_moves is not None else 20 * n + 100
+
+    def covering(v: int, t: int) -> int:
+        for k, (s, e) in enumerate(segs[v]):
+            if s <= t <= e:
+                return k
+        return -1
+
+    def extension(u: int, b: int) -> tuple[int, int] | None:
+        """Steps (lo, hi) u must newly cover to be resident at b; None if it already is."""
+        if covering(u, b) >= 0:
+            return None
+        prev_end = max(e for s, e in segs[u] if e < b)
+        return prev_end + 1, b
+
+    def resolve(v: int, b: int, t: int, plan: dict, depth: int) -> tuple[float, int]:
+        """Make v's inputs resident at b for a recompute of v there; fills ``plan`` with
+        u -> ("extend", lo) or ("recompute",). Returns (added cost, bytes lost at step t)."""
+        cost, loss = 0.0, 0
+        for u in preds[v]:
+            if u in plan or covering(u, b) >= 0:
+                continue
+            lo = max(e for s, e in segs[u] if e < b) + 1
+            crosses = lo <= t
+            if crosses and depth > 0 and p.recomputable[u] and not p.pinned[u]:
+                plan[u] = ("recompute",)
+                c, l = resolve(u, b, t, plan, depth - 1)
+                cost += float(p.cost[u]) + c
+                loss += l
+            else:
+                plan[u] = ("extend", lo)
+                if crosses:
+                    loss += int(size[u])
+        return cost, loss
+
+    for _ in range(limit):
+        t = int(np.argmax(mem))
+        peak = int(mem[t])
+        if peak <= budget:
+            break
+        busy = set(preds[t])
+        moves = []
+        for v in range(t):
+            if not droppable[v] or v in busy:
+                continue
+            k = covering(v, t)
+            if k < 0:
+                continue
+            s, e = segs[v][k]
+            rs = reads[v]
+            j = bisect.bisect_left(rs, t)  # first read >= t
+            if j == len(rs) or rs[j] > e or rs[j] == t:  # read at t (by a recompute there)
+                continue
+            b = rs[j]
+            a = rs[j - 1] if j > 0 and rs[j - 1] >= s else s
+            actions: dict[int, tuple] = {}
+            extra, loss = resolve(v, b, t, actions, chain_depth)
+            benefit = int(size[v]) - loss
+            if benefit <= 0:
+                continue
+            score = (float(p.cost[v]) + extra + 1e-12) / benefit
+            moves.append(((score, -benefit, v), v, k, a, b, actions))
+        moves.sort(key=lambda mv: mv[0])
+        best = None
+        for mv in moves:  # the cheapest move that leaves every step it touches below the peak
+            _, v, k, a, b, actions = mv
+            lo = min([a + 1] + [act[1] for act in actions.values() if act[0] == "extend"])
+            window = mem[lo:b + 1].copy()
+            window[a + 1 - lo:b - lo] -= size[v]
+            for u, act in actions.items():
+                if act[0] == "extend":
+                    window[act[1] - lo:] += size[u]
+                else:
+                    window[-1] += size[u]
+            if window.max() < peak:
+                best = mv
+                break
+        if best is None:
+            return None
+        _, v, k, a, b, actions = best
+        s, e = segs[v][k]
+        segs[v][k:k + 1] = [[s, a], [b, e]]
+        mem[a + 1:b] -= size[v]
+        for u in sorted(actions):
+            if actions[u][0] == "extend":
+                lo = actions[u][1]
+                mem[lo:b + 1] += size[u]
+                kk = max(i for i, (ss, ee) in enumerate(segs[u]) if ee < b)
+                segs[u][kk][1] = b
+                if kk + 1 < len(segs[u]) and segs[u][kk + 1][0] == b + 1:  # adjacent: merge
+                    segs[u][kk][1] = segs[u][kk + 1][1]
+                    del segs[u][kk + 1]
+            else:
+                mem[b] += size[u]
+                bisect.insort(segs[u], [b, b])
+        for x in (v, *actions):  # the recomputes at b read their inputs there
+            for u in preds[x]:
+                j = bisect.bisect_left(reads[u], b)
+                if j == len(reads[u]) or reads[u][j] != b:
+                    reads[u].insert(j, b)
+    else:
+        return None
+    if mem.max() > budget:
+        return None
+    return _schedule(p, segs)
+
+
+def _schedule(p: PlanningProblem, segs: list[list[list[int]]]) -> Plan:
+    n = p.n
+    starts: list[list[int]] = [[] for _ in range(n)]
+    ends: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        for k, (s, e) in enumerate(segs[v]):
+            if k > 0:
+                starts[s].append(v)
+            if not p.pinned[v]:
+                ends[e].append(v)
+    events: list[Event] = []
+    for t in range(n):
+        for v in sorted(starts[t]):
+            events.append(Event("compute", v))
+        events.append(Event("compute", t))
+        for v in sorted(ends[t]):
+            events.append(Event("free", v))
+    return Plan(tuple(events), "greedy")
+
+
+def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None = None) -> Plan | None:
+    """Run the fixed order under ``budget`` with exact (event) accounting, evicting on demand.
+
+    Before every allocation that would exceed the budget, free the resident buffer with the
+    least recompute cost per byte per step until its next read (the future is known: Belady
+    for remat, as in DTR with foresight). A missing input is recomputed from its inputs,
+    recursively. Inputs of the compute in progress are locked. None when nothing can be freed.
+    """
+    p = problem
+    n = p.n
+    size = p.size
+    reads = p.succ_lists
+    preds = p.pred_lists
+    resident = np.zeros(n, dtype=bool)
+    lock = np.zeros(n, dtype=np.int64)
+    evictable = p.recomputable & ~p.pinned
+    events: list[Event] = []
+    mem = p.base_bytes
+    cap = max_events if max_events is not None else 40 * n + 1000
+    t_now = 0
+
+    def next_read(v: int) -> int | None:
+        rs = reads[v]
+        j = bisect.bisect_left(rs, t_now)
+        return rs[j] if j < len(rs) else None
+
+    def redo_cost(v: int, memo: dict[int, float], depth: int = 0) -> float:
+        """Cost to recompute v from what is resident now (its missing ancestors included)."""
+        if v in memo:
+            return memo[v]
+        c = float(p.cost[v])
+        if depth < 50:
+            c += sum(redo_cost(u, memo, depth + 1) for u in preds[v] if not resident[u])
+        memo[v] = c
+        return c
+
+    def make_room(need: int) -> bool:
+        nonlocal mem
+        while mem + need > budget:
+            best, victim = None, -1
+            memo: dict[int, float] = {}
+            for v in np.nonzero(resident & evictable & (lock == 0))[0]:
+                v = int(v)
+                nxt = next_read(v)
+                if nxt is None:
+                    key = (-1.0, v)  # nobody reads it any more: free first
+                else:
+                    redo = redo_cost(v, memo)
+                    key = (redo / (max(1, int(size[v])) * max(1, nxt - t_now + 1)), v)
+                if best is None or key < best:
+                    best, victim = key, v
+            if victim < 0:
+                return False
+            events.append(Event("free", victim))
+            resident[victim] = False
+            mem -= int(size[victim])
+        return True
+
+    def release_dead(nodes) -> None:
+        nonlocal mem
+        for u in nodes:
+            if resident[u] and lock[u] == 0 and not p.pinned[u] and next_read(u) is None:
+                events.append(Event("free", u))
+                resident[u] = False
+                mem -= int(size[u])
+
+    def compute(x: int) -> bool:
+        nonlocal mem
+        if not make_room(int(size[x]) + int(p.scratch[x])):
+            return False
+        events.append(Event("compute", x))
+        resident[x] = True
+        mem += int(size[x])
+        return True
+
+    def ensure(x: int) -> bool:
+        """Make x resident, recomputing missing inputs first (its inputs locked meanwhile)."""
+        if resident[x]:
+            return True
+        if len(events) > cap:
+            return False
+        locked = [q for q in preds[x] if resident[q]]
+        for q in locked:
+            lock[q] += 1
+        ok = True
+        for q in preds[x]:
+            if not resident[q]:
+                ok = ensure(q)
+                if not ok:
+                    break
+                lock[q] += 1
+                locked.append(q)
+        ok = ok and compute(x)
+        for q in locked:
+            lock[q] -= 1
+        release_dead(preds[x])
+        return ok
+
+    depth = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(depth, 4 * n + 100))
+    try:
+        for t in range(n):
+            t_now = t
+            if not ensure(t):
+                return None
+            t_now = t + 1
+            release_dead((*preds[t], t))
+    finally:
+        sys.setrecursionlimit(depth)
+    return Plan(tuple(events), "greedy")

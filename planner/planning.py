@@ -1,0 +1,223 @@
+"""One entry point for every strategy: ``solve(problem, budget, strategy, options) -> SolveResult``.
+
+cpsat: baselines first (no remat, Chen, greedy); if no remat fits, done. Otherwise the CP-SAT
+model is hinted with the cheapest baseline that fits; if none fits, phase 1 minimises the peak
+from the lowest-peak baseline and stops at the first plan within budget (or proves there is
+none). Phase 2 minimises added time. The result is never worse than a fitting baseline, and its
+plan has passed simulate() against the budget.
+
+Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
+not fit. Budgets below :attr:`PlanningProblem.memory_floor` are infeasible outright; the least
+memory any plan reaches is then computed (exactly when the min-peak search finishes).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+from planner.baselines import Candidate, baseline
+from planner.coarsen import Coarsening, coarsen
+from planner.cpsat import PhaseResult, PlannerOptions, RematModel
+from planner.plan import SolveResult, SolverStats
+from planner.problem import PlanningProblem
+from planner.simulate import simulate
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("cpsat", "greedy", "chen", "none")
+BASELINES = ("none", "chen", "greedy")
+
+
+def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", options: PlannerOptions | None = None) -> SolveResult:
+    """Plan ``problem`` under ``budget`` bytes (base included) with ``strategy``."""
+    options = options or PlannerOptions()
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    t0 = time.perf_counter()
+    if strategy != "cpsat":
+        return _baseline_result(problem, budget, strategy, options, t0)
+    if problem.n > options.coarsen_above and problem.memory_floor <= budget < problem.unplanned_peak:
+        c = coarsen(problem)
+        if c.coarse.n < problem.n:
+            res = _solve_coarse(c, budget, options, t0)
+            if res.plan is not None:
+                return res
+            # the fused problem over-counts a little; what it cannot fit, the real one may
+    return _solve_cpsat(problem, budget, options, t0)
+
+
+def _solve_coarse(c: Coarsening, budget: int, options: PlannerOptions, t0: float) -> SolveResult:
+    """Solve the fused problem, expand its plan, replay it on the real one."""
+    res = _solve_cpsat(c.coarse, budget, replace(options, time_limit=options.time_limit / 2), t0)
+    if res.plan is None:
+        return res
+    note = f"solved on {c.coarse.n} fused nodes (from {c.fine.n}); bound and gap are for that model"
+    plan = c.expand(res.plan)
+    sim = simulate(c.fine, plan, budget)
+    return replace(res, plan=plan, peak_bytes=sim.peak_bytes, added_time=sim.added_time,
+                   unplanned_peak_bytes=c.fine.unplanned_peak, status="feasible" if res.status == "optimal" else res.status,
+                   note=f"{res.note}; {note}".strip("; "))
+
+
+def _empty(problem: PlanningProblem, budget: int, strategy: str, **kw) -> SolveResult:
+    return SolveResult(
+        strategy=strategy,
+        budget_bytes=budget,
+        unplanned_peak_bytes=problem.unplanned_peak,
+        base_bytes=problem.base_bytes,
+        compute_time=problem.total_cost,
+        **kw,
+    )
+
+
+def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, options: PlannerOptions, t0: float) -> SolveResult:
+    cand = baseline(problem, strategy, budget)
+    stats = SolverStats(wall_s=time.perf_counter() - t0, seed=options.seed, workers=1)
+    if cand is None:
+        return _empty(problem, budget, strategy, status="over_budget", solver=stats,
+                      note=f"{strategy} finds no plan within the budget")
+    fits = cand.sim.peak_bytes <= budget
+    status = ("optimal" if strategy == "none" else "feasible") if fits else "over_budget"
+    note = "" if fits else f"{strategy}'s plan peaks at {cand.sim.peak_bytes} bytes, over the budget"
+    return _empty(
+        problem, budget, strategy, status=status, plan=cand.plan if fits else None,
+        peak_bytes=cand.sim.peak_bytes, added_time=cand.sim.added_time, solver=stats, note=note,
+    )
+
+
+def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float) -> SolveResult:
+    deadline = t0 + opt.time_limit
+
+    def left() -> float:
+        return max(0.05, deadline - time.perf_counter())
+
+    if budget < problem.memory_floor:
+        return _infeasible(problem, budget, opt, t0, phases=[])
+    cands = {name: baseline(problem, name, budget) for name in BASELINES}
+    cands = {k: c for k, c in cands.items() if c is not None}
+    fitting = sorted(
+        (c for c in cands.values() if c.sim.peak_bytes <= budget),
+        key=lambda c: (c.sim.added_time, c.plan.strategy),
+    )
+    if "none" in cands and cands["none"].sim.peak_bytes <= budget:
+        c = cands["none"]
+        stats = SolverStats(wall_s=time.perf_counter() - t0, bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers)
+        return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
+                      peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
+    hints = [c.plan for c in cands.values()]
+    phases: list[PhaseResult] = []
+    named_hint: dict[str, int] | None = None
+    fallback: Candidate | None = fitting[0] if fitting else None
+    if fallback is None:
+        # no baseline fits: the search needs room for recompute chains of its own
+        opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
+        low = min(cands.values(), key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
+        m1 = RematModel(problem, None, opt, hints)
+        m1.set_objective_peak()
+        h = m1.hint_from_plan(low.plan)
+        if h is not None:
+            m1.apply_hint(h)
+        target = (budget - problem.base_bytes) // m1.mem_unit
+        r1 = m1.solve("feasibility", left() * opt.feasibility_share, stop_at=target)
+        phases.append(r1)
+        found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
+        if found:
+            sim = simulate(problem, r1.plan, budget)
+            fallback = Candidate(r1.plan, sim)
+            named_hint = m1.values_by_name(r1.values)
+        else:
+            lower = m1.bytes_of_capacity(r1.bound) if r1.bound is not None else problem.memory_floor
+            best = m1.bytes_of_capacity(r1.objective) if r1.objective is not None else None
+            if r1.status == "OPTIMAL" and best is not None:
+                return _infeasible(problem, budget, opt, t0, phases, least=(best, best, True))
+            if lower is not None and lower > budget:
+                return _infeasible(problem, budget, opt, t0, phases, least=(lower, best, False))
+            return _empty(problem, budget, "cpsat", status="timeout",
+                          solver=_stats(opt, t0, None, None, phases),
+                          note=f"no plan within the budget found in {opt.time_limit:g} s"
+                          + (f"; the best plan found peaks at {best} bytes" if best else ""))
+    m2 = RematModel(problem, budget, opt, hints)
+    m2.set_objective_time()
+    hint = m2.hint_by_name(named_hint) if named_hint else m2.hint_from_plan(fallback.plan)
+    if hint:
+        m2.apply_hint(hint)
+    r2 = m2.solve("optimize", left())
+    phases.append(r2)
+    log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
+    chosen = fallback
+    note = ""
+    if r2.plan is not None:
+        sim = simulate(problem, r2.plan, budget)  # a plan over budget here is a bug: it raises
+        if sim.added_time <= fallback.sim.added_time:
+            chosen = Candidate(r2.plan, sim)
+        else:
+            note = f"kept the {fallback.plan.strategy} plan: the solver's plan was not cheaper"
+    else:
+        note = f"solver gave no better plan in time; kept the {fallback.plan.strategy} plan"
+    # The bound holds over the model's plans (fixed order, <= C computations per node); a
+    # baseline outside the model can beat it, and then no bound is claimed.
+    bound = m2.time_of_objective(r2.bound)
+    if bound is not None:
+        bound = max(0.0, bound)
+    added = chosen.sim.added_time
+    optimal = r2.status == "OPTIMAL" and chosen.plan is r2.plan
+    if optimal:
+        bound = added
+    elif bound is not None and bound > added:
+        bound = None
+    gap = None if bound is None else (0.0 if added <= 0 else max(0.0, (added - bound) / added))
+    return _empty(
+        problem, budget, "cpsat", status="optimal" if optimal or gap == 0.0 else "feasible",
+        plan=replace(chosen.plan, strategy="cpsat"), peak_bytes=chosen.sim.peak_bytes, added_time=added,
+        solver=_stats(opt, t0, bound, gap, phases), note=note,
+    )
+
+
+def _stats(opt: PlannerOptions, t0: float, bound, gap, phases: list[PhaseResult]) -> SolverStats:
+    return SolverStats(
+        wall_s=time.perf_counter() - t0, bound=bound, gap=gap, seed=opt.seed, workers=opt.workers,
+        phases=tuple({"name": r.name, "status": r.status, "wall_s": round(r.wall_s, 3)} for r in phases),
+    )
+
+
+def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: float | None = None) -> tuple[int, int | None, bool]:
+    """(lower, upper, exact): the least peak any plan reaches; exact when lower == upper is proven.
+
+    The floor (the most any single step needs) is a lower bound; when a greedy plan reaches it,
+    it is exact. Otherwise CP-SAT minimises the peak within the time limit.
+    """
+    floor = problem.memory_floor
+    g = baseline(problem, "greedy", floor)
+    if g is not None and g.sim.peak_bytes <= floor:
+        return floor, floor, True
+    cands = [c for c in (baseline(problem, s, floor) for s in BASELINES) if c is not None]
+    low = min(cands, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
+    m = RematModel(problem, None, options, [c.plan for c in cands])
+    m.set_objective_peak()
+    h = m.hint_from_plan(low.plan)
+    if h is not None:
+        m.apply_hint(h)
+    r = m.solve("least-peak", time_limit if time_limit is not None else options.time_limit)
+    best = m.bytes_of_capacity(r.objective) if r.objective is not None else low.sim.peak_bytes
+    if r.plan is not None:
+        best = min(best, simulate(problem, r.plan).peak_bytes)
+    best = min(best, low.sim.peak_bytes)
+    lower = max(floor, m.bytes_of_capacity(r.bound) or floor)
+    if r.status == "OPTIMAL":
+        return best, best, True
+    return min(lower, best), best, lower >= best
+
+
+def _infeasible(problem, budget, opt, t0, phases, least=None) -> SolveResult:
+    if least is None:
+        spent = time.perf_counter() - t0
+        least = least_peak(problem, opt, max(1.0, opt.time_limit - spent))
+    lower, upper, exact = least
+    if exact:
+        note = f"the least memory any plan reaches is {lower} bytes"
+    else:
+        note = f"the least memory any plan reaches is at least {lower} bytes" + (
+            f" (best plan found: {upper} bytes)" if upper is not None else "")
+    return _empty(problem, budget, "cpsat", status="infeasible", solver=_stats(opt, t0, None, None, phases),
+                  least_bytes=lower, least_exact=exact, note=note)

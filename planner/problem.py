@@ -1,0 +1,357 @@
+"""PlanningProblem: the numpy struct-of-arrays view of a graph that every planner strategy reads.
+
+Model (the one Moccasin and Checkmate use, generalised with a constant base and kernel scratch):
+  * nodes 0..n-1 are in a fixed topological schedule order; node i produces ONE buffer of
+    ``size[i]`` bytes, allocated when i starts (its inputs are resident at the same time);
+  * a buffer is freed right after the last step that reads it; a buffer nobody reads lives only
+    during its own step, unless ``pinned[i]`` (graph outputs) keeps it to the end;
+  * ``scratch[i]`` bytes exist only while node i computes; ``base_bytes`` are always resident;
+  * memory at a step = base + resident buffers + that step's scratch; the peak is the max over steps.
+
+Builders: :meth:`PlanningProblem.build` (arrays), :func:`load_remat_json` (Checkmate/Moccasin
+node-link JSON). The ONNX path adds ``PlanningProblem.from_graph`` on top of ``build``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from planner.errors import GraphError, ModelImportError
+
+
+@dataclass(frozen=True, eq=False)
+class PlanningProblem:
+    """What the planner decides over; arrays are indexed by schedule position (node id)."""
+
+    name: str
+    names: tuple[str, ...]  # display name of each node
+    node_ids: tuple[int, ...]  # the caller's id of each node (JSON id); plans are written with these
+    size: np.ndarray  # int64 [n]: bytes of node i's output buffer
+    cost: np.ndarray  # float64 [n]: compute time of node i (``time_unit``)
+    pred_ptr: np.ndarray  # int64 [n+1]: CSR row pointer of the predecessor lists
+    pred_idx: np.ndarray  # int64 [E]: predecessors of i are pred_idx[pred_ptr[i]:pred_ptr[i+1]], all < i
+    base_bytes: int  # constant memory, resident for the whole run (weights, graph inputs)
+    scratch: np.ndarray  # int64 [n]: transient bytes only while node i computes
+    pinned: np.ndarray  # bool [n]: output stays resident to the end (graph outputs)
+    recomputable: np.ndarray  # bool [n]: may be computed again (False: random ops, pinned outputs)
+    swappable: np.ndarray  # bool [n]: may be moved to host and back (needs ``transfer``)
+    # One-way host transfer time of node i's output (bytes / link bandwidth), in ``time_unit``;
+    # None when no host link is modelled (then nothing is swappable).
+    transfer: np.ndarray | None = None
+    # Transfers run on their own copy streams and overlap compute (GPU copy engines). False: a
+    # transfer blocks compute for its whole duration (e.g. the cpu profile).
+    copy_overlap: bool = True
+    # Unit of ``cost`` and ``transfer``: "s" when derived from a device profile; "" when unitless
+    # (the benchmark graphs' cost_cpu has no stated unit).
+    time_unit: str = ""
+    # Nodes of the backward pass (when known); Chen's checkpointing only spaces forward nodes.
+    backward: np.ndarray | None = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        *,
+        size: Sequence[int],
+        cost: Sequence[float],
+        preds: Sequence[Sequence[int]],
+        name: str = "problem",
+        names: Sequence[str] | None = None,
+        node_ids: Sequence[int] | None = None,
+        base_bytes: int = 0,
+        scratch: Sequence[int] | None = None,
+        pinned: Sequence[bool] | None = None,
+        recomputable: Sequence[bool] | None = None,
+        swappable: Sequence[bool] | None = None,
+        transfer: Sequence[float] | None = None,
+        copy_overlap: bool = True,
+        time_unit: str = "",
+        backward: Sequence[bool] | None = None,
+    ) -> "PlanningProblem":
+        """Check the arrays and freeze them; ``preds[i]`` lists the nodes whose output i reads."""
+        n = len(size)
+        if len(cost) != n or len(preds) != n:
+            raise GraphError(f"size, cost and preds must have one entry per node; got {n}, {len(cost)}, {len(preds)}")
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        flat: list[int] = []
+        for i, ps in enumerate(preds):
+            uniq = sorted({int(p) for p in ps})
+            for p in uniq:
+                if not 0 <= p < i:
+                    raise GraphError(
+                        f"node {i} reads node {p}: predecessors must come earlier in the schedule order"
+                    )
+            flat.extend(uniq)
+            ptr[i + 1] = len(flat)
+
+        def arr(values: Sequence[Any] | None, default: Any, dtype: Any, what: str) -> np.ndarray:
+            a = np.full(n, default, dtype=dtype) if values is None else np.asarray(values, dtype=dtype).copy()
+            if a.shape != (n,):
+                raise GraphError(f"{what} must have {n} entries, got {a.shape}")
+            a.setflags(write=False)
+            return a
+
+        size_a = arr(size, 0, np.int64, "size")
+        cost_a = arr(cost, 0.0, np.float64, "cost")
+        scratch_a = arr(scratch, 0, np.int64, "scratch")
+        if (size_a < 0).any() or (scratch_a < 0).any():
+            raise GraphError("sizes and scratch must be >= 0 bytes")
+        if not np.isfinite(cost_a).all() or (cost_a < 0).any():
+            raise GraphError("costs must be finite and >= 0")
+        if base_bytes < 0:
+            raise GraphError(f"base_bytes must be >= 0, got {base_bytes}")
+        pinned_a = arr(pinned, False, bool, "pinned")
+        # A pinned output is never dropped, so recomputing it could only add time.
+        recomp_a = arr(recomputable, True, bool, "recomputable") & ~pinned_a
+        transfer_a = None if transfer is None else arr(transfer, 0.0, np.float64, "transfer")
+        if transfer_a is not None and (not np.isfinite(transfer_a).all() or (transfer_a < 0).any()):
+            raise GraphError("transfer times must be finite and >= 0")
+        swap_default = transfer_a is not None
+        swap_a = arr(swappable, swap_default, bool, "swappable") & ~pinned_a
+        if transfer_a is None:
+            swap_a = np.zeros(n, dtype=bool)
+            swap_a.setflags(write=False)
+        idx = np.asarray(flat, dtype=np.int64)
+        ptr.setflags(write=False)
+        idx.setflags(write=False)
+        names_t = tuple(str(x) for x in (names if names is not None else range(n)))
+        ids_t = tuple(int(x) for x in (node_ids if node_ids is not None else range(n)))
+        if len(names_t) != n or len(ids_t) != n:
+            raise GraphError("names and node_ids must have one entry per node")
+        return cls(
+            name=name,
+            names=names_t,
+            node_ids=ids_t,
+            size=size_a,
+            cost=cost_a,
+            pred_ptr=ptr,
+            pred_idx=idx,
+            base_bytes=int(base_bytes),
+            scratch=scratch_a,
+            pinned=pinned_a,
+            recomputable=recomp_a,
+            swappable=swap_a,
+            transfer=transfer_a,
+            copy_overlap=copy_overlap,
+            time_unit=time_unit,
+            backward=None if backward is None else arr(backward, False, bool, "backward"),
+        )
+
+    def with_swap(self, transfer: Sequence[float] | np.ndarray, copy_overlap: bool = True) -> "PlanningProblem":
+        """Same problem with a host link: ``transfer[i]`` is the one-way time of node i's output."""
+        t = np.asarray(transfer, dtype=np.float64).copy()
+        if t.shape != (self.n,) or not np.isfinite(t).all() or (t < 0).any():
+            raise GraphError(f"transfer must be {self.n} finite times >= 0")
+        t.setflags(write=False)
+        swap = (~self.pinned).copy()
+        swap.setflags(write=False)
+        return dataclasses.replace(self, transfer=t, swappable=swap, copy_overlap=copy_overlap)
+
+    def without_swap(self) -> "PlanningProblem":
+        off = np.zeros(self.n, dtype=bool)
+        off.setflags(write=False)
+        return dataclasses.replace(self, transfer=None, swappable=off)
+
+    # ---- structure ----------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return len(self.size)
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.pred_idx)
+
+    def preds(self, i: int) -> np.ndarray:
+        return self.pred_idx[self.pred_ptr[i] : self.pred_ptr[i + 1]]
+
+    @cached_property
+    def succ_lists(self) -> tuple[tuple[int, ...], ...]:
+        """succ_lists[i] = nodes reading i's output, ascending."""
+        acc: list[list[int]] = [[] for _ in range(self.n)]
+        for i in range(self.n):
+            for p in self.preds(i):
+                acc[int(p)].append(i)
+        return tuple(tuple(s) for s in acc)
+
+    @cached_property
+    def pred_lists(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(int(p) for p in self.preds(i)) for i in range(self.n))
+
+    @cached_property
+    def last_use(self) -> np.ndarray:
+        """Last step whose node reads i (i itself if nobody does; n-1 if pinned)."""
+        last = np.arange(self.n, dtype=np.int64)
+        for i, succ in enumerate(self.succ_lists):
+            if succ:
+                last[i] = succ[-1]
+        last[self.pinned] = self.n - 1
+        last.setflags(write=False)
+        return last
+
+    # ---- the unplanned run ----------------------------------------------------------------
+    @cached_property
+    def unplanned_memory(self) -> np.ndarray:
+        """Bytes resident at each step with no remat (base and scratch included)."""
+        delta = np.zeros(self.n + 1, dtype=np.int64)
+        np.add.at(delta, np.arange(self.n), self.size)
+        np.add.at(delta, self.last_use + 1, -self.size)
+        mem = np.cumsum(delta[: self.n]) + self.scratch + self.base_bytes
+        mem.setflags(write=False)
+        return mem
+
+    @property
+    def unplanned_peak(self) -> int:
+        return int(self.unplanned_memory.max()) if self.n else self.base_bytes
+
+    @property
+    def total_cost(self) -> float:
+        return float(self.cost.sum())
+
+    @cached_property
+    def step_need(self) -> np.ndarray:
+        """Least bytes resident while node i runs in any plan: base, its inputs, output, scratch,
+        and every pinned output produced before it (those can never be dropped)."""
+        pinned_before = np.concatenate([[0], np.cumsum(np.where(self.pinned, self.size, 0))[:-1]])
+        need = np.empty(self.n, dtype=np.int64)
+        for i in range(self.n):
+            need[i] = self.size[i] + self.scratch[i] + int(self.size[self.preds(i)].sum())
+        need += pinned_before + self.base_bytes
+        need.setflags(write=False)
+        return need
+
+    @property
+    def memory_floor(self) -> int:
+        """A lower bound on the peak of every plan: the most any single step needs."""
+        return int(self.step_need.max()) if self.n else self.base_bytes
+
+    def budget_for(self, fraction: float) -> int:
+        """Moccasin's budget convention: ceil(unplanned peak * fraction), exactly in integers."""
+        num, den = _exact_fraction(fraction)
+        return -((-self.unplanned_peak * num) // den)
+
+    def summary(self) -> str:
+        return f"{self.name}: {self.n} nodes, {self.n_edges} edges, unplanned peak {self.unplanned_peak}"
+
+
+def _exact_fraction(x: float) -> tuple[int, int]:
+    """A short decimal fraction of ``x`` (0.9 -> 9/10), so ceil(peak*0.9) has no float error."""
+    text = repr(float(x))
+    if "e" in text or "E" in text:
+        num, den = float(x).as_integer_ratio()
+        return num, den
+    whole, _, frac = text.partition(".")
+    den = 10 ** len(frac)
+    return int(whole + frac), den
+
+
+# ---- Checkmate / Moccasin node-link JSON -------------------------------------------------------
+def load_remat_json(path: str | Path) -> PlanningProblem:
+    """Read a benchmark graph (see shared/benchmarks/remat/README.md) in Moccasin's order.
+
+    Checkmate graphs use networkx's generation-wise Kahn sort; random layered graphs use the
+    order stored in the file. base_bytes and scratch are 0 and nothing is pinned (a sink's
+    output lives only during its own step), so the unplanned peak is the README's column.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelImportError(f"{path}: not a JSON graph ({err}); expected networkx node-link JSON") from None
+    try:
+        return _problem_from_node_link(data, path.stem)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ModelImportError(
+            f"{path}: not a Checkmate/Moccasin node-link graph (missing or bad field {err}); "
+            "expected keys graph, nodes[{id, cost_cpu, cost_ram}] or nodes[{out_cost, duration}], links"
+        ) from None
+
+
+def _problem_from_node_link(data: dict[str, Any], stem: str) -> PlanningProblem:
+    graph = data.get("graph", {}) or {}
+    nodes = data["nodes"]
+    layered = "order" in graph
+    keys = [int(nd.get("id", i)) for i, nd in enumerate(nodes)]
+    if len(set(keys)) != len(keys):
+        raise ValueError("'id' (duplicate node ids)")
+    cost_key, ram_key = ("duration", "out_cost") if layered else ("cost_cpu", "cost_ram")
+    cost = {k: nd[cost_key] for k, nd in zip(keys, nodes)}
+    ram = {k: int(nd[ram_key]) for k, nd in zip(keys, nodes)}
+    src_key, dst_key = ("0", "1") if layered else ("source", "target")
+    succ: dict[int, list[int]] = {k: [] for k in keys}
+    for link in data["links"]:
+        u, v = int(link[src_key]), int(link[dst_key])
+        if u not in succ or v not in succ:
+            raise ValueError(f"'links' (edge {u}->{v} names an unknown node)")
+        succ[u].append(v)
+    order = [int(k) for k in graph["order"]] if layered else _kahn_generations(keys, succ)
+    if sorted(order) != sorted(keys):
+        raise ValueError("'order' (not a permutation of the nodes)")
+    pos = {k: i for i, k in enumerate(order)}
+    preds: list[list[int]] = [[] for _ in order]
+    for u in keys:
+        for v in succ[u]:
+            if pos[u] >= pos[v]:
+                raise ValueError(f"'order' (edge {u}->{v} goes backwards: the order is not topological)")
+            preds[pos[v]].append(pos[u])
+    by_key = dict(zip(keys, nodes))
+    names = [str(by_key[k].get("name", k)) for k in order]
+    backward = [bool(by_key[k].get("backward", False)) for k in order] if not layered else None
+    for k in order:
+        if ram[k] < 0 or cost[k] < 0:
+            raise ValueError(f"'{ram_key}/{cost_key}' (negative value at node {k})")
+    return PlanningProblem.build(
+        size=[ram[k] for k in order],
+        cost=[float(cost[k]) for k in order],
+        preds=preds,
+        name=str(graph.get("name", stem)),
+        names=names,
+        node_ids=order,
+        backward=backward,
+    )
+
+
+def _kahn_generations(keys: list[int], succ: dict[int, list[int]]) -> list[int]:
+    """networkx>=2.6 topological_sort: emit whole zero-in-degree generations in insertion order."""
+    indeg = {k: 0 for k in keys}
+    for u in keys:
+        for v in succ[u]:
+            indeg[v] += 1
+    gen = [k for k in keys if indeg[k] == 0]
+    out: list[int] = []
+    while gen:
+        nxt = []
+        for u in gen:
+            for v in succ[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    nxt.append(v)
+        out += gen
+        gen = nxt
+    if len(out) != len(keys):
+        raise ValueError("'links' (the graph has a cycle)")
+    return out
+
+
+def is_remat_json(model: str) -> bool:
+    """MODEL names a benchmark JSON graph (rather than ONNX or zoo:)."""
+    return str(model).lower().endswith(".json")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+def gcd_of(values: Sequence[int]) -> int:
+    g = 0
+    for v in values:
+        g = math.gcd(g, int(v))
+    return g or 1

@@ -1,0 +1,167 @@
+"""Replay a Plan's event list with its own memory accounting; no solver involved.
+
+Memory is accounted in list order (the order a runtime issues allocations and frees):
+  * ``compute i`` needs every input of i resident, and i's output not already resident; while it
+    runs, memory = resident + size[i] + scratch[i] (+ base); afterwards i's output is resident;
+  * ``free i`` releases a resident output; ``swap_out i`` releases it and leaves a host copy;
+  * ``swap_in i`` needs a host copy and re-allocates size[i].
+At the end every graph output (pinned) is resident and nothing else is (no leaks).
+
+Time is derived as soon-as-possible from the same order: computes run one at a time in list
+order; each transfer takes ``transfer[i]``; with ``copy_overlap`` swap-outs and swap-ins each have
+their own stream, otherwise transfers share the compute stream. An event may not happen before
+the one listed before it (memory order is real-time order), so a compute waits for a swap-out
+listed before it to finish (the memory it needs is not free yet) and for its swapped-in inputs.
+``added_time`` = makespan - sum of every node's cost once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import GraphError
+from planner.plan import OPS, Plan
+from planner.problem import PlanningProblem
+
+
+class InvalidPlanError(GraphError):
+    """A plan breaks the memory model (or its budget); for a plan memplan made this is a bug."""
+
+
+@dataclass(frozen=True)
+class Simulation:
+    peak_bytes: int  # most bytes resident at any event (base, scratch included)
+    peak_event: int  # index of the event where the peak happens
+    memory: np.ndarray  # bytes resident during each event (a compute counts its output + scratch)
+    makespan: float
+    added_time: float  # makespan - problem.total_cost
+    recomputes: int  # computes beyond each node's first
+    swap_ins: int
+    compute_counts: np.ndarray  # per node
+
+
+def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) -> Simulation:
+    """Check ``plan`` against the memory model and ``budget``; raise InvalidPlanError if it breaks them."""
+    n = problem.n
+    size, scratch, cost = problem.size, problem.scratch, problem.cost
+    transfer = problem.transfer
+    resident = np.zeros(n, dtype=bool)
+    host = np.zeros(n, dtype=bool)
+    counts = np.zeros(n, dtype=np.int64)
+    ready = np.zeros(n)  # when the resident copy can be read
+    made = np.zeros(n)  # when the compute that made the resident copy ended
+    host_ready = np.zeros(n)
+    read_end = np.zeros(n)  # latest end of a compute reading the resident copy
+    mem = problem.base_bytes
+    memory = np.zeros(len(plan.events), dtype=np.int64)
+    peak, peak_at = mem, -1
+    t_prev = 0.0  # memory-order time of the previous event
+    compute_free = out_free = in_free = 0.0
+    makespan = 0.0
+    swap_ins = 0
+
+    def fail(k: int, msg: str) -> InvalidPlanError:
+        return InvalidPlanError(f"plan {plan.strategy!r}, event {k}: {msg}")
+
+    for k, ev in enumerate(plan.events):
+        op, v = ev.op, ev.node
+        if op not in OPS or not 0 <= v < n:
+            raise fail(k, f"bad event {op!r} on node {v}; ops are {', '.join(OPS)} on nodes 0..{n - 1}")
+        label = f"node {problem.node_ids[v]} ({problem.names[v]})"
+        if op == "compute":
+            if resident[v]:
+                raise fail(k, f"computes {label} while its output is still resident")
+            preds = problem.preds(v)
+            missing = [int(u) for u in preds if not resident[u]]
+            if missing:
+                u = missing[0]
+                raise fail(k, f"computes {label} but its input node {problem.node_ids[u]} is not resident")
+            start = max([t_prev, compute_free] + [ready[u] for u in preds])
+            end = start + cost[v]
+            compute_free = end
+            if not problem.copy_overlap:
+                out_free = in_free = end
+            for u in preds:
+                read_end[u] = max(read_end[u], end)
+            during = mem + int(size[v]) + int(scratch[v])
+            mem += int(size[v])
+            resident[v] = True
+            counts[v] += 1
+            ready[v] = made[v] = read_end[v] = end
+            t_now, memory[k] = start, during
+            makespan = max(makespan, end)
+        elif op == "free":
+            if not resident[v]:
+                raise fail(k, f"frees {label}, which is not resident (double free?)")
+            if problem.pinned[v]:
+                raise fail(k, f"frees {label}, a graph output that must stay to the end")
+            resident[v] = False
+            mem -= int(size[v])
+            t_now = max(t_prev, read_end[v])
+            memory[k] = mem
+        else:
+            if transfer is None or not problem.swappable[v]:
+                raise fail(k, f"{op} of {label}, which cannot be swapped (no host link, or pinned)")
+            dur = float(transfer[v])
+            if op == "swap_out":
+                if not resident[v]:
+                    raise fail(k, f"swaps out {label}, which is not resident")
+                start = max(made[v], out_free if problem.copy_overlap else compute_free)
+                end = start + dur
+                if problem.copy_overlap:
+                    out_free = end
+                else:
+                    compute_free = out_free = in_free = end
+                resident[v] = False
+                host[v] = True
+                host_ready[v] = end
+                mem -= int(size[v])
+                t_now = max(t_prev, end, read_end[v])
+                memory[k] = mem
+            else:
+                if resident[v]:
+                    raise fail(k, f"swaps in {label} while it is still resident")
+                if not host[v]:
+                    raise fail(k, f"swaps in {label}, which has no host copy (no swap_out before)")
+                start = max(t_prev, host_ready[v], in_free if problem.copy_overlap else compute_free)
+                end = start + dur
+                if problem.copy_overlap:
+                    in_free = end
+                else:
+                    compute_free = out_free = in_free = end
+                resident[v] = True
+                ready[v] = read_end[v] = end
+                mem += int(size[v])
+                swap_ins += 1
+                t_now, memory[k] = start, mem
+            makespan = max(makespan, end)
+        t_prev = t_now
+        makespan = max(makespan, t_now)
+        if memory[k] > peak:
+            peak, peak_at = int(memory[k]), k
+        if budget is not None and memory[k] > budget:
+            raise fail(k, f"{op} {label} needs {int(memory[k])} bytes, over the budget of {budget}")
+
+    never = np.nonzero(counts == 0)[0]
+    if len(never):
+        v = int(never[0])
+        raise InvalidPlanError(f"plan {plan.strategy!r} never computes node {problem.node_ids[v]} ({problem.names[v]})")
+    lost = np.nonzero(problem.pinned & ~resident)[0]
+    if len(lost):
+        v = int(lost[0])
+        raise InvalidPlanError(f"plan {plan.strategy!r} does not keep graph output node {problem.node_ids[v]} to the end")
+    leaked = np.nonzero(resident & ~problem.pinned)[0]
+    if len(leaked):
+        v = int(leaked[0])
+        raise InvalidPlanError(f"plan {plan.strategy!r} never frees node {problem.node_ids[v]} ({problem.names[v]})")
+    return Simulation(
+        peak_bytes=int(peak),
+        peak_event=peak_at,
+        memory=memory,
+        makespan=float(makespan),
+        added_time=float(makespan - problem.total_cost),
+        recomputes=int((counts - 1).sum()),
+        swap_ins=swap_ins,
+        compute_counts=counts,
+    )

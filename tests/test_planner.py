@@ -1,0 +1,309 @@
+"""Planner: problem loading, simulator, baselines, CP-SAT (recompute and swap), plan JSON, CLI.
+
+Solver tests use 1 worker and a fixed seed and assert validity and objective, never a specific
+assignment. Performance numbers live in ``memplan bench remat``, not here.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import cli
+from planner.baselines import chen_sqrt, greedy, no_remat
+from planner.cpsat import PlannerOptions
+from planner.explain import explain
+from planner.plan import Plan, plan_from_json
+from planner.planning import least_peak, solve
+from planner.problem import PlanningProblem, load_remat_json
+from planner.simulate import InvalidPlanError, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE = PlannerOptions(time_limit=10, workers=1, seed=0)
+
+
+def remat(benchmarks_dir: Path, prefix: str) -> Path:
+    hits = sorted(p for p in (benchmarks_dir / "remat").glob("*.json") if p.name.startswith(prefix))
+    assert hits, prefix
+    return hits[0]
+
+
+def chain(n: int, size: int = 10, cost: float = 1.0) -> PlanningProblem:
+    """Forward chain f0..f(n-1), loss, backward b(n-1)..b0 (b_i reads f_i and b_(i+1))."""
+    preds: list[list[int]] = [[i - 1] if i else [] for i in range(n)]
+    preds.append([n - 1])  # loss
+    for i in range(n - 1, -1, -1):
+        prev_grad = len(preds) - 1
+        preds.append([i, prev_grad])
+    m = len(preds)
+    return PlanningProblem.build(size=[size] * m, cost=[cost] * m, preds=preds, name=f"chain{n}")
+
+
+def check_result(problem: PlanningProblem, res, budget: int) -> None:
+    """Every returned plan replays within the budget and matches its reported figures."""
+    assert res.plan is not None, res.note
+    sim = simulate(problem, res.plan, budget)
+    assert sim.peak_bytes == res.peak_bytes <= budget
+    assert sim.added_time == pytest.approx(res.added_time)
+
+
+# ---- problem ---------------------------------------------------------------------------------
+def _readme_rows(benchmarks_dir: Path) -> dict[str, tuple[int, int, int]]:
+    text = (benchmarks_dir / "remat" / "README.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"\| `(.+\.json)` \|(.*)\|\s*$", line)
+        if m:
+            cells = [c.strip() for c in m.group(2).split("|")]
+            rows[m.group(1)] = (int(cells[-3]), int(cells[-2]), int(cells[-1]))
+    return rows
+
+
+def test_unplanned_peak_matches_readme_for_all_18_graphs(benchmarks_dir):
+    rows = _readme_rows(benchmarks_dir)
+    assert len(rows) == 18
+    for name, (peak, b90, b80) in rows.items():
+        p = load_remat_json(benchmarks_dir / "remat" / name)
+        assert p.base_bytes == 0 and not p.scratch.any()
+        assert p.unplanned_peak == peak, name
+        assert (p.budget_for(0.9), p.budget_for(0.8)) == (b90, b80), name
+        sim = simulate(p, no_remat(p))
+        assert sim.peak_bytes == peak and sim.added_time == 0
+
+
+def test_build_rejects_edges_against_the_order():
+    with pytest.raises(Exception, match="earlier in the schedule"):
+        PlanningProblem.build(size=[1, 1], cost=[1, 1], preds=[[1], []])
+
+
+def test_bad_json_is_a_model_error(tmp_path):
+    bad = tmp_path / "g.json"
+    bad.write_text('{"nodes": [{"id": 0}], "links": []}')
+    res = CliRunner().invoke(cli.main, ["plan", str(bad), "--budget", "50%"])
+    assert res.exit_code == 3
+    assert "node-link" in res.output and "Traceback" not in res.output
+
+
+# ---- simulator --------------------------------------------------------------------------------
+def test_simulator_rejects_broken_plans():
+    p = chain(2)  # nodes: f0 f1 loss b1 b0
+    ok = no_remat(p)
+    assert simulate(p, ok).peak_bytes == p.unplanned_peak
+    cases = {
+        "input node 0 is not resident": [("compute", 1)],
+        "double free": [("compute", 0), ("free", 0), ("free", 0)],
+        "still resident": [("compute", 0), ("compute", 0)],
+        "no host copy": [("compute", 0), ("free", 0), ("swap_in", 0)],
+        "never computes": [("compute", 0), ("free", 0)],
+    }
+    for msg, events in cases.items():
+        with pytest.raises(InvalidPlanError, match=msg):
+            simulate(p.with_swap(np.ones(p.n)), Plan.of(events, "bad"))
+    with pytest.raises(InvalidPlanError, match="cannot be swapped"):
+        simulate(p, Plan.of([("compute", 0), ("swap_out", 0)], "no link"))
+    with pytest.raises(InvalidPlanError, match="over the budget"):
+        simulate(p, ok, budget=p.unplanned_peak - 1)
+    leak = Plan.of([e for e in ((ev.op, ev.node) for ev in ok.events) if e != ("free", 4)], "leak")
+    with pytest.raises(InvalidPlanError, match="never frees"):
+        simulate(p, leak)
+
+
+def test_simulator_times_swaps_with_and_without_overlap():
+    # x -> A; x -> c -> d (long); out reads A and d. A goes to host during c and back during d.
+    base = PlanningProblem.build(size=[1, 100, 1, 1, 1], cost=[1, 1, 10, 10, 1], preds=[[], [0], [0], [2], [1, 3]])
+    events = [("compute", 0), ("compute", 1), ("compute", 2), ("swap_out", 1), ("free", 0), ("swap_in", 1),
+              ("compute", 3), ("free", 2), ("compute", 4), ("free", 1), ("free", 3), ("free", 4)]
+    hidden = simulate(base.with_swap([0, 4, 0, 0, 0], copy_overlap=True), Plan.of(events, "swap"))
+    assert hidden.swap_ins == 1 and hidden.added_time == pytest.approx(0.0)
+    # without copy engines both 4-unit transfers block the compute stream
+    blocked = simulate(base.with_swap([0, 4, 0, 0, 0], copy_overlap=False), Plan.of(events, "swap"))
+    assert blocked.added_time == pytest.approx(8.0)
+    # a swap-out listed before c frees A before c allocates: c waits for the copy
+    early = [events[0], events[1], events[3], events[2], *events[4:]]
+    assert simulate(base.with_swap([0, 4, 0, 0, 0]), Plan.of(early, "swap")).added_time == pytest.approx(4.0)
+
+
+# ---- baselines and CP-SAT ------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["none", "chen", "greedy", "cpsat"])
+@pytest.mark.parametrize("n,frac", [(4, 1.0), (6, 0.7), (8, 0.6)])
+def test_every_strategy_returns_a_valid_plan_or_says_why(strategy, n, frac):
+    p = chain(n)
+    budget = p.budget_for(frac)
+    res = solve(p, budget, strategy, ONE)
+    if res.plan is None:
+        assert res.status in ("over_budget", "infeasible", "timeout")
+        assert strategy != "cpsat" or res.status == "infeasible" or res.note
+        return
+    check_result(p, res, budget)
+    if frac >= 1.0 and strategy != "chen":  # Chen's checkpoints ignore the budget
+        assert res.added_time == 0
+
+
+@pytest.mark.parametrize("n,frac", [(8, 0.7), (10, 0.55)])
+def test_cpsat_never_costs_more_than_a_fitting_baseline(n, frac):
+    p = chain(n)
+    budget = p.budget_for(frac)
+    res = solve(p, budget, "cpsat", ONE)
+    check_result(p, res, budget)
+    assert res.status == "optimal" and res.solver.gap == 0
+    for plan in (chen_sqrt(p),):
+        sim = simulate(p, plan)
+        if sim.peak_bytes <= budget:
+            assert res.added_time <= sim.added_time
+    g = greedy(p, budget)
+    if g is not None:
+        assert res.added_time <= g.sim.added_time
+
+
+@pytest.mark.parametrize("prefix,fracs", [("VGG16 (MLSys)_256_(224, 224, 3)_train", (0.9, 0.85)),
+                                          ("random_layered_n100_", (0.95, 0.9))])
+def test_benchmark_graphs_plan_within_budget(benchmarks_dir, prefix, fracs):
+    p = load_remat_json(remat(benchmarks_dir, prefix))
+    for frac in fracs:
+        budget = p.budget_for(frac)
+        res = solve(p, budget, "cpsat", PlannerOptions(time_limit=8, workers=1, seed=0))
+        check_result(p, res, budget)
+        for base in ("greedy", "chen"):
+            b = solve(p, budget, base, ONE)
+            if b.plan is not None:
+                assert res.added_time <= b.added_time
+        assert res.solver.bound is not None and res.solver.bound <= res.added_time + 1e-9
+
+
+def test_budget_below_floor_is_infeasible_with_the_least_memory(benchmarks_dir):
+    p = load_remat_json(remat(benchmarks_dir, "VGG16 (MLSys)_256_(224, 224, 3)_train"))
+    budget = p.budget_for(0.7)
+    res = solve(p, budget, "cpsat", ONE)
+    assert res.status == "infeasible" and res.plan is None
+    assert res.least_exact and res.least_bytes == p.memory_floor > budget
+    lower, upper, exact = least_peak(p, ONE)
+    assert exact and lower == upper == p.memory_floor
+    # and the least memory is reachable: a plan at exactly that budget exists
+    check_result(p, solve(p, p.memory_floor, "cpsat", ONE), p.memory_floor)
+
+
+def test_same_input_seed_and_workers_give_the_same_plan():
+    rng = np.random.default_rng(3)
+    n = 14
+    preds = [sorted({int(x) for x in rng.integers(0, i, size=2)}) if i else [] for i in range(n)]
+    p = PlanningProblem.build(size=rng.integers(1, 20, n), cost=rng.integers(1, 9, n), preds=preds)
+    budget = p.budget_for(0.75)
+    opts = PlannerOptions(time_limit=20, workers=2, seed=7)
+    a, b = solve(p, budget, "cpsat", opts), solve(p, budget, "cpsat", opts)
+    assert a.plan is not None and a.status == "optimal" and a.added_time > 0
+    assert a.plan.events == b.plan.events and a.added_time == b.added_time
+
+
+# ---- swap versus recompute ----------------------------------------------------------------------
+def swap_graph(bandwidth: float, overlap: bool) -> PlanningProblem:
+    """A (100 B) is read again only at the end; c2 -> c3 -> c4 run long in between and the peak
+    forces A out during c3. Recompute A costs 10; a transfer takes 100 / bandwidth each way."""
+    p = PlanningProblem.build(
+        size=[1, 100, 50, 50, 1, 1], cost=[1, 10, 10, 10, 10, 1],
+        preds=[[], [0], [0], [2], [3], [1, 4]], names=["x", "A", "c2", "c3", "c4", "out"])
+    return p.with_swap(p.size / bandwidth, copy_overlap=overlap)
+
+
+def test_swap_when_the_transfer_hides_behind_compute():
+    p = swap_graph(bandwidth=20.0, overlap=True)  # 5 per transfer, under the 10 of c2 and of c4
+    res = solve(p, 160, "cpsat", ONE)
+    check_result(p, res, 160)
+    counts = res.plan.counts(p.n)
+    assert counts["swap_in"][1] == 1 and counts["compute"][1] == 1
+    assert res.added_time == pytest.approx(0.0, abs=1e-6)
+
+
+def test_recompute_when_the_transfer_cannot_hide():
+    for p in (swap_graph(bandwidth=2.0, overlap=True), swap_graph(bandwidth=10.0, overlap=False)):
+        res = solve(p, 160, "cpsat", ONE)
+        check_result(p, res, 160)
+        counts = res.plan.counts(p.n)
+        assert counts["compute"][1] == 2 and counts["swap_in"][1] == 0
+        assert res.added_time == pytest.approx(10.0)
+
+
+# ---- plan JSON, explain, CLI --------------------------------------------------------------------
+def test_plan_json_round_trip_and_explain():
+    p = chain(6)
+    budget = p.budget_for(0.7)
+    res = solve(p, budget, "cpsat", ONE)
+    obj = res.to_json(p)
+    for key in ("schema", "status", "budget_bytes", "unplanned_peak_bytes", "peak_bytes", "base_bytes",
+                "compute_time", "added_time", "solver", "schedule"):
+        assert key in obj
+    assert obj["schema"] == "memplan.plan/1" and set(obj["solver"]) >= {"wall_s", "bound", "gap", "seed", "workers"}
+    again = plan_from_json(json.loads(json.dumps(obj)), p)
+    assert again.events == res.plan.events
+    entries = explain(p, res.plan, budget)
+    counts = res.plan.counts(p.n)["compute"]
+    assert [e["decision"].startswith("recompute") for e in entries] == [c > 1 for c in counts]
+    assert all(e["why"] for e in entries)
+
+
+def test_cli_plan_writes_json_and_explains(benchmarks_dir, tmp_path):
+    path = remat(benchmarks_dir, "VGG16 (MLSys)_256_(224, 224, 3)_train")
+    out = tmp_path / "plan.json"
+    res = CliRunner().invoke(cli.main, ["plan", str(path), "--budget", "90%", "--workers", "1", "--time-limit", "10",
+                                        "-o", str(out), "--json", "--explain"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj == json.loads(out.read_text())
+    assert obj["status"] == "optimal" and obj["peak_bytes"] <= obj["budget_bytes"]
+    assert len(obj["explain"]) == 45 and obj["schedule"][0] == {"op": "compute", "node": 0}
+
+
+def test_cli_infeasible_budget_exits_1_with_the_least_memory(benchmarks_dir, tmp_path):
+    path = remat(benchmarks_dir, "VGG16 (MLSys)_256_(224, 224, 3)_train")
+    out = tmp_path / "plan.json"
+    res = subprocess.run([sys.executable, "-m", "cli", "plan", str(path), "--budget", "50%", "--workers", "1",
+                          "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    floor = load_remat_json(path).memory_floor
+    assert f"infeasible: the least memory any plan reaches is {floor}" in res.stderr
+    assert "Traceback" not in res.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("args,msg", [(["--budget", "12 parsecs"], "unknown unit"),
+                                      (["--budget", "50%", "--swap-bandwidth", "-1"], "--swap-bandwidth")])
+def test_cli_usage_errors_exit_2(benchmarks_dir, args, msg):
+    path = remat(benchmarks_dir, "VGG16 (MLSys)_256_(224, 224, 3)_train")
+    res = CliRunner().invoke(cli.main, ["plan", str(path), *args])
+    assert res.exit_code == 2 and msg in res.output and "Traceback" not in res.output
+
+
+def test_cli_bench_remat_table(benchmarks_dir, tmp_path):
+    md = tmp_path / "t.md"
+    res = CliRunner().invoke(cli.main, ["bench", "remat", "--dir", str(benchmarks_dir / "remat"), "--graph", "VGG16",
+                                        "--budgets", "90,70", "--time-limit", "5", "--workers", "1",
+                                        "--markdown", str(md), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["budget_pct"], r["strategy"]) for r in rows][:3] == [(90, "cpsat"), (90, "greedy"), (90, "chen")]
+    assert rows[0]["status"] == "optimal" and rows[0]["not_worse_than_baselines"]
+    assert rows[3]["status"] == "infeasible"
+    assert md.read_text().count("\n") == 2 + len(rows)
+
+
+def test_coarsening_fuses_single_use_chains_and_expands_valid_plans():
+    from planner.coarsen import coarsen
+
+    # chains 1-2-3 and 5-6-7 fuse (3 may have several readers: it ends its chain)
+    preds = [[], [0], [1], [2], [3], [0, 4], [5], [6], [7, 3]]
+    p = PlanningProblem.build(size=[5, 40, 30, 20, 10, 5, 30, 20, 5], cost=[1] * 9, preds=preds,
+                              scratch=[0, 0, 7, 0, 0, 0, 0, 0, 0])
+    c = coarsen(p)
+    assert c.groups == ((0,), (1, 2, 3), (4,), (5, 6, 7), (8,))
+    assert c.coarse.unplanned_peak >= p.unplanned_peak
+    assert c.coarse.cost.sum() == p.cost.sum()
+    opts = PlannerOptions(time_limit=10, workers=1, coarsen_above=0)
+    for frac in (1.0, 0.8):
+        budget = max(c.coarse.memory_floor, p.budget_for(frac))
+        res = solve(p, budget, "cpsat", opts)
+        check_result(p, res, budget)
+        assert ("fused nodes" in res.note) == (budget < p.unplanned_peak)

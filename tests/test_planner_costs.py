@@ -1,0 +1,77 @@
+"""Cost model: FLOPs/bytes per op type, the roofline, device profiles, ORT profile reading."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from planner.costs import node_time, op_cost, op_time, read_ort_profile
+from planner.devices import PROFILES, cpu_profile, device, transfer_time
+from planner.errors import UsageError
+
+
+@pytest.mark.parametrize("op,ins,outs,attrs,flops", [
+    ("MatMul", [(8, 32, 64), (64, 16)], [(8, 32, 16)], {}, 2 * 8 * 32 * 16 * 64),
+    ("Gemm", [(64, 32), (16, 64), (16,)], [(32, 16)], {"transA": 1, "transB": 1}, 2 * 32 * 16 * 64 + 32 * 16),
+    ("Conv", [(2, 3, 8, 8), (4, 3, 3, 3)], [(2, 4, 6, 6)], {}, 2 * (2 * 4 * 6 * 6) * (3 * 3 * 3)),
+    ("Conv", [(1, 4, 5, 5), (4, 2, 1, 1), (4,)], [(1, 4, 5, 5)], {"group": 2}, 2 * 100 * 2 + 100),
+    ("ConvTranspose", [(1, 2, 3, 3), (2, 5, 2, 2)], [(1, 5, 6, 6)], {}, 2 * 18 * 20),
+    ("Relu", [(10, 10)], [(10, 10)], {}, 100),
+    ("Exp", [(10,)], [(10,)], {}, 80),
+    ("ReduceMean", [(4, 50)], [(4, 1)], {}, 200),
+    ("MaxPool", [(1, 1, 4, 4)], [(1, 1, 2, 2)], {"kernel_shape": [2, 2]}, 16),
+    ("BatchNormalization", [(2, 3, 4, 4), (3,), (3,), (3,), (3,)], [(2, 3, 4, 4)], {}, 5 * 96),
+    ("LayerNormalization", [(2, 8)], [(2, 8)], {}, 8 * 16),
+    ("Softmax", [(4, 10)], [(4, 10)], {}, 200),
+])
+def test_op_cost_flops_and_bytes(op, ins, outs, attrs, flops):
+    f, moved = op_cost(op, ins, outs, attrs)
+    assert f == flops
+    elems = sum(math.prod(s) for s in ins + outs)
+    assert moved == 4 * elems
+
+
+def test_views_are_free_and_moves_cost_only_bytes():
+    assert op_cost("Reshape", [(4, 4), (2,)], [(16,)]) == (0.0, 0.0)
+    assert op_time("Reshape", [(4, 4), (2,)], [(16,)], {}, PROFILES["H200"]) == 0.0
+    assert op_cost("Transpose", [(4, 4)], [(4, 4)], dtype_bytes=2) == (0.0, 64.0)
+    assert op_cost("Gemm", [(2, 3), (3, 4), None], [(2, 4)])[0] == 2 * 2 * 3 * 4  # absent bias
+
+
+def test_roofline_picks_the_slower_of_math_and_memory():
+    dev = PROFILES["A100"]
+    compute_bound = node_time(1e12, 1e6, dev, matmul=True)
+    assert compute_bound == pytest.approx(1e12 / dev.matmul_flops + dev.launch_overhead)
+    memory_bound = node_time(1e6, 1e10, dev)
+    assert memory_bound == pytest.approx(1e10 / dev.hbm_bandwidth + dev.launch_overhead)
+    # the same GEMM is faster on H200 than on T4
+    args = ("MatMul", [(4096, 4096), (4096, 4096)], [(4096, 4096)], {})
+    assert op_time(*args, PROFILES["H200"]) < op_time(*args, PROFILES["T4"])
+
+
+def test_device_profiles():
+    assert set(PROFILES) == {"H200", "H100", "A100", "V100", "T4"}
+    assert device("h200") is PROFILES["H200"] and device("CPU").name == "cpu"
+    cpu = cpu_profile()
+    assert cpu.memory_bytes > 0 and not cpu.copy_overlap
+    assert all(p.copy_overlap and p.memory_bytes > 0 for p in PROFILES.values())
+    assert transfer_time(50e9, PROFILES["H200"]) == pytest.approx(1.0)
+    with pytest.raises(UsageError, match="not a known profile"):
+        device("TPUv9")
+
+
+def test_read_ort_profile_averages_kernel_time_per_node(tmp_path):
+    events = [
+        {"cat": "Session", "name": "model_run", "dur": 900},
+        {"cat": "Node", "name": "mm_kernel_time", "dur": 100, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "mm_kernel_time", "dur": 300, "args": {"op_name": "MatMul"}},
+        {"cat": "Node", "name": "relu_kernel_time", "dur": 10, "args": {"op_name": "Relu"}},
+        {"cat": "Node", "name": "relu_fence_before", "dur": 1},
+    ]
+    path = tmp_path / "prof.json"
+    path.write_text(json.dumps(events))
+    assert read_ort_profile(path) == pytest.approx({"mm": 200e-6, "relu": 10e-6})
+    path.write_text("[]")
+    with pytest.raises(UsageError, match="no node kernel events"):
+        read_ort_profile(path)
