@@ -269,13 +269,15 @@ def _tighten(portfolio: _Portfolio, lb: int, best: np.ndarray, best_height: int,
     """Probe capacities below the best height: the lower bound first, then bisection.
 
     Returns (proven lower bound, offsets, height, improved). A probe that runs out of time proves
-    nothing, so later probes look higher; each probe gets half of the time that is left.
+    nothing, so later probes look higher. The probe at the bound gets a quarter of the time (it
+    is the one most likely to be infeasible without a proof), every later one half of what is left.
     """
     proven = probe_lo = lb
     improved = False
     while best_height > probe_lo and time.monotonic() < deadline:
         target = lb if probe_lo == lb else (probe_lo + best_height - 1) // 2
-        status, off = portfolio.decide(target, time.monotonic() + (deadline - time.monotonic()) / 2)
+        share = 0.25 if target == lb else 0.5
+        status, off = portfolio.decide(target, time.monotonic() + share * (deadline - time.monotonic()))
         if status is SearchStatus.FOUND:
             best, best_height, improved = off, int((off + portfolio.red.size).max()), True
         elif status is SearchStatus.INFEASIBLE:

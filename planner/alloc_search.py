@@ -18,7 +18,9 @@ placed buffer (``real``) and whether nothing may start there (``block``). Ideas,
   higher) the point ``(s, floor[s])`` is either the start of a buffer that lies flat inside the
   niche, or empty. The point with the fewest options is taken first (fail first);
 * gravity: a buffer may only start where some section of its lifespan has a real top; a niche
-  where nothing may start stays empty up to its lower neighbour (one jump, not unit steps);
+  where nothing may start stays empty up to its lower neighbour (one jump, not unit steps).
+  Alignment padding breaks "rests on a top", so with alignments > 1 (after the gcd) the rule is
+  off and an unfillable point is closed one unit at a time (slower, still complete);
 * decomposition: when no unplaced buffer crosses a section boundary the two sides are solved
   one after the other;
 * conflict-directed backjumping: a failed subtree returns the sections whose state caused the
@@ -304,11 +306,13 @@ class _Skyline:
         cap, nsec = self.cap, s1 - s0
         fl, tot = self.floor[s0:s1], self.total[s0:s1]
         lo, hi = self.first[part] - s0, self.stop[part] - s0
+        gravity = not self.st.aligned  # alignment pads below buffers: support is not a floor
         steps = np.concatenate([[0], np.cumsum(np.diff(fl) != 0)])
         ok = steps[hi - 1] == steps[lo]
-        ok &= _count(self.real[s0:s1], lo, hi) > 0
         ok &= _count(self.block[s0:s1], lo, hi) == 0
-        if self.st.aligned:
+        if gravity:
+            ok &= _count(self.real[s0:s1], lo, hi) > 0
+        else:
             ok &= top % self.align[part] == 0
         starts = np.flatnonzero(np.concatenate([[True], np.diff(fl) != 0]))
         ends = np.append(starts[1:], nsec)
@@ -323,11 +327,14 @@ class _Skyline:
         tight = np.flatnonzero(dead & (slack == 0))
         if tight.size:  # a full section whose lowest free point nothing can fill
             return self._range_mask(s0 + niche_lo[tight[0]], s0 + niche_hi[tight[0]])
-        all_dead = np.add.reduceat(dead.astype(np.int64), starts) == ends - starts
-        if all_dead.any():  # nothing starts anywhere in the niche: empty up to its lower neighbour
-            raised = all_dead[run_of]
+        if gravity:  # nothing starts anywhere in a niche: it stays empty up to its lower neighbour
+            raised = (np.add.reduceat(dead.astype(np.int64), starts) == ends - starts)[run_of]
+            new = np.minimum(np.minimum(left, right), cap)[run_of]
+        else:  # without gravity a dead point is known empty one unit up
+            raised, new = dead, fl + 1
+        if raised.any():
             log.append(("niche", raised, (niche_lo, niche_hi)))
-            fl[raised] = np.minimum(np.minimum(left, right), cap)[run_of][raised]
+            fl[raised] = new[raised]
             self.real[s0:s1][raised] = self.block[s0:s1][raised] = False
             return None
         options = np.where(local_min & ~dead, count + (slack > 0), _BIG)
@@ -423,7 +430,7 @@ class Restarts:
     def __init__(self, red: Reduced, capacity: int, restart_nodes: int | None = None):
         self.static = _Static(red)
         self.capacity = capacity
-        self.restart_nodes = restart_nodes or max(200, red.n)  # Luby unit: one node per buffer
+        self.restart_nodes = restart_nodes or 2 * red.n + 100  # Luby unit: room to place all, and some
         self.attempt = 0
         self.nodes = 0
 
