@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 #: Default wall-clock limit of :func:`solve` in seconds; the exact search stops there and the
 #: best valid placement found so far is returned.
 DEFAULT_TIME_LIMIT = 10.0
+#: Exact search is skipped for a block whose lifespans cover more (buffer, section) pairs than
+#: this: both exact methods hold arrays of that size and step through them at every node, so
+#: past it greedy's answer stands (long-lived buffers over thousands of steps get there first).
+EXACT_MAX_PAIRS = 2_000_000
 #: First CP-SAT deterministic-time slice per block (about 0.3 s of wall time here; doubles each
 #: round, like the node budget of the skyline search).
 CPSAT_FIRST_SLICE = 0.01
@@ -164,7 +168,7 @@ class _Portfolio:
             sub = subproblem(red, idx)
             off, height = greedy_best(sub.first, sub.stop, sub.size, sub.align)
             self.blocks.append((idx, sub, off, height, int(section_totals(sub).max())))
-        self.stats = {"search_nodes": 0, "cpsat_calls": 0, "probes": 0}
+        self.stats = {"search_nodes": 0, "cpsat_calls": 0, "probes": 0, "too_large_blocks": 0}
 
     def greedy(self) -> tuple[np.ndarray, int]:
         offsets = np.zeros(self.red.n, np.int64)
@@ -188,6 +192,9 @@ class _Portfolio:
 
     def _decide_block(self, sub: Reduced, capacity: int, deadline: float):
         """Skyline restarts and CP-SAT in turn, each round with twice the budget of the last."""
+        if int((sub.stop - sub.first).sum()) > EXACT_MAX_PAIRS:
+            self.stats["too_large_blocks"] += 1
+            return SearchStatus.UNKNOWN, None
         search = Restarts(sub, capacity)
         nodes, det_time = 4 * search.restart_nodes, CPSAT_FIRST_SLICE
         while time.monotonic() < deadline:

@@ -17,18 +17,17 @@ from planner.alloc_search import Reduced, SearchStatus, _Static
 
 
 def maximal_sections(red: Reduced) -> list[np.ndarray]:
-    """Buffer sets of the sections that are not contained in an adjacent section's set."""
+    """Buffer sets of the sections not contained in a neighbour's: a buffer starts *and* one ends there.
+
+    Adjacent sections differ by the buffers that end before the boundary and start after it, so
+    a section is inside its left neighbour iff nothing starts in it, inside its right one iff
+    nothing ends in it (and a subset of a farther section is a subset of the one in between).
+    """
     st = _Static(red)
-    sets = [st.sec_buf[st.sec_ptr[s]:st.sec_ptr[s + 1]] for s in range(red.num_sections)]
-    out = []
-    for s, members in enumerate(sets):
-        here = set(members.tolist())
-        if s > 0 and here <= set(sets[s - 1].tolist()):
-            continue
-        if s + 1 < len(sets) and here < set(sets[s + 1].tolist()):
-            continue
-        out.append(np.sort(members))
-    return out
+    starts = np.bincount(red.first, minlength=red.num_sections)
+    ends = np.bincount(red.stop - 1, minlength=red.num_sections)
+    keep = np.flatnonzero((starts > 0) & (ends > 0))
+    return [np.sort(st.sec_buf[st.sec_ptr[s]:st.sec_ptr[s + 1]]) for s in keep.tolist()]
 
 
 def cpsat_pack(

@@ -92,10 +92,18 @@ def section_totals(red: Reduced) -> np.ndarray:
 
 def independent_blocks(red: Reduced) -> list[np.ndarray]:
     """Buffer indices of the independent blocks: maximal runs of sections no buffer leaves."""
-    crossing = _Static(red).crossing
+    crossing = _crossing(red)
     block_of_section = np.concatenate([[0], np.cumsum(crossing == 0)])
     block = block_of_section[red.first] if red.n else np.zeros(0, np.int64)
     return [np.flatnonzero(block == b) for b in np.unique(block)]
+
+
+def _crossing(red: Reduced) -> np.ndarray:
+    """How many buffers cross each section boundary s | s+1 (length num_sections - 1)."""
+    cover = np.zeros(red.num_sections + 1, np.int64)
+    np.add.at(cover, red.first + 1, 1)
+    np.add.at(cover, red.stop, -1)
+    return np.cumsum(cover)[1:red.num_sections]
 
 
 def subproblem(red: Reduced, idx: np.ndarray) -> Reduced:
@@ -142,12 +150,9 @@ class _Static:
         keys = np.stack([red.first, red.stop, red.size, red.align], axis=1) if n else np.zeros((0, 4))
         _, self.type_id = np.unique(keys, axis=0, return_inverse=True)  # twins share a type
         self.type_id = self.type_id.reshape(-1)
-        self.aligned = bool((red.align > 1).any())
+        self.aligned = bool((red.align > 1).any())  # switches the gravity rule off
         self.totals = section_totals(red)
-        cover = np.zeros(nsec + 1, np.int64)
-        np.add.at(cover, red.first + 1, 1)
-        np.add.at(cover, red.stop, -1)
-        self.crossing = np.cumsum(cover)[1:nsec]  # boundary s | s+1 is crossed by crossing[s]
+        self.crossing = _crossing(red)
 
 
 @dataclass
@@ -442,10 +447,11 @@ class Restarts:
             order = FIRST_ORDERS[i] if i < len(FIRST_ORDERS) else ("noisy", "random")[i % 2]
             sky = _Skyline(self.static, self.capacity, order, i, self.restart_nodes * luby(i), deadline)
             old = sys.getrecursionlimit()
-            sys.setrecursionlimit(max(old, 4 * self.static.red.n + 2000))
+            # ~4 frames per placed buffer and 3 per point left empty along one branch
+            sys.setrecursionlimit(max(old, 8 * (self.static.red.n + self.static.red.num_sections) + 10_000))
             try:
                 found = sky.run()
-            except NodeLimit:
+            except (NodeLimit, RecursionError):  # a branch too deep to follow counts as a spent restart
                 self.attempt += 1
                 continue
             except Deadline:
