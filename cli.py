@@ -137,7 +137,7 @@ def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit
             least_bytes=lb,
         )
     if result.status is AllocStatus.TIMEOUT:
-        why = (f"the exact search skips problems this large" if result.stats.get("too_large_blocks")
+        why = ("the exact search skips problems this large" if result.stats.get("too_large_blocks")
                else f"nothing found in {time_limit:g} s")
         raise SolverTimeoutError(
             f"no placement within capacity {cap} bytes: {why} (lower bound {lb}, greedy "

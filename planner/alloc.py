@@ -238,6 +238,8 @@ def solve(
     unit = red.unit
     portfolio = _Portfolio(red)
     g_off, g_height = portfolio.greedy()
+    log.info("alloc: %d buffers in %d blocks, lower bound %d, greedy %d bytes",
+             len(buffers), len(portfolio.blocks), lb, g_height * unit)
 
     def result(status: AllocStatus, units: np.ndarray | None, method: str, proven: int = lb) -> AllocResult:
         offsets = None
@@ -285,6 +287,7 @@ def _tighten(portfolio: _Portfolio, lb: int, best: np.ndarray, best_height: int,
         target = lb if probe_lo == lb else (probe_lo + best_height - 1) // 2
         share = 0.25 if target == lb else 0.5
         status, off = portfolio.decide(target, time.monotonic() + share * (deadline - time.monotonic()))
+        log.info("alloc: probe at %d units: %s", target, status.value)
         if status is SearchStatus.FOUND:
             best, best_height, improved = off, int((off + portfolio.red.size).max()), True
         elif status is SearchStatus.INFEASIBLE:

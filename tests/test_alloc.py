@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 import cli
+from planner import alloc
 from planner.alloc import AllocStatus, Buffer, PlacementError, greedy, lower_bound, solve, validate
 from planner.alloc_cpsat import cpsat_pack
 from planner.alloc_io import parse_csv, read_csv, solution_csv
@@ -155,6 +155,15 @@ def test_greedy_and_capacity_results_validate(buffers):
     result = solve(buffers, capacity=g.height + 3)
     validate(buffers, result.offsets, g.height + 3)
     assert lb <= result.height <= g.height + 3
+
+
+def test_problem_too_large_for_exact_search_keeps_greedy(monkeypatch):
+    monkeypatch.setattr(alloc, "EXACT_MAX_PAIRS", 0)
+    result = solve(FRAGMENTED, minimize=True)
+    validate(FRAGMENTED, result.offsets)
+    assert result.method == "greedy" and result.height == greedy(FRAGMENTED).height
+    assert solve(FRAGMENTED, capacity=4).status is AllocStatus.TIMEOUT  # unknown, not infeasible
+    assert result.stats["too_large_blocks"] == 1 and result.status is AllocStatus.FEASIBLE
 
 
 def test_cpsat_member_finds_and_refutes():
