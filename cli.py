@@ -399,5 +399,67 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
                f"in {result.seconds:.2f} s on {result.provider}")
 
 
+# ---- memplan alloc: static arena offsets (planner/alloc.py) ------------------------------------
+@main.command("alloc")
+@click.argument("problem", type=click.Path(dir_okay=False))
+@click.option("--capacity", help="Arena size (bytes or 1MiB style): every offset + size must fit.")
+@click.option("--minimize", is_flag=True, help="Least arena height (within --capacity if given). "
+              "The default when --capacity is not given.")
+@click.option("--time-limit", type=float, default=10.0, show_default=True,
+              help="Seconds for the exact search; the best valid placement found is returned.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the solution CSV (the problem's columns plus offset).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@handles_errors
+def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit: float,
+                  output: str | None, as_json: bool) -> None:
+    """Fixed offsets in one arena for buffers in MiniMalloc's CSV (id,lower,upper,size[,alignment])."""
+    import os
+
+    from planner.alloc import AllocStatus, solve
+    from planner.alloc_io import read_csv, write_solution
+    from planner.units import format_bytes, parse_bytes
+
+    if time_limit < 0:
+        raise UsageError(f"--time-limit {time_limit} must be >= 0 seconds")
+    if output and os.path.exists(output) and os.path.samefile(output, problem):
+        raise UsageError(f"-o {output} is the problem file; write the solution to another path")
+    cap = parse_bytes(capacity, "--capacity") if capacity else None
+    buffers, _ = read_csv(problem)
+    result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)
+    lb = result.lower_bound
+    if result.status is AllocStatus.INFEASIBLE:
+        raise BudgetInfeasibleError(
+            f"capacity {cap} bytes is below what any placement needs: the lower bound is {lb} bytes"
+            if lb > (cap or 0) else
+            f"no placement fits capacity {cap} bytes (proven; lower bound {lb}); raise --capacity",
+            least_bytes=lb,
+        )
+    if result.status is AllocStatus.TIMEOUT:
+        why = ("the exact search skips problems this large" if result.stats.get("too_large_blocks")
+               else f"nothing found in {time_limit:g} s")
+        raise SolverTimeoutError(
+            f"no placement within capacity {cap} bytes: {why} (lower bound {lb}, greedy "
+            f"{result.greedy_height}); raise --time-limit or --capacity"
+        )
+    if output:
+        write_solution(output, buffers, result.offsets)
+    if as_json:
+        emit_json({**result.to_json(), "solution": output,
+                   "offsets": {b.id: off for b, off in zip(buffers, result.offsets)}})
+        return
+    rows = [
+        ("buffers", f"{len(buffers)}"),
+        ("lower bound", f"{lb} ({format_bytes(lb)})"),
+        ("greedy", f"{result.greedy_height} (x{result.greedy_height / lb:.3f})" if lb else "0"),
+        ("height", f"{result.height} (x{result.height / lb:.3f}) {result.status.value}" if lb else "0"),
+        ("time", f"{result.wall_s:.2f} s ({result.method})"),
+    ]
+    if output:
+        rows.append(("solution", output))
+    for key, value in rows:
+        click.echo(f"{key:<12} {value}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
