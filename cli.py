@@ -486,11 +486,14 @@ def _resolve_budget(text: str, problem) -> int:
 @click.option("--emit", type=click.Path(dir_okay=False), default=None, help="ONNX models: write the planned model here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @click.option("--explain", is_flag=True, help="Say per tensor what was decided and why.")
+@click.option("--arena", is_flag=True, help="ONNX models: place every buffer at a fixed offset in one arena and "
+              "check the budget against the arena height.")
 @click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits, unplanned and planned.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimizer, lr, time_limit, seed, workers,
-         max_computations, swap_bandwidth, swap_overlap, output, emit, as_json, explain, max_batch, batch_dim) -> None:
+         max_computations, swap_bandwidth, swap_overlap, output, emit, as_json, explain, arena, max_batch,
+         batch_dim) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
     MODEL is an ONNX model (planned as a training step unless --forward or it already is one),
@@ -521,7 +524,7 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
         planned = None
     else:
         problem, result, obj, planned, budget = _plan_onnx(model, budget_spec, strategy, options, device_name, swap,
-                                                            parse_dims(dims), forward, optimizer, lr)
+                                                            parse_dims(dims), forward, optimizer, lr, arena)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
     if as_json:
@@ -553,6 +556,10 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
                    f", {len(obj['recomputed'])} recomputed, {len(obj['swapped'])} swapped")
         if result.note:
             click.echo(f"  note          {result.note}")
+        if "arena" in obj:
+            a = obj["arena"]
+            click.echo(f"  arena         {format_bytes(a['height_bytes'])} ({a['height_bytes'] / max(1, a['lower_bound_bytes']):.4f}"
+                       f" x lower bound, {a['status']}); with constants {format_bytes(a['total_bytes'])}")
         if emit:
             click.echo(f"  wrote         {emit} (run it with passes.verify.planned_session_options())")
         if explain:
@@ -606,6 +613,24 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                   if pm is not None and result.ratio else ""))
 
 
+def _arena_report(graph, budget: int, time_limit: float) -> dict:
+    """Offsets for every dynamic buffer of ``graph``'s run; the budget checked against the arena."""
+    from planner.alloc import liveness_buffers, solve
+    from planner.liveness import analyze
+
+    lv = analyze(graph)
+    res = solve(liveness_buffers(lv), time_limit=min(time_limit, 30.0))
+    if res.height is None:
+        raise SolverTimeoutError("no arena placement found in time; try a longer --time-limit")
+    total = lv.base_bytes + res.height
+    if total > budget:
+        raise BudgetInfeasibleError(
+            f"the arena needs {res.height} bytes (+ {lv.base_bytes} constant = {total}), over the budget {budget}; "
+            "plan for a lower budget or raise it")
+    return {"height_bytes": res.height, "lower_bound_bytes": res.lower_bound, "gap": res.gap,
+            "status": res.status.value, "total_bytes": total, "seconds": round(res.wall_s, 3)}
+
+
 def _refuse_overwrite(path: str | None, model: str) -> None:
     """Nothing the user gave is ever overwritten."""
     import os
@@ -614,7 +639,7 @@ def _refuse_overwrite(path: str | None, model: str) -> None:
         raise UsageError(f"{path!r} is the input model; write the output to another file")
 
 
-def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr):
+def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False):
     """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
     import math
 
@@ -640,6 +665,8 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
         obj["recomputed"] = [problem.names[i] for i, c in enumerate(counts["compute"]) if c > 1]
         obj["swapped"] = [problem.names[i] for i, c in enumerate(counts["swap_in"]) if c > 0]
         obj["schedule"] = list(pm.events)
+    if arena and pm.planned is not None:
+        obj["arena"] = _arena_report(pm.planned, budget, options.time_limit)
     planned = None
     if pm.planned is not None:
         made["peak_bytes"] = pm.peak_bytes
@@ -747,6 +774,68 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
         emit_json(obj)
     else:
         click.echo(remat_bench.table(rows))
+
+
+# ---- memplan alloc: static arena offsets (planner/alloc.py) ------------------------------------
+@main.command("alloc")
+@click.argument("problem", type=click.Path(dir_okay=False))
+@click.option("--capacity", help="Arena size (bytes or 1MiB style): every offset + size must fit.")
+@click.option("--minimize", is_flag=True, help="Least arena height (within --capacity if given). "
+              "The default when --capacity is not given.")
+@click.option("--time-limit", type=float, default=10.0, show_default=True,
+              help="Seconds for the exact search; the best valid placement found is returned.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the solution CSV (the problem's columns plus offset).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@handles_errors
+def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit: float,
+                  output: str | None, as_json: bool) -> None:
+    """Fixed offsets in one arena for buffers in MiniMalloc's CSV (id,lower,upper,size[,alignment])."""
+    import os
+
+    from planner.alloc import AllocStatus, solve
+    from planner.alloc_io import read_csv, write_solution
+    from planner.units import format_bytes, parse_bytes
+
+    if time_limit < 0:
+        raise UsageError(f"--time-limit {time_limit} must be >= 0 seconds")
+    if output and os.path.exists(output) and os.path.samefile(output, problem):
+        raise UsageError(f"-o {output} is the problem file; write the solution to another path")
+    cap = parse_bytes(capacity, "--capacity") if capacity else None
+    buffers, _ = read_csv(problem)
+    result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)
+    lb = result.lower_bound
+    if result.status is AllocStatus.INFEASIBLE:
+        raise BudgetInfeasibleError(
+            f"capacity {cap} bytes is below what any placement needs: the lower bound is {lb} bytes"
+            if lb > (cap or 0) else
+            f"no placement fits capacity {cap} bytes (proven; lower bound {lb}); raise --capacity",
+            least_bytes=lb,
+        )
+    if result.status is AllocStatus.TIMEOUT:
+        why = ("the exact search skips problems this large" if result.stats.get("too_large_blocks")
+               else f"nothing found in {time_limit:g} s")
+        raise SolverTimeoutError(
+            f"no placement within capacity {cap} bytes: {why} (lower bound {lb}, greedy "
+            f"{result.greedy_height}); raise --time-limit or --capacity"
+        )
+    if output:
+        write_solution(output, buffers, result.offsets)
+    if as_json:
+        emit_json({**result.to_json(), "solution": output,
+                   "offsets": {b.id: off for b, off in zip(buffers, result.offsets)}})
+        return
+    rows = [
+        ("buffers", f"{len(buffers)}"),
+        ("lower bound", f"{lb} ({format_bytes(lb)})"),
+        ("greedy", f"{result.greedy_height} (x{result.greedy_height / lb:.3f})" if lb else "0"),
+        ("height", f"{result.height} (x{result.height / lb:.3f}) {result.status.value}" if lb else "0"),
+        ("time", f"{result.wall_s:.2f} s ({result.method})"),
+    ]
+    if output:
+        rows.append(("solution", output))
+    for key, value in rows:
+        click.echo(f"{key:<12} {value}")
 
 
 if __name__ == "__main__":  # pragma: no cover

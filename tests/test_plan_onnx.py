@@ -108,3 +108,12 @@ def test_emit_never_overwrites_the_model(tmp_path):
     rc, _, err = memplan("plan", src, "--budget", "80%", "--strategy", "greedy", "--emit", src)
     assert rc == 2 and "input model" in err
     assert src.read_bytes() == before
+
+
+@pytest.mark.parametrize("budget", ["200%", "80%"])  # unplanned (no plan needed) and planned
+def test_arena_at_lower_bound(budget):
+    rc, out, err = memplan("plan", SPEC, "--budget", budget, "--strategy", "greedy", "--arena", "--json")
+    assert rc == 0, err
+    arena = json.loads(out)["arena"]
+    assert arena["lower_bound_bytes"] <= arena["height_bytes"] <= 1.01 * arena["lower_bound_bytes"]
+    assert arena["total_bytes"] <= json.loads(out)["budget_bytes"]

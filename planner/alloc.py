@@ -1,0 +1,309 @@
+"""Static arena allocation: fixed offsets for buffers with known lifespans, in one arena.
+
+A plan's peak is a sum of live bytes; a real arena also pays fragmentation. This module places
+every buffer at a fixed offset so that buffers alive at the same time never share bytes, in an
+arena whose height is the lower bound (the most bytes ever live) or provably close to it.
+
+    buffers = [Buffer("a", 0, 3, 4), Buffer("b", 3, 9, 4), ...]   # half-open [lower, upper)
+    result = solve(buffers, capacity=12)          # decision: fit in 12 bytes
+    result = solve(buffers)                       # minimize the height (greedy first, then exact)
+    validate(buffers, result.offsets, 12)         # every result has passed this already
+
+Pipeline: the lower bound; the best of a few greedy best-fit orders (often enough, always the
+fallback); then, when greedy misses, an exact portfolio per independent block: the skyline
+branch and bound of :mod:`planner.alloc_search` interleaved with the CP-SAT model of
+:mod:`planner.alloc_cpsat`, under doubling deterministic budgets and the wall-clock limit.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from planner.alloc_cpsat import cpsat_pack
+from planner.alloc_greedy import greedy_best
+from planner.alloc_search import (
+    Reduced, Restarts, SearchStatus, independent_blocks, reduce_problem, section_totals, subproblem,
+)
+from planner.errors import ModelImportError, PlannerError
+
+log = logging.getLogger(__name__)
+
+#: Default wall-clock limit of :func:`solve` in seconds; the exact search stops there and the
+#: best valid placement found so far is returned.
+DEFAULT_TIME_LIMIT = 10.0
+#: Exact search is skipped for a block whose lifespans cover more (buffer, section) pairs than
+#: this: both exact methods hold arrays of that size and step through them at every node, so
+#: past it greedy's answer stands (long-lived buffers over thousands of steps get there first).
+EXACT_MAX_PAIRS = 2_000_000
+#: First CP-SAT deterministic-time slice per block (about 0.3 s of wall time here; doubles each
+#: round, like the node budget of the skyline search).
+CPSAT_FIRST_SLICE = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """One buffer: bytes ``size`` alive over the half-open interval ``[lower, upper)``."""
+
+    id: str
+    lower: int
+    upper: int
+    size: int  # bytes, >= 0
+    alignment: int = 1  # the offset must be a multiple of it
+
+
+class AllocStatus(str, enum.Enum):
+    OPTIMAL = "optimal"  # height proven least (it equals the lower bound, or less was infeasible)
+    FEASIBLE = "feasible"  # a valid placement; a lower height is not ruled out
+    INFEASIBLE = "infeasible"  # proven: nothing fits the capacity
+    TIMEOUT = "timeout"  # no placement within the capacity found in time, none ruled out
+
+
+class PlacementError(PlannerError):
+    """Offsets that break the arena: two live buffers overlap, or a buffer is out of bounds."""
+
+
+@dataclass(frozen=True)
+class AllocResult:
+    """Outcome of :func:`solve` or :func:`greedy`; offsets follow the input buffer order."""
+
+    status: AllocStatus
+    offsets: tuple[int, ...] | None  # None unless a placement was found
+    height: int | None  # max(offset + size): the arena bytes the placement needs
+    lower_bound: int  # most bytes live at once: no placement is lower
+    capacity: int | None  # the capacity asked for (None: minimize freely)
+    greedy_height: int  # best greedy arena, for reference
+    wall_s: float
+    method: str  # "greedy" or "exact": what produced the offsets
+    stats: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def gap(self) -> float | None:
+        """(height - lower bound) / lower bound; 0.0 at the bound."""
+        if self.height is None:
+            return None
+        return (self.height - self.lower_bound) / self.lower_bound if self.lower_bound else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "status": self.status.value, "height": self.height, "lower_bound": self.lower_bound,
+            "gap": self.gap, "capacity": self.capacity, "greedy_height": self.greedy_height,
+            "method": self.method, "wall_s": round(self.wall_s, 4), **self.stats,
+        }
+
+
+def check_buffers(buffers: Sequence[Buffer]) -> None:
+    """Reject malformed buffers with one line naming the buffer, the value and the fix."""
+    seen: set[str] = set()
+    for b in buffers:
+        if b.id in seen:
+            raise ModelImportError(f"buffer id {b.id!r} appears twice; ids must be unique")
+        seen.add(b.id)
+        if b.size < 0:
+            raise ModelImportError(f"buffer {b.id!r}: size {b.size} is negative; sizes are bytes >= 0")
+        if b.upper <= b.lower:
+            raise ModelImportError(
+                f"buffer {b.id!r}: upper {b.upper} <= lower {b.lower}; lifespans are half-open "
+                "[lower, upper) with upper > lower"
+            )
+        if b.alignment < 1:
+            raise ModelImportError(f"buffer {b.id!r}: alignment {b.alignment} must be >= 1")
+
+
+def lower_bound(buffers: Sequence[Buffer]) -> int:
+    """Most bytes live at one time (no arena can be lower)."""
+    if not buffers:
+        return 0
+    lower = np.array([b.lower for b in buffers], np.int64)
+    upper = np.array([b.upper for b in buffers], np.int64)
+    size = np.array([b.size for b in buffers], np.int64)
+    times = np.concatenate([lower, upper])
+    delta = np.concatenate([size, -size])
+    order = np.lexsort((delta, times))  # at equal times frees (negative) come first: half-open
+    return int(np.cumsum(delta[order]).max(initial=0))
+
+
+def validate(buffers: Sequence[Buffer], offsets: Sequence[int] | None, capacity: int | None = None) -> None:
+    """Raise PlacementError unless offsets are aligned, within ``capacity`` and overlap-free."""
+    if offsets is None or len(offsets) != len(buffers):
+        raise PlacementError(f"expected {len(buffers)} offsets, got {None if offsets is None else len(offsets)}")
+    off = np.asarray(offsets, np.int64)
+    lower = np.array([b.lower for b in buffers], np.int64)
+    upper = np.array([b.upper for b in buffers], np.int64)
+    size = np.array([b.size for b in buffers], np.int64)
+    for i, b in enumerate(buffers):
+        if off[i] < 0 or (capacity is not None and off[i] + b.size > capacity):
+            raise PlacementError(f"buffer {b.id!r} at offset {off[i]} (+{b.size} bytes) leaves the arena [0, {capacity})")
+        if off[i] % b.alignment:
+            raise PlacementError(f"buffer {b.id!r} at offset {off[i]} is not a multiple of its alignment {b.alignment}")
+    for i in range(len(buffers)):
+        clash = np.flatnonzero(
+            (lower[i + 1:] < upper[i]) & (lower[i] < upper[i + 1:])
+            & (off[i + 1:] < off[i] + size[i]) & (off[i] < off[i + 1:] + size[i + 1:])
+            & (size[i + 1:] > 0) & (size[i] > 0)
+        )
+        if clash.size:
+            j = i + 1 + int(clash[0])
+            raise PlacementError(
+                f"buffers {buffers[i].id!r} [{off[i]}, {off[i] + size[i]}) and {buffers[j].id!r} "
+                f"[{off[j]}, {off[j] + size[j]}) overlap while both are live"
+            )
+
+
+class _Portfolio:
+    """Exact decisions on a reduced problem, block by block; each block's greedy answer is cached.
+
+    Independent blocks (no buffer crosses between them) are decided separately, tightest first,
+    so an infeasible block is found early and a solved one is never searched again.
+    """
+
+    def __init__(self, red: Reduced):
+        self.red = red
+        self.blocks = []
+        for idx in independent_blocks(red):
+            sub = subproblem(red, idx)
+            off, height = greedy_best(sub.first, sub.stop, sub.size, sub.align)
+            self.blocks.append((idx, sub, off, height, int(section_totals(sub).max())))
+        self.stats = {"search_nodes": 0, "cpsat_calls": 0, "probes": 0, "too_large_blocks": 0}
+
+    def greedy(self) -> tuple[np.ndarray, int]:
+        offsets = np.zeros(self.red.n, np.int64)
+        for idx, _, off, _, _ in self.blocks:
+            offsets[idx] = off
+        return offsets, max((h for *_, h, _ in self.blocks), default=0)
+
+    def decide(self, capacity: int, deadline: float) -> tuple[SearchStatus, np.ndarray | None]:
+        """Find offsets within ``capacity`` units, prove there are none, or run out of time."""
+        self.stats["probes"] += 1
+        offsets = np.zeros(self.red.n, np.int64)
+        for idx, sub, off, height, lb in sorted(self.blocks, key=lambda b: b[4] - b[3]):
+            if lb > capacity:
+                return SearchStatus.INFEASIBLE, None
+            if height > capacity:
+                status, off = self._decide_block(sub, capacity, deadline)
+                if status is not SearchStatus.FOUND:
+                    return status, None
+            offsets[idx] = off
+        return SearchStatus.FOUND, offsets
+
+    def _decide_block(self, sub: Reduced, capacity: int, deadline: float):
+        """Skyline restarts and CP-SAT in turn, each round with twice the budget of the last."""
+        if int((sub.stop - sub.first).sum()) > EXACT_MAX_PAIRS:
+            self.stats["too_large_blocks"] += 1
+            return SearchStatus.UNKNOWN, None
+        search = Restarts(sub, capacity)
+        nodes, det_time = 4 * search.restart_nodes, CPSAT_FIRST_SLICE
+        while time.monotonic() < deadline:
+            before = search.nodes
+            status, off = search.run(nodes, deadline)
+            self.stats["search_nodes"] += search.nodes - before
+            if status is SearchStatus.UNKNOWN and time.monotonic() < deadline:
+                self.stats["cpsat_calls"] += 1
+                status, off = cpsat_pack(sub, capacity, det_time, deadline - time.monotonic())
+            if status is not SearchStatus.UNKNOWN:
+                return status, off
+            nodes, det_time = 2 * nodes, 2 * det_time
+        return SearchStatus.UNKNOWN, None
+
+
+def greedy(buffers: Sequence[Buffer], capacity: int | None = None) -> AllocResult:
+    """Best greedy best-fit placement (fast, valid, not optimal in general)."""
+    return solve(buffers, capacity=capacity, time_limit=0.0)
+
+
+def solve(
+    buffers: Iterable[Buffer], capacity: int | None = None, minimize: bool = False,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+) -> AllocResult:
+    """Offsets for ``buffers`` in one arena.
+
+    With ``capacity`` and not ``minimize``: any placement with every ``offset + size <= capacity``
+    (a decision problem). Otherwise: the least height found within ``time_limit`` seconds (and
+    within ``capacity`` if given), greedy first, then exact probes from the lower bound up. The
+    returned placement, if any, has passed :func:`validate`.
+    """
+    t0 = time.monotonic()
+    buffers = tuple(buffers)
+    check_buffers(buffers)
+    lb = lower_bound(buffers)
+    real = [i for i, b in enumerate(buffers) if b.size > 0]  # empty buffers sit at offset 0
+    red = reduce_problem(
+        [buffers[i].lower for i in real], [buffers[i].upper for i in real],
+        [buffers[i].size for i in real], [buffers[i].alignment for i in real],
+    )
+    unit = red.unit
+    portfolio = _Portfolio(red)
+    g_off, g_height = portfolio.greedy()
+    log.info("alloc: %d buffers in %d blocks, lower bound %d, greedy %d bytes",
+             len(buffers), len(portfolio.blocks), lb, g_height * unit)
+
+    def result(status: AllocStatus, units: np.ndarray | None, method: str, proven: int = lb) -> AllocResult:
+        offsets = None
+        if units is not None:
+            full = np.zeros(len(buffers), np.int64)
+            full[real] = units * unit
+            offsets = tuple(int(x) for x in full)
+            validate(buffers, offsets, capacity)
+        height = None if offsets is None else max((o + b.size for o, b in zip(offsets, buffers)), default=0)
+        stats = dict(portfolio.stats, buffers=len(buffers), blocks=len(portfolio.blocks), proven_bound=proven)
+        return AllocResult(status, offsets, height, lb, capacity, g_height * unit,
+                           time.monotonic() - t0, method, stats)
+
+    cap_units = None if capacity is None else capacity // unit
+    if cap_units is not None and lb > capacity:
+        return result(AllocStatus.INFEASIBLE, None, "bound")
+    best, best_height, method = None, None, "greedy"
+    if cap_units is None or g_height <= cap_units:
+        best, best_height = g_off, g_height
+    else:
+        status, off = portfolio.decide(cap_units, t0 + time_limit)
+        if status is SearchStatus.INFEASIBLE:
+            return result(AllocStatus.INFEASIBLE, None, "exact")
+        if status is SearchStatus.UNKNOWN:
+            return result(AllocStatus.TIMEOUT, None, "exact")
+        best, best_height, method = off, int((off + red.size).max()), "exact"
+    lb_units = lb // unit
+    if capacity is not None and not minimize:
+        return result(AllocStatus.OPTIMAL if best_height == lb_units else AllocStatus.FEASIBLE, best, method)
+    proven, best, best_height, improved = _tighten(portfolio, lb_units, best, best_height, t0 + time_limit)
+    status = AllocStatus.OPTIMAL if best_height == proven else AllocStatus.FEASIBLE
+    return result(status, best, "exact" if improved else method, proven * unit)
+
+
+def _tighten(portfolio: _Portfolio, lb: int, best: np.ndarray, best_height: int, deadline: float):
+    """Probe capacities below the best height: the lower bound first, then bisection.
+
+    Returns (proven lower bound, offsets, height, improved). A probe that runs out of time proves
+    nothing, so later probes look higher. The probe at the bound gets a quarter of the time (it
+    is the one most likely to be infeasible without a proof), every later one half of what is left.
+    """
+    proven = probe_lo = lb
+    improved = False
+    while best_height > probe_lo and time.monotonic() < deadline:
+        target = lb if probe_lo == lb else (probe_lo + best_height - 1) // 2
+        share = 0.25 if target == lb else 0.5
+        status, off = portfolio.decide(target, time.monotonic() + share * (deadline - time.monotonic()))
+        log.info("alloc: probe at %d units: %s", target, status.value)
+        if status is SearchStatus.FOUND:
+            best, best_height, improved = off, int((off + portfolio.red.size).max()), True
+        elif status is SearchStatus.INFEASIBLE:
+            proven = probe_lo = target + 1
+        else:
+            probe_lo = target + 1
+    return proven, best, best_height, improved
+
+
+def liveness_buffers(lv) -> list[Buffer]:
+    """A Liveness's dynamic memory as arena buffers: one per buffer, one per step's kernel scratch.
+
+    Lifespans are steps, half-open: a buffer resident during steps a..b is [a, b+1). The constant
+    base (inputs, initializers) is not in the arena.
+    """
+    out = [Buffer(f"b{i}", int(a), int(f) + 1, int(s))
+           for i, (a, f, s) in enumerate(zip(lv.alloc_step, lv.free_step, lv.buffer_size)) if s > 0]
+    out += [Buffer(f"scratch{k}", k, k + 1, int(s)) for k, s in enumerate(lv.scratch) if s > 0]
+    return out

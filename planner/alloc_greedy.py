@@ -1,0 +1,69 @@
+"""Greedy offset assignment: place buffers one by one into the best-fitting gap (several orders).
+
+This is the classic rule of TFLite's greedy-by-size and XLA's decreasing-size best-fit heap,
+tried under a few buffer orders; the lowest arena wins. It is fast (numpy per buffer), always
+valid, and serves as the default answer, as the upper bound of a minimization and as a fallback
+when the exact search runs out of time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: Orders tried, as sort keys (all descending unless noted). Each finds arenas the others miss:
+#: size is the classic; area favours long-lived big buffers; span packs long lifespans first;
+#: "start" sweeps time left to right (ascending start, then size).
+GREEDY_ORDERS = ("size", "area", "span", "start")
+
+
+def greedy_offsets(first, stop, size, align, order: str) -> np.ndarray:
+    """Offsets from best-fit placement in the given order (lifespans are half-open [first, stop))."""
+    first, stop = np.asarray(first, np.int64), np.asarray(stop, np.int64)
+    size, align = np.asarray(size, np.int64), np.asarray(align, np.int64)
+    n = size.size
+    span = stop - first
+    keys = {
+        "size": (np.arange(n), -span, -size),
+        "area": (np.arange(n), -size, -(size * span)),
+        "span": (np.arange(n), -size, -span),
+        "start": (np.arange(n), -size, first),
+    }[order]
+    offsets = np.full(n, -1, np.int64)
+    placed: list[int] = []
+    for b in np.lexsort(keys).tolist():
+        if placed:
+            idx = np.asarray(placed)
+            near = idx[(first[idx] < stop[b]) & (first[b] < stop[idx])]
+        else:
+            near = np.zeros(0, np.int64)
+        offsets[b] = _best_fit(offsets[near], offsets[near] + size[near], int(size[b]), int(align[b]))
+        placed.append(b)
+    return offsets
+
+
+def _best_fit(lows: np.ndarray, highs: np.ndarray, size: int, align: int) -> int:
+    """Lowest offset of the smallest free gap (between occupied [lows, highs)) that holds ``size``."""
+    if lows.size == 0:
+        return 0
+    order = np.argsort(lows, kind="stable")
+    lows, highs = lows[order], np.maximum.accumulate(highs[order])
+    gap_lo = np.concatenate([[0], highs])  # a gap starts where everything below has ended
+    gap_hi = np.append(lows, np.iinfo(np.int64).max)
+    start = -(-gap_lo // align) * align
+    fits = start + size <= gap_hi
+    fits[-1] = False  # the open space above everything is the fallback, not a gap
+    if fits.any():
+        room = np.where(fits, gap_hi - start, np.iinfo(np.int64).max)
+        return int(start[np.argmin(room)])
+    return int(start[-1])
+
+
+def greedy_best(first, stop, size, align) -> tuple[np.ndarray, int]:
+    """Best of :data:`GREEDY_ORDERS`: (offsets, height). Ties keep the earlier order."""
+    size = np.asarray(size, np.int64)
+    best, best_height = np.zeros(size.size, np.int64), -1
+    for order in GREEDY_ORDERS:
+        offsets = greedy_offsets(first, stop, size, align, order)
+        height = int((offsets + size).max()) if size.size else 0
+        if best_height < 0 or height < best_height:
+            best, best_height = offsets, height
+    return best, max(best_height, 0)

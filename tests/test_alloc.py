@@ -1,0 +1,284 @@
+"""Static arena allocation: lower bound, greedy, exact search, validator, CSV, ``memplan alloc``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+import cli
+from planner import alloc
+from planner.alloc import AllocStatus, Buffer, PlacementError, greedy, lower_bound, solve, validate
+from planner.alloc_cpsat import cpsat_pack
+from planner.alloc_io import parse_csv, read_csv, solution_csv
+from planner.alloc_search import Restarts, SearchStatus, independent_blocks, reduce_problem
+from planner.errors import ModelImportError
+
+EXAMPLE = [
+    Buffer("b1", 0, 3, 4), Buffer("b2", 3, 9, 4), Buffer("b3", 0, 9, 4),
+    Buffer("b4", 9, 21, 4), Buffer("b5", 0, 21, 4),
+]
+
+
+def brute_force_height(buffers: list[Buffer]) -> int:
+    """Least arena height by trying every aligned offset (tiny instances only)."""
+    n = len(buffers)
+    live = [[j for j in range(n) if j != i and buffers[i].lower < buffers[j].upper
+             and buffers[j].lower < buffers[i].upper] for i in range(n)]
+
+    def fits(cap: int) -> bool:
+        off: list[int | None] = [None] * n
+
+        def place(k: int) -> bool:
+            if k == n:
+                return True
+            b = buffers[k]
+            for o in range(0, cap - b.size + 1, b.alignment):
+                if all(off[j] is None or o + b.size <= off[j] or off[j] + buffers[j].size <= o for j in live[k]):
+                    off[k] = o
+                    if place(k + 1):
+                        return True
+                    off[k] = None
+            return False
+
+        return place(0)
+
+    cap = lower_bound(buffers)
+    while not fits(cap):
+        cap += 1
+    return cap
+
+
+@hst.composite
+def tiny_problems(draw, max_n: int = 6, aligned: bool = True) -> list[Buffer]:
+    n = draw(hst.integers(1, max_n))
+    out = []
+    for i in range(n):
+        lower = draw(hst.integers(0, 5))
+        upper = draw(hst.integers(lower + 1, 7))
+        alignment = draw(hst.sampled_from([1, 1, 2, 4])) if aligned else 1
+        out.append(Buffer(f"b{i}", lower, upper, draw(hst.integers(1, 5)), alignment))
+    return out
+
+
+# -- lower bound, validator ----------------------------------------------------------------------
+def test_lower_bound_counts_half_open_lifespans():
+    assert lower_bound(EXAMPLE) == 12
+    # [0,3) and [3,9) only touch: they never live together
+    assert lower_bound([Buffer("a", 0, 3, 5), Buffer("b", 3, 9, 7)]) == 7
+    assert lower_bound([Buffer("a", 0, 4, 5), Buffer("b", 3, 9, 7)]) == 12
+
+
+def test_validate_rejects_overlap_capacity_and_misalignment():
+    a, b = Buffer("a", 0, 4, 4), Buffer("b", 2, 6, 4, alignment=4)
+    validate([a, b], [0, 4], 8)
+    with pytest.raises(PlacementError, match="overlap"):
+        validate([a, b], [0, 0], 8)
+    with pytest.raises(PlacementError, match="leaves the arena"):
+        validate([a, b], [0, 4], 7)
+    with pytest.raises(PlacementError, match="alignment"):
+        validate([a, b], [0, 6], 16)
+    validate([a, Buffer("c", 4, 6, 4)], [0, 0], 4)  # touching lifespans may share bytes
+
+
+# -- solving -------------------------------------------------------------------------------------
+def test_example_fits_capacity_12():
+    result = solve(EXAMPLE, capacity=12)
+    assert result.status is AllocStatus.OPTIMAL and result.height == 12
+    validate(EXAMPLE, result.offsets, 12)
+
+
+def test_capacity_below_lower_bound_is_infeasible_with_the_bound():
+    result = solve(EXAMPLE, capacity=11)
+    assert result.status is AllocStatus.INFEASIBLE and result.offsets is None
+    assert result.lower_bound == 12
+
+
+#: Every time step is full at 4 bytes, yet no arena of 4 exists: the pairs of 1-byte buffers
+#: alive over [2, 5) leave the 2-byte buffers of [4, 7) no contiguous room.
+FRAGMENTED = [
+    Buffer("a", 0, 3, 2), Buffer("b", 0, 2, 2), Buffer("c", 2, 4, 1), Buffer("d", 2, 5, 1),
+    Buffer("e", 3, 4, 1), Buffer("f", 3, 5, 1), Buffer("g", 4, 7, 2), Buffer("h", 5, 7, 2),
+]
+
+
+def test_proven_infeasible_above_the_lower_bound():
+    lb, opt = lower_bound(FRAGMENTED), brute_force_height(FRAGMENTED)
+    assert (lb, opt) == (4, 5)
+    assert solve(FRAGMENTED, capacity=4).status is AllocStatus.INFEASIBLE
+    red = reduce_problem(*zip(*[(b.lower, b.upper, b.size, b.alignment) for b in FRAGMENTED]))
+    assert Restarts(red, 4).run(10**6, float("inf"))[0] is SearchStatus.INFEASIBLE
+    result = solve(FRAGMENTED, minimize=True)
+    assert result.status is AllocStatus.OPTIMAL and result.height == 5
+    validate(FRAGMENTED, result.offsets)
+
+
+def test_empty_buffers_and_problem():
+    assert solve([]).height == 0
+    result = solve([Buffer("z", 0, 5, 0), Buffer("a", 0, 5, 8)], capacity=8)
+    assert result.height == 8
+    validate([Buffer("z", 0, 5, 0), Buffer("a", 0, 5, 8)], result.offsets, 8)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(tiny_problems())
+def test_minimize_matches_brute_force(buffers):
+    result = solve(buffers, minimize=True, time_limit=10)
+    validate(buffers, result.offsets)
+    assert result.height == brute_force_height(buffers)
+    assert result.status is AllocStatus.OPTIMAL
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(tiny_problems())
+def test_skyline_search_alone_decides_exactly(buffers):
+    """The branch and bound by itself (no greedy, no CP-SAT) finds the optimum and proves below it."""
+    opt = brute_force_height(buffers)
+    red = reduce_problem([b.lower for b in buffers], [b.upper for b in buffers],
+                         [b.size for b in buffers], [b.alignment for b in buffers])
+    status, units = Restarts(red, opt // red.unit).run(10**7, float("inf"))
+    assert status is SearchStatus.FOUND
+    validate(buffers, (units * red.unit).tolist(), opt)
+    status, _ = Restarts(red, (opt - 1) // red.unit).run(10**7, float("inf"))
+    assert status is SearchStatus.INFEASIBLE
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(tiny_problems(max_n=8))
+def test_greedy_and_capacity_results_validate(buffers):
+    lb = lower_bound(buffers)
+    g = greedy(buffers)
+    validate(buffers, g.offsets)
+    assert g.height >= lb
+    result = solve(buffers, capacity=g.height + 3)
+    validate(buffers, result.offsets, g.height + 3)
+    assert lb <= result.height <= g.height + 3
+
+
+def test_problem_too_large_for_exact_search_keeps_greedy(monkeypatch):
+    monkeypatch.setattr(alloc, "EXACT_MAX_PAIRS", 0)
+    result = solve(FRAGMENTED, minimize=True)
+    validate(FRAGMENTED, result.offsets)
+    assert result.method == "greedy" and result.height == greedy(FRAGMENTED).height
+    assert solve(FRAGMENTED, capacity=4).status is AllocStatus.TIMEOUT  # unknown, not infeasible
+    assert result.stats["too_large_blocks"] == 1 and result.status is AllocStatus.FEASIBLE
+
+
+def test_cpsat_member_finds_and_refutes():
+    red = reduce_problem([0, 1, 0, 2], [2, 3, 3, 3], [2, 2, 2, 3], [1, 1, 1, 1])
+    status, off = cpsat_pack(red, 7, det_time=1.0, wall_time=10.0)
+    assert status is SearchStatus.FOUND and (off + red.size).max() <= 7
+    status, _ = cpsat_pack(red, 6, det_time=1.0, wall_time=10.0)
+    assert status is SearchStatus.INFEASIBLE
+
+
+def test_independent_blocks_split_at_time_cuts():
+    red = reduce_problem([0, 1, 5, 6], [2, 3, 7, 8], [1, 1, 1, 1], [1, 1, 1, 1])
+    assert [b.tolist() for b in independent_blocks(red)] == [[0, 1], [2, 3]]
+
+
+def test_same_input_same_offsets():
+    buffers = [Buffer(f"b{i}", i % 7, i % 7 + 1 + i % 5, 1 + (i * 37) % 11) for i in range(40)]
+    first = solve(buffers, minimize=True, time_limit=30)
+    second = solve(buffers, minimize=True, time_limit=30)
+    assert first.offsets == second.offsets and first.status is second.status
+
+
+@pytest.mark.parametrize("name", ["A", "G"])
+def test_challenging_instance_at_capacity(benchmarks_dir, name):
+    buffers, _ = read_csv(benchmarks_dir / "minimalloc" / "challenging" / f"{name}.1048576.csv")
+    result = solve(buffers, capacity=1048576, time_limit=60)
+    assert result.status is AllocStatus.OPTIMAL  # LB = capacity: zero slack
+    assert result.greedy_height > 1048576  # greedy alone misses it
+    validate(buffers, result.offsets, 1048576)
+
+
+def test_challenging_c_minimizes_to_its_lower_bound(benchmarks_dir):
+    buffers, _ = read_csv(benchmarks_dir / "minimalloc" / "challenging" / "C.1048576.csv")
+    result = solve(buffers, minimize=True, time_limit=60)
+    assert result.height == result.lower_bound == 1039360
+    assert result.status is AllocStatus.OPTIMAL
+    validate(buffers, result.offsets)
+
+
+# -- CSV -----------------------------------------------------------------------------------------
+def test_csv_aliases_inclusive_end_and_round_trip():
+    buffers, offsets = parse_csv("buffer,start,end,size,alignment\nx,0,2,4,2\ny,3,3,8,1\n")
+    assert offsets is None
+    assert buffers == [Buffer("x", 0, 3, 4, 2), Buffer("y", 3, 4, 8, 1)]
+    again, offs = parse_csv(solution_csv(buffers, [0, 4]))
+    assert again == buffers and offs == [0, 4]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty file"),
+    ("id,lower,size\nx,0,4\n", "missing column"),
+    ("id,lower,upper,size\nx,0,3,four\n", "line 2: size 'four' is not an integer"),
+    ("id,lower,upper,size\nx,0,3\n", "line 2: 3 fields"),
+    ("id,lower,upper,size\nx,0,3,-4\n", "line 2: buffer 'x': size -4 is negative"),
+    ("id,lower,upper,size\nx,3,3,4\n", "line 2: buffer 'x': upper 3 <= lower 3"),
+    ("id,lower,upper,size\nx,0,3,4\nx,1,2,4\n", "appears twice"),
+    ("id,lower,upper,size,gaps\nx,0,3,4,1-2\n", "gaps are not supported"),
+])
+def test_csv_errors_name_the_problem(text, message):
+    with pytest.raises(ModelImportError, match=message):
+        parse_csv(text, "p.csv")
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+def _run(args):
+    return CliRunner().invoke(cli.main, args)
+
+
+@pytest.fixture
+def example_csv(tmp_path):
+    path = tmp_path / "input.12.csv"
+    path.write_text("id,lower,upper,size\nb1,0,3,4\nb2,3,9,4\nb3,0,9,4\nb4,9,21,4\nb5,0,21,4\n")
+    return path
+
+
+def test_cli_writes_a_valid_solution(example_csv, tmp_path):
+    out = tmp_path / "solution.csv"
+    res = _run(["alloc", str(example_csv), "--capacity", "12", "-o", str(out)])
+    assert res.exit_code == 0, res.stderr
+    buffers, offsets = read_csv(out)
+    validate(buffers, offsets, 12)
+    assert "optimal" in res.stdout
+
+
+def test_cli_json_is_one_object(example_csv):
+    res = _run(["alloc", str(example_csv), "--json"])
+    assert res.exit_code == 0
+    obj = json.loads(res.stdout)
+    assert obj["height"] == obj["lower_bound"] == 12 and obj["status"] == "optimal"
+    validate(EXAMPLE, [obj["offsets"][b.id] for b in EXAMPLE], 12)
+
+
+@pytest.mark.parametrize("body, code, message", [
+    ("id,lower,upper,size\nb1,0,3,x\n", 3, "size 'x' is not an integer"),
+    ("id,lower,upper,size\nb1,0,3,-4\n", 3, "size -4 is negative"),
+    ("id,lower,upper,size\nb1,5,2,4\n", 3, "upper 2 <= lower 5"),
+    ("id,lower,upper,size\nb1,0,3,4\nb2,0,3,8\n", 1, "lower bound is 12 bytes"),
+])
+def test_cli_failures_are_one_line_and_write_nothing(tmp_path, body, code, message):
+    problem, out = tmp_path / "p.csv", tmp_path / "out.csv"
+    problem.write_text(body)
+    res = _run(["alloc", str(problem), "--capacity", "11", "-o", str(out)])
+    assert res.exit_code == code
+    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_cli_refuses_to_overwrite_the_problem(example_csv):
+    before = example_csv.read_text()
+    res = _run(["alloc", str(example_csv), "-o", str(example_csv)])
+    assert res.exit_code == 2 and example_csv.read_text() == before
+
+
+def test_cli_missing_file_and_bad_capacity(tmp_path, example_csv):
+    assert _run(["alloc", str(tmp_path / "nope.csv")]).exit_code == 2
+    res = _run(["alloc", str(example_csv), "--capacity", "twelve"])
+    assert res.exit_code == 2 and "--capacity" in res.stderr
