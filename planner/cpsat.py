@@ -67,7 +67,7 @@ class PlannerOptions:
     # Deterministic parallel search (interleave_search); off races workers (faster, not repeatable).
     deterministic: bool = True
     # Share of the remaining time phase 1 (find any plan within budget) may use.
-    feasibility_share: float = 0.85
+    feasibility_share: float = 0.9
     # Ticks per unplanned run on the real-time axis (swap mode only).
     time_resolution: int = 100_000
     # Recompute slots per step beyond what the hints use (slot axis): more freedom, bigger domains.
@@ -75,6 +75,11 @@ class PlannerOptions:
     # Grow computation counts and slots so every hint fits the model (never worse than a hint).
     # Off gives a model that does not depend on the budget's hints (same slots at every budget).
     grow_from_hints: bool = True
+    # Baseline plans computing some node more often than this are not used as hints (on random
+    # DAGs Chen's plan recomputes nodes dozens of times and would blow the model up).
+    hint_computations: int = 6
+    # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
+    ladder_steps: int = 4
     # Spare slots per step when no baseline fits and the solver must find chains on its own.
     search_slots: int = 2
     # Full-search subsolvers in the portfolio (empty: CP-SAT's own list). One LP search leaves
@@ -82,6 +87,8 @@ class PlannerOptions:
     subsolvers: tuple[str, ...] = ("default_lp",)
     # Fuse single-use chains first when the graph has more nodes than this (planner/coarsen.py).
     coarsen_above: int = 2000
+    # Extra CP-SAT parameters as (name, value) pairs (experiments; empty by default).
+    solver_params: tuple[tuple[str, object], ...] = ()
     # Solver log on stderr (debugging).
     log_search: bool = False
 
@@ -125,14 +132,14 @@ class RematModel:
     def _set_counts(self, hints: Sequence[Plan]) -> None:
         """C_v: 1 for buffers that cannot or need not be recomputed, else max_computations."""
         p = self.p
-        readers = np.array([len(s) for s in p.succ_lists])
-        useful = p.recomputable & (p.last_use > np.arange(p.n) + 1)
-        counts = np.where(useful, np.minimum(self.opt.max_computations, readers + 1), 1)
+        self.until = self._needed_until()
+        useful = p.recomputable & (self.until > np.arange(p.n) + 1)
+        counts = np.where(useful, self.opt.max_computations, 1)
         for plan in hints if self.opt.grow_from_hints else ():
             c = np.array(plan.counts(p.n)["compute"])
             counts = np.maximum(counts, np.where(p.recomputable, c, 1))
         self.counts = counts.astype(int)
-        self.swappable = p.swappable & (p.last_use > np.arange(p.n) + 1) if self.timed else np.zeros(p.n, bool)
+        self.swappable = p.swappable & (self.until > np.arange(p.n) + 1) if self.timed else np.zeros(p.n, bool)
 
     def _set_scales(self) -> None:
         p = self.p
@@ -183,7 +190,9 @@ class RematModel:
         self._add_swaps()
         self._add_reads()
         self._add_memory()
-        if self.opt.knapsack_cuts:
+        # With a free capacity every step gets a dense cut; past a few hundred nodes presolving
+        # them costs more than the bound they give (RL1000: 46 s), so phase 1 skips them there.
+        if self.opt.knapsack_cuts and (self.budget is not None or self.p.n <= 400):
             self._add_knapsack_cuts()
         self._add_objective()
 
@@ -201,6 +210,7 @@ class RematModel:
         self.inst: list[_Instance] = []
         self.of_node: list[list[int]] = [[] for _ in range(p.n)]
         H = self.horizon
+        until = self.until
         for v in range(p.n):
             d = self._occupy(v)
             if self.timed:
@@ -217,7 +227,7 @@ class RematModel:
                 e = m.NewIntVar(lo_s + d, H, f"E{v}")
                 m.Add(e >= s + d)
             self._register(_Instance(v, ORIGINAL, s, e, 1, d))
-            last = int(p.last_use[v])
+            last = int(until[v])
             lo = (lo_s + d) if self.timed else int(self.pos[v]) + 1
             hi = (int(self.hi[last]) - d) if self.timed else int(self.pos[last])
             for k in range(1, int(self.counts[v])):
@@ -227,6 +237,17 @@ class RematModel:
                 m.Add(e >= s + d)
                 m.Add(s == lo).OnlyEnforceIf(lit.Not())  # absent: pinned, no symmetry
                 self._register(_Instance(v, RECOMPUTE, s, e, lit, d))
+
+    def _needed_until(self) -> np.ndarray:
+        """Last step that may read v: its last reader, or later where a recomputed reader
+        (of a reader...) needs it again."""
+        p = self.p
+        until = p.last_use.copy()
+        for v in range(p.n - 1, -1, -1):
+            for w in p.succ_lists[v]:
+                if p.recomputable[w]:
+                    until[v] = max(until[v], until[w])
+        return until
 
     def _register(self, inst: _Instance) -> int:
         self.inst.append(inst)
@@ -269,7 +290,7 @@ class RematModel:
             v = int(v)
             orig = self.inst[self.of_node[v][0]]
             tr = int(self.tr[v])
-            last = int(p.last_use[v])
+            last = int(self.until[v])
             lit = m.NewBoolVar(f"w{v}")
             so = m.NewIntVar(int(self.lo[v]) + orig.dur, self.horizon, f"SO{v}")
             m.Add(so >= orig.start + orig.dur)
@@ -477,6 +498,10 @@ class RematModel:
         for sub in self.opt.subsolvers:
             prm.subsolvers.append(sub)
         prm.log_search_progress = bool(self.opt.log_search)
+        if self.p.n > 400:
+            prm.cp_model_probing_level = 0  # probing a large model took most of the time (RL1000: 40 s)
+        for key, value in self.opt.solver_params:
+            setattr(prm, key, value)
         callback = _StopAt(self.cap, stop_at) if stop_at is not None else None
         t0 = time.perf_counter()
         status = solver.Solve(self.m, callback)

@@ -105,14 +105,18 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         stats = SolverStats(wall_s=time.perf_counter() - t0, bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers)
         return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
                       peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
-    hints = [c.plan for c in cands.values()]
+    # Hints shape the model (instances, slots): only plans that stay near its size qualify.
+    usable = [c for c in cands.values() if _max_computations(c) <= opt.hint_computations]
+    hints = [c.plan for c in usable]
     phases: list[PhaseResult] = []
     named_hint: dict[str, int] | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
     if fallback is None:
         # no baseline fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
-        low = min(cands.values(), key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
+        low = _lowest_greedy(problem, budget, usable, opt.ladder_steps)
+        if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
+            hints.append(low.plan)
         m1 = RematModel(problem, None, opt, hints)
         m1.set_objective_peak()
         h = m1.hint_from_plan(low.plan)
@@ -139,7 +143,11 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                           + (f"; the best plan found peaks at {best} bytes" if best else ""))
     m2 = RematModel(problem, budget, opt, hints)
     m2.set_objective_time()
-    hint = m2.hint_by_name(named_hint) if named_hint else m2.hint_from_plan(fallback.plan)
+    source = next((c for c in fitting if c in usable), None)
+    if named_hint:
+        hint = m2.hint_by_name(named_hint)
+    else:
+        hint = m2.hint_from_plan(source.plan) if source is not None else None
     if hint:
         m2.apply_hint(hint)
     r2 = m2.solve("optimize", left())
@@ -174,6 +182,27 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     )
 
 
+def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate], steps: int) -> Candidate:
+    """The lowest-peak start for phase 1: bisect the greedy's budget between ``budget`` (where it
+    failed) and the unplanned peak, so the search starts from a plan as low as the greedy gets."""
+    best = min(usable, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
+    lo, hi = budget, best.sim.peak_bytes
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        if mid <= lo:
+            break
+        g = baseline(problem, "greedy", mid)
+        if g is not None and g.sim.peak_bytes <= mid:
+            hi, best = g.sim.peak_bytes, g
+        else:
+            lo = mid
+    return best
+
+
+def _max_computations(c: Candidate) -> int:
+    return int(c.sim.compute_counts.max()) if len(c.sim.compute_counts) else 0
+
+
 def _stats(opt: PlannerOptions, t0: float, bound, gap, phases: list[PhaseResult]) -> SolverStats:
     return SolverStats(
         wall_s=time.perf_counter() - t0, bound=bound, gap=gap, seed=opt.seed, workers=opt.workers,
@@ -192,6 +221,7 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     if g is not None and g.sim.peak_bytes <= floor:
         return floor, floor, True
     cands = [c for c in (baseline(problem, s, floor) for s in BASELINES) if c is not None]
+    cands = [c for c in cands if _max_computations(c) <= options.hint_computations]
     low = min(cands, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
     m = RematModel(problem, None, options, [c.plan for c in cands])
     m.set_objective_peak()
