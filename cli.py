@@ -470,7 +470,8 @@ def _resolve_budget(text: str, problem) -> int:
 @click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True)
 @click.option("--device", "device_name", default="H100", show_default=True,
               help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
-@click.option("--swap/--no-swap", default=True, show_default=True, help="ONNX models: allow swapping to host memory.")
+@click.option("--swap/--no-swap", default=False, show_default=True,
+              help="ONNX models: also allow swapping to host memory (the swap model solves slower; opt in).")
 @dim_option
 @click.option("--forward", is_flag=True, help="ONNX models: plan the graph as it is (no training step).")
 @click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default="none", show_default=True,
