@@ -205,9 +205,10 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
     from planner.cpsat import PlannerOptions
     from planner.gate import PlanOutcome
 
-    _, node_time, transfer, overlap = _device_costs(device)
+    _, node_time, _, overlap = _device_costs(device)
+    # recompute only, like `memplan plan` by default (swap is opt-in there)
     pm = plan_graph(graph, budget_bytes, options=PlannerOptions(time_limit=time_limit), node_time=node_time,
-                    transfer_time=transfer, copy_overlap=overlap, time_unit="s")
+                    transfer_time=None, copy_overlap=overlap, time_unit="s")
     r = pm.result
     if not pm.ok:
         if r.status == "infeasible" and r.least_bytes is not None:
