@@ -23,6 +23,13 @@ from planner.errors import PlannerError
 from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
 
+#: Optional outputs a recompute copy may omit when nothing reads them (ORT would keep an unread
+#: output to the end of the run).
+OPTIONAL_OUTPUTS: Mapping[str, tuple[int, ...]] = {
+    "MaxPool": (1,), "Dropout": (1,), "SoftmaxCrossEntropyLoss": (1,), "LayerNormalization": (1, 2),
+}
+
+
 class PlanMismatchError(PlannerError):
     """The plan does not fit this model (other model, edited file, corrupted plan)."""
 
@@ -44,6 +51,7 @@ class _Rewriter:
         self.swap_count: dict[int, int] = {}
         self.last_output: int | None = None  # new-graph tensor of the last ordinary computation
         self.in_chain = False  # inside a run of recomputes (only the first gets an ordering edge)
+        self.skipped: set[int] = set()  # tensors whose current computation was not emitted (never read)
 
     # ---- setup ---------------------------------------------------------------------------
     def _copy_constants(self) -> None:
@@ -54,12 +62,50 @@ class _Rewriter:
         for t in g.initializers():
             self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
 
+    def _reads(self, schedule: Sequence[Mapping[str, object]]) -> dict[int, set[int]]:
+        """For each compute event: the output tensors some later event reads from that computation."""
+        live: dict[int, int] = {}  # tensor -> index of the compute event whose copy is current
+        used: dict[int, set[int]] = {}
+        for i, ev in enumerate(schedule):
+            op = ev.get("op")
+            if op == "compute" and ev.get("node") in self.node_by_name:
+                node = self.node_by_name[ev["node"]]  # type: ignore[index]
+                for t in node.inputs:
+                    if t in live:
+                        used.setdefault(live[t], set()).add(t)
+                used.setdefault(i, set())
+                for t in node.outputs:
+                    if t != NO_TENSOR:
+                        live[t] = i
+            elif op in ("free", "swap_out"):
+                t = self.g.by_name.get(ev.get("tensor"))  # type: ignore[arg-type]
+                if t in live:
+                    if op == "swap_out":
+                        used.setdefault(live[t], set()).add(t)
+                    del live[t]
+        for t in self.g.outputs:
+            if t in live:
+                used.setdefault(live[t], set()).add(t)
+        return used
+
     def run(self, schedule: Sequence[Mapping[str, object]]) -> Graph:
         self._copy_constants()
+        used = self._reads(schedule)
+        wanted = {n for i, outs in used.items() if outs for n in [schedule[i].get("node")]}
         for k, event in enumerate(schedule):
             op = event.get("op")
             if op == "compute":
-                self._compute(self._node(event, k))
+                node = self._node(event, k)
+                if not used.get(k) and node.name in wanted:
+                    # computed, then dropped before anyone read it: ORT would keep an unread
+                    # output to the end of the run, so this computation is not emitted
+                    self.computed.setdefault(node.id, 0)
+                    for t in node.outputs:
+                        if t != NO_TENSOR:
+                            self.current[t] = None
+                            self.skipped.add(t)
+                    continue
+                self._compute(node, used.get(k, set()))
             elif op == "free":
                 self._free(self._tensor(event, k))
             elif op == "swap_out":
@@ -101,7 +147,7 @@ class _Rewriter:
         return cur
 
     # ---- events ----------------------------------------------------------------------------
-    def _compute(self, node: Node) -> None:
+    def _compute(self, node: Node, read: set[int] | frozenset[int] = frozenset()) -> None:
         k = self.computed.get(node.id, 0)
         inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, f"node {node.name!r}") for t in node.inputs]
         if k == 0:
@@ -112,12 +158,17 @@ class _Rewriter:
             if not self.in_chain:
                 inputs = self._ordered(inputs, f"{name}__order")
             self.in_chain = True
-        outs = [None if t == NO_TENSOR else (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype,
-                                             self.g.tensors[t].shape) for t in node.outputs]
+        droppable = OPTIONAL_OUTPUTS.get(node.op_type, ()) if k > 0 else ()
+        outs = [None if t == NO_TENSOR or (slot in droppable and t not in read) else
+                (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype, self.g.tensors[t].shape)
+                for slot, t in enumerate(node.outputs)]
         new = self.b.node(node.op_type, inputs, outs, name=name, domain=node.domain, attrs=node.attrs)
         for old, t in zip(node.outputs, new):
             if old != NO_TENSOR:
-                self.current[old] = t
+                self.current[old] = t if t != NO_TENSOR else None
+                self.skipped.discard(old)
+                if t == NO_TENSOR:
+                    self.skipped.add(old)
         if k == 0:
             self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
         self.computed[node.id] = k + 1
@@ -125,6 +176,8 @@ class _Rewriter:
     def _free(self, tid: int) -> None:
         if self.g.tensors[tid].kind is not TensorKind.ACTIVATION:
             raise PlanMismatchError(f"the plan frees {self.g.tensors[tid].name!r}, an input or initializer")
+        if tid in self.skipped:
+            return  # its computation was not emitted (nobody read it)
         self._read(tid, "a free event")
         self.current[tid] = None
 
