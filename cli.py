@@ -491,11 +491,13 @@ def _resolve_budget(text: str, problem) -> int:
 @click.option("--arena", is_flag=True, help="ONNX models: place every buffer at a fixed offset in one arena and "
               "check the budget against the arena height.")
 @click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits, unplanned and planned.")
+@click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen; --budget is ignored.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimizer, lr, time_limit, seed, workers,
          max_computations, swap_bandwidth, swap_overlap, output, emit, as_json, explain, arena, max_batch,
-         batch_dim) -> None:
+         batch_dim, sweep_png) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
     MODEL is an ONNX model (planned as a training step unless --forward or it already is one),
@@ -511,6 +513,9 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations)
     for path in (output, emit):
         _refuse_overwrite(path, model)
+    if sweep_png:
+        return _sweep(model, sweep_png, options, device_name, swap, parse_dims(dims), forward, optimizer, lr,
+                      swap_bandwidth, swap_overlap, as_json)
     if max_batch:
         return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
                           optimizer, lr, batch_dim, as_json)
@@ -613,6 +618,36 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     click.echo(f"  largest batch planned    {result.planned}"
                + (f"  ({result.ratio:.2f}x, +{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
                   if pm is not None and result.ratio else ""))
+
+
+def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr, swap_bandwidth, swap_overlap,
+           as_json) -> None:
+    """--sweep: every strategy at 100%..40% of the unplanned peak; a PNG and a table."""
+    from planner.fileio import atomic_write
+    from planner.lowering import lower
+    from planner.problem import is_remat_json
+    from planner.sweep import sweep, sweep_png
+
+    _refuse_overwrite(png, model)
+    if is_remat_json(model):
+        problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
+    else:
+        graph, _ = _graph_to_plan(model, dims, forward, optimizer, lr)
+        _, node_time, transfer, overlap = _device_costs(device_name)
+        problem, _ = lower(graph, node_time=node_time, transfer_time=transfer if swap else None,
+                           copy_overlap=overlap, time_unit="s")
+    fractions = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+    rows = sweep(problem, fractions, ["cpsat", "greedy", "chen"], options)
+    atomic_write(png, sweep_png(rows, f"{model}: budget vs added time"))
+    if as_json:
+        emit_json({"schema": "memplan.sweep/1", "model": model, "rows": rows})
+        return
+    click.echo(f"{'strategy':8s} {'budget':>6s} {'status':>12s} {'added %':>8s} {'solve s':>7s}")
+    for r in rows:
+        added = "-" if r["added_time_pct"] is None else f"{r['added_time_pct']:.2f}"
+        click.echo(f"{r['strategy']:8s} {100 * r['budget_fraction']:5.0f}% {r['status']:>12s} {added:>8s} "
+                   f"{r['solve_s']:7.2f}")
+    click.echo(f"wrote {png}")
 
 
 def _arena_report(graph, budget: int, time_limit: float) -> dict:

@@ -117,3 +117,17 @@ def test_arena_at_lower_bound(budget):
     arena = json.loads(out)["arena"]
     assert arena["lower_bound_bytes"] <= arena["height_bytes"] <= 1.01 * arena["lower_bound_bytes"]
     assert arena["total_bytes"] <= json.loads(out)["budget_bytes"]
+
+
+def test_sweep_png_and_rows(tmp_path):
+    png = tmp_path / "sweep.png"
+    rc, out, err = memplan("plan", "zoo:gpt", "--budget", "50%", "--sweep", png, "--time-limit", "2", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)["rows"]
+    assert {r["strategy"] for r in rows} == {"cpsat", "greedy", "chen"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    by = {(r["strategy"], r["budget_fraction"]): r for r in rows}
+    for f in (0.9, 0.8, 0.7):  # cpsat is hinted with greedy: never more added time where both fit
+        c, g = by[("cpsat", f)], by[("greedy", f)]
+        if g["added_time_pct"] is not None:
+            assert c["added_time_pct"] is not None and c["added_time_pct"] <= g["added_time_pct"] + 1e-9
