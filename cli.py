@@ -545,7 +545,8 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
             raise BudgetInfeasibleError(
                 f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}); "
                 f"budget {budget} ({format_bytes(budget)})", least_bytes=least)
-        raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}); try --strategy cpsat")
+        hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""
+        raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}){hint}")
     if output:
         atomic_write(output, json.dumps(obj, indent=2) + "\n")
     if emit and planned is not None:

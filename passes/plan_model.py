@@ -84,10 +84,12 @@ def plan_graph(
             return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak)
         log.info("rewritten graph peaks %d bytes over the budget; re-solving tighter", peak - budget)
         target -= (peak - budget) << attempt  # doubling: a heuristic's plan may not move for a small step
-    note = result.note if result is not None and result.plan is None else (
-        f"every plan found peaks over the budget once rewritten (last: {peak} bytes); try a slightly larger budget")
-    failed = replace(result, budget_bytes=budget, plan=None, status=result.status if result.plan is None
-                     else "infeasible", note=note)
+    if attempt == 0:  # the solver itself found no plan: its status and least memory stand
+        failed = replace(result, budget_bytes=budget)
+    else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
+        failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
+                         note="the plans found overshoot the budget once rewritten into the model, and tighter "
+                              "solves found none; try a slightly larger budget")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None)
 
 

@@ -23,8 +23,8 @@ from planner.errors import PlannerError
 from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
 
-#: Optional outputs a recompute copy may omit when nothing reads them (ORT would keep an unread
-#: output to the end of the run).
+#: Optional outputs a computation may omit when the plan reads that output only from another copy
+#: (ORT would keep an unread output to the end of the run). Required ones get a ``Size`` reader.
 OPTIONAL_OUTPUTS: Mapping[str, tuple[int, ...]] = {
     "MaxPool": (1,), "Dropout": (1,), "SoftmaxCrossEntropyLoss": (1,), "LayerNormalization": (1, 2),
 }
@@ -92,6 +92,8 @@ class _Rewriter:
         self._copy_constants()
         used = self._reads(schedule)
         wanted = {n for i, outs in used.items() if outs for n in [schedule[i].get("node")]}
+        # outputs some computation's copy is read from: any other copy left unread would dangle
+        self.wanted_outputs = {t for outs in used.values() for t in outs} - set(self.g.outputs)
         for k, event in enumerate(schedule):
             op = event.get("op")
             if op == "compute":
@@ -158,8 +160,10 @@ class _Rewriter:
             if not self.in_chain:
                 inputs = self._ordered(inputs, f"{name}__order")
             self.in_chain = True
-        droppable = OPTIONAL_OUTPUTS.get(node.op_type, ()) if k > 0 else ()
-        outs = [None if t == NO_TENSOR or (slot in droppable and t not in read) else
+        # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run
+        unread = {t for t in node.outputs if t != NO_TENSOR and t not in read and t in self.wanted_outputs}
+        droppable = OPTIONAL_OUTPUTS.get(node.op_type, ())
+        outs = [None if t == NO_TENSOR or (slot in droppable and t in unread) else
                 (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype, self.g.tensors[t].shape)
                 for slot, t in enumerate(node.outputs)]
         new = self.b.node(node.op_type, inputs, outs, name=name, domain=node.domain, attrs=node.attrs)
@@ -169,6 +173,11 @@ class _Rewriter:
                 self.skipped.discard(old)
                 if t == NO_TENSOR:
                     self.skipped.add(old)
+        for slot, (old, t) in enumerate(zip(node.outputs, new)):
+            if t != NO_TENSOR and old in unread:
+                # a required output nobody reads: hand it to a tiny reader so ORT frees it
+                self.b.node("Size", [t], [(f"{self.b.tensor(t).name}__sink", "int64", ())],
+                            name=f"{self.b.tensor(t).name}__sink")
         if k == 0:
             self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
         self.computed[node.id] = k + 1
