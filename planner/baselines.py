@@ -1,16 +1,14 @@
 """Reference strategies: no remat, Chen et al.'s sqrt(n) checkpointing, and a budget greedy.
 
-All three drive one executor, :func:`keep_schedule`: walk the fixed order; before a node runs,
-recompute any input that is not resident (recursively, from whatever is resident); after it runs,
-free what the policy says. The policy is a ``keep`` mask plus a ``window``:
-  * a buffer with no later reader in the fixed order is freed (graph outputs excepted);
+No remat and Chen drive one executor, :func:`keep_schedule`: walk the fixed order; before a node
+runs, recompute any input that is not resident (with whatever it needs, once per step, in id
+order); after it runs, free what the policy says. The policy is a ``keep`` mask plus a window:
+  * a buffer nobody reads any more (directly, or through a recompute of a dropped reader) is freed;
   * a kept buffer stays until then;
-  * any other buffer is freed as soon as its next reader is more than ``window`` steps away.
-So a recomputed segment stays resident while its readers come soon (Chen's backward pass), and
-everything the executor emits is a valid schedule whatever the mask.
-
-The greedy lives in planner/greedy.py. They serve as comparison rows and as hints for the
-CP-SAT model.
+  * any other buffer is freed as soon as its next read is more than ``window`` steps away.
+So a segment recomputed for Chen's backward pass stays while its readers come soon, and whatever
+the mask, the executor emits a valid schedule. The budget greedy lives in planner/greedy.py.
+All of them are comparison rows and hints for the CP-SAT model.
 """
 from __future__ import annotations
 

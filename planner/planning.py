@@ -2,9 +2,10 @@
 
 cpsat: baselines first (no remat, Chen, greedy); if no remat fits, done. Otherwise the CP-SAT
 model is hinted with the cheapest baseline that fits; if none fits, phase 1 minimises the peak
-from the lowest-peak baseline and stops at the first plan within budget (or proves there is
-none). Phase 2 minimises added time. The result is never worse than a fitting baseline, and its
-plan has passed simulate() against the budget.
+from the lowest plan the greedy reaches (its budget bisected) and stops at the first plan within
+budget (or proves there is none). Phase 2 minimises added time. The result is never worse than a
+fitting baseline, and its plan has passed simulate() against the budget. Problems above
+``coarsen_above`` nodes are solved fused first (planner/coarsen.py).
 
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
 not fit. Budgets below :attr:`PlanningProblem.memory_floor` are infeasible outright; the least

@@ -346,10 +346,6 @@ def is_remat_json(model: str) -> bool:
     return str(model).lower().endswith(".json")
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -((-a) // b)
-
-
 def gcd_of(values: Sequence[int]) -> int:
     g = 0
     for v in values:

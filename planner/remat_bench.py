@@ -78,6 +78,7 @@ def run(
                     "gap": res.solver.gap,
                     "least_bytes": res.least_bytes,
                     "least_pct": None if res.least_bytes is None else 100 * res.least_bytes / problem.unplanned_peak,
+                    "least_exact": res.least_exact,
                     "time_limit_s": opt.time_limit if strategy == "cpsat" else None,
                     "note": res.note,
                 }
@@ -104,7 +105,8 @@ HEADER = ("graph", "N", "budget", "strategy", "status", "peak/budget", "added %"
 def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     status = r["status"]
     if status == "infeasible" and r.get("least_pct") is not None:
-        status = f"infeasible (least {r['least_pct']:.1f}%)"
+        bound = "" if r.get("least_exact") else ">="
+        status = f"infeasible (least {bound}{r['least_pct']:.1f}%)"
     return (
         r["graph"], str(r["n"]), f"{r['budget_pct']}%", r["strategy"], status,
         "-" if r["peak_over_budget"] is None else f"{r['peak_over_budget']:.3f}",

@@ -307,3 +307,38 @@ def test_coarsening_fuses_single_use_chains_and_expands_valid_plans():
         res = solve(p, budget, "cpsat", opts)
         check_result(p, res, budget)
         assert ("fused nodes" in res.note) == (budget < p.unplanned_peak)
+
+
+def device_swap_graph(dev) -> PlanningProblem:
+    """x -> A (1 GiB Relu) is read again only by out; c2 -> c3 -> c4 are long GEMMs in between and
+    the memory between them forces A out. Times and transfers come from the device profile."""
+    from planner.costs import op_time
+
+    mib = 2**20
+    a_elems = 2**28  # 1 GiB of fp32
+    gemm = ("MatMul", [(16384, 32768), (32768, 16384)], [(16384, 16384)], {})
+    cost = [
+        op_time("Relu", [(256,)], [(256,)], {}, dev),
+        op_time("Relu", [(a_elems,)], [(a_elems,)], {}, dev),
+        op_time(*gemm, dev), op_time(*gemm, dev), op_time(*gemm, dev),
+        op_time("Add", [(256,), (256,)], [(256,)], {}, dev),
+    ]
+    p = PlanningProblem.build(size=[mib, 1024 * mib, 512 * mib, 512 * mib, mib, mib], cost=cost,
+                              preds=[[], [0], [0], [2], [3], [1, 4]], time_unit="s")
+    return p.with_swap(p.size / dev.link_bandwidth, copy_overlap=dev.copy_overlap)
+
+
+def test_device_profiles_decide_swap_or_recompute():
+    from planner.devices import PROFILES, cpu_profile
+
+    budget = 1700 * 2**20  # A cannot stay through c3 (A + c2 + c3 = 2 GiB)
+    on_gpu = device_swap_graph(PROFILES["H200"])  # 21 ms transfer behind ~35 ms GEMMs
+    res = solve(on_gpu, budget, "cpsat", ONE)
+    check_result(on_gpu, res, budget)
+    assert res.plan.counts(on_gpu.n)["swap_in"][1] == 1 and res.added_time < 1e-3 * on_gpu.cost[1]
+    on_cpu = device_swap_graph(cpu_profile())  # copies block compute: two transfers > one recompute
+    res = solve(on_cpu, budget, "cpsat", ONE)
+    check_result(on_cpu, res, budget)
+    counts = res.plan.counts(on_cpu.n)
+    assert counts["compute"][1] == 2 and counts["swap_in"][1] == 0
+    assert res.added_time == pytest.approx(on_cpu.cost[1], rel=1e-6)
