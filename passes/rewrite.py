@@ -62,18 +62,34 @@ class _Rewriter:
         for t in g.initializers():
             self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
 
+    def _live_nodes(self) -> set[int]:
+        """Nodes some graph output depends on (the others are emitted as the plan computes them)."""
+        g, live = self.g, set()
+        stack = [g.tensors[t].producer for t in g.outputs if g.tensors[t].producer >= 0]
+        while stack:
+            n = stack.pop()
+            if n not in live:
+                live.add(n)
+                stack.extend(g.tensors[t].producer for t in g.nodes[n].inputs
+                             if t != NO_TENSOR and g.tensors[t].producer >= 0)
+        return live
+
     def _reads(self, schedule: Sequence[Mapping[str, object]]) -> dict[int, set[int]]:
-        """For each compute event: the output tensors some later event reads from that computation."""
+        """For each emitted compute event: the output tensors some later emitted event reads from it.
+
+        A computation is emitted when a graph output, a swap-out or another emitted computation reads
+        it (walking the schedule backwards, as reads only go forwards), or when no graph output
+        depends on its node at all. A computation read only by computations that are not emitted
+        is not emitted either: ORT would keep its unread outputs to the end of the run.
+        """
         live: dict[int, int] = {}  # tensor -> index of the compute event whose copy is current
+        sources: dict[int, list[tuple[int, int]]] = {}  # compute event -> (producer event, tensor) it reads
         used: dict[int, set[int]] = {}
         for i, ev in enumerate(schedule):
             op = ev.get("op")
             if op == "compute" and ev.get("node") in self.node_by_name:
                 node = self.node_by_name[ev["node"]]  # type: ignore[index]
-                for t in node.inputs:
-                    if t in live:
-                        used.setdefault(live[t], set()).add(t)
-                used.setdefault(i, set())
+                sources[i] = [(live[t], t) for t in node.inputs if t in live]
                 for t in node.outputs:
                     if t != NO_TENSOR:
                         live[t] = i
@@ -86,21 +102,30 @@ class _Rewriter:
         for t in self.g.outputs:
             if t in live:
                 used.setdefault(live[t], set()).add(t)
+        needed_nodes = self._live_nodes()
+        for j in sorted(sources, reverse=True):
+            node = self.node_by_name[schedule[j]["node"]]  # type: ignore[index]
+            if j in used or node.id not in needed_nodes:
+                used.setdefault(j, set())
+                for i, t in sources[j]:
+                    used.setdefault(i, set()).add(t)
         return used
 
     def run(self, schedule: Sequence[Mapping[str, object]]) -> Graph:
         self._copy_constants()
-        used = self._reads(schedule)
-        wanted = {n for i, outs in used.items() if outs for n in [schedule[i].get("node")]}
+        used = self._reads(schedule)  # the compute events to emit, and what is read from each
         # outputs some computation's copy is read from: any other copy left unread would dangle
         self.wanted_outputs = {t for outs in used.values() for t in outs} - set(self.g.outputs)
         for k, event in enumerate(schedule):
             op = event.get("op")
             if op == "compute":
                 node = self._node(event, k)
-                if not used.get(k) and node.name in wanted:
-                    # computed, then dropped before anyone read it: ORT would keep an unread
-                    # output to the end of the run, so this computation is not emitted
+                if k not in used:
+                    # computed, then dropped before anything emitted read it: ORT would keep
+                    # its unread outputs to the end of the run, so this computation is not emitted
+                    for t in node.inputs:
+                        if t != NO_TENSOR and t not in self.skipped:
+                            self._read(t, f"node {node.name!r}")
                     self.computed.setdefault(node.id, 0)
                     for t in node.outputs:
                         if t != NO_TENSOR:
@@ -186,6 +211,7 @@ class _Rewriter:
         if self.g.tensors[tid].kind is not TensorKind.ACTIVATION:
             raise PlanMismatchError(f"the plan frees {self.g.tensors[tid].name!r}, an input or initializer")
         if tid in self.skipped:
+            self.skipped.discard(tid)
             return  # its computation was not emitted (nobody read it)
         self._read(tid, "a free event")
         self.current[tid] = None

@@ -131,3 +131,14 @@ def test_sweep_png_and_rows(tmp_path):
         c, g = by[("cpsat", f)], by[("greedy", f)]
         if g["added_time_pct"] is not None:
             assert c["added_time_pct"] is not None and c["added_time_pct"] <= g["added_time_pct"] + 1e-9
+
+
+def test_cnn_default_batch_plan_fits_once_rewritten(tmp_path):
+    """Regression: zoo:cnn at 80% was refused because unread MaxPool Indices copies overshot."""
+    out = tmp_path / "c.onnx"
+    rc, text, err = memplan("plan", "zoo:cnn", "--budget", "80%", "--workers", "1", "--emit", out, "--json")
+    assert rc == 0, err
+    obj = json.loads(text)
+    assert obj["peak_bytes"] <= obj["budget_bytes"]
+    rc, text, err = memplan("verify", "zoo:cnn", out, "--json")
+    assert rc == 0 and json.loads(text)["outputs_equal"] is True, err

@@ -97,3 +97,39 @@ def test_swap_nodes_and_values():
 def test_mismatched_plans_are_refused(bad, match):
     with pytest.raises(PlanMismatchError, match=match):
         apply_schedule(long_skip(4), bad)
+
+
+def pool_with_read_indices():
+    """MaxPool whose Indices reach the output through a view, the shape of a MaxPool backward."""
+    b = GraphBuilder()
+    x = b.input("x", F, (1, 1, 4, 4))
+    y, i = b.node("MaxPool", [x], [("y", F, (1, 1, 2, 2)), ("i", "int64", (1, 1, 2, 2))], name="P",
+                  attrs={"kernel_shape": [2, 2], "strides": [2, 2]})
+    flat = b.initializer("flat", np.array([4], np.int64), trainable=False)
+    (r,) = b.node("Reshape", [i, flat], [("r", "int64", (4,))], name="V")
+    (yf,) = b.node("Reshape", [y, flat], [("yf", F, (4,))], name="YF")
+    (z,) = b.node("Exp", [yf], [("z", F, (4,))], name="Z")
+    (c,) = b.node("Cast", [r], [("c", F, (4,))], name="C", attrs={"to": 1})
+    (out,) = b.node("Add", [z, c], [("out", F, (4,))], name="OUT")
+    b.output(out)
+    return b.build()
+
+
+def test_computations_read_only_by_dropped_ones_are_not_emitted():
+    """Regression (zoo:cnn at 80%): a recompute freed unread, and the copy only it read, left
+    MaxPool Indices copies resident to the end of the run, over the plan's peak."""
+    g = pool_with_read_indices()
+    frees = [{"op": "free", "tensor": t} for t in ("y", "yf", "i", "r")]
+    sched = [{"op": "compute", "node": n} for n in ("P", "V", "YF", "Z")] + frees
+    sched += [{"op": "compute", "node": "P"}, {"op": "compute", "node": "V"}] + frees[2:] + frees[:1]
+    sched += [{"op": "compute", "node": n} for n in ("P", "V", "C", "OUT")]
+    new = apply_schedule(g, sched)
+    outputs = set(new.outputs)
+    dangling = [t.name for t in new.tensors
+                if t.kind.name == "ACTIVATION" and not new.consumers[t.id] and t.id not in outputs]
+    assert dangling == ["y__rc1__sink"]  # the 8-byte Size that frees the unread required output
+    assert [n.op_type for n in new.nodes].count("MaxPool") == 2  # the unread recompute is gone
+    first = next(n for n in new.nodes if n.name == "P")
+    assert first.outputs[1] == -1  # its Indices are read from the later copy only
+    x = np.random.default_rng(2).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(run(export_model(new), {"x": x})[0], run(export_model(g), {"x": x})[0])
