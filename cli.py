@@ -160,6 +160,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     import models
     from passes.onnx_export import export_model
     from passes.onnx_import import import_model, load_proto
+    from passes.plan_model import fingerprint
     from passes.verify import verify_models
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
@@ -167,16 +168,21 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     planned_proto, _, _ = load_proto(planned)
     meta = {p.key: p.value for p in planned_proto.metadata_props}
     made_with = json.loads(meta.get("memplan.plan", "{}"))
-    graph = import_model(model, parse_dims(dims))
+    graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {})
     if made_with.get("train") is not None:
         graph = training_graph(graph, **made_with["train"])
+    if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
+        raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
+                         "plan it again with memplan plan --emit")
     reference = export_model(graph)
     planned_graph = import_model(planned_proto)
     # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
     predicted = analyze(planned_graph, model=MemoryModel(host_copies_resident=True)).dynamic_peak
     feeds = models.example_feeds(reference, seed=seed)
     report = verify_models(reference, planned_proto, feeds, predicted_planned_peak=predicted,
-                           base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol)
+                           base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
+                           predicted_time_overhead=made_with.get("added_time_fraction"),
+                           predicted_device=made_with.get("device"))
     info = report.as_dict()
     if as_json:
         emit_json(info)
@@ -191,10 +197,15 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                    f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
                    f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
                    f"measured/predicted {p['measured_over_predicted']:.3f})")
-        click.echo(f"default ORT  planned dynamic peak {format_bytes(p['default_options_dynamic_peak_bytes'])} "
-                   "with ORT's default session options")
+        d = info["ort_default_options"]
+        click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
+                   f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
+                   f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
+                   f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options()")
+        pred_t = info["predicted_time_overhead"]
+        pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}% on the {info['predicted_time_device']} profile"
         click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
-                   f"({info['time_overhead'] * 100:+.1f}%)")
+                   f"(measured {info['time_overhead'] * 100:+.1f}%, median of alternating runs, 1 thread{pred_text})")
     if not report.outputs_equal:
         sys.exit(EXIT_FAILED)
 
@@ -494,10 +505,12 @@ def _resolve_budget(text: str, problem) -> int:
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen; --budget is ignored.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
+@click.option("--max-added-time", "max_added_pct", type=click.FloatRange(min=0), default=None,
+              help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimizer, lr, time_limit, seed, workers,
          max_computations, swap_bandwidth, swap_overlap, output, emit, as_json, explain, arena, max_batch,
-         batch_dim, sweep_png) -> None:
+         batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
     MODEL is an ONNX model (planned as a training step unless --forward or it already is one),
@@ -518,7 +531,7 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
                       swap_bandwidth, swap_overlap, as_json)
     if max_batch:
         return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
-                          optimizer, lr, batch_dim, as_json)
+                          optimizer, lr, batch_dim, as_json, max_added_pct)
     if is_remat_json(model):
         if emit:
             raise UsageError("--emit writes ONNX models; MODEL is a JSON graph (use -o for the plan)")
@@ -575,10 +588,10 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
 
 
 def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, batch_dim,
-               as_json) -> None:
+               as_json, max_added_pct=None) -> None:
     """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget."""
     import models
-    from passes.plan_model import max_batch, plan_graph
+    from passes.plan_model import added_fraction, max_batch, plan_graph
     from planner.problem import is_remat_json
     from planner.units import format_bytes
 
@@ -604,10 +617,12 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         return plan_graph(graph, limit, strategy=strategy, options=options, node_time=node_time,
                           transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
 
-    result = max_batch(build, budget, plan_at)
+    cap = None if max_added_pct is None else max_added_pct / 100
+    result = max_batch(build, budget, plan_at, max_added=cap)
     pm = result.planned_result
-    added = None if pm is None else pm.result.added_time / max(pm.result.compute_time, 1e-300)
+    added = None if pm is None else added_fraction(pm)
     obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,
+           "device": device_name, "max_added_time_fraction": cap,
            "unplanned_batch": result.unplanned, "planned_batch": result.planned, "ratio": result.ratio,
            "planned_added_time_fraction": added, "planned_peak_bytes": None if pm is None else pm.peak_bytes,
            "probes": [{"batch": b, "kind": k, "fits": f} for b, k, f in result.probes]}
@@ -682,7 +697,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     import math
 
     from passes.onnx_export import export_model
-    from passes.plan_model import fingerprint, plan_graph
+    from passes.plan_model import added_fraction, fingerprint, plan_graph
     from planner.liveness import analyze
 
     graph, train = _graph_to_plan(model, dims, forward, optimizer, lr)
@@ -707,7 +722,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
         obj["arena"] = _arena_report(pm.planned, budget, options.time_limit)
     planned = None
     if pm.planned is not None:
-        made["peak_bytes"] = pm.peak_bytes
+        made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm))
         planned = export_model(pm.planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)})
     return problem, result, obj, planned, budget
 
@@ -744,6 +759,8 @@ def rewrite(model: str, plan_path: str, output: str) -> None:
     planned = apply_schedule(graph, obj.get("schedule") or [])
     peak = analyze(planned).peak_bytes
     made = {k: obj.get(k) for k in ("dims", "train", "device", "budget_bytes", "model_fingerprint")}
+    if obj.get("compute_time"):
+        made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
     made.update(source=model, peak_bytes=peak)
     save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}), output)
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")

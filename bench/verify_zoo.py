@@ -1,11 +1,15 @@
 """Plan, emit and verify every zoo model and torch fixture at 80/60/50% of the unplanned training peak.
 
-    python bench/verify_zoo.py [--strategy greedy|cpsat] [--time-limit 20] [--budgets 80,60,50] [--json OUT]
+    python bench/verify_zoo.py [--strategy cpsat|greedy] [--time-limit 20] [--budgets 80,60,50]
+                               [--device cpu] [--only NAME ...] [--json OUT]
 
-Per row: whether a plan exists, the planned peak (liveness of the rewritten graph), the measured
-peak (passes.verify.measure_peak, CPU ORT with the planned session options), measured/predicted,
-measured/budget, whether loss and every gradient equal the unplanned graph's (bit-identical), and
-predicted vs measured step-time overhead.
+Per row (passes.verify.verify_models, what `memplan verify` prints): whether a plan exists, the
+planned peak (liveness of the rewritten graph, constants included), the measured peak (CPU ORT,
+planned session options, VmHWM recipe), measured/predicted dynamic peak, measured/budget, whether
+loss and every gradient equal the unplanned graph's (bit-identical), the planned model's dynamic
+peak under ORT's default session options over the prediction (arena chunks kept included / arena
+off), and step-time overhead predicted (the plan's added time on --device's cost profile) vs
+measured (median of 7 alternating runs of both models in one process, 1 thread).
 """
 from __future__ import annotations
 
@@ -25,9 +29,10 @@ from passes.autodiff import training_graph  # noqa: E402
 from passes.onnx_export import export_model  # noqa: E402
 from passes.onnx_import import import_model  # noqa: E402
 from passes.plan_model import plan_graph  # noqa: E402
-from passes.verify import compare_outputs, measure_peak  # noqa: E402
+from passes.verify import verify_models  # noqa: E402
 from planner.cpsat import PlannerOptions  # noqa: E402
-from planner.liveness import analyze  # noqa: E402
+from planner.liveness import MemoryModel, analyze  # noqa: E402
+from cli import _device_costs  # noqa: E402
 
 ZOO = {name: f"zoo:{name}?batch={b}" for name, b in
        (("mlp", 2048), ("cnn", 64), ("resnet", 64), ("unet", 32), ("gpt", 64))}
@@ -46,15 +51,18 @@ def cases():
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--strategy", default="greedy")
+    ap.add_argument("--strategy", default="cpsat")
     ap.add_argument("--time-limit", type=float, default=20)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cost profile of the predicted time (cpu: compare with CPU ORT)")
     ap.add_argument("--budgets", default="80,60,50")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--json")
     args = ap.parse_args()
+    _, node_time, _, _ = _device_costs(args.device)
     rows = []
     hdr = f"{'model':12s} {'budget':>6s} {'plan':>8s} {'pred MiB':>9s} {'meas MiB':>9s} {'meas/pred':>9s} " \
-          f"{'meas/budget':>11s} {'equal':>5s} {'pred +t%':>8s} {'meas +t%':>8s}"
+          f"{'meas/budget':>11s} {'equal':>5s} {'dflt/pred':>9s} {'noarena/pred':>12s} {'pred +t%':>8s} {'meas +t%':>8s}"
     print(hdr)
     for name, spec, dims in cases():
         if args.only and name not in args.only:
@@ -63,26 +71,30 @@ def main() -> None:
         ref = export_model(graph)
         feeds = models.example_feeds(ref, seed=0)
         unplanned = analyze(graph).peak_bytes
-        r0 = measure_peak(ref, feeds, keep_outputs=True, repeats=5)
         for pct in (int(x) for x in args.budgets.split(",")):
             budget = math.ceil(unplanned * pct / 100)
-            pm = plan_graph(graph, budget, strategy=args.strategy,
-                            options=PlannerOptions(time_limit=args.time_limit))
+            pm = plan_graph(graph, budget, strategy=args.strategy, node_time=node_time, time_unit="s",
+                            options=PlannerOptions(time_limit=args.time_limit, workers=args.workers, seed=0))
             row = {"model": name, "budget_pct": pct, "budget_bytes": budget, "unplanned_bytes": unplanned,
                    "status": pm.result.status}
             if pm.ok:
-                model = export_model(pm.planned)
-                r1 = measure_peak(model, feeds, keep_outputs=True, repeats=5)
                 base = pm.planned.base_bytes
-                checks = compare_outputs(r0.outputs, r1.outputs, 0.0, 0.0)
-                row.update(predicted=pm.peak_bytes, measured=base + r1.peak_bytes,
-                           ratio=(r1.peak_bytes) / max(1, pm.peak_bytes - base),
-                           over_budget=(base + r1.peak_bytes) / budget, equal=all(c.ok for c in checks),
-                           pred_time=pm.result.added_time / max(pm.result.compute_time, 1e-300),
-                           meas_time=r1.seconds / r0.seconds - 1)
+                predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+                rep = verify_models(ref, export_model(pm.planned), feeds, predicted_planned_peak=predicted,
+                                    base_bytes=base,
+                                    predicted_time_overhead=pm.result.added_time / max(pm.result.compute_time, 1e-300))
+                row.update(predicted=base + predicted, measured=base + rep.planned_peak,
+                           ratio=rep.planned_peak / max(1, predicted),
+                           over_budget=(base + rep.planned_peak) / budget, equal=rep.outputs_equal,
+                           default_ratio=rep.planned_default_peak / max(1, predicted),
+                           no_arena_ratio=rep.planned_default_no_arena_peak / max(1, predicted),
+                           pred_time=rep.predicted_time_overhead,
+                           meas_time=rep.planned_seconds / rep.reference_seconds - 1,
+                           seconds=[rep.reference_seconds, rep.planned_seconds])
                 print(f"{name:12s} {pct:5d}% {pm.result.status:>8s} {row['predicted'] / 2**20:9.2f} "
                       f"{row['measured'] / 2**20:9.2f} {row['ratio']:9.3f} {row['over_budget']:11.3f} "
-                      f"{str(row['equal']):>5s} {100 * row['pred_time']:8.1f} {100 * row['meas_time']:8.1f}", flush=True)
+                      f"{str(row['equal']):>5s} {row['default_ratio']:9.2f} {row['no_arena_ratio']:12.2f} "
+                      f"{100 * row['pred_time']:8.1f} {100 * row['meas_time']:8.1f}", flush=True)
             else:
                 print(f"{name:12s} {pct:5d}% {pm.result.status:>8s}  (least: {pm.result.least_bytes})", flush=True)
             rows.append(row)

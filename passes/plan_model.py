@@ -123,12 +123,19 @@ def _largest(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20) 
     return lo
 
 
-def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph, int], PlannedModel]) -> MaxBatch:
+def added_fraction(pm: PlannedModel) -> float:
+    """The plan's added time over the step's compute time (0 when no plan was needed)."""
+    return pm.result.added_time / max(pm.result.compute_time, 1e-300)
+
+
+def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph, int], PlannedModel],
+              max_added: float | None = None) -> MaxBatch:
     """Largest batch whose training step fits ``budget`` as is, and with a plan.
 
-    ``build(b)`` returns the graph to plan at batch b; ``plan(graph, budget)`` plans it. Memory
-    grows with the batch, so both searches double then bisect; the planned search starts at the
-    unplanned answer (a plan always exists where no plan is needed).
+    ``build(b)`` returns the graph to plan at batch b; ``plan(graph, budget)`` plans it. With
+    ``max_added``, a plan only counts when its added time is at most that fraction of the compute
+    time. Memory (and the recompute needed) grows with the batch, so both searches double then
+    bisect; the planned search starts at the unplanned answer (no plan is needed there).
     """
     probes: list[tuple[int, str, bool]] = []
     graphs: dict[int, Graph] = {}
@@ -147,10 +154,11 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
 
     def fits_planned(b: int) -> bool:
         pm = plan(graph(b), budget)
-        probes.append((b, "planned", pm.ok))
-        if pm.ok:
+        ok = pm.ok and (max_added is None or added_fraction(pm) <= max_added)
+        probes.append((b, "planned", ok))
+        if ok:
             plans[b] = pm
-        return pm.ok
+        return ok
 
     unplanned = _largest(fits_unplanned)
     planned = _largest(fits_planned, start=max(1, unplanned))

@@ -7,9 +7,10 @@ Post: a validated Graph with the nodes in planned order. The first computation o
 names; the k-th recomputation is a copy named ``<node>__rc<k>`` writing ``<tensor>__rc<k>``, and
 every later reader uses the newest copy, so ORT frees the original after its last planned reader.
 A swap is ``MemcpyToHost`` -> ``<tensor>__host`` and ``MemcpyFromHost`` -> ``<tensor>__sw<k>``.
-Each recompute chain and swap-in reads its first input through a zero-copy ordering edge tied to
-the tensor computed just before it in the schedule, so even ORT's default (DFS) execution order
-cannot hoist it back to where the original was (DESIGN.md, "How an emitted model must run"):
+Each recompute that reads no other copy (a chain's start) and each swap-in reads its first input
+through a zero-copy ordering edge tied to the last tensor first computed before it in the schedule,
+so ORT's CSE cannot merge it with the original and even ORT's default (DFS) execution order cannot
+hoist it back to where the original was (DESIGN.md, "How an emitted model must run"):
 ``e = Slice(Reshape(Size(G), [1]), [0], [0])`` (an empty int64 vector that depends on G) and
 ``X' = Reshape(X, Concat(shape(X), e))``.
 """
@@ -49,8 +50,14 @@ class _Rewriter:
         self.computed: dict[int, int] = {}  # node id -> times emitted
         self.swapped: dict[int, int] = {}  # tensor id -> host copy id (new graph)
         self.swap_count: dict[int, int] = {}
-        self.last_output: int | None = None  # new-graph tensor of the last ordinary computation
-        self.in_chain = False  # inside a run of recomputes (only the first gets an ordering edge)
+        # new-graph tensor of the last ordinary computation that depends on a graph input: a gate
+        # computed from constants only would be constant-folded by ORT, and the edge with it
+        self.last_output: int | None = None
+        self.dynamic: set[int] = set()  # new-graph tensors that depend on a graph input
+        # new-graph tensors made after their first computation (recompute copies, swap-ins): a
+        # recompute reading one is already ordered; one reading none gets an ordering edge, or ORT's
+        # CSE would merge it with the original (and crash where their optional outputs differ)
+        self.copies: set[int] = set()
         self.skipped: set[int] = set()  # tensors whose current computation was not emitted (never read)
 
     # ---- setup ---------------------------------------------------------------------------
@@ -59,6 +66,7 @@ class _Rewriter:
         for tid in g.inputs:
             t = g.tensors[tid]
             self.current[tid] = b.input(t.name, t.dtype, t.shape)
+            self.dynamic.add(self.current[tid])
         for t in g.initializers():
             self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
 
@@ -179,12 +187,10 @@ class _Rewriter:
         inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, f"node {node.name!r}") for t in node.inputs]
         if k == 0:
             name, suffix = node.name, ""
-            self.in_chain = False
         else:
             name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
-            if not self.in_chain:
+            if not any(t in self.copies for t in inputs):
                 inputs = self._ordered(inputs, f"{name}__order")
-            self.in_chain = True
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run
         unread = {t for t in node.outputs if t != NO_TENSOR and t not in read and t in self.wanted_outputs}
         droppable = OPTIONAL_OUTPUTS.get(node.op_type, ())
@@ -203,8 +209,12 @@ class _Rewriter:
                 # a required output nobody reads: hand it to a tiny reader so ORT frees it
                 self.b.node("Size", [t], [(f"{self.b.tensor(t).name}__sink", "int64", ())],
                             name=f"{self.b.tensor(t).name}__sink")
-        if k == 0:
-            self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
+        if any(t in self.dynamic for t in inputs):
+            self.dynamic.update(t for t in new if t != NO_TENSOR)
+            if k == 0:
+                self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
+        else:
+            self.copies.update(t for t in new if t != NO_TENSOR)
         self.computed[node.id] = k + 1
 
     def _free(self, tid: int) -> None:
@@ -223,6 +233,8 @@ class _Rewriter:
                               name=f"{t.name}__swap_out")
         self.swapped[tid] = host
         self.current[tid] = None
+        if src in self.dynamic:
+            self.dynamic.add(host)
 
     def _swap_in(self, tid: int) -> None:
         t = self.g.tensors[tid]
@@ -234,7 +246,9 @@ class _Rewriter:
         (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
                              name=f"{t.name}__swap_in{k}")
         self.current[tid] = dev
-        self.in_chain = False
+        self.copies.add(dev)
+        if host in self.dynamic:
+            self.dynamic.add(dev)
 
     # ---- ordering edge ---------------------------------------------------------------------
     def _ordered(self, inputs: list[int], prefix: str) -> list[int]:
@@ -253,6 +267,7 @@ class _Rewriter:
         (target,) = b.node("Concat", [shape, empty], [(f"{prefix}_target", "int64", (len(x.shape),))],
                            name=f"{prefix}_target", attrs={"axis": 0})
         (view,) = b.node("Reshape", [x.id, target], [(f"{prefix}_x", x.dtype, x.shape)], name=f"{prefix}_x")
+        self.dynamic.add(view)
         out = list(inputs)
         out[pos] = view
         return out

@@ -13,14 +13,48 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from planner.errors import PlannerError
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The ORT session options that decide a run's memory (one field per knob, ORT's default in ``ORT_DEFAULT``)."""
+
+    optimization: str = "disable"  # graph_optimization_level: disable | basic | extended | all
+    order: str = "priority"  # execution_order: priority (file order for a sorted file) | default (DFS)
+    arena: bool = False  # enable_cpu_mem_arena: keeps freed memory for reuse, grows in large chunks
+    mem_pattern: bool = False  # enable_mem_pattern: one block per run, planned from the first run
+    mem_reuse: bool = False  # enable_mem_reuse: hands dead buffers to new tensors
+
+    def session_options(self):
+        import onnxruntime as ort
+
+        levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                  "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                  "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+        orders = {"priority": ort.ExecutionOrder.PRIORITY_BASED, "default": ort.ExecutionOrder.DEFAULT}
+        so = ort.SessionOptions()
+        so.graph_optimization_level = levels[self.optimization]
+        so.execution_order = orders[self.order]
+        so.enable_cpu_mem_arena = self.arena
+        so.enable_mem_pattern = self.mem_pattern
+        so.enable_mem_reuse = self.mem_reuse
+        so.log_severity_level = 3
+        return so
+
+
+#: What a planned model must run with (README "Running a planned model").
+PLANNED = SessionConfig()
+#: A plain ``ort.SessionOptions()``.
+ORT_DEFAULT = SessionConfig(optimization="all", order="default", arena=True, mem_pattern=True, mem_reuse=True)
 
 
 def planned_session_options(mem_reuse: bool = False):
@@ -30,23 +64,18 @@ def planned_session_options(mem_reuse: bool = False):
     in file order (ORT's default DFS order can double the peak); arena and memory pattern off so
     freed buffers go back at once.
     """
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    so.enable_cpu_mem_arena = False
-    so.enable_mem_pattern = False
-    so.enable_mem_reuse = mem_reuse
-    so.log_severity_level = 3
-    return so
+    return SessionConfig(mem_reuse=mem_reuse).session_options()
 
 
 @dataclass(frozen=True)
 class PeakMeasurement:
-    peak_bytes: int  # VmHWM - VmRSS before the measured run (dynamic memory of one run)
-    seconds: float  # wall time of the measured run
+    peak_bytes: int  # VmHWM - VmRSS before the measured (second) run: one warm run's dynamic memory
+    seconds: float  # median wall time of the timed runs
     outputs: dict[str, np.ndarray] | None = None
+    # VmHWM over the warm-up and the measured run - VmRSS after the session was made: what the process
+    # held for activations at any time, including memory an arena or memory pattern kept from the
+    # first run (with those off it equals ``peak_bytes`` up to first-run kernel state)
+    cold_peak_bytes: int = 0
 
 
 _CHILD = r"""
@@ -54,11 +83,9 @@ import json, sys, time
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, {root!r})
-from passes.verify import planned_session_options
+from passes.verify import SessionConfig
 args = json.loads(sys.argv[1])
-so = planned_session_options() if args["planned"] else ort.SessionOptions()
-if not args["planned"]:
-    so.log_severity_level = 3
+so = SessionConfig(**args["session"]).session_options()
 so.intra_op_num_threads = args["threads"]
 so.inter_op_num_threads = 1
 sess = ort.InferenceSession(args["model"], so, providers=["CPUExecutionProvider"])
@@ -67,7 +94,10 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
-sess.run(None, feeds)  # warm-up: lazy kernel state, thread pools
+open("/proc/self/clear_refs", "w").write("5")
+made = status("VmRSS")
+sess.run(None, feeds)  # warm-up: lazy kernel state, thread pools, the arena's first chunks
+warm_hwm = status("VmHWM")
 open("/proc/self/clear_refs", "w").write("5")
 before = status("VmRSS")
 t0 = time.perf_counter()
@@ -82,7 +112,7 @@ for _ in range(args["repeats"] - 1):
 dt = sorted(times)[len(times) // 2]
 if args["outputs"]:
     np.savez(args["outputs"], **{{o.name: v for o, v in zip(sess.get_outputs(), outs)}})
-print(json.dumps({{"peak": hwm - before, "seconds": dt}}))
+print(json.dumps({{"peak": hwm - before, "cold": max(warm_hwm, hwm) - made, "seconds": dt}}))
 """
 
 
@@ -90,7 +120,7 @@ def measure_peak(
     model: onnx.ModelProto | str | os.PathLike,
     feeds: Mapping[str, np.ndarray],
     *,
-    planned_options: bool = True,
+    session: SessionConfig = PLANNED,
     threads: int = 1,
     keep_outputs: bool = False,
     repeats: int = 3,
@@ -98,35 +128,86 @@ def measure_peak(
 ) -> PeakMeasurement:
     """Measure one run's dynamic peak memory on CPU ORT in a fresh subprocess (Linux only).
 
-    ``seconds`` is the median of ``repeats`` timed runs (the first is the measured one).
+    ``seconds`` is the median of ``repeats`` timed runs (the first is the measured one), on
+    ``threads`` intra-op threads.
     """
-    if not Path("/proc/self/clear_refs").exists():
-        raise PlannerError("peak measurement needs Linux /proc (clear_refs, VmHWM)")
-    root = str(Path(__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="memplan-measure-") as tmp:
-        if isinstance(model, onnx.ModelProto):
-            path = os.path.join(tmp, "model.onnx")
-            onnx.save_model(model, path)
-        else:
-            path = str(model)
-        feeds_path = os.path.join(tmp, "feeds.npz")
-        np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})
+        (path,), feeds_path = _stage(tmp, [model], feeds)
         out_path = os.path.join(tmp, "outputs.npz") if keep_outputs else ""
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0",
-                   OMP_NUM_THREADS=str(threads))
-        args = json.dumps({"model": path, "feeds": feeds_path, "planned": planned_options, "threads": threads,
-                           "outputs": out_path, "repeats": max(1, repeats)})
-        proc = subprocess.run([sys.executable, "-c", _CHILD.format(root=root), args], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise PlannerError(f"measuring the model in onnxruntime failed: {tail}")
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = _run_child(_CHILD, {"model": path, "feeds": feeds_path, "session": session.__dict__,
+                                     "threads": threads, "outputs": out_path, "repeats": max(1, repeats)},
+                            threads, timeout)
         outputs = None
         if keep_outputs:
             with np.load(out_path) as z:
                 outputs = {k: z[k] for k in z.files}
-    return PeakMeasurement(int(result["peak"]), float(result["seconds"]), outputs)
+    return PeakMeasurement(int(result["peak"]), float(result["seconds"]), outputs, int(result["cold"]))
+
+
+def _stage(tmp: str, models: Sequence[onnx.ModelProto | str | os.PathLike], feeds: Mapping[str, np.ndarray]):
+    """Write models (those given as protos) and feeds under ``tmp`` for a child process."""
+    paths = []
+    for i, model in enumerate(models):
+        if isinstance(model, onnx.ModelProto):
+            paths.append(os.path.join(tmp, f"model{i}.onnx"))
+            onnx.save_model(model, paths[-1])
+        else:
+            paths.append(str(model))
+    feeds_path = os.path.join(tmp, "feeds.npz")
+    np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})
+    return paths, feeds_path
+
+
+def _run_child(code: str, args: dict, threads: int, timeout: float) -> dict:
+    """Run ``code`` in a fresh Python with the measuring environment; its last stdout line is JSON."""
+    if not Path("/proc/self/clear_refs").exists():
+        raise PlannerError("peak measurement needs Linux /proc (clear_refs, VmHWM)")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, "-c", code.format(root=root), json.dumps(args)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise PlannerError(f"measuring the model in onnxruntime failed: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_TIMING_CHILD = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime as ort
+sys.path.insert(0, {root!r})
+from passes.verify import PLANNED
+args = json.loads(sys.argv[1])
+so = PLANNED.session_options()
+so.intra_op_num_threads = args["threads"]
+so.inter_op_num_threads = 1
+sessions = [ort.InferenceSession(m, so, providers=["CPUExecutionProvider"]) for m in args["models"]]
+feeds = dict(np.load(args["feeds"]))
+for s in sessions:
+    s.run(None, feeds)
+times = [[] for _ in sessions]
+for _ in range(args["repeats"]):
+    for s, ts in zip(sessions, times):
+        t0 = time.perf_counter()
+        s.run(None, feeds)
+        ts.append(time.perf_counter() - t0)
+print(json.dumps([sorted(ts)[len(ts) // 2] for ts in times]))
+"""
+
+
+def time_models(models: Sequence[onnx.ModelProto | str | os.PathLike], feeds: Mapping[str, np.ndarray], *,
+                repeats: int = 7, threads: int = 1, timeout: float = 600.0) -> list[float]:
+    """Median step time of each model, with the planned session options, in one fresh process.
+
+    The models' runs alternate (A B A B ...) after one warm-up each, so a load change on the machine
+    hits all of them alike; the median of ``repeats`` discards outliers.
+    """
+    with tempfile.TemporaryDirectory(prefix="memplan-time-") as tmp:
+        paths, feeds_path = _stage(tmp, models, feeds)
+        return [float(t) for t in _run_child(_TIMING_CHILD, {"models": paths, "feeds": feeds_path,
+                                                             "threads": threads, "repeats": max(1, repeats)},
+                                             threads, timeout)]
 
 
 # ---- verify: planned model against its reference -------------------------------------------------
@@ -146,16 +227,25 @@ class VerifyReport:
     base_bytes: int  # inputs + initializers of the planned model (resident before the run)
     reference_peak: int  # measured dynamic peak of the reference (planned session options)
     planned_peak: int  # measured dynamic peak of the planned model (planned session options)
-    planned_default_peak: int  # measured with ORT's default session options
+    # planned model under ORT's default session options: the process's high-water mark over two runs
+    # less the one-time kernel state a first run adds (measured with the planned options), so memory
+    # the arena and the memory pattern keep from the first run counts
+    planned_default_peak: int
+    # the same options with the arena off: a warm run's tensor bytes (ORT's order, fusions, memory
+    # reuse and pattern, but no arena chunks)
+    planned_default_no_arena_peak: int
     predicted_planned_peak: int  # liveness model's dynamic peak of the planned model
-    reference_seconds: float
+    reference_seconds: float  # median step time, runs of both models alternated in one process
     planned_seconds: float
+    predicted_time_overhead: float | None = None  # the plan's added time / compute time (device profile)
+    predicted_device: str | None = None
 
     @property
     def outputs_equal(self) -> bool:
         return all(o.ok for o in self.outputs)
 
     def as_dict(self) -> dict:
+        pred = max(1, self.predicted_planned_peak)
         return {
             "schema": "memplan.verify/1",
             "outputs_equal": self.outputs_equal,
@@ -166,10 +256,17 @@ class VerifyReport:
                           "dynamic_peak_bytes": self.reference_peak, "seconds": self.reference_seconds},
             "planned": {"peak_bytes": self.base_bytes + self.planned_peak, "dynamic_peak_bytes": self.planned_peak,
                         "predicted_dynamic_peak_bytes": self.predicted_planned_peak,
-                        "measured_over_predicted": self.planned_peak / max(1, self.predicted_planned_peak),
-                        "default_options_dynamic_peak_bytes": self.planned_default_peak,
+                        "measured_over_predicted": self.planned_peak / pred,
                         "seconds": self.planned_seconds},
+            "ort_default_options": {
+                "dynamic_peak_bytes": self.planned_default_peak,
+                "over_predicted": self.planned_default_peak / pred,
+                "arena_off_dynamic_peak_bytes": self.planned_default_no_arena_peak,
+                "arena_off_over_predicted": self.planned_default_no_arena_peak / pred,
+            },
             "time_overhead": self.planned_seconds / max(1e-12, self.reference_seconds) - 1.0,
+            "predicted_time_overhead": self.predicted_time_overhead,
+            "predicted_time_device": self.predicted_device,
         }
 
 
@@ -198,6 +295,9 @@ def verify_models(
     base_bytes: int,
     rtol: float = 0.0,
     atol: float = 0.0,
+    repeats: int = 7,
+    predicted_time_overhead: float | None = None,
+    predicted_device: str | None = None,
 ) -> VerifyReport:
     """Run both models on the same feeds; compare outputs; measure peaks and step times."""
     ref_names = {o.name for o in reference.graph.output}
@@ -205,10 +305,14 @@ def verify_models(
     if missing:
         raise PlannerError(f"the planned model has output {missing[0]!r} that the reference lacks; "
                            "was it made from this MODEL?")
-    ref = measure_peak(reference, feeds, keep_outputs=True)
-    got = measure_peak(planned, feeds, keep_outputs=True)
-    default = measure_peak(planned, feeds, planned_options=False)
+    ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1)
+    got = measure_peak(planned, feeds, keep_outputs=True, repeats=1)
+    default = measure_peak(planned, feeds, session=ORT_DEFAULT, repeats=1)
+    no_arena = measure_peak(planned, feeds, session=replace(ORT_DEFAULT, arena=False), repeats=1)
+    first_run_state = max(0, got.cold_peak_bytes - got.peak_bytes)
+    ref_s, got_s = time_models([reference, planned], feeds, repeats=repeats)
     assert ref.outputs is not None and got.outputs is not None
     checks = compare_outputs({k: ref.outputs[k] for k in got.outputs}, got.outputs, rtol, atol)
-    return VerifyReport(checks, rtol, atol, base_bytes, ref.peak_bytes, got.peak_bytes, default.peak_bytes,
-                        predicted_planned_peak, ref.seconds, got.seconds)
+    return VerifyReport(checks, rtol, atol, base_bytes, ref.peak_bytes, got.peak_bytes,
+                        max(0, default.cold_peak_bytes - first_run_state), no_arena.peak_bytes,
+                        predicted_planned_peak, ref_s, got_s, predicted_time_overhead, predicted_device)

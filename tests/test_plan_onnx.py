@@ -142,3 +142,18 @@ def test_cnn_default_batch_plan_fits_once_rewritten(tmp_path):
     assert obj["peak_bytes"] <= obj["budget_bytes"]
     rc, text, err = memplan("verify", "zoo:cnn", out, "--json")
     assert rc == 0 and json.loads(text)["outputs_equal"] is True, err
+
+
+def test_plan_for_an_edited_model_is_refused_by_rewrite_and_verify(tmp_path):
+    src, plan_json, emitted = tmp_path / "m.onnx", tmp_path / "p.json", tmp_path / "a.onnx"
+    proto = models.load_spec(SPEC)
+    onnx.save_model(proto, src)
+    rc, _, err = memplan("plan", src, "--budget", "80%", "--strategy", "greedy", "-o", plan_json, "--emit", emitted)
+    assert rc == 0, err
+    proto.graph.node[0].name = proto.graph.node[0].name + "_edited"
+    onnx.save_model(proto, src)
+    for args in (("rewrite", src, plan_json, "-o", tmp_path / "x.onnx"), ("verify", src, emitted),
+                 ("verify", "zoo:cnn?batch=8", emitted)):
+        rc, out, err = memplan(*args)
+        assert rc == 2 and "another model" in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert not (tmp_path / "x.onnx").exists()
