@@ -83,7 +83,12 @@ def test_cli_plan_emit_rewrite_verify(tmp_path):
     assert rewritten.read_bytes() == emitted.read_bytes()
     rc, out, err = memplan("verify", SPEC, emitted, "--json")
     assert rc == 0, err
-    assert json.loads(out)["outputs_equal"] is True
+    rep = json.loads(out)
+    assert rep["outputs_equal"] is True
+    assert rep["predicted_time_overhead"] == pytest.approx(obj["added_time"] / obj["compute_time"])
+    assert rep["reference"]["seconds"] > 0 and rep["planned"]["seconds"] > 0
+    d = rep["ort_default_options"]  # measured both with ORT's arena and without
+    assert d["dynamic_peak_bytes"] > 0 and d["arena_off_dynamic_peak_bytes"] > 0
 
 
 def test_plan_for_another_model_is_refused(tmp_path):
