@@ -7,12 +7,12 @@ Post: a validated Graph with the nodes in planned order. The first computation o
 names; the k-th recomputation is a copy named ``<node>__rc<k>`` writing ``<tensor>__rc<k>``, and
 every later reader uses the newest copy, so ORT frees the original after its last planned reader.
 A swap is ``MemcpyToHost`` -> ``<tensor>__host`` and ``MemcpyFromHost`` -> ``<tensor>__sw<k>``.
-Each recompute that reads no other copy (a chain's start) and each swap-in reads its first input
-through a zero-copy ordering edge tied to the last tensor first computed before it in the schedule,
-so ORT's CSE cannot merge it with the original and even ORT's default (DFS) execution order cannot
-hoist it back to where the original was (DESIGN.md, "How an emitted model must run"):
-``e = Slice(Reshape(Size(G), [1]), [0], [0])`` (an empty int64 vector that depends on G) and
-``X' = Reshape(X, Concat(shape(X), e))``.
+Each recompute whose inputs equal an earlier computation's (a chain's start) and each swap-in
+reads its first input through a zero-copy ordering edge tied to the last tensor first computed
+before it in the schedule, so ORT's CSE cannot merge it with the original and even ORT's default
+(DFS) execution order cannot hoist it back to where the original was (DESIGN.md, "How an emitted model must run"):
+``z = Reshape(Size(G), [1]) * 0`` (an int64 zero that depends on G) and
+``X' = Reshape(X, shape(X) + z)``.
 """
 from __future__ import annotations
 
@@ -54,10 +54,13 @@ class _Rewriter:
         # computed from constants only would be constant-folded by ORT, and the edge with it
         self.last_output: int | None = None
         self.dynamic: set[int] = set()  # new-graph tensors that depend on a graph input
-        # new-graph tensors made after their first computation (recompute copies, swap-ins): a
-        # recompute reading one is already ordered; one reading none gets an ordering edge, or ORT's
-        # CSE would merge it with the original (and crash where their optional outputs differ)
-        self.copies: set[int] = set()
+        self.gate_zero: dict[int, int] = {}  # gate tensor -> int64 [0] computed from it
+        self.gate_target: dict[tuple[int, tuple[int, ...]], int] = {}  # (gate, shape) -> target shape
+        self.sink_slices: dict[int, tuple[int, int]] = {}  # rank -> (starts, ends) of a 1-element Slice
+        # (node, new-graph inputs) of every emitted computation: a recompute with the same inputs as
+        # an earlier one gets an ordering edge, or ORT's CSE would merge the two (and fail to load
+        # where their optional outputs differ); one reading a fresh copy follows that copy anyway
+        self.emitted: set[tuple[int, tuple[int, ...]]] = set()
         self.skipped: set[int] = set()  # tensors whose current computation was not emitted (never read)
 
     # ---- setup ---------------------------------------------------------------------------
@@ -189,7 +192,7 @@ class _Rewriter:
             name, suffix = node.name, ""
         else:
             name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
-            if not any(t in self.copies for t in inputs):
+            if (node.id, tuple(inputs)) in self.emitted:
                 inputs = self._ordered(inputs, f"{name}__order")
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run
         unread = {t for t in node.outputs if t != NO_TENSOR and t not in read and t in self.wanted_outputs}
@@ -207,15 +210,32 @@ class _Rewriter:
         for slot, (old, t) in enumerate(zip(node.outputs, new)):
             if t != NO_TENSOR and old in unread:
                 # a required output nobody reads: hand it to a tiny reader so ORT frees it
-                self.b.node("Size", [t], [(f"{self.b.tensor(t).name}__sink", "int64", ())],
-                            name=f"{self.b.tensor(t).name}__sink")
+                self._sink(t)
         if any(t in self.dynamic for t in inputs):
             self.dynamic.update(t for t in new if t != NO_TENSOR)
             if k == 0:
                 self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
-        else:
-            self.copies.update(t for t in new if t != NO_TENSOR)
+        self.emitted.add((node.id, tuple(inputs)))
         self.computed[node.id] = k + 1
+
+    def _sink(self, t: int) -> None:
+        """A tiny reader of ``t`` (its first element), so that ORT frees it at once.
+
+        A 1-element Slice rather than Size: Size of a static shape is folded away by our importer
+        (and ORT's constant folding), which would leave ``t`` unread again.
+        """
+        x = self.b.tensor(t)
+        name = f"{x.name}__sink"
+        r = len(x.shape)
+        if r == 0:
+            self.b.node("Size", [t], [(name, "int64", ())], name=name)
+            return
+        if r not in self.sink_slices:
+            self.sink_slices[r] = (
+                self.b.initializer(f"memplan__sink{r}_starts", np.zeros(r, np.int64), trainable=False),
+                self.b.initializer(f"memplan__sink{r}_ends", np.ones(r, np.int64), trainable=False))
+        starts, ends = self.sink_slices[r]
+        self.b.node("Slice", [t, starts, ends], [(name, x.dtype, (1,) * r)], name=name)
 
     def _free(self, tid: int) -> None:
         if self.g.tensors[tid].kind is not TensorKind.ACTIVATION:
@@ -246,26 +266,37 @@ class _Rewriter:
         (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
                              name=f"{t.name}__swap_in{k}")
         self.current[tid] = dev
-        self.copies.add(dev)
         if host in self.dynamic:
             self.dynamic.add(dev)
 
     # ---- ordering edge ---------------------------------------------------------------------
     def _ordered(self, inputs: list[int], prefix: str) -> list[int]:
-        """Route the first real input through a view that depends on the last computed tensor."""
+        """Route the first real input through a view that depends on the last computed tensor.
+
+        ``target = shape + Reshape(Size(G), [1]) * 0``: a value no optimiser can know without running
+        G's producer (an empty Slice instead was folded by ORT's ReshapeFusion from its static shape,
+        which undid the edge). The zero is made once per gate and the target once per (gate, shape),
+        so a run of recomputes after the same tensor costs one Reshape each.
+        """
         gate = self.last_output
         pos = next((i for i, t in enumerate(inputs) if t != NO_TENSOR), None)
         if gate is None or pos is None:
             return inputs
         b, x = self.b, self.b.tensor(inputs[pos])
-        one = b.initializer(f"{prefix}_one", np.array([1], np.int64), trainable=False)
-        zero = b.initializer(f"{prefix}_zero", np.array([0], np.int64), trainable=False)
-        shape = b.initializer(f"{prefix}_shape", np.array(x.shape, np.int64), trainable=False)
-        (size,) = b.node("Size", [gate], [(f"{prefix}_size", "int64", ())], name=f"{prefix}_size")
-        (vec,) = b.node("Reshape", [size, one], [(f"{prefix}_vec", "int64", (1,))], name=f"{prefix}_vec")
-        (empty,) = b.node("Slice", [vec, zero, zero], [(f"{prefix}_empty", "int64", (0,))], name=f"{prefix}_empty")
-        (target,) = b.node("Concat", [shape, empty], [(f"{prefix}_target", "int64", (len(x.shape),))],
-                           name=f"{prefix}_target", attrs={"axis": 0})
+        zero = self.gate_zero.get(gate)
+        if zero is None:
+            one = b.initializer(f"{prefix}_one", np.array([1], np.int64), trainable=False)
+            nought = b.initializer(f"{prefix}_nought", np.array([0], np.int64), trainable=False)
+            (size,) = b.node("Size", [gate], [(f"{prefix}_size", "int64", ())], name=f"{prefix}_size")
+            (vec,) = b.node("Reshape", [size, one], [(f"{prefix}_vec", "int64", (1,))], name=f"{prefix}_vec")
+            (zero,) = b.node("Mul", [vec, nought], [(f"{prefix}_zero", "int64", (1,))], name=f"{prefix}_zero")
+            self.gate_zero[gate] = zero
+        target = self.gate_target.get((gate, x.shape))
+        if target is None:
+            shape = b.initializer(f"{prefix}_shape", np.array(x.shape, np.int64), trainable=False)
+            (target,) = b.node("Add", [shape, zero], [(f"{prefix}_target", "int64", (len(x.shape),))],
+                               name=f"{prefix}_target")
+            self.gate_target[(gate, x.shape)] = target
         (view,) = b.node("Reshape", [x.id, target], [(f"{prefix}_x", x.dtype, x.shape)], name=f"{prefix}_x")
         self.dynamic.add(view)
         out = list(inputs)
