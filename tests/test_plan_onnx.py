@@ -162,3 +162,23 @@ def test_plan_for_an_edited_model_is_refused_by_rewrite_and_verify(tmp_path):
         rc, out, err = memplan(*args)
         assert rc == 2 and "another model" in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_max_batch_planned_beyond_unplanned_and_added_time_cap():
+    budget = 600_000  # between the unplanned training peaks of zoo:gpt at batch 3 and 4
+    runs = {}
+    for cap in (None, "5"):
+        extra = [] if cap is None else ["--max-added-time", cap]
+        rc, out, err = memplan("plan", "zoo:gpt", "--budget", f"{budget}B", "--max-batch", "--strategy", "greedy",
+                               "--json", *extra)
+        assert rc == 0, err
+        runs[cap] = obj = json.loads(out)
+        assert obj["planned_peak_bytes"] <= budget
+        fits = {(p["batch"], p["kind"]): p["fits"] for p in obj["probes"]}
+        assert fits[(obj["unplanned_batch"], "unplanned")] and not fits[(obj["unplanned_batch"] + 1, "unplanned")]
+        assert not fits[(obj["planned_batch"] + 1, "planned")]
+    unplanned_peak = analyze(training_graph(import_model(f"zoo:gpt?batch={runs[None]['unplanned_batch'] + 1}")))
+    assert unplanned_peak.peak_bytes > budget
+    assert runs[None]["planned_batch"] > runs[None]["unplanned_batch"]
+    assert runs["5"]["planned_added_time_fraction"] <= 0.05
+    assert runs["5"]["unplanned_batch"] <= runs["5"]["planned_batch"] <= runs[None]["planned_batch"]
