@@ -131,3 +131,13 @@ def test_sweep_png_and_rows(tmp_path):
         c, g = by[("cpsat", f)], by[("greedy", f)]
         if g["added_time_pct"] is not None:
             assert c["added_time_pct"] is not None and c["added_time_pct"] <= g["added_time_pct"] + 1e-9
+
+
+def test_infeasible_never_claims_a_least_above_the_unplanned_peak(tmp_path):
+    # zoo:mlp's peak is a Relu step that ORT runs in place; the lowering counts it apart, so its
+    # least exceeds the real unplanned peak: the error must name the unplanned peak instead.
+    rc, _, err = memplan("plan", "zoo:mlp", "--budget", "90%", "--time-limit", "5", "--json")
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    unplanned = int(err.split("unplanned peak ")[1].split()[0])
+    budget = int(err.split("budget ")[1].split()[0])
+    assert "finds no plan below the unplanned peak" in err and budget < unplanned
