@@ -553,6 +553,14 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
         if result.status == "timeout":
             raise SolverTimeoutError(f"{result.note}; try a longer --time-limit or a larger --budget")
         least = result.least_bytes
+        unplanned = obj.get("unplanned_peak_bytes")
+        if result.status == "infeasible" and least is not None and unplanned is not None and least >= unplanned:
+            # The lowering counts in-place ops' outputs apart (recompute can move their last use),
+            # so its least can exceed the real unplanned peak; the unplanned schedule is the honest bound.
+            raise BudgetInfeasibleError(
+                f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)}; "
+                f"its least, counting in-place outputs apart, is {format_bytes(least)}); "
+                f"budget {budget} ({format_bytes(budget)})", least_bytes=unplanned)
         if result.status == "infeasible" and least is not None:
             word = "is" if result.least_exact else "is at least"
             raise BudgetInfeasibleError(

@@ -27,6 +27,7 @@ import numpy as np
 from passes.gradients import RULES, STOP_GRADIENT, BackwardContext, GradRule, supported_ops
 from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
+from passes.portable import portable_batchnorm
 from planner.errors import GraphError, ModelImportError, UsageError
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
@@ -92,7 +93,13 @@ def build_training_graph(forward: Graph, options: TrainOptions | None = None) ->
             + (f" (frozen: {', '.join(options.freeze)})" if options.freeze else "")
             + "; there is nothing to train"
         )
-    return _Builder(forward, loss, params, active, on_path, options).run()
+    step = _Builder(forward, loss, params, active, on_path, options).run()
+    # Batch statistics in primitive ops: ORT's CUDA provider refuses training-mode BatchNormalization.
+    graph = portable_batchnorm(step.graph)
+    if graph is not step.graph:
+        step = dataclasses.replace(step, graph=graph,
+                                   forward_nodes=step.forward_nodes + len(graph.nodes) - len(step.graph.nodes))
+    return step
 
 
 # ---- analysis ---------------------------------------------------------------------------------

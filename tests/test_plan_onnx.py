@@ -182,3 +182,13 @@ def test_max_batch_planned_beyond_unplanned_and_added_time_cap():
     assert runs[None]["planned_batch"] > runs[None]["unplanned_batch"]
     assert runs["5"]["planned_added_time_fraction"] <= 0.05
     assert runs["5"]["unplanned_batch"] <= runs["5"]["planned_batch"] <= runs[None]["planned_batch"]
+
+
+def test_infeasible_never_claims_a_least_above_the_unplanned_peak(tmp_path):
+    # zoo:mlp's peak is a Relu step that ORT runs in place; the lowering counts it apart, so its
+    # least exceeds the real unplanned peak: the error must name the unplanned peak instead.
+    rc, _, err = memplan("plan", "zoo:mlp", "--budget", "90%", "--time-limit", "5", "--json")
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    unplanned = int(err.split("unplanned peak ")[1].split()[0])
+    budget = int(err.split("budget ")[1].split()[0])
+    assert "finds no plan below the unplanned peak" in err and budget < unplanned

@@ -1,0 +1,152 @@
+"""Rewrites that keep a training graph runnable on every ONNX Runtime execution provider.
+
+ORT's CUDA execution provider refuses ``BatchNormalization`` with ``training_mode=1`` (opset 14+):
+the session fails to initialise with "!(is_training_mode_ && opset >= 14)" (measured on
+onnxruntime-gpu 1.31.1, H200). The CPU provider runs it. So training graphs write the batch
+statistics in primitive ops and normalise with an inference-mode ``BatchNormalization``, which
+every provider runs:
+
+    mean = ReduceMean(x, stat_axes, keepdims=1)             # [1, C, 1, ...]
+    var  = ReduceSumSquare(x - mean, stat_axes) * (1 / m)   # biased, as ONNX and ORT CPU define it
+    y    = BatchNormalization(x, scale, bias, mean[C], var[C], epsilon)        # inference mode
+    running_mean = input_mean * momentum + mean * (1 - momentum)   (only where the output is used)
+    running_var  = input_var  * momentum + var  * (1 - momentum)
+
+Memory: the one full-size temporary, ``x - mean``, dies before ``y`` is made, so the step peak at
+the node is the fused op's (x plus one full-size buffer). The gradient rule is untouched: it reads
+x, scale and bias and recomputes the statistics itself (passes/gradients/norm.py).
+
+Tensor ids of the input graph are kept (new tensors are appended); node ids shift, as they are
+schedule positions.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import numpy as np
+
+from planner.graph import NO_TENSOR, Graph, Node, Tensor, TensorKind
+
+#: The ONNX opset from which Reduce* take their axes as an input instead of an attribute.
+_AXES_AS_INPUT = 18
+
+
+def is_training_batchnorm(graph: Graph, node: Node) -> bool:
+    return (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+            and graph.opsets.get("", 17) >= 14 and int(node.attr("training_mode", 0)) == 1)
+
+
+def portable_batchnorm(graph: Graph) -> Graph:
+    """Every training-mode BatchNormalization -> batch statistics in primitive ops + inference BN.
+
+    Outputs (y and the running statistics) keep their tensor ids and names; a graph without such a
+    node is returned as it is.
+    """
+    if not any(is_training_batchnorm(graph, n) for n in graph.nodes):
+        return graph
+    return _Splitter(graph).run()
+
+
+class _Splitter:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.tensors: list[Tensor] = list(graph.tensors)
+        self.values = dict(graph.values)
+        self.names = {t.name for t in graph.tensors}
+        self.node_names = {n.name for n in graph.nodes}
+        self.nodes: list[Node] = []  # ids fixed at the end
+        self.producer: dict[int, int] = {}  # tensor id -> index into self.nodes
+        self.opset = graph.opsets.get("", 17)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _fresh(self, base: str, taken: set[str]) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    def _tensor(self, base: str, dtype: str, shape: Iterable[int], kind: TensorKind = TensorKind.ACTIVATION) -> int:
+        tid = len(self.tensors)
+        self.tensors.append(Tensor(tid, self._fresh(base, self.names), dtype, tuple(int(d) for d in shape), kind))
+        return tid
+
+    def _const(self, base: str, value: np.ndarray) -> int:
+        value = np.asarray(value)
+        tid = self._tensor(base, value.dtype.name, value.shape, TensorKind.FROZEN)
+        self.values[tid] = value
+        return tid
+
+    def _node(self, base: str, op: str, inputs: Iterable[int], outputs: Iterable[int], attrs=None,
+              name: str | None = None) -> None:
+        index = len(self.nodes)
+        node_name = name if name is not None else self._fresh(base, self.node_names)
+        self.nodes.append(Node(index, node_name, op, tuple(inputs), tuple(outputs), "", dict(attrs or {})))
+        for t in outputs:
+            if t != NO_TENSOR:
+                self.producer[t] = index
+
+    def _reduce(self, base: str, op: str, x: int, axes: list[int], out: int) -> None:
+        if self.opset >= _AXES_AS_INPUT:
+            self._node(base, op, [x, self._const(f"{base}.axes", np.array(axes, np.int64))], [out], {"keepdims": 1})
+        else:
+            self._node(base, op, [x], [out], {"axes": list(axes), "keepdims": 1})
+
+    # -- the rewrite -------------------------------------------------------------------------
+    def run(self) -> Graph:
+        for node in self.g.nodes:
+            if is_training_batchnorm(self.g, node):
+                self._split(node)
+            else:
+                self._node("", node.op_type, node.inputs, node.outputs, node.attrs, name=node.name)
+                self.nodes[-1] = dataclasses.replace(self.nodes[-1], domain=node.domain)
+        nodes = tuple(dataclasses.replace(n, id=i) for i, n in enumerate(self.nodes))
+        tensors = tuple(dataclasses.replace(t, producer=self.producer.get(t.id, NO_TENSOR))
+                        if t.kind is TensorKind.ACTIVATION else t for t in self.tensors)
+        return dataclasses.replace(self.g, tensors=tensors, nodes=nodes, values=dict(self.values)).validate()
+
+    def _split(self, node: Node) -> None:
+        x, scale, bias = node.inputs[0], node.inputs[1], node.inputs[2]
+        in_mean = node.inputs[3] if len(node.inputs) > 3 else NO_TENSOR
+        in_var = node.inputs[4] if len(node.inputs) > 4 else NO_TENSOR
+        y = node.outputs[0]
+        run_mean = node.outputs[1] if len(node.outputs) > 1 else NO_TENSOR
+        run_var = node.outputs[2] if len(node.outputs) > 2 else NO_TENSOR
+        xt = self.tensors[x]
+        dtype, shape = xt.dtype, xt.shape
+        channels = shape[1]
+        axes = [0, *range(2, len(shape))]
+        count = int(np.prod([shape[a] for a in axes]))
+        npdt = np.dtype(dtype)
+        eps = float(node.attr("epsilon", 1e-5))
+        momentum = float(node.attr("momentum", 0.9))
+        stat_shape = [1, channels] + [1] * (len(shape) - 2)
+        b = node.name
+
+        mean = self._tensor(f"{b}.batch_mean", dtype, stat_shape)
+        self._reduce(f"{b}.mean", "ReduceMean", x, axes, mean)
+        centered = self._tensor(f"{b}.centered", dtype, shape)
+        self._node(f"{b}.center", "Sub", [x, mean], [centered])
+        sumsq = self._tensor(f"{b}.sumsq", dtype, stat_shape)
+        self._reduce(f"{b}.sumsq", "ReduceSumSquare", centered, axes, sumsq)
+        var = self._tensor(f"{b}.batch_var", dtype, stat_shape)
+        self._node(f"{b}.var", "Mul", [sumsq, self._const(f"{b}.inv_count", np.array(1.0 / count, npdt))], [var])
+        flat = self._const(f"{b}.channels", np.array([channels], np.int64))
+        mean_c = self._tensor(f"{b}.batch_mean_c", dtype, [channels])
+        self._node(f"{b}.mean_c", "Reshape", [mean, flat], [mean_c])
+        var_c = self._tensor(f"{b}.batch_var_c", dtype, [channels])
+        self._node(f"{b}.var_c", "Reshape", [var, flat], [var_c])
+        # The original node's name stays on the normalisation (plans and saved-tensor maps use it).
+        self._node("", "BatchNormalization", [x, scale, bias, mean_c, var_c], [y], {"epsilon": eps},
+                   name=node.name)
+        for out, running, stat in ((run_mean, in_mean, mean_c), (run_var, in_var, var_c)):
+            if out == NO_TENSOR:
+                continue
+            kept = self._tensor(f"{self.tensors[out].name}.kept", dtype, [channels])
+            self._node(f"{b}.keep", "Mul", [running, self._const(f"{b}.momentum", np.array(momentum, npdt))], [kept])
+            new = self._tensor(f"{self.tensors[out].name}.new", dtype, [channels])
+            self._node(f"{b}.blend", "Mul", [stat, self._const(f"{b}.one_minus_momentum",
+                                                               np.array(1.0 - momentum, npdt))], [new])
+            self._node(f"{b}.running", "Add", [kept, new], [out])

@@ -1,0 +1,79 @@
+"""Training graphs run on every ORT provider: training-mode BatchNormalization is split (passes/portable.py)."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import models
+import passes.autodiff as autodiff
+from passes.onnx_export import export_model
+from passes.onnx_import import import_model
+from passes.portable import is_training_batchnorm, portable_batchnorm
+from planner.graph import GraphBuilder
+from planner.liveness import analyze
+
+
+def _run(graph, feeds):
+    sess = ort.InferenceSession(export_model(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _bn_graph(opset: int, running_outputs: bool):
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("bn", opsets={"": opset})
+    x = b.input("x", "float32", (4, 3, 5, 6))
+    scale = b.initializer("scale", rng.normal(size=3).astype(np.float32))
+    bias = b.initializer("bias", rng.normal(size=3).astype(np.float32))
+    mean = b.initializer("mean", rng.normal(size=3).astype(np.float32), trainable=False)
+    var = b.initializer("var", rng.uniform(0.5, 2.0, size=3).astype(np.float32), trainable=False)
+    outs = [("y", "float32", (4, 3, 5, 6))]
+    if running_outputs:
+        outs += [("rm", "float32", (3,)), ("rv", "float32", (3,))]
+    ids = b.node("BatchNormalization", [x, scale, bias, mean, var], outs, name="bn",
+                 attrs={"epsilon": 1e-3, "momentum": 0.8, "training_mode": 1})
+    for t in ids:
+        b.output(t)
+    return b.build()
+
+
+@pytest.mark.parametrize("opset,running", [(17, True), (18, True), (15, True)])
+def test_split_batchnorm_matches_the_fused_op_in_ort(opset, running):
+    graph = _bn_graph(opset, running)
+    split = portable_batchnorm(graph)
+    assert not any(is_training_batchnorm(split, n) for n in split.nodes)
+    assert [split.tensors[t].name for t in split.outputs] == [graph.tensors[t].name for t in graph.outputs]
+    feeds = {"x": np.random.default_rng(2).normal(3.0, 2.0, size=(4, 3, 5, 6)).astype(np.float32)}
+    want, got = _run(graph, feeds), _run(split, feeds)
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_graph_without_training_batchnorm_is_returned_as_is():
+    graph = import_model("zoo:gpt")
+    assert portable_batchnorm(graph) is graph
+
+
+def test_training_graph_has_no_training_batchnorm_and_same_numbers_and_peak(monkeypatch):
+    forward = import_model("zoo:cnn")
+    step = autodiff.build_training_graph(forward)
+    assert not any(is_training_batchnorm(step.graph, n) for n in step.graph.nodes)
+    assert any(n.op_type == "BatchNormalization" for n in step.graph.nodes)
+    # The forward/backward boundary moved with the inserted nodes: every backward node comes after
+    # every forward BatchNormalization.
+    bn_last = max(n.id for n in step.graph.nodes if n.op_type == "BatchNormalization")
+    assert bn_last < step.forward_nodes <= min(n.id for n in step.graph.nodes if "__bw" in n.name)
+    monkeypatch.setattr(autodiff, "portable_batchnorm", lambda g: g)
+    fused = autodiff.build_training_graph(forward).graph
+    assert any(is_training_batchnorm(fused, n) for n in fused.nodes)
+    feeds = models.example_feeds(export_model(fused))
+    want, got = _run(fused, feeds), _run(step.graph, feeds)
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    # The full-size temporary (x - mean) dies before y is made: the dynamic peak does not grow
+    # (the base gains a few scalar constants).
+    split_live, fused_live = analyze(step.graph), analyze(fused)
+    assert split_live.dynamic_peak <= fused_live.dynamic_peak
+    assert split_live.base_bytes - fused_live.base_bytes < 1024
