@@ -421,7 +421,8 @@ class RematModel:
             for v in ends.get(t, ()):
                 live.discard(v)
             reads = set(p.pred_lists[t])
-            across = [v for v in sorted(live) if v not in reads]
+            # pinned buffers made before t are in need[t] already (step_need): not twice
+            across = [v for v in sorted(live) if v not in reads and not p.pinned[v]]
             const = sum(int(self.size[v]) for v in across) + math.ceil(need[t])
             terms = []
             for v in across:

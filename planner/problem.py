@@ -221,7 +221,10 @@ class PlanningProblem:
         pinned_before = np.concatenate([[0], np.cumsum(np.where(self.pinned, self.size, 0))[:-1]])
         need = np.empty(self.n, dtype=np.int64)
         for i in range(self.n):
-            need[i] = self.size[i] + self.scratch[i] + int(self.size[self.preds(i)].sum())
+            preds = self.preds(i)
+            # a pinned input is already in pinned_before: count it once
+            need[i] = self.size[i] + self.scratch[i] + int(self.size[preds].sum()) \
+                - int(self.size[preds][self.pinned[preds]].sum())
         need += pinned_before + self.base_bytes
         need.setflags(write=False)
         return need
