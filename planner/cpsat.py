@@ -502,7 +502,10 @@ class RematModel:
         if self.p.n > 400:
             prm.cp_model_probing_level = 0  # probing a large model took most of the time (RL1000: 40 s)
         for key, value in self.opt.solver_params:
-            setattr(prm, key, value)
+            if isinstance(value, (tuple, list)):  # repeated field, e.g. ignore_subsolvers
+                getattr(prm, key).extend(value)
+            else:
+                setattr(prm, key, value)
         callback = _StopAt(self.cap, stop_at) if stop_at is not None else None
         t0 = time.perf_counter()
         status = solver.Solve(self.m, callback)
