@@ -7,7 +7,7 @@ order); after it runs, free what the policy says. The policy is a ``keep`` mask 
   * a kept buffer stays until then;
   * any other buffer is freed as soon as its next read is more than ``window`` steps away.
 So a segment recomputed for Chen's backward pass stays while its readers come soon, and whatever
-the mask, the executor emits a valid schedule. The budget greedy lives in planner/greedy.py.
+the mask, the executor emits a valid schedule. The budget greedies live in planner/greedy.py and planner/chain_greedy.py.
 All of them are comparison rows and hints for the CP-SAT model.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.chain_greedy import checkpoint_greedy, effective_readers
 from planner.greedy import evict_greedy, split_greedy
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
@@ -84,31 +85,6 @@ def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strat
     return Plan(tuple(events), strategy)
 
 
-def effective_readers(problem: PlanningProblem, keep: np.ndarray, window: int) -> list[list[int]]:
-    """Steps before which each buffer must be resident: its readers, plus the steps where a
-    dropped reader of it gets recomputed (that recompute reads it too).
-
-    A dropped buffer v is recomputed before each of its readers that comes more than ``window``
-    steps after the previous one (or after v). Readers have larger ids, so one reverse pass
-    settles every buffer.
-    """
-    readers = [list(s) for s in problem.succ_lists]
-    for v in range(problem.n - 1, -1, -1):
-        rs = sorted(set(readers[v]))
-        readers[v] = rs
-        if keep[v] or problem.pinned[v]:
-            continue
-        prev = v
-        points = []
-        for r in rs:
-            if r - prev > window:
-                points.append(r)
-            prev = r
-        for p in problem.pred_lists[v]:
-            readers[p].extend(points)
-    return readers
-
-
 def no_remat(problem: PlanningProblem) -> Plan:
     """Every node once, each buffer freed after its last reader."""
     return keep_schedule(problem, np.ones(problem.n, dtype=bool), problem.n, "none")
@@ -131,10 +107,11 @@ def chen_sqrt(problem: PlanningProblem) -> Plan:
 
 
 def greedy(problem: PlanningProblem, budget: int) -> Candidate | None:
-    """The budget greedy: the cheaper fitting plan of the eviction and the split greedy
-    (planner.greedy); None when neither gets under ``budget``."""
+    """The budget greedy: the cheapest fitting plan of the eviction and the split greedy
+    (planner.greedy) and the checkpoint greedy (planner.chain_greedy); None when none gets
+    under ``budget``."""
     best: Candidate | None = None
-    for make in (evict_greedy, split_greedy):
+    for make in (evict_greedy, split_greedy, checkpoint_greedy):
         plan = make(problem, budget)
         if plan is None:
             continue

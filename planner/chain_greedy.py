@@ -1,0 +1,188 @@
+"""Checkpoint greedy: recompute-on-demand under a budget, with a growing set of evictable buffers.
+
+Executor (:func:`chain_run`): walk the fixed order with exact event accounting. Before step t,
+every ancestor t needs that is not resident is recomputed in id order (a topological order);
+a buffer is freed once nothing later reads it, where "reads" include the recomputes of evictable
+readers (:func:`effective_readers`), so a recompute chain always stops at protected buffers.
+When an allocation would exceed the budget, the evictable resident buffer with the least
+(cost to recompute it from what is resident) / (bytes * steps until its next read) is freed;
+buffers the chain in progress still reads are held. Protected buffers are never evicted.
+
+Search (:func:`checkpoint_greedy`): start with every buffer protected (no remat). While the run
+fails, unprotect on trial a few protected buffers resident where it failed (least cost per
+byte first) and keep the trial that gets furthest (a plan, else the latest failing step, then
+fewest bytes missing there, then least added time). Random layered graphs need many chained recomputes: evicting freely makes
+chains reach back to the source and hold everything, which the eviction greedies of
+planner/greedy.py run into; protected checkpoints bound the chains.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.plan import Event, Plan
+from planner.problem import PlanningProblem
+
+
+def effective_readers(problem: PlanningProblem, keep: np.ndarray, window: int) -> list[list[int]]:
+    """Steps before which each buffer must be resident: its readers, plus the steps where a
+    dropped reader of it gets recomputed (that recompute reads it too).
+
+    A dropped buffer v is recomputed before each of its readers that comes more than ``window``
+    steps after the previous one (or after v). Readers have larger ids, so one reverse pass
+    settles every buffer.
+    """
+    readers = [list(s) for s in problem.succ_lists]
+    for v in range(problem.n - 1, -1, -1):
+        rs = sorted(set(readers[v]))
+        readers[v] = rs
+        if keep[v] or problem.pinned[v]:
+            continue
+        prev = v
+        points = []
+        for r in rs:
+            if r - prev > window:
+                points.append(r)
+            prev = r
+        for p in problem.pred_lists[v]:
+            readers[p].extend(points)
+    return readers
+
+
+@dataclass(frozen=True)
+class ChainRun:
+    """Outcome of one executor run: a plan, or where it got stuck."""
+
+    plan: Plan | None
+    fail_step: int  # step that could not be made to fit (n when the plan is complete)
+    stuck: tuple[int, ...]  # protected buffers resident when it got stuck (unprotect candidates)
+    short: int  # bytes missing when it got stuck
+    added: float  # recompute cost spent (up to the failure)
+
+
+def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_events: int | None = None) -> ChainRun:
+    """Run the executor (module docstring) with ``protect`` as the never-evicted set."""
+    p = problem
+    n = p.n
+    size = p.size
+    preds = p.pred_lists
+    readers = effective_readers(p, protect | ~p.recomputable, 0)
+    evictable = p.recomputable & ~p.pinned & ~protect
+    resident = np.zeros(n, dtype=bool)
+    pending = np.zeros(n, dtype=np.int64)  # reads still to come from the chain in progress
+    done = np.zeros(n, dtype=bool)
+    events: list[Event] = []
+    mem = p.base_bytes
+    added = 0.0
+    cap = max_events if max_events is not None else 60 * n + 1000
+    dies: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        dies[readers[v][-1] if readers[v] else v].append(v)
+
+    def next_read(v: int, t: int) -> int | None:
+        rs = readers[v]
+        j = bisect.bisect_right(rs, t)
+        return rs[j] if j < len(rs) else None
+
+    def redo_cost(v: int, memo: dict[int, float]) -> float:
+        """Cost to recompute v from what is resident now (missing ancestors included)."""
+        stack = [v]
+        while stack:  # iterative post-order: chains must not hit the recursion limit
+            x = stack[-1]
+            if x in memo:
+                stack.pop()
+                continue
+            missing = [u for u in preds[x] if not resident[u] and u not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            memo[x] = float(p.cost[x]) + sum(memo[u] for u in preds[x] if not resident[u])
+        return memo[v]
+
+    def release(u: int) -> None:
+        nonlocal mem
+        events.append(Event("free", u))
+        resident[u] = False
+        mem -= int(size[u])
+
+    def make_room(need: int, t: int) -> bool:
+        memo: dict[int, float] = {}
+        while mem + need > budget:
+            best, victim = None, -1
+            for v in np.nonzero(resident & evictable & (pending == 0))[0]:
+                v = int(v)
+                nxt = next_read(v, t)
+                key = (-1.0, v) if nxt is None else (redo_cost(v, memo) / (max(1, int(size[v])) * (nxt - t)), v)
+                if best is None or key < best:
+                    best, victim = key, v
+            if victim < 0:
+                return False
+            release(victim)
+            memo.clear()
+        return True
+
+    def stuck(t: int, need: int) -> ChainRun:
+        held = np.nonzero(resident & protect & p.recomputable & ~p.pinned & (pending == 0))[0]
+        return ChainRun(None, t, tuple(int(v) for v in held), mem + need - budget, added)
+
+    for t in range(n):
+        todo: set[int] = set()
+        stack = [u for u in preds[t] if not resident[u]]
+        while stack:
+            x = stack.pop()
+            if x not in todo:
+                todo.add(x)
+                stack.extend(u for u in preds[x] if not resident[u] and u not in todo)
+        chain = (*sorted(todo), t)
+        for y in chain:
+            for u in preds[y]:
+                pending[u] += 1
+        for x in chain:
+            need = int(size[x]) + int(p.scratch[x])
+            if len(events) > cap or not make_room(need, t):
+                return stuck(t, need)
+            events.append(Event("compute", x))
+            if done[x]:
+                added += float(p.cost[x])
+            done[x] = True
+            resident[x] = True
+            mem += int(size[x])
+            for u in preds[x]:
+                pending[u] -= 1
+                if pending[u] == 0 and resident[u] and not p.pinned[u] and next_read(u, t) is None:
+                    release(u)
+        for u in (*dies[t], t):  # past their last read, even one a resident reader never made
+            if resident[u] and not p.pinned[u] and next_read(u, t) is None:
+                release(u)
+    return ChainRun(Plan(tuple(events), "greedy"), n, (), 0, added)
+
+
+def checkpoint_greedy(problem: PlanningProblem, budget: int, tries: int = 3, max_rounds: int = 30) -> Plan | None:
+    """A plan within ``budget`` from the search of the module docstring, or None if it gets stuck.
+
+    At most ``max_rounds`` rounds of ``tries`` trial runs: the greedy is called several times per
+    solve (comparison row, hints, the phase-1 ladder), and on graphs where it does not get
+    there (random layered graphs of a few hundred nodes) more rounds only cost time (measured).
+    """
+    p = problem
+    protect = np.ones(p.n, dtype=bool)
+    run = chain_run(p, budget, protect)
+    for _ in range(max_rounds):
+        if run.plan is not None:
+            return run.plan
+        cands = sorted(run.stuck, key=lambda v: (float(p.cost[v]) / max(1, int(p.size[v])), v))[:tries]
+        best = None
+        for v in cands:
+            trial = protect.copy()
+            trial[v] = False
+            out = chain_run(p, budget, trial)
+            key = (out.plan is None, -out.fail_step, out.short, out.added, v)
+            if best is None or key < best[0]:
+                best = (key, trial, out)
+        if best is None:
+            return None
+        _, protect, run = best
+    return run.plan
