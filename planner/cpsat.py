@@ -88,6 +88,10 @@ class PlannerOptions:
     subsolvers: tuple[str, ...] = ("default_lp",)
     # Fuse single-use chains first when the graph has more nodes than this (planner/coarsen.py).
     coarsen_above: int = 2000
+    # With swapping modelled: share of the time limit spent first on the recompute-only model
+    # (slot axis, fast); its plan hints the swap model, so enabling swap never costs more than
+    # recompute-only (measured: the time-axis model alone rarely beat the greedy in 30 s).
+    recompute_first_share: float = 0.4
     # Extra CP-SAT parameters as (name, value) pairs (experiments; empty by default).
     solver_params: tuple[tuple[str, object], ...] = ()
     # Solver log on stderr (debugging).

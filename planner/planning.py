@@ -97,6 +97,14 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         return _infeasible(problem, budget, opt, t0, phases=[])
     cands = {name: baseline(problem, name, budget) for name in BASELINES}
     cands = {k: c for k, c in cands.items() if c is not None}
+    swapping = problem.transfer is not None and bool(problem.swappable.any())
+    if swapping and opt.recompute_first_share > 0:
+        # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
+        first = _solve_cpsat(problem.without_swap(), budget,
+                             replace(opt, time_limit=opt.time_limit * opt.recompute_first_share),
+                             time.perf_counter())
+        if first.plan is not None:
+            cands["recompute-only"] = Candidate(first.plan, simulate(problem, first.plan, budget))
     fitting = sorted(
         (c for c in cands.values() if c.sim.peak_bytes <= budget),
         key=lambda c: (c.sim.added_time, c.plan.strategy),

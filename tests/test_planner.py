@@ -228,6 +228,18 @@ def test_recompute_when_the_transfer_cannot_hide():
         assert res.added_time == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("fraction", [0.8, 0.6])
+def test_allowing_swap_never_costs_more_than_recompute_only(fraction):
+    # Slow transfers that cannot hide: the swap model starts from the recompute-only plan.
+    p = chain(8).with_swap([40.0] * chain(8).n, copy_overlap=False)
+    budget = p.budget_for(fraction)
+    with_swap = solve(p, budget, "cpsat", ONE)
+    recompute_only = solve(p.without_swap(), budget, "cpsat", ONE)
+    check_result(p, with_swap, budget)
+    assert recompute_only.plan is not None
+    assert with_swap.added_time <= recompute_only.added_time + 1e-9
+
+
 # ---- plan JSON, explain, CLI --------------------------------------------------------------------
 def test_plan_json_round_trip_and_explain():
     p = chain(6)
