@@ -39,12 +39,12 @@ ZOO = {name: f"zoo:{name}?batch={b}" for name, b in
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-def cases():
+def cases(fixture_scale: int = 16):
     for name, spec in ZOO.items():
         yield name, spec, {}
     for path in sorted(FIXTURES.glob("*.onnx")):
         z = np.load(path.with_suffix(".npz"))
-        dims = {k[4:]: int(z[k]) * 16 for k in z.files if k.startswith("dim:") and k != "dim:seq"}
+        dims = {k[4:]: int(z[k]) * fixture_scale for k in z.files if k.startswith("dim:") and k != "dim:seq"}
         dims.update({k[4:]: int(z[k]) for k in z.files if k == "dim:seq"})
         yield path.stem, str(path), dims
 
@@ -58,13 +58,15 @@ def main() -> None:
     ap.add_argument("--budgets", default="80,60,50")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--json")
+    ap.add_argument("--fixture-scale", type=int, default=16,
+                    help="fixtures' batch = their saved batch (2) times this; larger peaks measure more exactly")
     args = ap.parse_args()
     _, node_time, _, _ = _device_costs(args.device)
     rows = []
     hdr = f"{'model':12s} {'budget':>6s} {'plan':>8s} {'pred MiB':>9s} {'meas MiB':>9s} {'meas/pred':>9s} " \
           f"{'meas/budget':>11s} {'equal':>5s} {'dflt/pred':>9s} {'noarena/pred':>12s} {'pred +t%':>8s} {'meas +t%':>8s}"
     print(hdr)
-    for name, spec, dims in cases():
+    for name, spec, dims in cases(args.fixture_scale):
         if args.only and name not in args.only:
             continue
         graph = training_graph(import_model(spec, dims))
