@@ -209,6 +209,27 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if not report.outputs_equal:
         sys.exit(EXIT_FAILED)
 
+def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfeasibleError:
+    """The one-line error for an infeasible solve, with the least memory it proved (``memplan plan``
+    and the gate).
+
+    The lowering counts in-place ops' outputs apart (a recompute can move their last use), so its
+    least can exceed the real unplanned peak; then the unplanned schedule is the honest bound.
+    """
+    from planner.units import format_bytes
+
+    least = result.least_bytes
+    tail = f"budget {budget} ({format_bytes(budget)})"
+    if unplanned is not None and least >= unplanned:
+        return BudgetInfeasibleError(
+            f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)}; "
+            f"its least, counting in-place outputs apart, is {format_bytes(least)}); {tail}", least_bytes=unplanned)
+    word = "is" if result.least_exact else "is at least"
+    return BudgetInfeasibleError(
+        f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}); {tail}",
+        least_bytes=least)
+
+
 # ---- check -----------------------------------------------------------------------------------
 def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
     """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``."""
@@ -223,8 +244,9 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
     r = pm.result
     if not pm.ok:
         if r.status == "infeasible" and r.least_bytes is not None:
-            raise BudgetInfeasibleError(f"infeasible: the least memory any plan reaches is {r.least_bytes}",
-                                        least_bytes=r.least_bytes)
+            from planner.liveness import analyze
+
+            raise _infeasible_error(r, budget_bytes, analyze(graph).peak_bytes)
         if r.status == "timeout":
             raise SolverTimeoutError(r.note or "no plan within the time limit")
         return PlanOutcome(False, 0, 0.0, r.status)
@@ -552,20 +574,8 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
     if result.plan is None:
         if result.status == "timeout":
             raise SolverTimeoutError(f"{result.note}; try a longer --time-limit or a larger --budget")
-        least = result.least_bytes
-        unplanned = obj.get("unplanned_peak_bytes")
-        if result.status == "infeasible" and least is not None and unplanned is not None and least >= unplanned:
-            # The lowering counts in-place ops' outputs apart (recompute can move their last use),
-            # so its least can exceed the real unplanned peak; the unplanned schedule is the honest bound.
-            raise BudgetInfeasibleError(
-                f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)}; "
-                f"its least, counting in-place outputs apart, is {format_bytes(least)}); "
-                f"budget {budget} ({format_bytes(budget)})", least_bytes=unplanned)
-        if result.status == "infeasible" and least is not None:
-            word = "is" if result.least_exact else "is at least"
-            raise BudgetInfeasibleError(
-                f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}); "
-                f"budget {budget} ({format_bytes(budget)})", least_bytes=least)
+        if result.status == "infeasible" and result.least_bytes is not None:
+            raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
         hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""
         raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}){hint}")
     if output:
