@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from passes.onnx_import import DTYPE_TO_ONNX
 from planner.fileio import atomic_write
-from planner.graph import NO_TENSOR, Graph, Tensor
+from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +124,12 @@ def function_body(
     for n in inlined.graph.node:
         for t in n.output:
             if t not in boundary and t not in renames:
-                renames[t] = _fresh(f"{node.name}/{t}", taken)
+                renames[t] = fresh_name(f"{node.name}/{t}", taken)
     body = []
     for k, n in enumerate(inlined.graph.node):
         b = onnx.NodeProto()
         b.CopyFrom(n)
-        b.name = _fresh(f"{node.name}/{k}_{n.op_type}", taken)
+        b.name = fresh_name(f"{node.name}/{k}_{n.op_type}", taken)
         del b.input[:], b.output[:]
         b.input.extend(renames.get(x, x) for x in n.input)
         b.output.extend(renames.get(y, y) for y in n.output)
@@ -142,15 +142,6 @@ def function_body(
             copy.name = renames[vi.name]
             info.append(copy)
     return body, info
-
-
-def _fresh(stem: str, taken: set[str]) -> str:
-    """``stem`` (or ``stem_k``) not in ``taken``; records it."""
-    name, k = stem, 0
-    while name in taken:
-        name, k = f"{stem}_{k}", k + 1
-    taken.add(name)
-    return name
 
 
 def ir_version_for(opsets) -> int:

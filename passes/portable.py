@@ -26,7 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
-from planner.graph import NO_TENSOR, Graph, Node, Tensor, TensorKind
+from planner.graph import NO_TENSOR, Graph, Node, Tensor, TensorKind, fresh_name
 
 #: The ONNX opset from which Reduce* take their axes as an input instead of an attribute.
 _AXES_AS_INPUT = 18
@@ -56,21 +56,12 @@ class _Splitter:
         self.names = {t.name for t in graph.tensors}
         self.node_names = {n.name for n in graph.nodes}
         self.nodes: list[Node] = []  # ids fixed at the end
-        self.producer: dict[int, int] = {}  # tensor id -> index into self.nodes
         self.opset = graph.opsets.get("", 17)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _fresh(self, base: str, taken: set[str]) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
     def _tensor(self, base: str, dtype: str, shape: Iterable[int], kind: TensorKind = TensorKind.ACTIVATION) -> int:
         tid = len(self.tensors)
-        self.tensors.append(Tensor(tid, self._fresh(base, self.names), dtype, tuple(int(d) for d in shape), kind))
+        self.tensors.append(Tensor(tid, fresh_name(base, self.names), dtype, tuple(int(d) for d in shape), kind))
         return tid
 
     def _const(self, base: str, value: np.ndarray) -> int:
@@ -81,12 +72,8 @@ class _Splitter:
 
     def _node(self, base: str, op: str, inputs: Iterable[int], outputs: Iterable[int], attrs=None,
               name: str | None = None) -> None:
-        index = len(self.nodes)
-        node_name = name if name is not None else self._fresh(base, self.node_names)
-        self.nodes.append(Node(index, node_name, op, tuple(inputs), tuple(outputs), "", dict(attrs or {})))
-        for t in outputs:
-            if t != NO_TENSOR:
-                self.producer[t] = index
+        node_name = name if name is not None else fresh_name(base, self.node_names)
+        self.nodes.append(Node(len(self.nodes), node_name, op, tuple(inputs), tuple(outputs), "", dict(attrs or {})))
 
     def _reduce(self, base: str, op: str, x: int, axes: list[int], out: int) -> None:
         if self.opset >= _AXES_AS_INPUT:
@@ -100,10 +87,10 @@ class _Splitter:
             if is_training_batchnorm(self.g, node):
                 self._split(node)
             else:
-                self._node("", node.op_type, node.inputs, node.outputs, node.attrs, name=node.name)
-                self.nodes[-1] = dataclasses.replace(self.nodes[-1], domain=node.domain)
+                self.nodes.append(node)
         nodes = tuple(dataclasses.replace(n, id=i) for i, n in enumerate(self.nodes))
-        tensors = tuple(dataclasses.replace(t, producer=self.producer.get(t.id, NO_TENSOR))
+        producer = {t: n.id for n in nodes for t in n.outputs if t != NO_TENSOR}
+        tensors = tuple(dataclasses.replace(t, producer=producer.get(t.id, NO_TENSOR))
                         if t.kind is TensorKind.ACTIVATION else t for t in self.tensors)
         return dataclasses.replace(self.g, tensors=tensors, nodes=nodes, values=dict(self.values)).validate()
 
@@ -141,12 +128,15 @@ class _Splitter:
         # The original node's name stays on the normalisation (plans and saved-tensor maps use it).
         self._node("", "BatchNormalization", [x, scale, bias, mean_c, var_c], [y], {"epsilon": eps},
                    name=node.name)
-        for out, running, stat in ((run_mean, in_mean, mean_c), (run_var, in_var, var_c)):
-            if out == NO_TENSOR:
-                continue
+        updates = [(out, running, stat) for out, running, stat in
+                   ((run_mean, in_mean, mean_c), (run_var, in_var, var_c)) if out != NO_TENSOR]
+        if not updates:
+            return
+        keep = self._const(f"{b}.momentum", np.array(momentum, npdt))
+        blend = self._const(f"{b}.one_minus_momentum", np.array(1.0 - momentum, npdt))
+        for out, running, stat in updates:
             kept = self._tensor(f"{self.tensors[out].name}.kept", dtype, [channels])
-            self._node(f"{b}.keep", "Mul", [running, self._const(f"{b}.momentum", np.array(momentum, npdt))], [kept])
+            self._node(f"{b}.keep", "Mul", [running, keep], [kept])
             new = self._tensor(f"{self.tensors[out].name}.new", dtype, [channels])
-            self._node(f"{b}.blend", "Mul", [stat, self._const(f"{b}.one_minus_momentum",
-                                                               np.array(1.0 - momentum, npdt))], [new])
+            self._node(f"{b}.blend", "Mul", [stat, blend], [new])
             self._node(f"{b}.running", "Add", [kept, new], [out])

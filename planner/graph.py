@@ -261,6 +261,15 @@ class GraphBuilder:
         return graph.validate()
 
 
+def fresh_name(stem: str, taken: set[str]) -> str:
+    """``stem`` (or ``stem_k``) not in ``taken``; records it."""
+    name, k = stem, 0
+    while name in taken:
+        name, k = f"{stem}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
 def _numpy_dtype_name(dt: np.dtype) -> str:
     name = np.dtype(dt).name
     if name == "bool":
