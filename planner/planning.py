@@ -87,7 +87,9 @@ def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, optio
     )
 
 
-def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float) -> SolveResult:
+def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float,
+                 cands: dict[str, Candidate] | None = None) -> SolveResult:
+    """``cands``: the baselines' candidates, when a caller already has them for this problem."""
     deadline = t0 + opt.time_limit
 
     def left() -> float:
@@ -95,14 +97,16 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
 
     if budget < problem.memory_floor:
         return _infeasible(problem, budget, opt, t0, phases=[])
-    cands = {name: baseline(problem, name, budget) for name in BASELINES}
-    cands = {k: c for k, c in cands.items() if c is not None}
+    if cands is None:
+        cands = {name: baseline(problem, name, budget) for name in BASELINES}
+        cands = {k: c for k, c in cands.items() if c is not None}
     swapping = problem.transfer is not None and bool(problem.swappable.any())
     if swapping and opt.recompute_first_share > 0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
+        # The baselines never swap, so their candidates serve both problems.
         first = _solve_cpsat(problem.without_swap(), budget,
                              replace(opt, time_limit=opt.time_limit * opt.recompute_first_share),
-                             time.perf_counter())
+                             time.perf_counter(), dict(cands))
         if first.plan is not None:
             cands["recompute-only"] = Candidate(first.plan, simulate(problem, first.plan, budget))
     fitting = sorted(

@@ -223,8 +223,7 @@ class PlanningProblem:
         for i in range(self.n):
             preds = self.preds(i)
             # a pinned input is already in pinned_before: count it once
-            need[i] = self.size[i] + self.scratch[i] + int(self.size[preds].sum()) \
-                - int(self.size[preds][self.pinned[preds]].sum())
+            need[i] = self.size[i] + self.scratch[i] + int(self.size[preds][~self.pinned[preds]].sum())
         need += pinned_before + self.base_bytes
         need.setflags(write=False)
         return need
