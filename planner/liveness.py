@@ -12,9 +12,9 @@ tests/test_peak_accuracy.py):
     early, e.g. every Relu mask right after the forward: +10-32% peak on the zoo's training steps).
     passes/onnx_export.py writes those bodies in place, so file order is again run order;
   * a node's outputs are allocated when it starts, while its inputs are still resident;
-  * zero-copy views (Reshape, Identity, Squeeze, Unsqueeze, Flatten, Cast to the same type) share
-    their input's buffer; a buffer is freed right after the last step that reads any of its views;
-  * in place: IN_PLACE_OPS (Relu, Sigmoid, Tanh, Softmax, Clip, ScatterElements, ...) write over their
+  * zero-copy views (Reshape, Identity, Squeeze, Unsqueeze, Flatten) share their input's buffer; a
+    buffer is freed right after the last step that reads any of its views;
+  * in place: IN_PLACE_OPS (Relu, Sigmoid, Tanh, Softmax, Clip, Cast, ScatterElements, ...) write over their
     input's buffer when this step is that buffer's last read (once), the buffer is dynamic and holds
     no graph output, and the shapes and element sizes match. ORT's allocation planner does this even
     with memory reuse off, which only stops it handing dead buffers to new tensors;
@@ -44,10 +44,12 @@ HOST_OPS = frozenset({"MemcpyToHost"})
 VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 #: Ops whose CPU kernel may write output 0 over this input's buffer (ORT's KernelDef MayInplace;
 #: measured on 1.31: Add, Mul, Sub, Div, Neg, Exp, Sqrt, Sign, Erf, ScatterND, BatchNormalization,
-#: Transpose, ... never are).
+#: Transpose, ... never are). Cast is one, not a view, even to its own type: it copies into a buffer
+#: of its own unless this is its input's last read (float->float of a tensor read again later, or of
+#: a graph input or initializer, allocates; float->int32 on the last read does not).
 IN_PLACE_OPS: Mapping[str, int] = MappingProxyType({
     op: 0 for op in ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid", "Softplus",
-                     "Softsign", "ThresholdedRelu", "Clip", "Softmax", "LogSoftmax", "ScatterElements")
+                     "Softsign", "ThresholdedRelu", "Clip", "Softmax", "LogSoftmax", "Cast", "ScatterElements")
 })
 
 
@@ -83,9 +85,6 @@ class MemoryModel:
         src = node.inputs[0]
         if node.op_type in VIEW_OPS and node.domain == "":
             return src
-        if node.op_type == "Cast" and node.outputs and node.outputs[0] != NO_TENSOR:
-            if graph.tensors[node.outputs[0]].dtype == graph.tensors[src].dtype:
-                return src
         return NO_TENSOR
 
     def in_place_source(self, node: Node) -> int:

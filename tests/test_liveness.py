@@ -195,3 +195,37 @@ def test_in_place_and_output_rules_match_ort(make, unmodelled):
     assert predicted // MiB == 24  # three 8 MiB buffers: not four (in place), not two (output copy)
     if unmodelled is not None:
         assert analyze(g, model=unmodelled).dynamic_peak // MiB == 32
+
+
+def _casts(n):
+    """Cast copies unless it is its input's last read (ORT's MayInplace, not a view): a float->float
+    Cast of a graph input and of a tensor read again both allocate; float->int32 on the last read
+    takes its input's buffer."""
+    b = GraphBuilder(opsets={"": 17})
+    x = b.input("x", F, (n,))
+    (e,) = b.node("Cast", [x], [("e", F, (n,))], attrs={"to": 1})  # graph input: a copy
+    (a,) = b.node("Neg", [e], [("a", F, (n,))])
+    (c,) = b.node("Cast", [a], [("c", F, (n,))], attrs={"to": 1})  # a is read again: a copy
+    (t,) = b.node("Add", [a, c], [("t", F, (n,))])
+    (s,) = b.node("Add", [t, e], [("s", F, (n,))])
+    (i,) = b.node("Cast", [s], [("i", "int32", (n,))], attrs={"to": 6})  # s's last read: in place
+    b.output(b.node("ReduceSum", [i], [("y", "int32", (1,))], attrs={"keepdims": 1})[0])
+    return b.build(), (e, a, c, t, s, i)
+
+
+def test_cast_copies_unless_it_is_the_last_read():
+    g, (e, a, c, t, s, i) = _casts(100)
+    lv = analyze(g)
+    assert len({int(lv.buffer_of[u]) for u in (e, a, c, t, s)}) == 5 and lv.buffer_of[e] >= 0
+    assert lv.buffer_of[i] == lv.buffer_of[s]
+    assert lv.dynamic.tolist() == [400, 800, 1200, 1600, 1200, 400, 404]
+    assert analyze(g, model=MemoryModel(in_place=False)).dynamic.tolist()[5] == 800
+
+
+def test_cast_rule_matches_ort():
+    g, _ = _casts(2 * MiB)
+    feeds = {"x": np.random.default_rng(0).standard_normal(2 * MiB).astype(np.float32)}
+    measured = measure_peak(export_model(g), feeds, repeats=1).peak_bytes
+    predicted = analyze(g).dynamic_peak
+    assert predicted // MiB == 32  # e, a, c and t: Cast is no view (as views: a and t, 16 MiB)
+    assert predicted == pytest.approx(measured, rel=0.03)
