@@ -124,10 +124,12 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     phases: list[PhaseResult] = []
     named_hint: dict[str, int] | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
-    if fallback is None:
+    # A fitting plan that computes nodes too often to hint the model (the eviction greedy at
+    # tight budgets) is kept as the fallback, but the model still starts from phase 1.
+    if not any(c in usable for c in fitting):
         # no baseline fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
-        low = _lowest_greedy(problem, budget, usable, opt.ladder_steps)
+        low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations)
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
         m1 = RematModel(problem, None, opt, hints)
@@ -141,9 +143,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
         if found:
             sim = simulate(problem, r1.plan, budget)
-            fallback = Candidate(r1.plan, sim)
+            if fallback is None or sim.added_time <= fallback.sim.added_time:
+                fallback = Candidate(r1.plan, sim)
             named_hint = m1.values_by_name(r1.values)
-        else:
+        elif fallback is None:
             lower = m1.bytes_of_capacity(r1.bound) if r1.bound is not None else problem.memory_floor
             best = m1.bytes_of_capacity(r1.objective) if r1.objective is not None else None
             if r1.status == "OPTIMAL" and best is not None:
@@ -195,9 +198,11 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     )
 
 
-def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate], steps: int) -> Candidate:
+def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate], steps: int,
+                   max_computations: int) -> Candidate:
     """The lowest-peak start for phase 1: bisect the greedy's budget between ``budget`` (where it
-    failed) and the unplanned peak, so the search starts from a plan as low as the greedy gets."""
+    failed) and the unplanned peak, so the search starts from a plan as low as the greedy gets.
+    Only plans that hint the model count (none computing a node more than ``max_computations``)."""
     best = min(usable, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
     lo, hi = budget, best.sim.peak_bytes
     for _ in range(steps):
@@ -205,7 +210,7 @@ def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate
         if mid <= lo:
             break
         g = baseline(problem, "greedy", mid)
-        if g is not None and g.sim.peak_bytes <= mid:
+        if g is not None and g.sim.peak_bytes <= mid and _max_computations(g) <= max_computations:
             hi, best = g.sim.peak_bytes, g
         else:
             lo = mid
