@@ -498,6 +498,11 @@ def _resolve_budget(text: str, problem) -> int:
     return b.bytes if b.bytes is not None else problem.budget_for(b.fraction)
 
 
+#: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
+PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about 4 small nodes per 3 nodes) and "
+                  "write no intermediate shapes, so the model keeps its plan under ORT's default session options too.")
+
+
 @main.command()
 @click.argument("model")
 @click.option("--budget", "budget_text", required=True, help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%).")
@@ -519,6 +524,7 @@ def _resolve_budget(text: str, problem) -> int:
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None, help="ONNX models: write the planned model here.")
+@click.option("--pin-order", is_flag=True, help=PIN_ORDER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @click.option("--explain", is_flag=True, help="Say per tensor what was decided and why.")
 @click.option("--arena", is_flag=True, help="ONNX models: place every buffer at a fixed offset in one arena and "
@@ -531,7 +537,7 @@ def _resolve_budget(text: str, problem) -> int:
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimizer, lr, time_limit, seed, workers,
-         max_computations, swap_bandwidth, swap_overlap, output, emit, as_json, explain, arena, max_batch,
+         max_computations, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
          batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
@@ -566,7 +572,7 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
         planned = None
     else:
         problem, result, obj, planned, budget = _plan_onnx(model, budget_spec, strategy, options, device_name, swap,
-                                                            parse_dims(dims), forward, optimizer, lr, arena)
+                                                            parse_dims(dims), forward, optimizer, lr, arena, pin_order)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
     if as_json:
@@ -600,7 +606,9 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
             click.echo(f"  arena         {format_bytes(a['height_bytes'])} ({a['height_bytes'] / max(1, a['lower_bound_bytes']):.4f}"
                        f" x lower bound, {a['status']}); with constants {format_bytes(a['total_bytes'])}")
         if emit:
-            click.echo(f"  wrote         {emit} (run it with passes.verify.planned_session_options())")
+            runs = "ORT's default session options keep its order" if pin_order else \
+                "run it with passes.verify.planned_session_options()"
+            click.echo(f"  wrote         {emit} ({runs})")
         if explain:
             click.echo(explain_table(obj["explain"]))
 
@@ -710,7 +718,8 @@ def _refuse_overwrite(path: str | None, model: str) -> None:
         raise UsageError(f"{path!r} is the input model; write the output to another file")
 
 
-def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False):
+def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False,
+               pin=False):
     """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
     import math
 
@@ -723,7 +732,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     unplanned = analyze(graph).peak_bytes
     budget = budget_spec.bytes if budget_spec.bytes is not None else math.ceil(unplanned * budget_spec.fraction)
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
-                    transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
+                    transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s", pin=pin)
     result, problem = pm.result, pm.problem
     obj = result.to_json(problem)
     made = {"source": model, "dims": dims, "train": train, "device": dev.name, "budget_bytes": budget,
@@ -740,8 +749,9 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
         obj["arena"] = _arena_report(pm.planned, budget, options.time_limit)
     planned = None
     if pm.planned is not None:
-        made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm))
-        planned = export_model(pm.planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)})
+        made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)
+        planned = export_model(pm.planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)},
+                               value_info=not pin)
     return problem, result, obj, planned, budget
 
 
@@ -749,11 +759,13 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
 @click.argument("model")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Write the planned model here.")
+@click.option("--pin-order", "pin", is_flag=True, help=PIN_ORDER_HELP)
 @handles_errors
-def rewrite(model: str, plan_path: str, output: str) -> None:
+def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     """Apply a saved plan (from memplan plan -o) to MODEL and write the planned ONNX model."""
     from passes.onnx_export import export_model, save_model
     from passes.plan_model import fingerprint
+    from passes.pin_order import pin_order
     from passes.rewrite import apply_schedule
     from planner.liveness import analyze
     from planner.units import format_bytes
@@ -775,12 +787,15 @@ def rewrite(model: str, plan_path: str, output: str) -> None:
         raise UsageError(f"{plan_path} was made for another model than {model!r} (or the model changed); "
                          "make a new plan with memplan plan")
     planned = apply_schedule(graph, obj.get("schedule") or [])
+    if pin:
+        planned = pin_order(planned)
     peak = analyze(planned).peak_bytes
     made = {k: obj.get(k) for k in ("dims", "train", "device", "budget_bytes", "model_fingerprint")}
     if obj.get("compute_time"):
         made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
-    made.update(source=model, peak_bytes=peak)
-    save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}), output)
+    made.update(source=model, peak_bytes=peak, pin_order=pin)
+    save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin),
+               output)
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
 
 

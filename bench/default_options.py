@@ -4,7 +4,8 @@
 
 Plans MODEL's training step at BUDGET % of its unplanned peak, then measures the planned model
 (passes.verify.measure_peak, CPU ORT, 1 thread) under the planned session options with one knob
-turned to ORT's default at a time, then all defaults, then all defaults but the arena. Columns:
+turned to ORT's default at a time, then all defaults, then all defaults but the arena; "pinned" is
+the same plan emitted as ``--pin-order`` writes it (passes/pin_order.py, no intermediate shapes). Columns:
 the warm run's dynamic peak (VmHWM - VmRSS before the second run) and the cold peak (VmHWM over
 both runs - VmRSS after session creation: what an arena or memory pattern kept from the first run
 counts here), each over the plan's predicted dynamic peak.
@@ -25,8 +26,9 @@ import models  # noqa: E402
 from passes.autodiff import training_graph  # noqa: E402
 from passes.onnx_export import export_model  # noqa: E402
 from passes.onnx_import import import_model  # noqa: E402
+from passes.pin_order import pin_order  # noqa: E402
 from passes.plan_model import plan_graph  # noqa: E402
-from passes.verify import ORT_DEFAULT, PLANNED, measure_peak  # noqa: E402
+from passes.verify import ORT_DEFAULT, PLANNED, measure_peak, time_models  # noqa: E402
 from planner.cpsat import PlannerOptions  # noqa: E402
 from planner.liveness import MemoryModel, analyze  # noqa: E402
 
@@ -59,22 +61,29 @@ def main() -> None:
     if not pm.ok:
         sys.exit(f"no plan: {pm.result.note}")
     model, ref = export_model(pm.planned), export_model(graph)
+    pinned = pin_order(pm.planned)
+    models_ = {"planned": model, "pinned": export_model(pinned, value_info=False), "unplanned": ref}
     feeds = models.example_feeds(ref, seed=0)
     predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
     unplanned = analyze(graph).dynamic_peak
     print(f"{args.model} at {args.budget:g}%: planned dynamic peak predicted {predicted / 2**20:.2f} MiB "
-          f"(unplanned {unplanned / 2**20:.2f} MiB)")
+          f"(unplanned {unplanned / 2**20:.2f} MiB); "
+          f"nodes {len(pm.planned.nodes)}, pinned {len(pinned.nodes)}")
     print(f"{'options':20s} {'model':>9s} {'warm MiB':>9s} {'/pred':>6s} {'cold MiB':>9s} {'/pred':>6s}")
     rows = []
     for label, cfg in CONFIGS.items():
-        for which, m, pred in (("planned", model, predicted), ("unplanned", ref, unplanned)):
+        for which, pred in (("planned", predicted), ("pinned", predicted), ("unplanned", unplanned)):
             if which == "unplanned" and label not in ("planned", "ORT default", "default, arena off"):
                 continue
+            m = models_[which]
             r = measure_peak(m, feeds, session=cfg, repeats=1)
             rows.append({"options": label, "model": which, "warm": r.peak_bytes, "cold": r.cold_peak_bytes,
                          "predicted": pred})
             print(f"{label:20s} {which:>9s} {r.peak_bytes / 2**20:9.2f} {r.peak_bytes / pred:6.3f} "
                   f"{r.cold_peak_bytes / 2**20:9.2f} {r.cold_peak_bytes / pred:6.3f}", flush=True)
+    t_planned, t_pinned = time_models([model, models_["pinned"]], feeds, repeats=9)
+    print(f"step time (planned options, 1 thread): planned {t_planned * 1e3:.2f} ms, pinned {t_pinned * 1e3:.2f} ms "
+          f"({100 * (t_pinned / t_planned - 1):+.1f}%)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -1,0 +1,128 @@
+"""Pinned planned models keep their order, and so their peak, under ORT's default session options."""
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import models
+from passes.autodiff import training_graph
+from passes.onnx_export import export_model
+from passes.onnx_import import import_model
+from passes.pin_order import chain_gaps, dynamic_nodes, ort_default_order, pin_order
+from passes.plan_model import plan_graph
+from passes.verify import ORT_DEFAULT, PLANNED, measure_peak
+from planner.cpsat import PlannerOptions
+from planner.graph import GraphBuilder
+from planner.liveness import MemoryModel, analyze
+
+ROOT = Path(__file__).resolve().parents[1]
+F = "float32"
+#: ORT's defaults but the arena (whose chunks no model file can shape): the pinned greedy plan of
+#: zoo:gpt?batch=32 at 70% measured 1.22-1.23 x its predicted dynamic peak, unpinned 1.96 (the cpsat
+#: plan of zoo:gpt?batch=64: 1.09 and 1.77). Memory pattern, reuse and fusions together add the rest.
+DEFAULT_OPTIONS_FACTOR = 1.35
+
+
+def fan():
+    """x -> A, B (independent); C reads B, D reads A: file order A B C D, ORT's DFS runs B C first."""
+    b = GraphBuilder()
+    x = b.input("x", F, (4,))
+    (a,) = b.node("Sigmoid", [x], [("a", F, (4,))], name="A")
+    (bb,) = b.node("Neg", [x], [("b", F, (4,))], name="B")
+    (c,) = b.node("Exp", [bb], [("c", F, (4,))], name="C")
+    (d,) = b.node("Add", [a, c], [("d", F, (4,))], name="D")
+    b.output(d)
+    return b.build()
+
+
+def is_topological(graph, order):
+    pos = {n: i for i, n in enumerate(order)}
+    return sorted(order) == list(range(len(graph.nodes))) and all(
+        pos[graph.tensors[t].producer] < pos[node.id]
+        for node in graph.nodes for t in node.inputs if t >= 0 and graph.tensors[t].producer >= 0)
+
+
+def test_default_order_is_the_reverse_dfs_and_pinning_restores_file_order():
+    g = fan()
+    # D's producers A (0) and C (2): the higher index is explored first, so B, C run before A
+    assert [g.nodes[i].name for i in ort_default_order(g)] == ["B", "C", "A", "D"]
+    pinned = pin_order(g)
+    assert [g.nodes[i].name for i in chain_gaps(g)] == ["B"]  # C reads B, D reads C
+    order = [pinned.nodes[i].name for i in ort_default_order(pinned)]
+    assert [n for n in order if n in "ABCD"] == ["A", "B", "C", "D"]
+    assert is_topological(pinned, ort_default_order(pinned))
+    assert analyze(pinned).dynamic_peak == analyze(g).dynamic_peak
+
+
+@pytest.fixture(scope="module")
+def gpt_plan():
+    graph = training_graph(import_model("zoo:gpt?batch=32"))
+    budget = math.ceil(analyze(graph).peak_bytes * 0.7)
+    pm = plan_graph(graph, budget, strategy="greedy", options=PlannerOptions(workers=1, seed=0), pin=True)
+    assert pm.ok, pm.result.note
+    return graph, pm, plan_graph(graph, budget, strategy="greedy", options=PlannerOptions(workers=1, seed=0))
+
+
+def test_pinned_plan_runs_in_file_order_under_the_default_order(gpt_plan):
+    graph, pinned, plain = gpt_plan
+    g = pinned.planned
+    assert pinned.peak_bytes <= pinned.budget_bytes
+    dyn = dynamic_nodes(g)
+    originals = {n.name for n in plain.planned.nodes}
+    ran = [g.nodes[i].name for i in ort_default_order(g) if dyn[i] and g.nodes[i].name in originals]
+    assert ran == [n.name for n in g.nodes if dyn[n.id] and n.name in originals]
+    assert analyze(g, order=ort_default_order(g)).dynamic_peak <= analyze(g).dynamic_peak * 1.01
+    # the unpinned plan is what the default order breaks
+    p = plain.planned
+    assert analyze(p, order=ort_default_order(p)).dynamic_peak > analyze(p).dynamic_peak * 1.3
+
+
+def test_pinned_model_keeps_its_peak_and_outputs_under_default_options(gpt_plan):
+    graph, pinned, plain = gpt_plan
+    reference = export_model(graph)
+    feeds = models.example_feeds(reference, seed=0)
+    model = export_model(pinned.planned, value_info=False)
+    assert len(model.graph.value_info) == 0  # no swaps here: ORT infers every intermediate shape
+    predicted = analyze(pinned.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+    defaults = replace(ORT_DEFAULT, arena=False)
+    got = measure_peak(model, feeds, session=defaults, repeats=1, keep_outputs=True)
+    assert got.peak_bytes <= predicted * DEFAULT_OPTIONS_FACTOR
+    unpinned = measure_peak(export_model(plain.planned), feeds, session=defaults, repeats=1)
+    assert unpinned.peak_bytes > predicted * DEFAULT_OPTIONS_FACTOR  # the test can fail without pinning
+    ref = measure_peak(reference, feeds, session=PLANNED, repeats=1, keep_outputs=True)
+    same = measure_peak(model, feeds, session=PLANNED, repeats=1, keep_outputs=True)
+    assert same.outputs is not None and ref.outputs is not None and got.outputs is not None
+    for name, want in ref.outputs.items():
+        np.testing.assert_array_equal(same.outputs[name], want, err_msg=name)  # planned options: bit-equal
+        np.testing.assert_allclose(got.outputs[name], want, rtol=1e-4, atol=1e-6, err_msg=name)  # fused kernels
+
+
+def memplan(*args):
+    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_cli_pin_order_on_plan_and_rewrite(tmp_path):
+    spec, plan_json = "zoo:cnn?batch=8", tmp_path / "p.json"
+    emitted, plain, rewritten = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
+    rc, out, err = memplan("plan", spec, "--budget", "80%", "--strategy", "greedy", "--workers", "1",
+                           "-o", plan_json, "--emit", emitted, "--pin-order")
+    assert rc == 0, err
+    assert "default session options" in out
+    rc, _, err = memplan("rewrite", spec, plan_json, "-o", rewritten, "--pin-order")
+    assert rc == 0, err
+    rc, _, err = memplan("rewrite", spec, plan_json, "-o", plain)
+    assert rc == 0, err
+    a, b, c = (onnx.load(p) for p in (emitted, plain, rewritten))
+    assert [n.name for n in a.graph.node] == [n.name for n in c.graph.node]  # same plan, same edges
+    assert len(a.graph.node) > len(b.graph.node)
+    assert {n.name for n in b.graph.node} <= {n.name for n in a.graph.node}
+    assert len(a.graph.value_info) == 0 < len(b.graph.value_info)
+    meta = json.loads({p.key: p.value for p in a.metadata_props}["memplan.plan"])
+    assert meta["pin_order"] is True
