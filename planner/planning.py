@@ -138,7 +138,9 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         if h is not None:
             m1.apply_hint(h)
         target = (budget - problem.base_bytes) // m1.mem_unit
-        r1 = m1.solve("feasibility", left() * opt.feasibility_share, stop_at=target)
+        # with a fitting (unhintable) fallback, leave phase 2 half the time to improve on it
+        share = opt.feasibility_share if fallback is None else 0.5
+        r1 = m1.solve("feasibility", left() * share, stop_at=target)
         phases.append(r1)
         found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
         if found:
