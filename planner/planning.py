@@ -8,8 +8,9 @@ fitting baseline, and its plan has passed simulate() against the budget. Problem
 ``coarsen_above`` nodes are solved fused first (planner/coarsen.py).
 
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
-not fit. Budgets below :attr:`PlanningProblem.memory_floor` are infeasible outright; the least
-memory any plan reaches is then computed (exactly when the min-peak search finishes).
+not fit. Budgets below :attr:`PlanningProblem.memory_floor` (the most one step needs, or the
+last-input bound of planner.problem.last_input_bound) are infeasible outright; the least memory
+any plan reaches is then computed (exactly when the min-peak search finishes).
 """
 from __future__ import annotations
 
