@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from planner.baselines import baseline, greedy
@@ -19,9 +20,9 @@ from planner.simulate import simulate
 
 
 @st.composite
-def layered(draw) -> PlanningProblem:
+def layered(draw, max_n: int = 24) -> PlanningProblem:
     """Random DAGs with skip edges (what random layered graphs look like), some pinned outputs."""
-    n = draw(st.integers(3, 24))
+    n = draw(st.integers(3, max_n))
     preds: list[list[int]] = [[]]
     for i in range(1, n):
         preds.append(draw(st.lists(st.integers(max(0, i - 6), i - 1), min_size=1, max_size=3, unique=True)))
@@ -33,11 +34,12 @@ def layered(draw) -> PlanningProblem:
                                  base_bytes=draw(st.integers(0, 20)), name="layered")
 
 
+@pytest.mark.parametrize("make", [checkpoint_greedy, evict_greedy])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layered(), st.floats(0.3, 1.0))
-def test_checkpoint_plans_replay_within_budget(p, frac):
+@given(p=layered(), frac=st.floats(0.3, 1.0))
+def test_greedy_plans_replay_within_budget(make, p, frac):
     budget = max(p.memory_floor, p.budget_for(frac))
-    plan = checkpoint_greedy(p, budget)
+    plan = make(p, budget)
     if plan is not None:
         sim = simulate(p, plan, budget)  # raises if invalid, leaky or over budget
         assert sim.peak_bytes <= budget
@@ -94,11 +96,3 @@ def test_eviction_counts_needs_through_freed_readers(benchmarks_dir):
         sim = simulate(p, plan, budget)  # raises if invalid or over budget
         assert sim.peak_bytes <= budget and sim.recomputes > 0
 
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layered(), st.floats(0.3, 1.0))
-def test_eviction_plans_replay_within_budget(p, frac):
-    budget = max(p.memory_floor, p.budget_for(frac))
-    plan = evict_greedy(p, budget)
-    if plan is not None:
-        assert simulate(p, plan, budget).peak_bytes <= budget

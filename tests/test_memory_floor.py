@@ -7,11 +7,12 @@ from __future__ import annotations
 import heapq
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
 
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
 from planner.problem import PlanningProblem, last_input_bound, load_remat_json
+from tests.test_chain_greedy import layered
 
 
 def exact_least_peak(p: PlanningProblem) -> int:
@@ -50,21 +51,8 @@ def exact_least_peak(p: PlanningProblem) -> int:
     raise AssertionError("no schedule")
 
 
-@st.composite
-def dags(draw) -> PlanningProblem:
-    n = draw(st.integers(2, 7))
-    preds = [[]]
-    for i in range(1, n):
-        preds.append(draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=3, unique=True)))
-    size = draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
-    scratch = draw(st.lists(st.integers(0, 6), min_size=n, max_size=n))
-    pinned = [False] * (n - 1) + [draw(st.booleans())]
-    return PlanningProblem.build(size=size, cost=[1] * n, preds=preds, scratch=scratch, pinned=pinned,
-                                 base_bytes=draw(st.integers(0, 9)), name="dag")
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dags())
+@given(layered(max_n=7))
 def test_the_floor_never_exceeds_the_exact_least_peak(p):
     exact = exact_least_peak(p)
     assert last_input_bound(p, depth=4) <= exact
