@@ -201,7 +201,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
                    f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
                    f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
-                   f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options()")
+                   f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options() "
+                   f"(or emit it with --pin-order for ORT's default order)")
         pred_t = info["predicted_time_overhead"]
         pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}% on the {info['predicted_time_device']} profile"
         click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
