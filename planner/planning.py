@@ -121,12 +121,15 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                       peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify.
     usable = [c for c in cands.values() if _max_computations(c) <= opt.hint_computations]
-    hints = [c.plan for c in usable]
+    # Fitting plans that recompute more (the eviction greedy at tight budgets) hint phase 2 only:
+    # started from them, phase 1 would return them as they are.
+    heavy = [c for c in fitting if opt.hint_computations < _max_computations(c) <= opt.heavy_hint_computations]
+    hints = [c.plan for c in usable + heavy]
     phases: list[PhaseResult] = []
     named_hint: dict[str, int] | None = None
+    phase1: Candidate | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
-    # A fitting plan that computes nodes too often to hint the model (the eviction greedy at
-    # tight budgets) is kept as the fallback, but the model still starts from phase 1.
+    # Without a light fitting plan the model starts from phase 1 (a heavy one stays the fallback).
     if not any(c in usable for c in fitting):
         # no baseline fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
@@ -139,15 +142,15 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         if h is not None:
             m1.apply_hint(h)
         target = (budget - problem.base_bytes) // m1.mem_unit
-        # with a fitting (unhintable) fallback, leave phase 2 half the time to improve on it
-        share = opt.feasibility_share if fallback is None else 0.5
+        # with a fitting fallback, phase 1 only gets a share: phase 2 improves on either plan
+        share = opt.feasibility_share if fallback is None else opt.fallback_feasibility_share
         r1 = m1.solve("feasibility", left() * share, stop_at=target)
         phases.append(r1)
         found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
         if found:
-            sim = simulate(problem, r1.plan, budget)
-            if fallback is None or sim.added_time <= fallback.sim.added_time:
-                fallback = Candidate(r1.plan, sim)
+            phase1 = Candidate(r1.plan, simulate(problem, r1.plan, budget))
+            if fallback is None or phase1.sim.added_time <= fallback.sim.added_time:
+                fallback = phase1
             named_hint = m1.values_by_name(r1.values)
         elif fallback is None:
             lower = m1.bytes_of_capacity(r1.bound) if r1.bound is not None else problem.memory_floor
@@ -162,9 +165,9 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                           + (f"; the best plan found peaks at {best} bytes" if best else ""))
     m2 = RematModel(problem, budget, opt, hints)
     m2.set_objective_time()
-    source = next((c for c in fitting if c in usable), None)
-    if named_hint:
-        hint = m2.hint_by_name(named_hint)
+    source = next((c for c in fitting if c in usable or c in heavy), None)
+    if named_hint and (source is None or phase1.sim.added_time <= source.sim.added_time):
+        hint = m2.hint_by_name(named_hint)  # m1 and m2 share hints, so the same slots
     else:
         hint = m2.hint_from_plan(source.plan) if source is not None else None
     if hint:

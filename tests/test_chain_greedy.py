@@ -96,3 +96,15 @@ def test_eviction_counts_needs_through_freed_readers(benchmarks_dir):
         sim = simulate(p, plan, budget)  # raises if invalid or over budget
         assert sim.peak_bytes <= budget and sim.recomputes > 0
 
+
+
+def test_a_recompute_heavy_greedy_plan_does_not_replace_the_search(benchmarks_dir):
+    """On RL100 at 70% only the eviction greedy fits, computing a node 9 times (+66%): phase 1
+    still searches from the lighter plans and phase 2 improves on the cheaper start."""
+    p = _rl100(benchmarks_dir)
+    budget = p.budget_for(0.7)
+    g = greedy(p, budget)
+    assert g is not None and g.sim.compute_counts.max() > PlannerOptions().hint_computations
+    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=5, workers=1, seed=0))
+    assert res.plan is not None and [ph["name"] for ph in res.solver.phases] == ["feasibility", "optimize"]
+    assert simulate(p, res.plan, budget).added_time == res.added_time < 0.5 * g.sim.added_time
