@@ -15,7 +15,7 @@ runs in the last one (a constant); recomputes go in any slot between their node 
 reader. A slot may hold several computes: they run in node-id order (topological) and their
 memory is counted together, which can only over-count, so decoded plans always replay within
 budget. The objective is exact: sum of recompute costs. Slots per step come from the hints
-(one compute per slot, so a hint maps exactly) plus ``spare_slots`` plus one per
+(one compute per slot, so a hint maps exactly), and at least ``spare_slots`` plus one per
 ``fan_in_slots`` inputs of the step. With swapping: a real-time
 axis in ticks (``time_resolution`` per unplanned run), one compute stream (no-overlap), a copy
 stream each way (or the compute stream where copies cannot overlap), objective = makespan.
@@ -184,8 +184,8 @@ class RematModel:
     def _set_axis(self, hints: Sequence[Plan]) -> None:
         """Slot axis: step t owns slots [first_t, pos_t]; its original runs in the last one,
         recomputes in any slot. Step t gets as many recompute slots as any hint recomputes
-        before it (so hints map one compute per slot) plus ``spare_slots`` plus one per
-        ``fan_in_slots`` inputs it reads."""
+        before it (so hints map one compute per slot), and at least ``spare_slots`` plus one
+        per ``fan_in_slots`` inputs it reads."""
         p = self.p
         if self.timed:
             self.horizon = int((self.counts * self.dur).sum() + 2 * (self.tr * self.swappable).sum())
