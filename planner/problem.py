@@ -358,7 +358,7 @@ def gcd_of(values: Sequence[int]) -> int:
     return g or 1
 
 
-def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 64) -> int:
+def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24) -> int:
     """A lower bound on every plan's peak from the last input computed before each step.
 
     Every input of step t is resident while t runs. Take the one, q, whose copy t reads was
