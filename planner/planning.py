@@ -1,7 +1,8 @@
 """One entry point for every strategy: ``solve(problem, budget, strategy, options) -> SolveResult``.
 
 cpsat: baselines first (no remat, Chen, greedy); if no remat fits, done. Otherwise the CP-SAT
-model is hinted with the cheapest baseline that fits; if none fits, phase 1 minimises the peak
+model is hinted with the cheapest baseline that fits; if none fits (or only plans computing a
+node more than ``hint_computations`` times, kept as fallback and phase-2 hint), phase 1 minimises the peak
 from the lowest plan the greedy reaches (its budget bisected) and stops at the first plan within
 budget (or proves there is none). Phase 2 minimises added time. The result is never worse than a
 fitting baseline, and its plan has passed simulate() against the budget. Problems above
@@ -131,7 +132,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     fallback: Candidate | None = fitting[0] if fitting else None
     # Without a light fitting plan the model starts from phase 1 (a heavy one stays the fallback).
     if not any(c in usable for c in fitting):
-        # no baseline fits: the search needs room for recompute chains of its own
+        # no light plan fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
         low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations)
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
