@@ -401,7 +401,8 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
         return best
 
     bound = 0
-    for t in range(problem.n):
-        if preds[t]:
-            bound = max(bound, least(preds[t], depth))
+    for t in range(problem.n):  # t's own compute reads its inputs, swappable or not
+        need = frozenset(int(u) for u in problem.pred_lists[t])
+        if need:
+            bound = max(bound, least(need, depth))
     return bound + problem.base_bytes

@@ -67,6 +67,10 @@ def test_the_last_input_raises_the_floor_to_the_exact_least_peak():
     assert int(p.step_need.max()) == 21  # step 2 or 3: 10 + 10 + 1
     assert last_input_bound(p) == exact_least_peak(p) == 22  # 10 + 10 + 1 + 1, at the second of 2, 3
     assert p.memory_floor == 22
+    # a swappable step still computes from its inputs: only the inputs' swap-ins skip theirs
+    swap = PlanningProblem.build(size=[10, 10, 1, 1, 1], cost=[1] * 5, preds=[[], [], [0, 1], [0, 1], [2, 3]],
+                                 swappable=[False, False, False, False, True], transfer=[1.0] * 5, name="fan")
+    assert last_input_bound(swap) == 22
 
 
 def test_rl100_at_half_its_peak_is_infeasible(benchmarks_dir: Path):
