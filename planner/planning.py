@@ -121,17 +121,23 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
                       peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify.
-    usable = [c for c in cands.values() if _max_computations(c) <= opt.hint_computations]
+    def light(c: Candidate) -> bool:
+        return _max_computations(c) <= opt.hint_computations
+
+    def hintable(c: Candidate) -> bool:
+        return _max_computations(c) <= opt.heavy_hint_computations
+
+    usable = [c for c in cands.values() if light(c)]
     # Fitting plans that recompute more (the eviction greedy at tight budgets) hint phase 2 only:
     # started from them, phase 1 would return them as they are.
-    heavy = [c for c in fitting if opt.hint_computations < _max_computations(c) <= opt.heavy_hint_computations]
+    heavy = [c for c in fitting if hintable(c) and not light(c)]
     hints = [c.plan for c in usable + heavy]
     phases: list[PhaseResult] = []
     named_hint: dict[str, int] | None = None
     phase1: Candidate | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
     # Without a light fitting plan the model starts from phase 1 (a heavy one stays the fallback).
-    if not any(c in usable for c in fitting):
+    if not any(light(c) for c in fitting):
         # no light plan fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
         low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations)
@@ -166,7 +172,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                           + (f"; the best plan found peaks at {best} bytes" if best else ""))
     m2 = RematModel(problem, budget, opt, hints)
     m2.set_objective_time()
-    source = next((c for c in fitting if c in usable or c in heavy), None)
+    source = next((c for c in fitting if hintable(c)), None)
     if named_hint and (source is None or phase1.sim.added_time <= source.sim.added_time):
         hint = m2.hint_by_name(named_hint)  # m1 and m2 share hints, so the same slots
     else:
