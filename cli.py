@@ -466,6 +466,19 @@ def _device_costs(device_name: str):
     return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), dev.copy_overlap
 
 
+def _graph_costs(graph, device_name: str, costs: str):
+    """``_device_costs`` with op times from ``--costs``: the device profile, a measurement on this
+    machine, or an ORT profile file (passes/measured_costs.py); and a line saying which."""
+    dev, estimate, transfer, overlap = _device_costs(device_name)
+    if costs == "device":
+        return dev, estimate, transfer, overlap, f"device profile {dev.name}"
+    from passes import measured_costs
+
+    found = measured_costs.measure(graph) if costs == "measured" else measured_costs.read_profile(graph, costs)
+    source = f"{found.source} ({found.timed} of {found.total} nodes timed)"
+    return dev, found.node_time(estimate), transfer, overlap, source
+
+
 def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01):
     """MODEL -> (graph to plan, the training options used or None)."""
     from passes.onnx_import import import_model, load_proto
@@ -512,6 +525,10 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
 @click.option("--swap/--no-swap", default=False, show_default=True,
               help="ONNX models: also allow swapping to host memory (the swap model solves slower; opt in).")
+@click.option("--costs", default="device", show_default=True, metavar="device|measured|PROFILE.json",
+              help="ONNX models: op times from the --device profile; measured by profiling the training step in "
+                   "ONNX Runtime on this machine (timings vary, so plans may); or an ORT profile JSON of the model "
+                   "`memplan train-graph` writes (the same file gives the same plan).")
 @dim_option
 @click.option("--forward", is_flag=True, help="ONNX models: plan the graph as it is (no training step).")
 @click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default="none", show_default=True,
@@ -537,8 +554,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--max-added-time", "max_added_pct", type=click.FloatRange(min=0), default=None,
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
-def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimizer, lr, time_limit, seed, workers,
-         max_computations, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
+def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, time_limit, seed,
+         workers, max_computations, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
          batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
@@ -555,9 +572,14 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations)
     for path in (output, emit):
         _refuse_overwrite(path, model)
+    if costs != "device" and is_remat_json(model):
+        raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
+    if costs != "device" and max_batch:
+        raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
+                         "(or plan one batch with --dim batch=N --costs ...)")
     if sweep_png:
         return _sweep(model, sweep_png, options, device_name, swap, parse_dims(dims), forward, optimizer, lr,
-                      swap_bandwidth, swap_overlap, as_json)
+                      swap_bandwidth, swap_overlap, as_json, costs)
     if max_batch:
         return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
                           optimizer, lr, batch_dim, as_json, max_added_pct)
@@ -573,7 +595,8 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
         planned = None
     else:
         problem, result, obj, planned, budget = _plan_onnx(model, budget_spec, strategy, options, device_name, swap,
-                                                            parse_dims(dims), forward, optimizer, lr, arena, pin_order)
+                                                            parse_dims(dims), forward, optimizer, lr, arena, pin_order,
+                                                            costs)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
     if as_json:
@@ -597,6 +620,8 @@ def plan(model, budget_text, strategy, device_name, swap, dims, forward, optimiz
         click.echo(f"  budget        {format_bytes(budget)} ({budget} B)")
         click.echo(f"  peak          {format_bytes(obj['peak_bytes'])} (unplanned {format_bytes(obj['unplanned_peak_bytes'])})")
         click.echo(f"  added time    {result.added_time:.4g}{unit} ({obj['added_time_pct']:.2f}% of {problem.total_cost:.4g}{unit})")
+        if "costs" in obj:
+            click.echo(f"  op times      {obj['costs']}")
         gap = result.solver.gap
         click.echo(f"  solver        {result.solver.wall_s:.2f} s, gap {'-' if gap is None else f'{100 * gap:.2f}%'}"
                    f", {len(obj['recomputed'])} recomputed, {len(obj['swapped'])} swapped")
@@ -664,7 +689,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
 
 
 def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr, swap_bandwidth, swap_overlap,
-           as_json) -> None:
+           as_json, costs="device") -> None:
     """--sweep: every strategy at 100%..40% of the unplanned peak; a PNG and a table."""
     from planner.fileio import atomic_write
     from planner.lowering import lower
@@ -676,7 +701,7 @@ def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr,
         problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
     else:
         graph, _ = _graph_to_plan(model, dims, forward, optimizer, lr)
-        _, node_time, transfer, overlap = _device_costs(device_name)
+        _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs)
         problem, _ = lower(graph, node_time=node_time, transfer_time=transfer if swap else None,
                            copy_overlap=overlap, time_unit="s")
     fractions = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
@@ -720,7 +745,7 @@ def _refuse_overwrite(path: str | None, model: str) -> None:
 
 
 def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False,
-               pin=False):
+               pin=False, costs="device"):
     """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
     import math
 
@@ -729,7 +754,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     from planner.liveness import analyze
 
     graph, train = _graph_to_plan(model, dims, forward, optimizer, lr)
-    dev, node_time, transfer, overlap = _device_costs(device_name)
+    dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs)
     unplanned = analyze(graph).peak_bytes
     budget = budget_spec.bytes if budget_spec.bytes is not None else math.ceil(unplanned * budget_spec.fraction)
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
@@ -738,7 +763,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     obj = result.to_json(problem)
     made = {"source": model, "dims": dims, "train": train, "device": dev.name, "budget_bytes": budget,
             "model_fingerprint": fingerprint(graph)}
-    obj.update(model=model, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
+    obj.update(model=model, costs=cost_source, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
                problem_peak_bytes=result.peak_bytes, **{k: v for k, v in made.items() if k != "source"})
     obj["budget_bytes"] = budget
     if result.plan is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -111,27 +112,31 @@ def op_time(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[Shap
     return node_time(flops, moved, device, matmul=op_type in MATMUL_OPS)
 
 
-def read_ort_profile(path: str | Path) -> dict[str, float]:
-    """Mean kernel seconds per node name from an ORT profile (``SessionOptions.enable_profiling``).
+def read_ort_profile(path: str | Path, statistic: str = "mean") -> dict[str, float]:
+    """Kernel seconds per node name from an ORT profile (``SessionOptions.enable_profiling``):
+    the ``statistic`` ("mean" or "median") over the runs it recorded.
 
     ORT writes a JSON list of trace events; node kernels are ``"cat": "Node"`` events named
     ``<node>_kernel_time`` with ``dur`` in microseconds, one per run.
     """
     try:
         events = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UsageError(f"{path}: not an ORT profile JSON ({err}); write one with enable_profiling") from None
-    total: dict[str, float] = defaultdict(float)
-    runs: dict[str, int] = defaultdict(int)
+    durations: dict[str, list[float]] = defaultdict(list)
     for ev in events if isinstance(events, list) else []:
         if not isinstance(ev, dict) or ev.get("cat") != "Node":
             continue
         name = str(ev.get("name", ""))
         if not name.endswith("_kernel_time"):
             continue
-        node = name[: -len("_kernel_time")]
-        total[node] += float(ev.get("dur", 0.0)) * 1e-6
-        runs[node] += 1
-    if not total:
+        try:
+            durations[name[: -len("_kernel_time")]].append(float(ev.get("dur", 0.0)) * 1e-6)
+        except (TypeError, ValueError):
+            raise UsageError(f"{path}: event {name!r} has a non-numeric dur; is it an ORT profile?") from None
+    if not durations:
         raise UsageError(f"{path}: no node kernel events; profile a run with SessionOptions.enable_profiling = True")
-    return {k: total[k] / runs[k] for k in sorted(total)}
+    reduce = {"mean": statistics.fmean, "median": statistics.median}[statistic]
+    return {k: float(reduce(durations[k])) for k in sorted(durations)}

@@ -1,0 +1,119 @@
+"""--costs measured / --costs PROFILE.json: op times from ONNX Runtime's profiler on this machine."""
+from __future__ import annotations
+
+import json
+
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+import cli
+import models
+from passes import measured_costs
+from passes.autodiff import training_graph
+from passes.onnx_import import import_model
+from planner.errors import UsageError
+
+MLP = "zoo:mlp?batch=512&inputs=64&hidden=256&layers=6"
+
+
+def _train_graph():
+    return training_graph(import_model(MLP))
+
+
+def test_measure_times_every_node_and_ranks_gemms_above_relus():
+    graph = _train_graph()
+    found = measured_costs.measure(graph, runs=3)
+    assert found.timed == found.total == len(graph.nodes)
+    ops = {n.name: n.op_type for n in graph.nodes}
+    gemm = [s for name, s in found.seconds.items() if ops[name] in ("Gemm", "MatMul")]
+    relu = [s for name, s in found.seconds.items() if ops[name] == "Relu"]
+    assert gemm and relu
+    # a 512x256x256 Gemm does ~33 M multiply-adds, a Relu 131 K elementwise ones
+    assert max(gemm) > 5 * max(relu)
+
+
+def test_untimed_nodes_get_the_estimate_on_the_measured_scale():
+    graph = _train_graph()
+    first, second = graph.nodes[0], graph.nodes[1]
+    costs = measured_costs.MeasuredCosts({n.name: 2.0 for n in graph.nodes[1:]}, "test", len(graph.nodes) - 1,
+                                         len(graph.nodes))
+    node_time = costs.node_time(lambda g, n: 4.0 if n is first else 1.0)
+    assert node_time(graph, second) == 2.0
+    assert node_time(graph, first) == pytest.approx(8.0)  # estimate 4 x the median ratio 2/1
+
+
+def _profile_of_train_graph(tmp_path, model_spec: str) -> str:
+    """What a user does: memplan train-graph, then ORT's profiler on that file."""
+    onnx_path = tmp_path / "train.onnx"
+    r = CliRunner().invoke(cli.main, ["train-graph", model_spec, "-o", str(onnx_path)])
+    assert r.exit_code == 0, r.output
+    import onnx
+
+    model = onnx.load(str(onnx_path))
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "user")
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    feeds = models.example_feeds(model, seed=0)
+    for _ in range(3):
+        sess.run(None, feeds)
+    return sess.end_profiling()
+
+
+def test_a_profile_file_prices_the_plan_and_gives_the_same_plan_twice(tmp_path):
+    profile = _profile_of_train_graph(tmp_path, MLP)
+    runner = CliRunner()
+    plans = []
+    for k in range(2):
+        out = tmp_path / f"plan{k}.json"
+        r = runner.invoke(cli.main, ["plan", MLP, "--budget", "85%", "--costs", profile, "--time-limit", "5",
+                                     "--workers", "1", "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        assert "op times      profile" in r.output
+        plans.append(json.loads(out.read_text()))
+    a, b = plans
+    assert a["costs"].startswith(f"profile {profile}")
+    assert a["schedule"] == b["schedule"] and a["compute_time"] == b["compute_time"]
+    # the profile's scale (CPU seconds), not the H100 roofline's
+    device = json.loads(_plan_json(runner, tmp_path, ["--costs", "device"]))
+    assert a["compute_time"] > 3 * device["compute_time"]
+
+
+def _plan_json(runner, tmp_path, extra) -> str:
+    out = tmp_path / "device.json"
+    r = runner.invoke(cli.main, ["plan", MLP, "--budget", "85%", "--time-limit", "5", "--workers", "1",
+                                 "-o", str(out), *extra])
+    assert r.exit_code == 0, r.output
+    return out.read_text()
+
+
+def test_a_profile_of_another_model_is_refused(tmp_path):
+    other = _profile_of_train_graph(tmp_path, "zoo:cnn?batch=2")
+    with pytest.raises(UsageError, match=r"times \d+ of the \d+ nodes"):
+        measured_costs.read_profile(_train_graph(), other)
+    r = CliRunner().invoke(cli.main, ["plan", MLP, "--budget", "85%", "--costs", other, "-o",
+                                      str(tmp_path / "p.json")])
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and "memplan train-graph" in r.output
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--costs", "no-such-profile.json"], "no such profile file"),
+    (["--costs", "measured", "--max-batch", "--budget", "1MiB"], "--max-batch"),
+])
+def test_bad_costs_arguments_get_one_line(args, message):
+    argv = ["plan", MLP, *args]
+    if "--budget" not in argv:
+        argv += ["--budget", "85%"]
+    r = CliRunner().invoke(cli.main, argv)
+    assert r.exit_code == 2
+    assert message in r.output and r.output.count("\n") == 1
+
+
+def test_costs_on_a_json_graph_is_refused(benchmarks_dir):
+    graph = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    r = CliRunner().invoke(cli.main, ["plan", str(graph), "--budget", "90%", "--costs", "measured"])
+    assert r.exit_code == 2 and "JSON graph" in r.output
