@@ -182,7 +182,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     report = verify_models(reference, planned_proto, feeds, predicted_planned_peak=predicted,
                            base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
                            predicted_time_overhead=made_with.get("added_time_fraction"),
-                           predicted_device=made_with.get("device"))
+                           predicted_device=made_with.get("costs") or (
+                               f"device profile {made_with['device']}" if made_with.get("device") else None))
     info = report.as_dict()
     if as_json:
         emit_json(info)
@@ -204,7 +205,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                    f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options() "
                    f"(or emit it with --pin-order for ORT's default order)")
         pred_t = info["predicted_time_overhead"]
-        pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}% on the {info['predicted_time_device']} profile"
+        pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}%, op times: {info['predicted_time_device']}"
         click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
                    f"(measured {info['time_overhead'] * 100:+.1f}%, median of alternating runs, 1 thread{pred_text})")
     if not report.outputs_equal:
@@ -761,7 +762,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
                     transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s", pin=pin)
     result, problem = pm.result, pm.problem
     obj = result.to_json(problem)
-    made = {"source": model, "dims": dims, "train": train, "device": dev.name, "budget_bytes": budget,
+    made = {"source": model, "dims": dims, "train": train, "device": dev.name, "costs": cost_source, "budget_bytes": budget,
             "model_fingerprint": fingerprint(graph)}
     obj.update(model=model, costs=cost_source, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
                problem_peak_bytes=result.peak_bytes, **{k: v for k, v in made.items() if k != "source"})

@@ -115,8 +115,8 @@ def measure(graph: Graph, runs: int = RUNS, seed: int = 0, threads: int = 1) -> 
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tmp) / "step")
         so.intra_op_num_threads = threads
-        so.log_severity_level = 3
-        ort.set_default_logger_severity(3)  # a GPU build on a machine without one: CPU, silently
+        so.log_severity_level = 4
+        ort.set_default_logger_severity(4)  # a GPU build on a machine without one: CPU, silently
         try:
             session = ort.InferenceSession(model.SerializeToString(), so, providers=wanted)
             for _ in range(runs + 1):
