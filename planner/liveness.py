@@ -21,10 +21,10 @@ tests/test_peak_accuracy.py):
   * a graph output always gets a buffer of its own (ORT allocates outputs for the caller), even from
     a view or in-place op, and stays to the end; so does a buffer that nobody reads;
   * kernel scratch lives only during its node: Where a temporary per branch of shape broadcast(cond,
-    branch), Conv a fixed im2col working buffer per thread, ConvTranspose its column buffer,
-    ScatterElements an int64 copy of its indices, Dropout a bool mask when the graph takes none,
-    SoftmaxCrossEntropyLoss the temporaries of its function body (calibrated with
-    ``session.collect_node_memory_stats_to_file`` and single-node runs).
+    branch), Conv MLAS's im2col working buffer (all of it, a panel per thread, or none),
+    ConvTranspose its column buffer, ScatterElements an int64 copy of its indices, Dropout a bool
+    mask when the graph takes none, SoftmaxCrossEntropyLoss the temporaries of its function body
+    (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs).
 """
 from __future__ import annotations
 
@@ -57,8 +57,10 @@ IN_PLACE_OPS: Mapping[str, int] = MappingProxyType({
 class MemoryModel:
     """How ORT allocates; one field per measured behaviour."""
 
-    # MLAS's im2col working buffer: 32768 floats per thread for any Conv that is not a plain 1x1.
-    conv_workspace_per_thread: int = 131072
+    # MLAS's im2col panel: 16384 floats per thread for a Conv that expands its input a slice at a time
+    # (see _conv_workspace for the Convs that expand all of it, or nothing). 131072 before: that was
+    # two panels, calibrated on a 2-core machine's default of two intra-op threads.
+    conv_workspace_per_thread: int = 65536
     # intra-op threads of the run the model describes (the working buffer is per thread).
     threads: int = 1
     # Where's CPU kernel first selects each branch into a temporary of shape broadcast(cond, branch),
@@ -104,12 +106,7 @@ class MemoryModel:
         if op == "Dropout" and (len(node.outputs) < 2 or node.outputs[1] == NO_TENSOR):
             return self.dropout_mask_bytes * math.prod(graph.tensors[node.outputs[0]].shape)
         if op == "Conv":
-            w = graph.tensors[node.inputs[1]]
-            kernel = w.shape[2:]
-            strides = node.attr("strides") or [1] * len(kernel)
-            pads = node.attr("pads") or [0] * (2 * len(kernel))
-            plain = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
-            return 0 if plain else self.conv_workspace_per_thread * self.threads
+            return self._conv_workspace(graph, node)
         if op == "ConvTranspose":
             x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
             # one group's column buffer at a time: (C_out / group) * prod(kernel) * prod(input spatial)
@@ -122,6 +119,39 @@ class MemoryModel:
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
             return (self.sce_scratch_factor - (1 if has_log_prob else 0)) * x
         return 0
+
+    def _conv_workspace(self, graph: Graph, node: Node) -> int:
+        """MLAS's working buffer for a Conv (its MlasConvPrepare; temp bytes checked per node on ORT 1.31).
+
+        None when the Conv is a plain GEMM: a pointwise kernel (1x1, stride 1, no padding), or one
+        input channel per group with a kernel spanning the input's width (or its height, 1 wide).
+        The whole im2col matrix (output pixels x channels per group x kernel elements) when a group
+        has more filters than output pixels: that is the weight-gradient Conv of a training step,
+        whose "kernel" is the output gradient (MiBs, where a fixed panel would say 128 KiB).
+        Otherwise one fixed panel per thread, filled a slice of output pixels at a time: one per
+        image and group, up to ``threads``, when there are several; up to ``threads`` for a single
+        image (MLAS takes fewer for a small Conv, so that bound may be high).
+        """
+        x, w, y = (graph.tensors[t] for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
+        kernel, spatial = list(w.shape[2:]), list(x.shape[2:])
+        strides = node.attr("strides") or [1] * len(kernel)
+        pads = node.attr("pads") or [0] * (2 * len(kernel))
+        dilations = node.attr("dilations") or [1] * len(kernel)
+        k = w.shape[1] * math.prod(kernel)  # im2col rows: channels per group x kernel elements
+        if all(s == 1 for s in strides) and not any(pads):
+            if k == w.shape[1]:
+                return 0
+            if len(kernel) <= 2 and w.shape[1] == 1 and all(d == 1 for d in dilations):
+                kh, kw = ([1] + kernel)[-2:]
+                ih, iw = ([1] + spatial)[-2:]
+                if kw == iw or (kh == ih and kw == 1):
+                    return 0
+        out_pixels = math.prod(y.shape[2:])
+        group = node.attr("group") or 1
+        if w.shape[0] // group > out_pixels:
+            return out_pixels * k * y.nbytes // max(1, math.prod(y.shape))
+        slices = x.shape[0] * group
+        return self.conv_workspace_per_thread * (min(self.threads, slices) if slices > 1 else self.threads)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXPECTED = {
     "resnet": (17, {"batch"}, True),
     "mobilenetv2": (18, {"batch"}, False),
-    "efficientnet": (18, set(), False),
-    "vgg": (17, set(), True),
+    "efficientnet": (18, {"batch"}, False),
+    "vgg": (17, {"batch"}, True),
     "gpt2": (18, {"batch", "seq"}, False),
     "bert": (17, {"batch", "seq"}, False),
     "vit": (18, {"batch"}, False),

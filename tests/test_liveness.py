@@ -229,3 +229,76 @@ def test_cast_rule_matches_ort():
     predicted = analyze(g).dynamic_peak
     assert predicted // MiB == 32  # e, a, c and t: Cast is no view (as views: a and t, 16 MiB)
     assert predicted == pytest.approx(measured, rel=0.03)
+
+
+#: Conv cases, one per branch of MLAS's working-buffer choice:
+#: (x shape, w shape, attrs, y shape, expected scratch bytes on one thread).
+CONVS = [
+    ((2, 8, 6, 6), (4, 8, 1, 1), {}, (2, 4, 6, 6), 0),  # pointwise: a plain GEMM
+    ((2, 1, 5, 7), (3, 1, 2, 7), {}, (2, 3, 4, 1), 0),  # one channel, kernel as wide as the input
+    ((2, 8, 6, 6), (4, 8, 1, 1), {"strides": [2, 2]}, (2, 4, 3, 3), 65536),  # strided 1x1: a panel
+    ((2, 8, 6, 6), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}, (2, 4, 6, 6), 65536),  # 4 filters <= 36 pixels
+    ((2, 8, 6, 6), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 8}, (2, 8, 6, 6), 65536),  # depthwise
+    ((1, 32, 32, 32), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}, (1, 32, 32, 32), 65536),  # one image
+    ((8, 4, 6, 6), (16, 4, 4, 4), {}, (8, 16, 3, 3), 9 * 4 * 16 * 4),  # 16 filters > 9 pixels: all of im2col
+    ((3, 16, 10, 10), (12, 4, 8, 8), {"group": 4}, (3, 12, 3, 3), 65536),  # 3 filters per group <= 9
+    ((3, 16, 10, 10), (40, 4, 8, 8), {"group": 4}, (3, 40, 3, 3), 9 * 4 * 64 * 4),  # 10 per group > 9
+]
+
+
+def _conv_graph(cases):
+    b = GraphBuilder(opsets={"": 17})
+    rng = np.random.default_rng(0)
+    for i, (xs, ws, attrs, ys, _) in enumerate(cases):
+        x = b.input(f"x{i}", F, xs)
+        w = b.initializer(f"w{i}", rng.standard_normal(ws).astype(np.float32))
+        b.output(b.node("Conv", [x, w], [(f"y{i}", F, ys)], name=f"conv{i}", attrs=attrs)[0])
+    return b.build()
+
+
+def test_conv_workspace_follows_mlas_branches():
+    g = _conv_graph(CONVS)
+    assert [MemoryModel().scratch(g, n) for n in g.nodes] == [c[-1] for c in CONVS]
+    # on 3 threads: a panel per image and group, at most 3 (a single image takes all 3); im2col once
+    panels = [0, 0, 2, 2, 3, 3, None, 3, None]
+    assert [MemoryModel(threads=3).scratch(g, n) for n in g.nodes] == [
+        c[-1] if p is None else p * 65536 for c, p in zip(CONVS, panels)]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_conv_workspace_matches_ort_temp_allocations(tmp_path, threads):
+    """ORT's per-node memory stats report each kernel's temp allocations: the oracle, byte for byte."""
+    import onnxruntime as ort
+
+    from passes.verify import planned_session_options
+
+    g = _conv_graph(CONVS)
+    stats = tmp_path / "stats.csv"
+    options = planned_session_options()
+    options.add_session_config_entry("session.collect_node_memory_stats_to_file", str(stats))
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(export_model(g).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    session.run(None, {f"x{i}": rng.standard_normal(c[0]).astype(np.float32) for i, c in enumerate(CONVS)})
+    del session  # the file is written when the session ends
+    temp = {}
+    for line in stats.read_text().splitlines()[1:]:  # name_<hash>,inputs,initializers,dynamic,temp
+        name, *_, bytes_ = line.rsplit(",", 4)
+        temp[name.rsplit("_", 1)[0]] = int(bytes_)
+    model = MemoryModel(threads=threads)
+    assert [temp[n.name] for n in g.nodes] == [model.scratch(g, n) for n in g.nodes]
+
+
+def test_full_im2col_conv_peak_matches_ort():
+    """A weight-gradient-shaped Conv (more filters than output pixels) expands all of its input:
+    8 MiB of scratch, where one panel would predict 64 KiB."""
+    b = GraphBuilder(opsets={"": 17})
+    x = b.input("x", F, (1, 512, 33, 33))
+    w = b.initializer("w", np.random.default_rng(0).standard_normal((8, 512, 32, 32)).astype(np.float32))
+    b.output(b.node("Conv", [x, w], [("y", F, (1, 8, 2, 2))])[0])
+    g = b.build()
+    predicted = analyze(g).dynamic_peak
+    assert predicted == 4 * 512 * 32 * 32 * 4 + 8 * 4 * 4
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 512, 33, 33)).astype(np.float32)}
+    measured = measure_peak(export_model(g), feeds, repeats=1).peak_bytes
+    assert predicted == pytest.approx(measured, rel=0.03)
