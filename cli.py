@@ -764,7 +764,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     obj = result.to_json(problem)
     made = {"source": model, "dims": dims, "train": train, "device": dev.name, "costs": cost_source, "budget_bytes": budget,
             "model_fingerprint": fingerprint(graph)}
-    obj.update(model=model, costs=cost_source, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
+    obj.update(model=model, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
                problem_peak_bytes=result.peak_bytes, **{k: v for k, v in made.items() if k != "source"})
     obj["budget_bytes"] = budget
     if result.plan is not None:
@@ -817,7 +817,7 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     if pin:
         planned = pin_order(planned)
     peak = analyze(planned).peak_bytes
-    made = {k: obj.get(k) for k in ("dims", "train", "device", "budget_bytes", "model_fingerprint")}
+    made = {k: obj.get(k) for k in ("dims", "train", "device", "costs", "budget_bytes", "model_fingerprint")}
     if obj.get("compute_time"):
         made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
     made.update(source=model, peak_bytes=peak, pin_order=pin)
