@@ -514,8 +514,9 @@ def _resolve_budget(text: str, problem) -> int:
 
 
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
-PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about 4 small nodes per 3 nodes) and "
-                  "write no intermediate shapes, so the model keeps its plan under ORT's default session options too.")
+PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about 4 small nodes per 3 nodes), "
+                  "write no intermediate shapes and add an unfed optional input that switches ORT's memory pattern "
+                  "off, so the model keeps its plan under ORT's default session options too.")
 
 
 @main.command()
@@ -778,7 +779,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     if pm.planned is not None:
         made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)
         planned = export_model(pm.planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)},
-                               value_info=not pin)
+                               value_info=not pin, mem_pattern=not pin)
     return problem, result, obj, planned, budget
 
 
@@ -821,8 +822,8 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     if obj.get("compute_time"):
         made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
     made.update(source=model, peak_bytes=peak, pin_order=pin)
-    save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin),
-               output)
+    save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin,
+                            mem_pattern=not pin), output)
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
 
 

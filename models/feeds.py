@@ -48,14 +48,14 @@ def _int_high(meta: dict[str, str], name: str) -> int:
 
 
 def example_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """One seeded array per graph input that is not an initializer, in graph input order."""
+    """One seeded array per graph input that is not an initializer or optional, in graph input order."""
     rng = np.random.default_rng(seed)
     meta = {p.key: p.value for p in model.metadata_props}
     initializers = {init.name for init in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
     for model_input in model.graph.input:
-        if model_input.name in initializers:
-            continue
+        if model_input.name in initializers or model_input.type.HasField("optional_type"):
+            continue  # an optional input runs without a feed (passes/mem_pattern.py's marker)
         elem_type = model_input.type.tensor_type.elem_type
         if not model_input.type.HasField("tensor_type") or elem_type == onnx.TensorProto.UNDEFINED:
             raise UsageError(f"input {model_input.name!r} is not a tensor; example inputs cover tensors only")

@@ -20,6 +20,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper, shape_inference
 
+from passes.mem_pattern import without_mem_pattern
 from passes.onnx_import import DTYPE_TO_ONNX
 from planner.fileio import atomic_write
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
@@ -54,7 +55,7 @@ def _attribute(name: str, value):
 
 
 def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, str] | None = None,
-                 value_info: bool = True) -> onnx.ModelProto:
+                 value_info: bool = True, mem_pattern: bool = True) -> onnx.ModelProto:
     """Build a ModelProto from a Graph (no checker run; see ``check_model``).
 
     ``metadata`` becomes the model's metadata_props (memplan records how a planned model was made).
@@ -62,6 +63,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     the rest; behind an ordering edge (passes/pin_order.py) it cannot, and then its memory reuse (on
     by default) has no static size to match: that reuse keeps a freed buffer until a later tensor of
     the same size takes it, +20% peak on zoo:gpt?batch=64 at 70%.
+    ``mem_pattern=False`` adds passes/mem_pattern.py's marker input, which switches ORT's memory
+    pattern off in every session (under ORT's defaults its block lands beside the arena's first-run
+    chunks: 2.3x the plan on zoo:gpt?batch=64 at 70%, 1.1x without it).
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
@@ -99,7 +103,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     model.ir_version = ir_version_for(opsets)
     for key, value in sorted((metadata or {}).items()):
         model.metadata_props.add(key=key, value=value)
-    return model
+    return model if mem_pattern else without_mem_pattern(model)
 
 
 def function_body(

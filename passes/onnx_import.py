@@ -144,6 +144,12 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     g = model.graph
+    # An input of optional type that no node reads carries nothing into the step (memplan's own
+    # memory-pattern marker, passes/mem_pattern.py, is one; ORT runs without a feed for it).
+    read = {n for node in g.node for n in node.input}
+    markers = [i for i in g.input if i.type.HasField("optional_type") and i.name not in read]
+    for inp in markers:
+        g.input.remove(inp)
     init_names = {i.name for i in g.initializer}
     used: set[str] = set()
     for inp in g.input:
