@@ -514,8 +514,8 @@ def _resolve_budget(text: str, problem) -> int:
 
 
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
-PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about 4 small nodes per 3 nodes) and "
-                  "write no intermediate shapes, so the model keeps its plan under ORT's default session options too.")
+PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node) and "
+                  "hide static shapes from ORT, so the model keeps its plan under ORT's default session options too.")
 
 
 @main.command()
