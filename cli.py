@@ -514,8 +514,8 @@ def _resolve_budget(text: str, problem) -> int:
 
 
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
-PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about 4 small nodes per 3 nodes), "
-                  "write no intermediate shapes and add an unfed optional input that switches ORT's memory pattern "
+PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
+                  "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
                   "off, so the model keeps its plan under ORT's default session options too.")
 
 

@@ -12,16 +12,29 @@ model's recomputes and frees by whole subgraphs (+60% peak on zoo:gpt?batch=64 a
 zoo:resnet). Pinning only the gaps whose DFS order raises the simulated peak took 35-50% fewer
 edges but did not survive ORT_ENABLE_ALL: fusions renumber nodes and the DFS changes again.
 
-An edge into node ``v`` after node ``u`` (DESIGN.md, "How an emitted model must run"): ``v`` reads
-its first input ``x`` as ``Reshape(x, shape(x) + Size(G) * 0)`` with ``G`` an output of ``u``. No
-optimiser can know that target without running ``u``. Cost: 4 small nodes per edge (Size and Mul
-shared by the edges from one ``u``).
+An edge into node ``v`` after node ``u`` (passes/ordering.py): ``v`` reads one input through a
+zero-copy view, or its constant target shape as ``shape + Size(G) * 0``, with ``G`` an output of
+``u``. No optimiser can know either without running ``u``.
+
+The result also hides the static shapes ORT would infer: graph inputs are read through such views
+and each dynamic node's constant target shape (Reshape, Expand) as such a sum, gated on the first
+graph input (no order implied); export it with ``value_info=False`` (no intermediate shapes).
+Why: ORT's memory reuse hands a freed buffer to a later tensor of the same static shape and holds
+it idle until then. On zoo:resnet?batch=32 at 70% the stem conv's 1 MiB output, freed in the
+forward pass and handed to a backward tensor, plus a 0.5 MiB backward buffer, sat idle across the
+peak: 1.36x the plan with memory reuse on, 1.43x under ORT's defaults (arena off); hidden, 1.00x
+and 1.02x. The shapes came from the graph inputs and from Expand/Reshape targets (the pooling
+backward's Expand): ONNX shape inference derives the rest from those.
+
+Not fixed here: ORT's memory pattern (on by default; no model property turns it off) packs the
+first run's allocation trace by online best fit into one block for later runs. It fragments:
+zoo:unet?batch=8 at 70% measured 1.34x the plan with the pattern alone, planned or pinned, and a
+few int64 tensors moved in its trace swing zoo:resnet between 1.02x and 1.28x (ordering.py).
 """
 from __future__ import annotations
 
-import numpy as np
-
-from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind, fresh_name
+from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
+from planner.graph import NO_TENSOR, Graph, GraphBuilder, TensorKind
 
 
 def ort_default_order(graph: Graph) -> list[int]:
@@ -53,19 +66,6 @@ def ort_default_order(graph: Graph) -> list[int]:
     return order
 
 
-def dynamic_nodes(graph: Graph) -> list[bool]:
-    """Per node: does it depend on a graph input? (ORT folds the others into constants.)"""
-    dynamic = [t.kind is TensorKind.INPUT for t in graph.tensors]
-    out = []
-    for node in graph.nodes:
-        dyn = any(t != NO_TENSOR and dynamic[t] for t in node.inputs)
-        out.append(dyn)
-        for t in node.outputs:
-            if t != NO_TENSOR:
-                dynamic[t] = dyn
-    return out
-
-
 def chain_gaps(graph: Graph) -> list[int]:
     """Dynamic nodes that read no output of the dynamic node before them: the ones ``pin_order`` gates."""
     dyn = dynamic_nodes(graph)
@@ -80,7 +80,8 @@ def chain_gaps(graph: Graph) -> list[int]:
 
 
 def pin_order(graph: Graph) -> Graph:
-    """``graph`` with an ordering edge into each of ``chain_gaps(graph)`` (see module docstring)."""
+    """``graph`` with an ordering edge into each of ``chain_gaps(graph)`` and its static shapes
+    hidden from ORT (see module docstring)."""
     return _Pinner(graph).run(set(chain_gaps(graph)), dynamic_nodes(graph))
 
 
@@ -88,23 +89,29 @@ class _Pinner:
     def __init__(self, graph: Graph):
         self.g = graph
         self.b = GraphBuilder(name=graph.name, opsets=graph.opsets)
-        self.taken = {t.name for t in graph.tensors} | {n.name for n in graph.nodes}
+        self.edges = OrderingEdges(self.b, {t.name for t in graph.tensors} | {n.name for n in graph.nodes})
         self.new: dict[int, int] = {NO_TENSOR: NO_TENSOR}  # tensor id in graph -> id in the result
-        self.zero: dict[int, int] = {}  # gate tensor (result id) -> int64 scalar 0 computed from it
-        self.consts: dict[tuple, int] = {}  # (shape, values) -> int64 initializer (result id)
+        self.read: dict[int, int] = {}  # graph input -> the shape-hiding view its readers read
 
     def run(self, gated: set[int], dyn: list[bool]) -> Graph:
         g, b = self.g, self.b
+        # every dynamic node's constant target shape is replaced (gated, or hidden when not gated)
+        shapes = {n.id: s for n in g.nodes if dyn[n.id] and (s := constant_shape_input(g, n)) is not None}
         for tid in g.inputs:
             t = g.tensors[tid]
             self.new[tid] = b.input(t.name, t.dtype, t.shape)
-        for t in g.initializers():
-            self.new[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
+        self._copy_initializers({(nid, pos) for nid, (pos, _) in shapes.items()})
+        hide = self.new[g.inputs[0]] if g.inputs else NO_TENSOR  # a gate that orders nothing
+        for tid in g.inputs:
+            if g.consumers[tid]:
+                self.read[tid] = self.edges.view(self.new[tid], hide, f"{g.tensors[tid].name}__hide")
         gate = None  # result id of an output of the last dynamic node
         for node in g.nodes:
-            inputs = [self.new[t] for t in node.inputs]
+            inputs = [self.read.get(t, self.new.get(t, NO_TENSOR)) for t in node.inputs]
             if node.id in gated and gate is not None:
-                inputs = self._through_edge(inputs, gate, node)
+                inputs = self.edges.route(inputs, gate, f"{node.name}__pin", shapes.get(node.id))
+            elif node.id in shapes:
+                inputs = self.edges.route(inputs, hide, f"{node.name}__hide", shapes[node.id])
             outs = [None if t == NO_TENSOR else (g.tensors[t].name, g.tensors[t].dtype, g.tensors[t].shape)
                     for t in node.outputs]
             new = b.node(node.op_type, inputs, outs, name=node.name, domain=node.domain, attrs=node.attrs)
@@ -116,31 +123,11 @@ class _Pinner:
             b.output(self.new[tid])
         return b.build()
 
-    def _const(self, value: np.ndarray) -> int:
-        """An int64 initializer holding ``value`` (one per distinct value)."""
-        key = (value.shape, tuple(value.ravel().tolist()))
-        if key not in self.consts:
-            name = fresh_name(f"memplan__pin_const{len(self.consts)}", self.taken)
-            self.consts[key] = self.b.initializer(name, value.astype(np.int64), trainable=False)
-        return self.consts[key]
-
-    def _add(self, op: str, inputs: list[int], stem: str, dtype: str, shape: tuple[int, ...]) -> int:
-        name = fresh_name(stem, self.taken)
-        (out,) = self.b.node(op, inputs, [(name, dtype, shape)], name=name)
-        return out
-
-    def _through_edge(self, inputs: list[int], gate: int, node: Node) -> list[int]:
-        """Route the first present input through a zero-copy view that depends on ``gate``."""
-        pos = next((i for i, t in enumerate(inputs) if t != NO_TENSOR), None)
-        if pos is None:
-            return inputs
-        x = self.b.tensor(inputs[pos])
-        stem = f"{node.name}__pin"
-        if gate not in self.zero:
-            size = self._add("Size", [gate], f"{stem}_size", "int64", ())
-            self.zero[gate] = self._add("Mul", [size, self._const(np.array(0))], f"{stem}_zero", "int64", ())
-        rank = (len(x.shape),)
-        target = self._add("Add", [self._const(np.array(x.shape)), self.zero[gate]], f"{stem}_target", "int64", rank)
-        out = list(inputs)
-        out[pos] = self._add("Reshape", [x.id, target], f"{stem}_x", x.dtype, x.shape)
-        return out
+    def _copy_initializers(self, replaced: set[tuple[int, int]]) -> None:
+        """Copy the initializers, but those every reader reads at a ``replaced`` (node, input) slot
+        (a target shape the result computes instead; ORT would warn about and drop them unread)."""
+        g = self.g
+        for t in g.initializers():
+            reads = [(c, i) for c in g.consumers[t.id] for i, u in enumerate(g.nodes[c].inputs) if u == t.id]
+            if t.id in g.outputs or not reads or not all(r in replaced for r in reads):
+                self.new[t.id] = self.b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)

@@ -10,9 +10,7 @@ A swap is ``MemcpyToHost`` -> ``<tensor>__host`` and ``MemcpyFromHost`` -> ``<te
 Each recompute whose inputs equal an earlier computation's (a chain's start) and each swap-in
 reads its first input through a zero-copy ordering edge tied to the last tensor first computed
 before it in the schedule, so ORT's CSE cannot merge it with the original and even ORT's default
-(DFS) execution order cannot hoist it back to where the original was (DESIGN.md, "How an emitted model must run"):
-``z = Reshape(Size(G), [1]) * 0`` (an int64 zero that depends on G) and
-``X' = Reshape(X, shape(X) + z)``.
+(DFS) execution order cannot hoist it back to where the original was (passes/ordering.py).
 """
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
 from planner.errors import PlannerError
 from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
@@ -50,12 +49,11 @@ class _Rewriter:
         self.computed: dict[int, int] = {}  # node id -> times emitted
         self.swapped: dict[int, int] = {}  # tensor id -> host copy id (new graph)
         self.swap_count: dict[int, int] = {}
-        # new-graph tensor of the last ordinary computation that depends on a graph input: a gate
-        # computed from constants only would be constant-folded by ORT, and the edge with it
+        # new-graph tensor of the last first computation of a node that depends on a graph input: a
+        # gate computed from constants only would be constant-folded by ORT, and the edge with it
         self.last_output: int | None = None
-        self.dynamic: set[int] = set()  # new-graph tensors that depend on a graph input
-        self.gate_zero: dict[int, int] = {}  # gate tensor -> int64 [0] computed from it
-        self.gate_target: dict[tuple[int, tuple[int, ...]], int] = {}  # (gate, shape) -> target shape
+        self.dynamic = dynamic_nodes(graph)
+        self.edges = OrderingEdges(self.b, {t.name for t in graph.tensors} | {n.name for n in graph.nodes})
         self.sink_slices: dict[int, tuple[int, int]] = {}  # rank -> (starts, ends) of a 1-element Slice
         # (node, new-graph inputs) of every emitted computation: a recompute with the same inputs as
         # an earlier one gets an ordering edge, or ORT's CSE would merge the two (and fail to load
@@ -69,7 +67,6 @@ class _Rewriter:
         for tid in g.inputs:
             t = g.tensors[tid]
             self.current[tid] = b.input(t.name, t.dtype, t.shape)
-            self.dynamic.add(self.current[tid])
         for t in g.initializers():
             self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
 
@@ -192,8 +189,9 @@ class _Rewriter:
             name, suffix = node.name, ""
         else:
             name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
-            if (node.id, tuple(inputs)) in self.emitted:
-                inputs = self._ordered(inputs, f"{name}__order")
+            if (node.id, tuple(inputs)) in self.emitted and self.last_output is not None:
+                inputs = self.edges.route(inputs, self.last_output, f"{name}__order",
+                                          constant_shape_input(self.g, node))
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run
         unread = {t for t in node.outputs if t != NO_TENSOR and t not in read and t in self.wanted_outputs}
         droppable = OPTIONAL_OUTPUTS.get(node.op_type, ())
@@ -211,10 +209,8 @@ class _Rewriter:
             if t != NO_TENSOR and old in unread:
                 # a required output nobody reads: hand it to a tiny reader so ORT frees it
                 self._sink(t)
-        if any(t in self.dynamic for t in inputs):
-            self.dynamic.update(t for t in new if t != NO_TENSOR)
-            if k == 0:
-                self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
+        if self.dynamic[node.id] and k == 0:
+            self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
         self.emitted.add((node.id, tuple(inputs)))
         self.computed[node.id] = k + 1
 
@@ -253,8 +249,6 @@ class _Rewriter:
                               name=f"{t.name}__swap_out")
         self.swapped[tid] = host
         self.current[tid] = None
-        if src in self.dynamic:
-            self.dynamic.add(host)
 
     def _swap_in(self, tid: int) -> None:
         t = self.g.tensors[tid]
@@ -262,46 +256,12 @@ class _Rewriter:
             raise PlanMismatchError(f"the plan swaps {t.name!r} in before swapping it out")
         k = self.swap_count.get(tid, 0) + 1
         self.swap_count[tid] = k
-        (host,) = self._ordered([self.swapped[tid]], f"{t.name}__sw{k}__order")
+        host = self.swapped[tid]
+        if self.last_output is not None:
+            host = self.edges.view(host, self.last_output, f"{t.name}__sw{k}__order")
         (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
                              name=f"{t.name}__swap_in{k}")
         self.current[tid] = dev
-        if host in self.dynamic:
-            self.dynamic.add(dev)
-
-    # ---- ordering edge ---------------------------------------------------------------------
-    def _ordered(self, inputs: list[int], prefix: str) -> list[int]:
-        """Route the first real input through a view that depends on the last computed tensor.
-
-        ``target = shape + Reshape(Size(G), [1]) * 0``: a value no optimiser can know without running
-        G's producer (an empty Slice instead was folded by ORT's ReshapeFusion from its static shape,
-        which undid the edge). The zero is made once per gate and the target once per (gate, shape),
-        so a run of recomputes after the same tensor costs one Reshape each.
-        """
-        gate = self.last_output
-        pos = next((i for i, t in enumerate(inputs) if t != NO_TENSOR), None)
-        if gate is None or pos is None:
-            return inputs
-        b, x = self.b, self.b.tensor(inputs[pos])
-        zero = self.gate_zero.get(gate)
-        if zero is None:
-            one = b.initializer(f"{prefix}_one", np.array([1], np.int64), trainable=False)
-            nought = b.initializer(f"{prefix}_nought", np.array([0], np.int64), trainable=False)
-            (size,) = b.node("Size", [gate], [(f"{prefix}_size", "int64", ())], name=f"{prefix}_size")
-            (vec,) = b.node("Reshape", [size, one], [(f"{prefix}_vec", "int64", (1,))], name=f"{prefix}_vec")
-            (zero,) = b.node("Mul", [vec, nought], [(f"{prefix}_zero", "int64", (1,))], name=f"{prefix}_zero")
-            self.gate_zero[gate] = zero
-        target = self.gate_target.get((gate, x.shape))
-        if target is None:
-            shape = b.initializer(f"{prefix}_shape", np.array(x.shape, np.int64), trainable=False)
-            (target,) = b.node("Add", [shape, zero], [(f"{prefix}_target", "int64", (len(x.shape),))],
-                               name=f"{prefix}_target")
-            self.gate_target[(gate, x.shape)] = target
-        (view,) = b.node("Reshape", [x.id, target], [(f"{prefix}_x", x.dtype, x.shape)], name=f"{prefix}_x")
-        self.dynamic.add(view)
-        out = list(inputs)
-        out[pos] = view
-        return out
 
 
 def default_schedule(graph: Graph, order: Iterable[int] | None = None) -> list[dict[str, object]]:

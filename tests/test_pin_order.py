@@ -14,7 +14,8 @@ import models
 from passes.autodiff import training_graph
 from passes.onnx_export import export_model
 from passes.onnx_import import import_model
-from passes.pin_order import chain_gaps, dynamic_nodes, ort_default_order, pin_order
+from passes.ordering import dynamic_nodes
+from passes.pin_order import chain_gaps, ort_default_order, pin_order
 from passes.plan_model import plan_graph
 from passes.verify import ORT_DEFAULT, PLANNED, measure_peak
 from planner.cpsat import PlannerOptions
@@ -58,6 +59,45 @@ def test_default_order_is_the_reverse_dfs_and_pinning_restores_file_order():
     assert [n for n in order if n in "ABCD"] == ["A", "B", "C", "D"]
     assert is_topological(pinned, ort_default_order(pinned))
     assert analyze(pinned).dynamic_peak == analyze(g).dynamic_peak
+
+
+def reuse_trap(n=256, m=1024):
+    """a (1 MiB) dies after T; t, u, v peak; w (a's shape) is made late: ORT's memory reuse hands it
+    a's buffer, which then sits idle across the peak, whenever ORT knows both shapes statically."""
+    b = GraphBuilder()
+    x = b.input("x", F, (n, m))
+    (a,) = b.node("Exp", [x], [("a", F, (n, m))], name="A")
+    (t,) = b.node("Transpose", [a], [("t", F, (m, n))], name="T")
+    (u,) = b.node("Exp", [t], [("u", F, (m, n))], name="U")
+    (v,) = b.node("Mul", [t, u], [("v", F, (m, n))], name="V")
+    (r,) = b.node("ReduceMean", [v], [("r", F, (1, n))], name="R", attrs={"axes": [0]})
+    (rt,) = b.node("Transpose", [r], [("rt", F, (n, 1))], name="RT")
+    wide = b.initializer("wide", np.array([n, m], np.int64), trainable=False)
+    (w,) = b.node("Expand", [rt, wide], [("w", F, (n, m))], name="W")  # static shape from the constant
+    (y,) = b.node("ReduceMean", [w], [("y", F, ())], name="Y", attrs={"keepdims": 0})
+    b.output(y)
+    return b.build()
+
+
+def test_pinned_model_hides_static_shapes_from_memory_reuse():
+    g = reuse_trap()
+    assert chain_gaps(g) == []  # no edges here: only the shape hiding differs
+    pinned = pin_order(g)
+    w = next(n for n in pinned.nodes if n.name == "W")
+    assert pinned.tensors[w.inputs[1]].producer >= 0  # the target shape is computed, not a constant
+    assert "wide" not in {t.name for t in pinned.tensors}  # and its unread constant is gone
+    predicted = analyze(g).dynamic_peak
+    feeds = {"x": np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32) * 0.1}
+    reuse = replace(PLANNED, mem_reuse=True)
+    plain = measure_peak(export_model(g, value_info=False), feeds, session=reuse, repeats=1, keep_outputs=True)
+    assert plain.peak_bytes > 1.2 * predicted  # ORT infers the shapes from x and "wide" and holds a
+    hidden = measure_peak(export_model(pinned, value_info=False), feeds, session=reuse, repeats=1, keep_outputs=True)
+    assert hidden.peak_bytes <= 1.05 * predicted
+    defaults = measure_peak(export_model(pinned, value_info=False), feeds, session=replace(ORT_DEFAULT, arena=False),
+                            repeats=1)
+    assert defaults.peak_bytes <= 1.10 * predicted
+    assert plain.outputs is not None and hidden.outputs is not None
+    np.testing.assert_array_equal(hidden.outputs["y"], plain.outputs["y"])
 
 
 @pytest.fixture(scope="module")
