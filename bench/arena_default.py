@@ -242,6 +242,7 @@ def main() -> None:
             ("defaults, run option arena shrinkage", "pinned",
              Setup(ORT_DEFAULT, run_config={"memory.enable_memory_arena_shrinkage": "cpu:0"})),
             ("ORT defaults, model with the marker input", "pinned+marker", Setup(ORT_DEFAULT)),
+            ("defaults, enable_cpu_mem_arena=False, marker", "pinned+marker", Setup(replace(ORT_DEFAULT, arena=False))),
             ("defaults, env arena max_dead_bytes_per_chunk 4 KiB, marker", "pinned+marker",
              Setup(ORT_DEFAULT, arena_cfg(max_dead=4096))),
             ("planned options, model with the marker input", "pinned+marker", Setup(PLANNED)),
