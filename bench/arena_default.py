@@ -52,7 +52,7 @@ import json, os, re, sys, time
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, {root!r})
-from passes.verify import SessionConfig
+from passes.verify import SessionConfig, proc_status as status
 args = json.loads(sys.argv[1])
 saved_fd = None
 if args["log"]:
@@ -74,10 +74,6 @@ for key, value in args["run_config"].items():
     ro.add_run_config_entry(key, value)
 sess = ort.InferenceSession(args["model"], so, providers=["CPUExecutionProvider"])
 feeds = dict(np.load(args["feeds"]))
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 def mark(phase):
     if args["log"]:
         os.write(2, ("@@" + phase + "\n").encode())

@@ -9,9 +9,10 @@ Why: under ORT's default session options the CPU arena and the memory pattern ar
 allocates every tensor from the BFC arena, which grows by regions of 1, 2, 4, 8 ... MiB and keeps them;
 it also traces the allocations, and from the second run on ORT takes one block of the traced peak from
 the arena. The largest region the first run left is about half of what the regions hold, so the block
-rarely fits: the arena adds a region twice as large and the process holds both. A planned
-zoo:gpt?batch=64 at 70% peaks at about 2.3x its plan that way, zoo:resnet?batch=32 at 2.8x; without
-the pattern, with the arena still on, about 1.1x and 1.3x (bench/results/ort_default_options_arena.md).
+rarely fits: the arena adds a region twice as large and the process holds both (when one fits, the
+block still lands on pages the first run never touched). Pinned plans at 70% peak at 1.9-2.6x their
+plan that way (zoo:gpt?batch=64 2.2x, zoo:resnet?batch=32 1.9x, zoo:unet?batch=8 2.6x); without the
+pattern, the arena still on, 0.97x, 1.23x and 1.33x (bench/results/ort_default_options_arena.md).
 
 How: ORT turns the pattern off for a session when a graph input is not a tensor
 (``SessionState::ResolveMemoryPatternFlag``), and it runs a model with no feed for an input of

@@ -65,7 +65,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     the same size takes it, +20% peak on zoo:gpt?batch=64 at 70%.
     ``mem_pattern=False`` adds passes/mem_pattern.py's marker input, which switches ORT's memory
     pattern off in every session (under ORT's defaults its block lands beside the arena's first-run
-    chunks: 2.3x the plan on zoo:gpt?batch=64 at 70%, 1.1x without it).
+    chunks: 2.2x the plan on zoo:gpt?batch=64 at 70%, 0.97x without it).
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]

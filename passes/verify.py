@@ -78,22 +78,27 @@ class PeakMeasurement:
     cold_peak_bytes: int = 0
 
 
+def proc_status(key: str) -> int:
+    """A /proc/self/status field (VmRSS, VmHWM) in bytes: what the measuring children read."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise PlannerError(f"/proc/self/status has no {key} field")
+
+
 _CHILD = r"""
 import json, sys, time
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, {root!r})
-from passes.verify import SessionConfig
+from passes.verify import SessionConfig, proc_status as status
 args = json.loads(sys.argv[1])
 so = SessionConfig(**args["session"]).session_options()
 so.intra_op_num_threads = args["threads"]
 so.inter_op_num_threads = 1
 sess = ort.InferenceSession(args["model"], so, providers=["CPUExecutionProvider"])
 feeds = dict(np.load(args["feeds"]))
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 open("/proc/self/clear_refs", "w").write("5")
 made = status("VmRSS")
 sess.run(None, feeds)  # warm-up: lazy kernel state, thread pools, the arena's first chunks
