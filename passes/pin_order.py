@@ -26,10 +26,10 @@ peak: 1.36x the plan with memory reuse on, 1.43x under ORT's defaults (arena off
 and 1.02x. The shapes came from the graph inputs and from Expand/Reshape targets (the pooling
 backward's Expand): ONNX shape inference derives the rest from those.
 
-Not fixed here: ORT's memory pattern (on by default; no model property turns it off) packs the
-first run's allocation trace by online best fit into one block for later runs. It fragments:
-zoo:unet?batch=8 at 70% measured 1.34x the plan with the pattern alone, planned or pinned, and a
-few int64 tensors moved in its trace swing zoo:resnet between 1.02x and 1.28x (ordering.py).
+ORT's memory pattern (on by default) packs the first run's allocation trace by online best fit into
+one block for later runs and fragments (zoo:unet?batch=8 at 70%: 1.34x the plan with the pattern
+alone). Pinning does not touch it: the exporter adds the input of passes/mem_pattern.py to pinned
+models (``export_model(..., mem_pattern=False)``), which switches the pattern off in every session.
 """
 from __future__ import annotations
 
