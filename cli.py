@@ -470,7 +470,13 @@ def _device_costs(device_name: str):
 def _graph_costs(graph, device_name: str, costs: str):
     """``_device_costs`` with op times from ``--costs``: the device profile, a measurement on this
     machine, or an ORT profile file (passes/measured_costs.py); and a line saying which."""
+    import os
+
     dev, estimate, transfer, overlap = _device_costs(device_name)
+    if costs.lower() in ("device", "measured"):
+        costs = costs.lower()
+    elif not os.path.exists(costs):
+        raise UsageError(f"--costs {costs}: not 'device', 'measured' or an existing ORT profile JSON file")
     if costs == "device":
         return dev, estimate, transfer, overlap, f"device profile {dev.name}"
     from passes import measured_costs
@@ -574,9 +580,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations)
     for path in (output, emit):
         _refuse_overwrite(path, model)
-    if costs != "device" and is_remat_json(model):
+    if costs.lower() != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
-    if costs != "device" and max_batch:
+    if costs.lower() != "device" and max_batch:
         raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
                          "(or plan one batch with --dim batch=N --costs ...)")
     if sweep_png:

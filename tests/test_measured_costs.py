@@ -101,7 +101,7 @@ def test_a_profile_of_another_model_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--costs", "no-such-profile.json"], "no such profile file"),
+    (["--costs", "no-such-profile.json"], "not 'device', 'measured' or an existing ORT profile JSON file"),
     (["--costs", "measured", "--max-batch", "--budget", "1MiB"], "--max-batch"),
 ])
 def test_bad_costs_arguments_get_one_line(args, message):
