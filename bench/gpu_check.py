@@ -2,10 +2,13 @@
 
     python bench/gpu_check.py ORIGINAL.onnx PLANNED.onnx [--plan PLAN.json] [--budget 512MiB]
                               [--feeds FEEDS.npz] [--reference REF.npz] [--bisect] [--json OUT.json]
+                              [--session planned|default]
 
 Runs each model on onnxruntime-gpu's CUDA execution provider with ``gpu_mem_limit`` set to the
 budget and ``arena_extend_strategy=kSameAsRequested`` (DESIGN.md, "Measuring peak memory") under
-the planned-model session options, and reports:
+the planned-model session options (``--session default``: a plain ``SessionOptions()`` and the CUDA
+provider's own arena strategy, only ``gpu_mem_limit`` set: for ``--pin-order`` models, which are
+meant to keep their plan there), and reports:
 
 * the outputs of both models without a limit, against each other and against ``--reference``
   (e.g. CPU ORT outputs of the original): max abs and rel difference;
@@ -40,14 +43,15 @@ import onnxruntime as ort
 sys.path.insert(0, {root!r})
 from passes.verify import planned_session_options
 model, feeds_path, limit, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-provider = sys.argv[5] if len(sys.argv) > 5 else "cuda"
-cuda = {{"device_id": 0, "arena_extend_strategy": "kSameAsRequested", "cudnn_conv_algo_search": "HEURISTIC",
-        "cudnn_conv_use_max_workspace": "0"}}
+provider, session = sys.argv[5], sys.argv[6]
+cuda = {{"device_id": 0}} if session == "default" else {{"device_id": 0, "arena_extend_strategy": "kSameAsRequested",
+        "cudnn_conv_algo_search": "HEURISTIC", "cudnn_conv_use_max_workspace": "0"}}
 if limit > 0:
     cuda["gpu_mem_limit"] = limit
 try:
     providers = [("CUDAExecutionProvider", cuda)] if provider == "cuda" else ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(model, planned_session_options(), providers=providers)
+    options = ort.SessionOptions() if session == "default" else planned_session_options()
+    sess = ort.InferenceSession(model, options, providers=providers)
 except Exception as err:
     print(json.dumps({{"ok": False, "error": "session: " + str(err).splitlines()[0][:300]}})); sys.exit(0)
 if provider == "cuda" and "CUDAExecutionProvider" not in sess.get_providers():
@@ -69,23 +73,26 @@ print(json.dumps({{"ok": True, "first_s": first, "step_s": sorted(times)[len(tim
 """
 
 
-def run_once(model: str, feeds: str, limit: int, out: str = "", provider: str = "cuda") -> dict:
-    """Run ``model`` once in a fresh process under ``gpu_mem_limit`` = ``limit`` (0: none)."""
+def run_once(model: str, feeds: str, limit: int, out: str = "", provider: str = "cuda",
+             session: str = "planned") -> dict:
+    """Run ``model`` once in a fresh process under ``gpu_mem_limit`` = ``limit`` (0: none), with the
+    planned session options or ORT's defaults (``session``)."""
     proc = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(ROOT)), model, feeds, str(limit), out,
-                           provider],
+                           provider, session],
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not proc.stdout.strip():
         return {"ok": False, "error": (proc.stderr.strip().splitlines() or ["crashed"])[-1][:300]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bisect_limit(model: str, feeds: str, hi: int, probes: int = 15, resolution: int = 1 << 18) -> dict:
+def bisect_limit(model: str, feeds: str, hi: int, probes: int = 15, resolution: int = 1 << 18,
+                 session: str = "planned") -> dict:
     """Smallest gpu_mem_limit (within ``resolution``) at which ``model`` runs, k-ary and parallel.
 
     Each round runs ``probes`` limits evenly inside (lo, hi] at once; the answer is monotone in the
     limit, so the bracket shrinks to the gap around the smallest passing probe.
     """
-    first = run_once(model, feeds, hi)
+    first = run_once(model, feeds, hi, session=session)
     if not first["ok"]:
         return {"limit": None, "error": first["error"], "rounds": 0}
     lo, rounds, last_error = 0, 0, ""
@@ -95,7 +102,7 @@ def bisect_limit(model: str, feeds: str, hi: int, probes: int = 15, resolution: 
             limits = sorted({lo + step * (i + 1) for i in range(probes) if lo + step * (i + 1) < hi})
             if not limits:
                 break
-            results = list(pool.map(lambda lim: run_once(model, feeds, lim), limits))
+            results = list(pool.map(lambda lim: run_once(model, feeds, lim, session=session), limits))
             rounds += 1
             passing = [lim for lim, r in zip(limits, results) if r["ok"]]
             failing = [(lim, r) for lim, r in zip(limits, results) if not r["ok"]]
@@ -124,11 +131,11 @@ def _diff(a: dict, b: dict) -> dict:
 
 
 def check(original: str, planned: str, feeds: str, budget: int | None, reference: str | None,
-          bisect: bool, probes: int, hi: int | None) -> dict:
-    report: dict = {"original": original, "planned": planned}
+          bisect: bool, probes: int, hi: int | None, session: str = "planned") -> dict:
+    report: dict = {"original": original, "planned": planned, "session": session}
     with tempfile.TemporaryDirectory() as tmp:
-        pre_o = run_once(original, feeds, 0, f"{tmp}/o.npz")
-        pre_p = run_once(planned, feeds, 0, f"{tmp}/p.npz")
+        pre_o = run_once(original, feeds, 0, f"{tmp}/o.npz", session=session)
+        pre_p = run_once(planned, feeds, 0, f"{tmp}/p.npz", session=session)
         report["unlimited"] = {"original": pre_o, "planned": pre_p}
         if pre_o["ok"] and pre_p["ok"]:
             o, p = dict(np.load(f"{tmp}/o.npz")), dict(np.load(f"{tmp}/p.npz"))
@@ -142,12 +149,12 @@ def check(original: str, planned: str, feeds: str, budget: int | None, reference
                 report["original_vs_reference"] = _diff(o, ref)
                 report["planned_vs_reference"] = _diff(p, ref)
         if budget:
-            report["budget"] = {"gpu_mem_limit": budget, "original": run_once(original, feeds, budget),
-                                "planned": run_once(planned, feeds, budget)}
+            report["budget"] = {"gpu_mem_limit": budget, "original": run_once(original, feeds, budget, session=session),
+                                "planned": run_once(planned, feeds, budget, session=session)}
         if bisect and pre_o["ok"] and pre_p["ok"]:
             top = hi or (4 << 30)
-            report["bisect"] = {"original": bisect_limit(original, feeds, top, probes),
-                                "planned": bisect_limit(planned, feeds, top, probes)}
+            report["bisect"] = {"original": bisect_limit(original, feeds, top, probes, session=session),
+                                "planned": bisect_limit(planned, feeds, top, probes, session=session)}
     return report
 
 
@@ -166,6 +173,8 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=15, help="parallel processes per bisection round")
     ap.add_argument("--hi", help="upper end of the bisection bracket (default 4GiB)")
     ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--session", choices=["planned", "default"], default="planned",
+                    help="CUDA session options: memplan's planned ones, or ORT's defaults (for --pin-order models)")
     args = ap.parse_args()
     import onnxruntime as ort
 
@@ -185,7 +194,7 @@ def main() -> None:
             feeds = os.path.join(tmp, "feeds.npz")
             np.savez(feeds, **models.example_feeds(onnx.load(args.original, load_external_data=False)))
         report = check(args.original, args.planned, feeds, budget, args.reference, args.bisect, args.probes,
-                       parse_bytes(args.hi, "--hi") if args.hi else None)
+                       parse_bytes(args.hi, "--hi") if args.hi else None, args.session)
     if plan:
         report["plan"] = {k: plan.get(k) for k in ("model", "budget_bytes", "peak_bytes", "unplanned_peak_bytes",
                                                   "base_bytes", "added_time_pct")}

@@ -7,7 +7,8 @@
 #   for each model NAME: memplan train-graph MODEL -o .gpu/m/NAME.orig.onnx
 #                        memplan plan MODEL --budget B --emit .gpu/m/NAME.plan.onnx -o .gpu/m/NAME.plan.json
 # then run `bash bench/gpu_run.sh NAME:HI ...` on the device with .gpu carried (HI: top of the
-# gpu_mem_limit bisection, e.g. gpt:2GiB). Reports land in $OUT/NAME.json.
+# gpu_mem_limit bisection, e.g. gpt:2GiB). Reports land in $OUT/NAME.json. SESSION=default runs
+# under ORT's default session options (for models emitted with --pin-order).
 set -u
 export PYTHONUNBUFFERED=1
 S=/tmp/site
@@ -33,7 +34,7 @@ for spec in "$@"; do
   hi=${spec#*:}
   echo "== $name ($(( $(date +%s) - t0 )) s)"
   timeout 200 python3 bench/gpu_check.py .gpu/m/$name.orig.onnx .gpu/m/$name.plan.onnx --plan .gpu/m/$name.plan.json \
-    --reference cpu --bisect --hi "$hi" --json "$OUT/$name.json"
+    --reference cpu --bisect --hi "$hi" --session "${SESSION:-planned}" --json "$OUT/$name.json"
   echo "rc=$?"
 done
 echo "total $(( $(date +%s) - t0 )) s"
