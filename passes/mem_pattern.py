@@ -29,15 +29,20 @@ MEM_PATTERN_OFF_INPUT = "memplan_mem_pattern_off"
 OPTIONAL_TYPE_IR = 8
 
 
+def mark_mem_pattern_off(model: onnx.ModelProto) -> None:
+    """Add the marker input to ``model`` in place (once; see the module docstring)."""
+    if any(i.name == MEM_PATTERN_OFF_INPUT for i in model.graph.input):
+        return
+    scalar = helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+    model.graph.input.append(helper.make_value_info(MEM_PATTERN_OFF_INPUT, helper.make_optional_type_proto(scalar)))
+    model.ir_version = max(model.ir_version, OPTIONAL_TYPE_IR)
+
+
 def without_mem_pattern(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` that ORT runs without a memory pattern (the module docstring says why and how)."""
+    """A copy of ``model`` that ORT runs without a memory pattern (``mark_mem_pattern_off`` on a copy)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    if any(i.name == MEM_PATTERN_OFF_INPUT for i in out.graph.input):
-        return out
-    scalar = helper.make_tensor_type_proto(TensorProto.FLOAT, [])
-    out.graph.input.append(helper.make_value_info(MEM_PATTERN_OFF_INPUT, helper.make_optional_type_proto(scalar)))
-    out.ir_version = max(out.ir_version, OPTIONAL_TYPE_IR)
+    mark_mem_pattern_off(out)
     return out
 
 

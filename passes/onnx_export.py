@@ -20,7 +20,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper, shape_inference
 
-from passes.mem_pattern import without_mem_pattern
+from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import DTYPE_TO_ONNX
 from planner.fileio import atomic_write
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
@@ -103,7 +103,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     model.ir_version = ir_version_for(opsets)
     for key, value in sorted((metadata or {}).items()):
         model.metadata_props.add(key=key, value=value)
-    return model if mem_pattern else without_mem_pattern(model)
+    if not mem_pattern:
+        mark_mem_pattern_off(model)  # the model is ours: no copy of its weights
+    return model
 
 
 def function_body(
