@@ -473,9 +473,7 @@ def _graph_costs(graph, device_name: str, costs: str):
     import os
 
     dev, estimate, transfer, overlap = _device_costs(device_name)
-    if costs.lower() in ("device", "measured"):
-        costs = costs.lower()
-    elif not os.path.exists(costs):
+    if costs not in ("device", "measured") and not os.path.exists(costs):
         raise UsageError(f"--costs {costs}: not 'device', 'measured' or an existing ORT profile JSON file")
     if costs == "device":
         return dev, estimate, transfer, overlap, f"device profile {dev.name}"
@@ -483,7 +481,7 @@ def _graph_costs(graph, device_name: str, costs: str):
 
     found = measured_costs.measure(graph) if costs == "measured" else measured_costs.read_profile(graph, costs)
     source = f"{found.source} ({found.timed} of {found.total} nodes timed)"
-    return dev, found.node_time(estimate), transfer, overlap, source
+    return dev, found.node_time(graph, estimate), transfer, overlap, source
 
 
 def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01):
@@ -534,6 +532,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--swap/--no-swap", default=False, show_default=True,
               help="ONNX models: also allow swapping to host memory (the swap model solves slower; opt in).")
 @click.option("--costs", default="device", show_default=True, metavar="device|measured|PROFILE.json",
+              callback=lambda ctx, param, v: v.lower() if v.lower() in ("device", "measured") else v,
               help="ONNX models: op times from the --device profile; measured by profiling the training step in "
                    "ONNX Runtime on this machine (timings vary, so plans may); or an ORT profile JSON of the model "
                    "`memplan train-graph` writes (the same file gives the same plan).")
@@ -580,9 +579,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations)
     for path in (output, emit):
         _refuse_overwrite(path, model)
-    if costs.lower() != "device" and is_remat_json(model):
+    if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
-    if costs.lower() != "device" and max_batch:
+    if costs != "device" and max_batch:
         raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
                          "(or plan one batch with --dim batch=N --costs ...)")
     if sweep_png:

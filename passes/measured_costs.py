@@ -16,19 +16,16 @@ measured to estimated time over the nodes it does time, so the two scales never 
 """
 from __future__ import annotations
 
-import logging
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-import numpy as np
-
+from planner.costs import read_ort_profile
 from planner.errors import UsageError
 from planner.graph import Graph, Node
-
-log = logging.getLogger(__name__)
 
 #: Profiled runs besides the first (warm-up) one; each node's time is the median over all of them.
 RUNS = 5
@@ -45,23 +42,17 @@ class MeasuredCosts:
     timed: int  # graph nodes with a time of their own
     total: int  # graph nodes
 
-    def node_time(self, estimate: Callable[[Graph, Node], float]) -> Callable[[Graph, Node], float]:
-        """``node_time(graph, node)`` for lowering: the measured time, else ``estimate`` rescaled
-        by the median measured/estimated ratio of the timed nodes."""
+    def node_time(self, graph: Graph, estimate: Callable[[Graph, Node], float]) -> Callable[[Graph, Node], float]:
+        """``node_time(graph, node)`` for lowering ``graph`` (the graph these times were taken on):
+        the measured time, else ``estimate`` rescaled by the median measured/estimated ratio of the
+        timed nodes."""
         seconds = self.seconds
-        scale_memo: dict[int, float] = {}
+        ratios = [seconds[n.name] / e for n in graph.nodes if n.name in seconds and seconds[n.name] > 0
+                  for e in [estimate(graph, n)] if e > 0] if self.timed < self.total else []
+        scale = statistics.median(ratios) if ratios else 1.0
 
-        def scale(graph: Graph) -> float:
-            if id(graph) not in scale_memo:
-                ratios = [seconds[n.name] / e for n in graph.nodes if n.name in seconds
-                          for e in [estimate(graph, n)] if e > 0 and seconds[n.name] > 0]
-                scale_memo[id(graph)] = float(np.median(ratios)) if ratios else 1.0
-            return scale_memo[id(graph)]
-
-        def node_time(graph: Graph, node: Node) -> float:
-            if node.name in seconds:
-                return seconds[node.name]
-            return estimate(graph, node) * scale(graph)
+        def node_time(g: Graph, node: Node) -> float:
+            return seconds[node.name] if node.name in seconds else estimate(g, node) * scale
 
         return node_time
 
@@ -91,8 +82,6 @@ def map_to_graph(graph: Graph, per_ort_node: Mapping[str, float], source: str) -
 
 def read_profile(graph: Graph, path: str | os.PathLike) -> MeasuredCosts:
     """``--costs PROFILE.json``: an ORT profile (``enable_profiling``) of ``graph``'s model."""
-    from planner.costs import read_ort_profile
-
     return map_to_graph(graph, read_ort_profile(path, statistic="median"), f"profile {path}")
 
 
@@ -127,7 +116,5 @@ def measure(graph: Graph, runs: int = RUNS, seed: int = 0, threads: int = 1) -> 
         finally:
             ort.set_default_logger_severity(2)  # ORT's default (warnings)
         provider = session.get_providers()[0]
-        from planner.costs import read_ort_profile
-
         per_node = read_ort_profile(session.end_profiling(), statistic="median")
     return map_to_graph(graph, per_node, f"measured on {provider}")

@@ -38,7 +38,7 @@ def test_untimed_nodes_get_the_estimate_on_the_measured_scale():
     first, second = graph.nodes[0], graph.nodes[1]
     costs = measured_costs.MeasuredCosts({n.name: 2.0 for n in graph.nodes[1:]}, "test", len(graph.nodes) - 1,
                                          len(graph.nodes))
-    node_time = costs.node_time(lambda g, n: 4.0 if n is first else 1.0)
+    node_time = costs.node_time(graph, lambda g, n: 4.0 if n is first else 1.0)
     assert node_time(graph, second) == 2.0
     assert node_time(graph, first) == pytest.approx(8.0)  # estimate 4 x the median ratio 2/1
 
