@@ -69,7 +69,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
-    taken = {t.name for t in graph.tensors} | {n.name for n in graph.nodes}
+    taken = graph.names()
     nodes, body_info = [], []
     for node in graph.nodes:
         n = helper.make_node(

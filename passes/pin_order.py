@@ -89,7 +89,7 @@ class _Pinner:
     def __init__(self, graph: Graph):
         self.g = graph
         self.b = GraphBuilder(name=graph.name, opsets=graph.opsets)
-        self.edges = OrderingEdges(self.b, {t.name for t in graph.tensors} | {n.name for n in graph.nodes})
+        self.edges = OrderingEdges(self.b, graph.names())
         self.new: dict[int, int] = {NO_TENSOR: NO_TENSOR}  # tensor id in graph -> id in the result
         self.read: dict[int, int] = {}  # graph input -> the shape-hiding view its readers read
 

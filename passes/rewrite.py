@@ -53,7 +53,7 @@ class _Rewriter:
         # gate computed from constants only would be constant-folded by ORT, and the edge with it
         self.last_output: int | None = None
         self.dynamic = dynamic_nodes(graph)
-        self.edges = OrderingEdges(self.b, {t.name for t in graph.tensors} | {n.name for n in graph.nodes})
+        self.edges = OrderingEdges(self.b, graph.names())
         self.sink_slices: dict[int, tuple[int, int]] = {}  # rank -> (starts, ends) of a 1-element Slice
         # (node, new-graph inputs) of every emitted computation: a recompute with the same inputs as
         # an earlier one gets an ordering edge, or ORT's CSE would merge the two (and fail to load

@@ -135,6 +135,10 @@ class Graph:
     def initializers(self) -> list[Tensor]:
         return [t for t in self.tensors if t.kind in (TensorKind.TRAINABLE, TensorKind.FROZEN)]
 
+    def names(self) -> set[str]:
+        """Every tensor and node name, as a new set: what ``fresh_name`` must steer around."""
+        return {t.name for t in self.tensors} | {n.name for n in self.nodes}
+
     @property
     def base_bytes(self) -> int:
         """Bytes alive for the whole run: graph inputs and initializers."""
