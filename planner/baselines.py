@@ -24,6 +24,7 @@ from planner.greedy import evict_greedy, split_greedy
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
+from planner.tight_greedy import tight_greedy
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,10 @@ def chen_sqrt(problem: PlanningProblem) -> Plan:
 
 def greedy(problem: PlanningProblem, budget: int) -> Candidate | None:
     """The budget greedy: the cheapest fitting plan of the eviction and the split greedy
-    (planner.greedy) and the checkpoint greedy (planner.chain_greedy); None when none gets
-    under ``budget``."""
+    (planner.greedy), the checkpoint greedy (planner.chain_greedy) and the tight-budget eviction
+    greedy (planner.tight_greedy); None when none gets under ``budget``."""
     best: Candidate | None = None
-    for make in (evict_greedy, split_greedy, checkpoint_greedy):
+    for make in (evict_greedy, split_greedy, checkpoint_greedy, tight_greedy):
         plan = make(problem, budget)
         if plan is None:
             continue
