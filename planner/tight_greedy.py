@@ -60,14 +60,17 @@ VARIANTS = (
 
 
 def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(), rounds: int = 3,
-              max_events: int | None = None) -> Plan | None:
-    """One run of the executor (module docstring); None when it gets stuck or passes
-    ``max_events`` events (default 20 n + 1000)."""
-    return _run(problem, budget, variant, rounds, max_events)[0]
+              max_events: int | None = None, pace: int = 8) -> Plan | None:
+    """One run of the executor (module docstring); None when it gets stuck, passes
+    ``max_events`` events (default 20 n + 1000), or more than ``pace`` events per step so far
+    plus 1000: a thrashing run stops early (the plans found on the remat benchmark graphs make
+    2 to 11 events per step, 11 only on RL100 where the 1000 covers it; thrashing runs, 20 and
+    more). ``rounds``: how often a compute fetches again inputs freed while others were fetched."""
+    return _run(problem, budget, variant, rounds, max_events, pace)[0]
 
 
 def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
-         max_events: int | None) -> tuple[Plan | None, int]:
+         max_events: int | None, pace: int) -> tuple[Plan | None, int]:
     """evict_run, and how many events the run made (its work, also when it failed)."""
     p = problem
     n = p.n
@@ -210,7 +213,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
             held[q].append(2 * depth)
         ok = False
         for _ in range(rounds):
-            if len(events) > cap:
+            if len(events) > min(cap, pace * (t_now + 1) + 1000):
                 break
             memo: dict[int, int] = {}
             missing = sorted((q for q in preds[x] if not resident[q]), key=lambda q: (-chain_need(q, memo), q))
@@ -277,17 +280,17 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
 def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant, ...] = VARIANTS,
                  work: int | None = None) -> Plan | None:
     """The cheapest plan within ``budget`` of :func:`evict_run` over ``variants``; None when no
-    run fits. The runs share ``work`` events (default 24 n + 4000: the greedy runs several times
+    run fits. The runs share ``work`` events (default 12 n + 3000: the greedy runs several times
     per solve, and a thrashing run costs about a millisecond per event on large graphs); each
     run stops at 20 n + 1000 events, and after the first fitting plan at that plan's count."""
     n = problem.n
-    left = work if work is not None else 24 * n + 4000
+    left = work if work is not None else 12 * n + 3000
     best, best_time = None, None
     for variant in variants:
         cap = min(20 * n + 1000 if best is None else len(best.events), left)
         if cap <= 0:
             break
-        plan, used = _run(problem, budget, variant, 3, cap)
+        plan, used = _run(problem, budget, variant, 3, cap, 8)
         left -= used
         if plan is None:
             continue
