@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.chain_greedy import checkpoint_greedy, effective_readers
+from planner.chain_greedy import checkpoint_greedy, effective_readers, missing_closure
 from planner.greedy import evict_greedy, split_greedy
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
@@ -62,17 +62,7 @@ def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strat
             resident[u] = False
 
     for t in range(n):
-        # Everything step t needs that is not resident, closed over inputs; ascending id is a
-        # topological order, so each is recomputed once for this step.
-        todo: set[int] = set()
-        stack = [p for p in preds[t] if not resident[p]]
-        while stack:
-            x = stack.pop()
-            if x in todo:
-                continue
-            todo.add(x)
-            stack.extend(p for p in preds[x] if not resident[p] and p not in todo)
-        chain = sorted(todo)
+        chain = missing_closure(t, preds, resident)  # each recomputed once for this step
         for y in (*chain, t):
             for p in preds[y]:
                 pending[p] += 1

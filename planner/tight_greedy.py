@@ -32,6 +32,7 @@ import bisect
 import sys
 from dataclasses import dataclass
 
+from planner.chain_greedy import missing_closure, over_missing
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -118,24 +119,9 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
             memo[x] = best
         return memo[v]
 
-    def over_missing(v: int, memo: dict, combine) -> None:
-        """Fill memo[x] = combine(x) for v and its missing ancestors, inputs first."""
-        stack = [v]
-        while stack:
-            x = stack[-1]
-            if x in memo:
-                stack.pop()
-                continue
-            missing = [u for u in preds[x] if not resident[u] and u not in memo]
-            if missing:
-                stack.extend(missing)
-                continue
-            stack.pop()
-            memo[x] = combine(x)
-
     def redo_cost(v: int, memo: dict[int, float]) -> float:
         """Cost to recompute v from what is resident now (its missing ancestors included)."""
-        over_missing(v, memo, lambda x: cost[x] + sum(memo[u] for u in preds[x] if not resident[u]))
+        over_missing(v, preds, resident, memo, lambda x: cost[x] + sum(memo[u] for u in preds[x] if not resident[u]))
         return memo[v]
 
     def chain_need(v: int, memo: dict[int, int]) -> int:
@@ -149,7 +135,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
                 acc += size[u]
             return max(most, acc + size[x] + scratch[x])
 
-        over_missing(v, memo, need)
+        over_missing(v, preds, resident, memo, need)
         return memo[v]
 
     def free(v: int) -> None:
@@ -244,14 +230,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
     def run_closure(t: int) -> bool:
         """Recompute every missing ancestor step t needs once, in id order, their inputs held
         until read; then compute t."""
-        todo: set[int] = set()
-        stack = [q for q in preds[t] if not resident[q]]
-        while stack:
-            x = stack.pop()
-            if x not in todo:
-                todo.add(x)
-                stack.extend(q for q in preds[x] if not resident[q] and q not in todo)
-        chain = sorted(todo)
+        chain = missing_closure(t, preds, resident)
         for y in chain:
             for q in preds[y]:
                 held[q].append(0)

@@ -4,6 +4,8 @@ replays within its budget, and greedy() keeps the cheapest fitting plan of all t
 Validity via the simulator, no timings."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -13,6 +15,7 @@ from planner.greedy import evict_greedy, split_greedy
 from planner.problem import PlanningProblem, load_remat_json
 from planner.simulate import simulate
 from planner.tight_greedy import VARIANTS, evict_run, tight_greedy
+from tests.test_chain_greedy import layered
 
 RL100 = "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
 
@@ -79,26 +82,14 @@ def test_below_the_least_peak_there_is_no_plan():
     assert tight_greedy(p, p.memory_floor - 1) is None
 
 
-@st.composite
-def layered(draw, max_n: int = 20) -> PlanningProblem:
-    """Random DAGs with skip edges, scratch, a base, a pinned output and an unrecomputable node."""
-    n = draw(st.integers(2, max_n))
-    preds: list[list[int]] = [[]]
-    for i in range(1, n):
-        preds.append(draw(st.lists(st.integers(max(0, i - 6), i - 1), min_size=1, max_size=3, unique=True)))
-    size = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
-    cost = draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))
-    pinned = [False] * (n - 1) + [draw(st.booleans())]
-    recomputable = [True] * n
-    recomputable[draw(st.integers(0, n - 1))] = draw(st.booleans())
-    scratch = draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
-    return PlanningProblem.build(size=size, cost=cost, preds=preds, pinned=pinned, scratch=scratch,
-                                 recomputable=recomputable, base_bytes=draw(st.integers(0, 20)), name="layered")
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(p=layered(), frac=st.floats(0.3, 1.0), which=st.integers(0, len(VARIANTS) - 1))
-def test_every_plan_replays_within_budget(p, frac, which):
+@given(p=layered(max_n=20), frac=st.floats(0.3, 1.0), which=st.integers(0, len(VARIANTS) - 1),
+       frozen=st.integers(-1, 19))
+def test_every_plan_replays_within_budget(p, frac, which, frozen):
+    if 0 <= frozen < p.n:  # one node that may not be recomputed (a random op)
+        recomputable = p.recomputable.copy()
+        recomputable[frozen] = False
+        p = dataclasses.replace(p, recomputable=recomputable)
     budget = max(p.memory_floor, int(frac * p.unplanned_peak))
     plan = evict_run(p, budget, VARIANTS[which])
     if plan is not None:
