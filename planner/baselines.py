@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.chain_greedy import checkpoint_greedy, effective_readers
+from planner.chain_greedy import checkpoint_greedy, effective_readers, missing_closure
 from planner.greedy import evict_greedy, split_greedy
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
+from planner.tight_greedy import tight_greedy
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +62,7 @@ def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strat
             resident[u] = False
 
     for t in range(n):
-        # Everything step t needs that is not resident, closed over inputs; ascending id is a
-        # topological order, so each is recomputed once for this step.
-        todo: set[int] = set()
-        stack = [p for p in preds[t] if not resident[p]]
-        while stack:
-            x = stack.pop()
-            if x in todo:
-                continue
-            todo.add(x)
-            stack.extend(p for p in preds[x] if not resident[p] and p not in todo)
-        chain = sorted(todo)
+        chain = missing_closure(t, preds, resident)  # each recomputed once for this step
         for y in (*chain, t):
             for p in preds[y]:
                 pending[p] += 1
@@ -108,10 +99,10 @@ def chen_sqrt(problem: PlanningProblem) -> Plan:
 
 def greedy(problem: PlanningProblem, budget: int) -> Candidate | None:
     """The budget greedy: the cheapest fitting plan of the eviction and the split greedy
-    (planner.greedy) and the checkpoint greedy (planner.chain_greedy); None when none gets
-    under ``budget``."""
+    (planner.greedy), the checkpoint greedy (planner.chain_greedy) and the tight-budget eviction
+    greedy (planner.tight_greedy); None when none gets under ``budget``."""
     best: Candidate | None = None
-    for make in (evict_greedy, split_greedy, checkpoint_greedy):
+    for make in (evict_greedy, split_greedy, checkpoint_greedy, tight_greedy):
         plan = make(problem, budget)
         if plan is None:
             continue

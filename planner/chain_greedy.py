@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -49,6 +50,38 @@ def effective_readers(problem: PlanningProblem, keep: np.ndarray, window: int) -
         for p in problem.pred_lists[v]:
             readers[p].extend(points)
     return readers
+
+
+def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool], memo: dict,
+                 combine: Callable[[int], Any]) -> None:
+    """Set memo[x] = combine(x) for v and each ancestor of it that is not resident (and not in
+    memo yet), inputs before their readers; combine reads the memo entries of x's missing inputs.
+    Iterative post-order: recompute chains must not hit the recursion limit."""
+    stack = [v]
+    while stack:
+        x = stack[-1]
+        if x in memo:
+            stack.pop()
+            continue
+        missing = [u for u in preds[x] if not resident[u] and u not in memo]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        memo[x] = combine(x)
+
+
+def missing_closure(t: int, preds: Sequence[Sequence[int]], resident: Sequence[bool]) -> list[int]:
+    """The ancestors step t needs that are not resident, closed over their inputs, ascending:
+    a topological order in which each is recomputed once for the step."""
+    todo: set[int] = set()
+    stack = [u for u in preds[t] if not resident[u]]
+    while stack:
+        x = stack.pop()
+        if x not in todo:
+            todo.add(x)
+            stack.extend(u for u in preds[x] if not resident[u] and u not in todo)
+    return sorted(todo)
 
 
 @dataclass(frozen=True)
@@ -88,18 +121,8 @@ def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_ev
 
     def redo_cost(v: int, memo: dict[int, float]) -> float:
         """Cost to recompute v from what is resident now (missing ancestors included)."""
-        stack = [v]
-        while stack:  # iterative post-order: chains must not hit the recursion limit
-            x = stack[-1]
-            if x in memo:
-                stack.pop()
-                continue
-            missing = [u for u in preds[x] if not resident[u] and u not in memo]
-            if missing:
-                stack.extend(missing)
-                continue
-            stack.pop()
-            memo[x] = float(p.cost[x]) + sum(memo[u] for u in preds[x] if not resident[u])
+        over_missing(v, preds, resident, memo,
+                     lambda x: float(p.cost[x]) + sum(memo[u] for u in preds[x] if not resident[u]))
         return memo[v]
 
     def release(u: int) -> None:
@@ -129,14 +152,7 @@ def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_ev
         return ChainRun(None, t, tuple(int(v) for v in held), mem + need - budget, added)
 
     for t in range(n):
-        todo: set[int] = set()
-        stack = [u for u in preds[t] if not resident[u]]
-        while stack:
-            x = stack.pop()
-            if x not in todo:
-                todo.add(x)
-                stack.extend(u for u in preds[x] if not resident[u] and u not in todo)
-        chain = (*sorted(todo), t)
+        chain = (*missing_closure(t, preds, resident), t)
         for y in chain:
             for u in preds[y]:
                 pending[u] += 1

@@ -1,0 +1,279 @@
+"""Tight-budget eviction greedy: on-demand recompute with held (not locked) inputs.
+
+Same executor idea as :func:`planner.greedy.evict_greedy`: walk the fixed order with exact event
+accounting; before an allocation that would exceed the budget, free resident buffers by least
+(recompute cost from what is resident) / (bytes * steps until next need ** ``power``); a missing
+input is recomputed from its inputs, recursively. What changes, so that plans are found where
+that greedy deadlocks at tight budgets:
+
+* Held, not locked. evict_greedy locks the inputs of every compute in progress, so a deep
+  recompute chain fills memory with locked buffers and the greedy gives up. Here only the
+  inputs of the compute about to run are locked (they must be resident together). The inputs
+  of computes further up the chain are *held*: freed only when nothing unheld is left, the one
+  read furthest up the chain first, and recomputed again if they are missing when their reader
+  runs (``rounds`` times, then the run gives up).
+* Largest need first. A compute's missing inputs are recomputed in decreasing order of the
+  memory their own chain needs (a Sethi-Ullman estimate from what is resident); an input
+  fetched that way is held above the inputs that were merely resident.
+* Closure mode. Recomputing each missing input of a step on its own repeats the ancestors they
+  share (two backward buffers that both need the forward pass again). With ``closure`` the whole
+  set of missing ancestors of the step is recomputed once, in id order, their inputs held.
+* Shallow mode. With ``shallow`` a buffer is freed before the others only if its inputs are
+  resident and no freed buffer needs it to be recomputed (its evicted neighbourhood is empty),
+  so recompute chains stay short where memory allows.
+
+:func:`tight_greedy` runs a few of these variants and keeps the cheapest plan that fits. Each run
+is capped in events; once a plan is found, later runs stop at its event count (a run with more
+events than a fitting plan recomputes more, so it would rarely be cheaper).
+"""
+from __future__ import annotations
+
+import bisect
+import sys
+from dataclasses import dataclass
+
+from planner.chain_greedy import missing_closure, over_missing
+from planner.plan import Event, Plan
+from planner.problem import PlanningProblem
+from planner.simulate import simulate
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of :func:`evict_run`."""
+
+    power: float = 1.0  # weight of the distance to the next need in the eviction key
+    closure: bool = False
+    shallow: bool = False
+
+
+#: The variants :func:`tight_greedy` tries, in this order. Each finds the only or the cheapest
+#: fitting plan on some graph and budget of the remat benchmark (bench/greedy_tight.py); those
+#: that get through tight budgets most often come first, since the runs share a work budget.
+VARIANTS = (
+    Variant(closure=True),
+    Variant(shallow=True, closure=True, power=2.0),
+    Variant(power=2.0),
+    Variant(closure=True, power=2.0),
+    Variant(shallow=True),
+    Variant(),
+)
+
+
+def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(), rounds: int = 3,
+              max_events: int | None = None, pace: int = 8) -> Plan | None:
+    """One run of the executor (module docstring); None when it gets stuck, passes
+    ``max_events`` events (default 20 n + 1000), or more than ``pace`` events per step so far
+    plus 1000: a thrashing run stops early (the plans found on the remat benchmark graphs make
+    2 to 11 events per step, 11 only on RL100 where the 1000 covers it; thrashing runs, 20 and
+    more). ``rounds``: how often a compute fetches again inputs freed while others were fetched."""
+    return _run(problem, budget, variant, rounds, max_events, pace)[0]
+
+
+def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
+         max_events: int | None, pace: int) -> tuple[Plan | None, int]:
+    """evict_run, and how many events the run made (its work, also when it failed)."""
+    p = problem
+    n = p.n
+    size = [int(x) for x in p.size]  # Python lists: this loop reads them element by element
+    cost = [float(x) for x in p.cost]
+    scratch = [int(x) for x in p.scratch]
+    pinned = [bool(x) for x in p.pinned]
+    reads = p.succ_lists
+    preds = p.pred_lists
+    power = variant.power
+    resident = [False] * n
+    live: set[int] = set()  # the resident ones
+    gone = [False] * n  # computed before, freed since
+    lock = [0] * n  # inputs of the compute about to run
+    # per buffer, a stack of hold ranks from the computes up the chain that read it (the top one
+    # is the deepest: 2 * depth, + 1 once fetched for that compute)
+    held: list[list[int]] = [[] for _ in range(n)]
+    evictable = [bool(x) for x in p.recomputable & ~p.pinned]
+    events: list[Event] = []
+    mem = p.base_bytes
+    cap = max_events if max_events is not None else 20 * n + 1000
+    t_now = 0
+
+    def next_need(v: int, memo: dict[int, int | None]) -> int | None:
+        """v's next read, or the next need of a freed reader of it (through freed readers)."""
+        stack = [v]
+        while stack:  # iterative post-order: deep DAGs must not hit the recursion limit
+            x = stack[-1]
+            if x in memo:
+                stack.pop()
+                continue
+            freed = [w for w in reads[x] if gone[w] and w not in memo]
+            if freed:
+                stack.extend(freed)
+                continue
+            stack.pop()
+            rs = reads[x]
+            j = bisect.bisect_left(rs, t_now)
+            best = rs[j] if j < len(rs) else None
+            for w in rs:
+                if gone[w]:
+                    e = memo[w]
+                    if e is not None and (best is None or e < best):
+                        best = e
+            memo[x] = best
+        return memo[v]
+
+    def redo_cost(v: int, memo: dict[int, float]) -> float:
+        """Cost to recompute v from what is resident now (its missing ancestors included)."""
+        over_missing(v, preds, resident, memo, lambda x: cost[x] + sum(memo[u] for u in preds[x] if not resident[u]))
+        return memo[v]
+
+    def chain_need(v: int, memo: dict[int, int]) -> int:
+        """Bytes the recompute of v needs on top of what is resident (Sethi-Ullman estimate:
+        the inputs needing most first, each held while the next is made)."""
+        def need(x: int) -> int:
+            kids = sorted((u for u in preds[x] if not resident[u]), key=lambda u: (-memo[u], u))
+            acc, most = 0, 0
+            for u in kids:
+                most = max(most, acc + memo[u])
+                acc += size[u]
+            return max(most, acc + size[x] + scratch[x])
+
+        over_missing(v, preds, resident, memo, need)
+        return memo[v]
+
+    def free(v: int) -> None:
+        nonlocal mem
+        events.append(Event("free", v))
+        resident[v] = False
+        gone[v] = True
+        live.discard(v)
+        mem -= size[v]
+
+    def deep(v: int) -> bool:
+        """v's recompute would reach past its inputs, or a freed buffer needs v recomputed."""
+        return any(not resident[u] for u in preds[v]) or any(gone[w] for w in reads[v])
+
+    def make_room(need: int) -> bool:
+        """Free buffers, best key first, until ``need`` more bytes fit (keys taken once per call)."""
+        if mem + need <= budget:
+            return True
+        costs: dict[int, float] = {}
+        needs: dict[int, int | None] = {}
+        keys = []
+        for v in live:
+            if not evictable[v] or lock[v]:
+                continue
+            nxt = next_need(v, needs)
+            if held[v]:  # held last, the one read furthest up the chain first
+                keys.append((3 + held[v][-1], redo_cost(v, costs) / max(1, size[v]), v))
+            elif nxt is None:
+                keys.append((0, -1.0, v))  # nobody reads it any more
+            else:
+                tier = 2 if variant.shallow and deep(v) else 1
+                dist = max(1, nxt - t_now + 1)
+                keys.append((tier, redo_cost(v, costs) / (max(1, size[v]) * dist ** power), v))
+        keys.sort()
+        for _, _, v in keys:
+            free(v)
+            if mem + need <= budget:
+                return True
+        return False
+
+    def release_dead(nodes) -> None:
+        needs: dict[int, int | None] = {}
+        for u in nodes:
+            if resident[u] and lock[u] == 0 and not held[u] and not pinned[u] and next_need(u, needs) is None:
+                free(u)
+
+    def fetch(q: int, depth: int) -> bool:
+        """ensure() an input of a compute at ``depth``; once there, it is held above the inputs
+        that were merely resident (those are cheaper to fetch again than it)."""
+        if not ensure(q, depth + 1):
+            return False
+        held[q][-1] = 2 * depth + 1
+        return True
+
+    def ensure(x: int, depth: int) -> bool:
+        """Make x resident: fetch its missing inputs (largest need first), then compute it."""
+        nonlocal mem
+        if resident[x]:
+            return True
+        for q in preds[x]:
+            held[q].append(2 * depth)
+        ok = False
+        for _ in range(rounds):
+            if len(events) > min(cap, pace * (t_now + 1) + 1000):
+                break
+            memo: dict[int, int] = {}
+            missing = sorted((q for q in preds[x] if not resident[q]), key=lambda q: (-chain_need(q, memo), q))
+            if not missing:
+                ok = True
+                break
+            if not all(fetch(q, depth) for q in missing):
+                break
+        else:
+            ok = all(resident[q] for q in preds[x])
+        for q in preds[x]:
+            held[q].pop()
+        if ok:
+            for q in preds[x]:
+                lock[q] += 1
+            ok = make_room(size[x] + scratch[x])
+            for q in preds[x]:
+                lock[q] -= 1
+        if ok:
+            events.append(Event("compute", x))
+            resident[x] = True
+            gone[x] = False
+            live.add(x)
+            mem += size[x]
+        release_dead(preds[x])
+        return ok
+
+    def run_closure(t: int) -> bool:
+        """Recompute every missing ancestor step t needs once, in id order, their inputs held
+        until read; then compute t."""
+        chain = missing_closure(t, preds, resident)
+        for y in chain:
+            for q in preds[y]:
+                held[q].append(0)
+        ok = True
+        for y in chain:
+            ok = ok and ensure(y, 1)
+            for q in preds[y]:
+                held[q].pop()
+            release_dead(preds[y])
+        return ok and ensure(t, 0)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * n + 100))
+    try:
+        for t in range(n):
+            t_now = t
+            if not (run_closure(t) if variant.closure else ensure(t, 0)):
+                return None, len(events)
+            t_now = t + 1
+            release_dead((*preds[t], t))
+    finally:
+        sys.setrecursionlimit(limit)
+    return Plan(tuple(events), "greedy"), len(events)
+
+
+def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant, ...] = VARIANTS,
+                 work: int | None = None) -> Plan | None:
+    """The cheapest plan within ``budget`` of :func:`evict_run` over ``variants``; None when no
+    run fits. The runs share ``work`` events (default 12 n + 3000: the greedy runs several times
+    per solve, and a thrashing run costs about a millisecond per event on large graphs); each
+    run stops at 20 n + 1000 events, and after the first fitting plan at that plan's count."""
+    n = problem.n
+    left = work if work is not None else 12 * n + 3000
+    best, best_time = None, None
+    for variant in variants:
+        cap = min(20 * n + 1000 if best is None else len(best.events), left)
+        if cap <= 0:
+            break
+        plan, used = _run(problem, budget, variant, 3, cap, 8)
+        left -= used
+        if plan is None:
+            continue
+        sim = simulate(problem, plan)
+        if sim.peak_bytes <= budget and (best_time is None or sim.added_time < best_time):
+            best, best_time = plan, sim.added_time
+    return best

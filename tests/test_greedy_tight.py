@@ -1,0 +1,101 @@
+"""Tight-budget eviction greedy (planner/tight_greedy.py): it finds plans where the other greedies
+find none (two small graphs, and RL100 of the remat benchmark at 60%), every plan it returns
+replays within its budget, and greedy() keeps the cheapest fitting plan of all the greedies.
+Validity via the simulator, no timings."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from planner.baselines import greedy
+from planner.chain_greedy import checkpoint_greedy
+from planner.greedy import evict_greedy, split_greedy
+from planner.problem import PlanningProblem, load_remat_json
+from planner.simulate import simulate
+from planner.tight_greedy import VARIANTS, evict_run, tight_greedy
+from tests.test_chain_greedy import layered
+
+RL100 = "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
+
+
+def fan_in() -> PlanningProblem:
+    """A chain 0 -> 1 -> 2 -> 3 and a side branch 0 -> 4; step 5 reads 1, 2 and 4.
+
+    At the least peak (7 bytes: step 5 holds 1, 2, 4 and its own output) the buffers of the chain
+    must be dropped around step 3 and made again in the right order: 4 from a recomputed 0,
+    then 1 from 0 again, 0 freed, 2 from 1. evict_greedy locks what step 5 already holds while
+    it recomputes the rest, and gets stuck."""
+    return PlanningProblem.build(size=[3, 2, 2, 4, 2, 1], cost=[1.0] * 6,
+                                 preds=[[], [0], [1], [2], [0], [1, 2, 4]], name="fan_in")
+
+
+def two_chains() -> PlanningProblem:
+    """Step 6 reads 2 (via 0 -> 1 -> 2) and 4 (via 0 -> 3 -> 4); 3 is big and 5 reads it too."""
+    return PlanningProblem.build(size=[3, 1, 2, 4, 3, 1, 2], cost=[1.0] * 7,
+                                 preds=[[], [0], [1], [0, 1], [3], [3], [2, 4]], name="two_chains")
+
+
+def others_fit(p: PlanningProblem, budget: int) -> bool:
+    for make in (evict_greedy, split_greedy, checkpoint_greedy):
+        plan = make(p, budget)
+        if plan is not None and simulate(p, plan).peak_bytes <= budget:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("build", [fan_in, two_chains])
+def test_small_graphs_at_the_least_peak(build):
+    p = build()
+    budget = p.memory_floor  # the lower bound is reached: nothing below it can fit
+    assert not others_fit(p, budget), "premise: the older greedies find no plan here"
+    plan = tight_greedy(p, budget)
+    assert plan is not None
+    sim = simulate(p, plan, budget)  # raises on an invalid plan or one over the budget
+    assert sim.peak_bytes <= budget
+    assert sim.recomputes > 0
+    best = greedy(p, budget)
+    assert best is not None and best.sim.peak_bytes <= budget
+
+
+def test_rl100_at_60_percent(benchmarks_dir):
+    p = load_remat_json(benchmarks_dir / "remat" / RL100)
+    budget = p.budget_for(0.6)
+    plan = tight_greedy(p, budget)
+    assert plan is not None
+    sim = simulate(p, plan, budget)
+    assert sim.peak_bytes <= budget
+    best = greedy(p, budget)
+    assert best is not None and best.sim.added_time <= sim.added_time
+
+
+def test_no_remat_needed_costs_nothing():
+    p = two_chains()
+    plan = tight_greedy(p, p.unplanned_peak)
+    assert plan is not None
+    assert simulate(p, plan, p.unplanned_peak).added_time == 0
+
+
+def test_below_the_least_peak_there_is_no_plan():
+    p = fan_in()
+    assert tight_greedy(p, p.memory_floor - 1) is None
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=layered(max_n=20), frac=st.floats(0.3, 1.0), which=st.integers(0, len(VARIANTS) - 1),
+       frozen=st.integers(-1, 19))
+def test_every_plan_replays_within_budget(p, frac, which, frozen):
+    if 0 <= frozen < p.n:  # one node that may not be recomputed (a random op)
+        recomputable = p.recomputable.copy()
+        recomputable[frozen] = False
+        p = dataclasses.replace(p, recomputable=recomputable)
+    budget = max(p.memory_floor, int(frac * p.unplanned_peak))
+    plan = evict_run(p, budget, VARIANTS[which])
+    if plan is not None:
+        assert simulate(p, plan, budget).peak_bytes <= budget
+    best = tight_greedy(p, budget)
+    if best is not None:
+        assert simulate(p, best, budget).peak_bytes <= budget
+    if budget >= p.unplanned_peak:
+        assert best is not None  # no remat needed: the executor never gets stuck
