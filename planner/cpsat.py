@@ -28,6 +28,8 @@ recomputed nor swapped stays resident through t, so
 Phases (planner/planning.py): (1) when no baseline fits, minimise the capacity from the
 lowest-peak baseline and stop at the first plan within budget; (2) minimise added time from the
 best plan so far. Fixed seed and workers; interleaved (deterministic) parallel search.
+Phase 1 leans on LNS: it interleaves even on one worker, and leaves out CP-SAT's scheduling
+neighbourhoods, which cost seconds each on this model (PlannerOptions.phase1_*).
 """
 from __future__ import annotations
 
@@ -83,8 +85,6 @@ class PlannerOptions:
     # Grow computation counts and slots so every hint fits the model (never worse than a hint).
     # Off gives a model that does not depend on the budget's hints (same slots at every budget).
     grow_from_hints: bool = True
-    # Computations beyond a hint's count for the nodes it computes max_computations times or more.
-    hint_spare_computations: int = 1
     # Baseline plans computing some node more often than this are not used as hints (on random
     # DAGs Chen's plan recomputes nodes dozens of times and would blow the model up).
     hint_computations: int = 6
@@ -93,12 +93,16 @@ class PlannerOptions:
     heavy_hint_computations: int = 12
     # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
     ladder_steps: int = 4
-    # Phase 1 objective: "excess" minimises the summed excess of memory over the budget per
-    # slot (lowering any one peak slot is progress for LNS); "peak" minimises the capacity.
-    phase1_objective: str = "peak"
-    # Phase 1 on one worker: interleave the subsolvers (LNS included) rather than run the
-    # single-thread search alone, which has no LNS.
+    # Phase 1 on one worker: interleave the subsolvers, LNS included, instead of the lone
+    # single-thread search (measured: RL100 at 68% gets a plan in 0.5 deterministic s this way,
+    # none alone; on RL250 at 70% the search alone improved the start once in 30 s).
     phase1_lns: bool = True
+    # LNS subsolvers phase 1 leaves out. The scheduling neighbourhoods of the remat model take
+    # 1.5-4 s of wall time per 0.1 deterministic s (RL250, gpt), starving the cheaper graph and
+    # random ones: without them RL250 reached 75.0% / 75.8% of the unplanned peak at 60% / 70%
+    # budgets in 50 s, against 76.7% / 78.0% with them (noisy: shared 2-core machine).
+    phase1_ignore_subsolvers: tuple[str, ...] = (
+        "scheduling_intervals_lns", "scheduling_precedences_lns", "scheduling_time_window_lns")
     # Spare slots per step when no baseline fits (phase 1). 0 measured best on the random
     # layered graphs: smaller domains let LNS move faster than extra slots help.
     search_slots: int = 0
@@ -141,13 +145,9 @@ class PhaseResult:
 class RematModel:
     """Builds the CP-SAT model for one problem; ``budget=None`` leaves the capacity free."""
 
-    def __init__(self, problem: PlanningProblem, budget: int | None, options: PlannerOptions, hints: Sequence[Plan] = (),
-                 excess_target: int | None = None):
-        """``excess_target`` (bytes, base included; slot axis, ``budget=None`` only): also build
-        the per-slot excess over it (:meth:`set_objective_excess`)."""
+    def __init__(self, problem: PlanningProblem, budget: int | None, options: PlannerOptions, hints: Sequence[Plan] = ()):
         self.p = problem
         self.budget = budget
-        self.excess_target = excess_target
         self.opt = options
         self.timed = problem.transfer is not None and bool(problem.swappable.any())
         self.m = cp_model.CpModel()
@@ -165,9 +165,6 @@ class RematModel:
         counts = np.where(useful, self.opt.max_computations, 1)
         for plan in hints if self.opt.grow_from_hints else ():
             c = np.array(plan.counts(p.n)["compute"])
-            # a node a hint computes often may need one more computation to fit a tighter
-            # budget (measured: gpt at batch 48, where every instance of its chain was used)
-            c = np.where(c >= self.opt.max_computations, c + self.opt.hint_spare_computations, c)
             counts = np.maximum(counts, np.where(p.recomputable, c, 1))
         self.counts = counts.astype(int)
         self.swappable = p.swappable & (self.until > np.arange(p.n) + 1) if self.timed else np.zeros(p.n, bool)
@@ -427,32 +424,7 @@ class RematModel:
             if self.scratch[v]:
                 ivs.append(iv)
                 demands.append(int(self.scratch[v]))
-        self.excess: list[cp_model.IntVar] = []
-        capacity = self.cap
-        if self.excess_target is not None and self.budget is None and not self.timed:
-            capacity = self._add_excess(ivs, demands)
-        m.AddCumulative(ivs, demands, capacity)
-
-    def _add_excess(self, ivs: list, demands: list) -> int:
-        """Per-slot excess e_s >= memory(s) - target: a filler of demand top - target - e_s
-        fills slot s of a cumulative of constant capacity top (returned), so memory(s) <=
-        target + e_s; the capacity variable is target + max e_s. Minimising sum e_s rewards
-        lowering any one peak slot, where minimising the capacity rewards only lowering all."""
-        m, p = self.m, self.p
-        top = int(list(self.m.Proto().variables[self.cap.Index()].domain)[-1])
-        target = min(top, max(self.lower(self.cap), (self.excess_target - p.base_bytes) // self.mem_unit))
-        self.excess_units = target
-        room = top - target
-        for s in range(self.horizon):
-            e = m.NewIntVar(0, room, f"X{s}")
-            self.excess.append(e)
-            if room:
-                ivs.append(m.NewFixedSizeIntervalVar(s, 1, f"F{s}"))
-                demands.append(room - e)
-        self.excess_peak = m.NewIntVar(0, room, "excess_max")
-        m.AddMaxEquality(self.excess_peak, self.excess)
-        m.Add(self.cap == target + self.excess_peak)
-        return top
+        m.AddCumulative(ivs, demands, self.cap)
 
     def _droppable_literals(self, v: int) -> list:
         lits = []
@@ -553,11 +525,14 @@ class RematModel:
         prm.max_time_in_seconds = max(0.05, float(time_limit))
         prm.num_workers = max(1, int(self.opt.workers))
         prm.random_seed = int(self.opt.seed)
-        if self.opt.deterministic and (prm.num_workers > 1 or (stop_at is not None and self.opt.phase1_lns)):
-            # one worker interleaved still runs the LNS subsolvers, one after another
+        phase1 = stop_at is not None
+        if self.opt.deterministic and (prm.num_workers > 1 or (phase1 and self.opt.phase1_lns)):
+            # on one worker, interleaving still runs the LNS subsolvers (one after another)
             prm.interleave_search = True
         for sub in self.opt.subsolvers:
             prm.subsolvers.append(sub)
+        if phase1:
+            prm.ignore_subsolvers.extend(self.opt.phase1_ignore_subsolvers)
         prm.log_search_progress = bool(self.opt.log_search)
         if self.p.n > 400 or stop_at is not None:
             # Probing a large model took most of the time (RL1000: 40 s); phase 1 looks for a plan,
@@ -616,41 +591,6 @@ class RematModel:
     def set_objective_peak(self) -> None:
         self.m.ClearObjective()
         self.m.Minimize(self.cap)
-
-    def set_objective_excess(self) -> None:
-        """Minimise the highest excess over the target, then the summed excess (built with
-        ``excess_target``); the capacity where the model has no excess variables (time axis)."""
-        self.m.ClearObjective()
-        if self.excess:
-            self.m.Minimize((self.horizon + 1) * self.excess_peak + sum(self.excess))
-        else:
-            self.m.Minimize(self.cap)
-
-    def slot_load(self, values: dict[int, int]) -> np.ndarray:
-        """Memory per slot (units, base excluded) of a full or hinted assignment, counted as
-        the cumulative counts it: retention sizes over [S, E), scratch at the compute slot."""
-        load = np.zeros(self.horizon + 1, dtype=np.int64)
-        for x in self.inst:
-            present = 1 if isinstance(x.present, int) else values.get(x.present.Index(), 0)
-            if not present:
-                continue
-            s = values.get(x.start.Index(), self.lower(x.start))
-            if self.size[x.node]:
-                e = values.get(x.end.Index(), self.lower(x.end))
-                load[s:e] += int(self.size[x.node])
-            if self.scratch[x.node]:
-                load[s] += int(self.scratch[x.node])
-        return load[:self.horizon]
-
-    def excess_hint(self, values: dict[int, int]) -> None:
-        """Complete a hint with the excess of each slot (model accounting) and the capacity."""
-        if not self.excess:
-            return
-        over = np.maximum(0, self.slot_load(values) - self.excess_units)
-        for e, o in zip(self.excess, over):
-            values[e.Index()] = int(o)
-        values[self.excess_peak.Index()] = int(over.max(initial=0))
-        values[self.cap.Index()] = self.excess_units + int(over.max(initial=0))
 
 
 

@@ -143,15 +143,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations)
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
-        excess = opt.phase1_objective == "excess"
-        m1 = RematModel(problem, None, opt, hints, excess_target=budget if excess else None)
-        if excess:
-            m1.set_objective_excess()
-        else:
-            m1.set_objective_peak()
+        m1 = RematModel(problem, None, opt, hints)
+        m1.set_objective_peak()
         h = m1.hint_from_plan(low.plan)
         if h is not None:
-            m1.excess_hint(h)
             m1.apply_hint(h)
         target = (budget - problem.base_bytes) // m1.mem_unit
         # with a fitting fallback, phase 1 only gets a share: phase 2 improves on either plan
