@@ -28,6 +28,8 @@ recomputed nor swapped stays resident through t, so
 Phases (planner/planning.py): (1) when no baseline fits, minimise the capacity from the
 lowest-peak baseline and stop at the first plan within budget; (2) minimise added time from the
 best plan so far. Fixed seed and workers; interleaved (deterministic) parallel search.
+Phase 1 leans on LNS: it interleaves even on one worker, and leaves out CP-SAT's scheduling
+neighbourhoods, which cost seconds each on this model (PlannerOptions.phase1_*).
 """
 from __future__ import annotations
 
@@ -91,6 +93,16 @@ class PlannerOptions:
     heavy_hint_computations: int = 12
     # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
     ladder_steps: int = 4
+    # Phase 1 on one worker: interleave the subsolvers, LNS included, instead of the lone
+    # single-thread search (measured: RL100 at 68% gets a plan in 0.5 deterministic s this way,
+    # none alone; on RL250 at 70% the search alone improved the start once in 30 s).
+    phase1_lns: bool = True
+    # LNS subsolvers phase 1 leaves out. The scheduling neighbourhoods of the remat model take
+    # 1.5-4 s of wall time per 0.1 deterministic s (RL250, gpt), starving the cheaper graph and
+    # random ones: without them RL250 reached 75.0% / 75.8% of the unplanned peak at 60% / 70%
+    # budgets in 50 s, against 76.7% / 78.0% with them (noisy: shared 2-core machine).
+    phase1_ignore_subsolvers: tuple[str, ...] = (
+        "scheduling_intervals_lns", "scheduling_precedences_lns", "scheduling_time_window_lns")
     # Spare slots per step when no baseline fits (phase 1). 0 measured best on the random
     # layered graphs: smaller domains let LNS move faster than extra slots help.
     search_slots: int = 0
@@ -513,10 +525,14 @@ class RematModel:
         prm.max_time_in_seconds = max(0.05, float(time_limit))
         prm.num_workers = max(1, int(self.opt.workers))
         prm.random_seed = int(self.opt.seed)
-        if self.opt.deterministic and prm.num_workers > 1:
+        phase1 = stop_at is not None
+        if self.opt.deterministic and (prm.num_workers > 1 or (phase1 and self.opt.phase1_lns)):
+            # on one worker, interleaving still runs the LNS subsolvers (one after another)
             prm.interleave_search = True
         for sub in self.opt.subsolvers:
             prm.subsolvers.append(sub)
+        if phase1:
+            prm.ignore_subsolvers.extend(self.opt.phase1_ignore_subsolvers)
         prm.log_search_progress = bool(self.opt.log_search)
         if self.p.n > 400 or stop_at is not None:
             # Probing a large model took most of the time (RL1000: 40 s); phase 1 looks for a plan,
