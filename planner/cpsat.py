@@ -73,6 +73,10 @@ class PlannerOptions:
     feasibility_share: float = 0.95
     # The same when a fitting plan exists already (one too heavy to start phase 1 from).
     fallback_feasibility_share: float = 0.3
+    # ... but only for a fallback adding at most this share of the step's compute time. A
+    # dearer one (the tight-budget greedy's: +262% on RL500 at 70%) is a last resort, and phase 1
+    # keeps its full share (measured: RL500 at 70% then +23.5%, with the short share +262%).
+    fallback_worth_refining: float = 0.5
     # Ticks per unplanned run on the real-time axis (swap mode only).
     time_resolution: int = 100_000
     # Recompute slots per step beyond what the hints use (slot axis): more freedom, bigger domains.

@@ -149,8 +149,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         if h is not None:
             m1.apply_hint(h)
         target = (budget - problem.base_bytes) // m1.mem_unit
-        # with a fitting fallback, phase 1 only gets a share: phase 2 improves on either plan
-        share = opt.feasibility_share if fallback is None else opt.fallback_feasibility_share
+        # with a fitting fallback worth refining, phase 1 only gets a share: phase 2 improves on either plan
+        cheap = fallback is not None and (
+            fallback.sim.added_time <= opt.fallback_worth_refining * problem.total_cost)
+        share = opt.fallback_feasibility_share if cheap else opt.feasibility_share
         r1 = m1.solve("feasibility", left() * share, stop_at=target)
         phases.append(r1)
         found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
