@@ -71,6 +71,34 @@ def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool
         memo[x] = combine(x)
 
 
+def next_need(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_now: int,
+              memo: dict[int, int | None]) -> int | None:
+    """v's next read at or after ``t_now``, or the next need of a freed reader of it (``gone``:
+    computed before, freed since), through freed readers: that reader is recomputed from v then.
+    Iterative post-order: deep DAGs must not hit the recursion limit."""
+    stack = [v]
+    while stack:
+        x = stack[-1]
+        if x in memo:
+            stack.pop()
+            continue
+        freed = [w for w in reads[x] if gone[w] and w not in memo]
+        if freed:
+            stack.extend(freed)
+            continue
+        stack.pop()
+        rs = reads[x]
+        j = bisect.bisect_left(rs, t_now)
+        best = rs[j] if j < len(rs) else None
+        for w in rs:
+            if gone[w]:
+                e = memo[w]
+                if e is not None and (best is None or e < best):
+                    best = e
+        memo[x] = best
+    return memo[v]
+
+
 def missing_closure(t: int, preds: Sequence[Sequence[int]], resident: Sequence[bool]) -> list[int]:
     """The ancestors step t needs that are not resident, closed over their inputs, ascending:
     a topological order in which each is recomputed once for the step."""

@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from planner.chain_greedy import next_need
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
@@ -181,32 +182,13 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     reads = p.succ_lists
     preds = p.pred_lists
     resident = np.zeros(n, dtype=bool)
-    made = np.zeros(n, dtype=bool)  # computed at least once (so a non-resident one was freed)
+    gone = np.zeros(n, dtype=bool)  # computed before, freed since
     lock = np.zeros(n, dtype=np.int64)
     evictable = p.recomputable & ~p.pinned
     events: list[Event] = []
     mem = p.base_bytes
     cap = max_events if max_events is not None else 20 * n + 1000
     t_now = 0
-
-    def next_read(v: int) -> int | None:
-        rs = reads[v]
-        j = bisect.bisect_left(rs, t_now)
-        return rs[j] if j < len(rs) else None
-
-    def next_need(v: int, memo: dict[int, int | None]) -> int | None:
-        """v's next read, or the next read of a freed reader of it (through freed readers)."""
-        if v in memo:
-            return memo[v]
-        memo[v] = None  # a DAG: no cycles, but shared descendants are visited once
-        best = next_read(v)
-        for w in reads[v]:
-            if made[w] and not resident[w]:
-                e = next_need(w, memo)
-                if e is not None and (best is None or e < best):
-                    best = e
-        memo[v] = best
-        return best
 
     def redo_cost(v: int, memo: dict[int, float], depth: int = 0) -> float:
         """Cost to recompute v from what is resident now (its missing ancestors included)."""
@@ -226,7 +208,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
             needs: dict[int, int | None] = {}
             for v in np.nonzero(resident & evictable & (lock == 0))[0]:
                 v = int(v)
-                nxt = next_need(v, needs)
+                nxt = next_need(v, reads, gone, t_now, needs)
                 if nxt is None:
                     key = (-1.0, v)  # nobody reads it any more: free first
                 else:
@@ -238,6 +220,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
                 return False
             events.append(Event("free", victim))
             resident[victim] = False
+            gone[victim] = True
             mem -= int(size[victim])
         return True
 
@@ -245,9 +228,10 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
         nonlocal mem
         needs: dict[int, int | None] = {}
         for u in nodes:
-            if resident[u] and lock[u] == 0 and not p.pinned[u] and next_need(u, needs) is None:
+            if resident[u] and lock[u] == 0 and not p.pinned[u] and next_need(u, reads, gone, t_now, needs) is None:
                 events.append(Event("free", u))
                 resident[u] = False
+                gone[u] = True
                 mem -= int(size[u])
 
     def compute(x: int) -> bool:
@@ -256,7 +240,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
             return False
         events.append(Event("compute", x))
         resident[x] = True
-        made[x] = True
+        gone[x] = False
         mem += int(size[x])
         return True
 

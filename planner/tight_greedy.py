@@ -28,11 +28,10 @@ events than a fitting plan recomputes more, so it would rarely be cheaper).
 """
 from __future__ import annotations
 
-import bisect
 import sys
 from dataclasses import dataclass
 
-from planner.chain_greedy import missing_closure, over_missing
+from planner.chain_greedy import missing_closure, next_need, over_missing
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -47,6 +46,10 @@ class Variant:
     shallow: bool = False
 
 
+#: Fetch rounds per compute, events per step so far (+1000) before a run counts as thrashing, and
+#: the event cap of one run (per node, + 1000): see :func:`evict_run`.
+ROUNDS, PACE, EVENTS_PER_NODE = 3, 8, 20
+
 #: The variants :func:`tight_greedy` tries, in this order. Each finds the only or the cheapest
 #: fitting plan on some graph and budget of the remat benchmark (bench/greedy_tight.py); those
 #: that get through tight budgets most often come first, since the runs share a work budget.
@@ -60,8 +63,8 @@ VARIANTS = (
 )
 
 
-def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(), rounds: int = 3,
-              max_events: int | None = None, pace: int = 8) -> Plan | None:
+def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(), rounds: int = ROUNDS,
+              max_events: int | None = None, pace: int = PACE) -> Plan | None:
     """One run of the executor (module docstring); None when it gets stuck, passes
     ``max_events`` events (default 20 n + 1000), or more than ``pace`` events per step so far
     plus 1000: a thrashing run stops early (the plans found on the remat benchmark graphs make
@@ -92,32 +95,8 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
     evictable = [bool(x) for x in p.recomputable & ~p.pinned]
     events: list[Event] = []
     mem = p.base_bytes
-    cap = max_events if max_events is not None else 20 * n + 1000
+    cap = max_events if max_events is not None else EVENTS_PER_NODE * n + 1000
     t_now = 0
-
-    def next_need(v: int, memo: dict[int, int | None]) -> int | None:
-        """v's next read, or the next need of a freed reader of it (through freed readers)."""
-        stack = [v]
-        while stack:  # iterative post-order: deep DAGs must not hit the recursion limit
-            x = stack[-1]
-            if x in memo:
-                stack.pop()
-                continue
-            freed = [w for w in reads[x] if gone[w] and w not in memo]
-            if freed:
-                stack.extend(freed)
-                continue
-            stack.pop()
-            rs = reads[x]
-            j = bisect.bisect_left(rs, t_now)
-            best = rs[j] if j < len(rs) else None
-            for w in rs:
-                if gone[w]:
-                    e = memo[w]
-                    if e is not None and (best is None or e < best):
-                        best = e
-            memo[x] = best
-        return memo[v]
 
     def redo_cost(v: int, memo: dict[int, float]) -> float:
         """Cost to recompute v from what is resident now (its missing ancestors included)."""
@@ -160,7 +139,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
         for v in live:
             if not evictable[v] or lock[v]:
                 continue
-            nxt = next_need(v, needs)
+            nxt = next_need(v, reads, gone, t_now, needs)
             if held[v]:  # held last, the one read furthest up the chain first
                 keys.append((3 + held[v][-1], redo_cost(v, costs) / max(1, size[v]), v))
             elif nxt is None:
@@ -179,7 +158,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
     def release_dead(nodes) -> None:
         needs: dict[int, int | None] = {}
         for u in nodes:
-            if resident[u] and lock[u] == 0 and not held[u] and not pinned[u] and next_need(u, needs) is None:
+            if resident[u] and lock[u] == 0 and not held[u] and not pinned[u] and next_need(u, reads, gone, t_now, needs) is None:
                 free(u)
 
     def fetch(q: int, depth: int) -> bool:
@@ -266,10 +245,10 @@ def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant,
     left = work if work is not None else 12 * n + 3000
     best, best_time = None, None
     for variant in variants:
-        cap = min(20 * n + 1000 if best is None else len(best.events), left)
+        cap = min(EVENTS_PER_NODE * n + 1000 if best is None else len(best.events), left)
         if cap <= 0:
             break
-        plan, used = _run(problem, budget, variant, 3, cap, 8)
+        plan, used = _run(problem, budget, variant, ROUNDS, cap, PACE)
         left -= used
         if plan is None:
             continue
