@@ -52,41 +52,36 @@ def effective_readers(problem: PlanningProblem, keep: np.ndarray, window: int) -
     return readers
 
 
-def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool], memo: dict,
-                 combine: Callable[[int], Any]) -> None:
-    """Set memo[x] = combine(x) for v and each ancestor of it that is not resident (and not in
-    memo yet), inputs before their readers; combine reads the memo entries of x's missing inputs.
-    Iterative post-order: recompute chains must not hit the recursion limit."""
+def post_order(v: int, children: Callable[[int], Sequence[int]], memo: dict, combine: Callable[[int], Any]) -> None:
+    """Set memo[x] = combine(x) for v and every node reachable through ``children`` that is not
+    in memo yet, children first (combine reads their memo entries). Iterative: recompute
+    chains and deep DAGs must not hit the recursion limit."""
     stack = [v]
     while stack:
         x = stack[-1]
         if x in memo:
             stack.pop()
             continue
-        missing = [u for u in preds[x] if not resident[u] and u not in memo]
-        if missing:
-            stack.extend(missing)
+        todo = [u for u in children(x) if u not in memo]
+        if todo:
+            stack.extend(todo)
             continue
         stack.pop()
         memo[x] = combine(x)
 
 
+def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool], memo: dict,
+                 combine: Callable[[int], Any]) -> None:
+    """:func:`post_order` over v and each ancestor of it that is not resident, inputs before
+    their readers; combine reads the memo entries of x's missing inputs."""
+    post_order(v, lambda x: [u for u in preds[x] if not resident[u]], memo, combine)
+
+
 def next_need(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_now: int,
               memo: dict[int, int | None]) -> int | None:
     """v's next read at or after ``t_now``, or the next need of a freed reader of it (``gone``:
-    computed before, freed since), through freed readers: that reader is recomputed from v then.
-    Iterative post-order: deep DAGs must not hit the recursion limit."""
-    stack = [v]
-    while stack:
-        x = stack[-1]
-        if x in memo:
-            stack.pop()
-            continue
-        freed = [w for w in reads[x] if gone[w] and w not in memo]
-        if freed:
-            stack.extend(freed)
-            continue
-        stack.pop()
+    computed before, freed since), through freed readers: that reader is recomputed from v then."""
+    def earliest(x: int) -> int | None:
         rs = reads[x]
         j = bisect.bisect_left(rs, t_now)
         best = rs[j] if j < len(rs) else None
@@ -95,7 +90,9 @@ def next_need(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_no
                 e = memo[w]
                 if e is not None and (best is None or e < best):
                     best = e
-        memo[x] = best
+        return best
+
+    post_order(v, lambda x: [w for w in reads[x] if gone[w]], memo, earliest)
     return memo[v]
 
 
