@@ -518,6 +518,8 @@ def _resolve_budget(text: str, problem) -> int:
 
 
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
+FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
+                    "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
 PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
                   "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
                   "off, so the model keeps its plan under ORT's default session options too.")
@@ -545,6 +547,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
+@click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--swap-bandwidth", type=float, default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
@@ -562,7 +565,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, time_limit, seed,
-         workers, max_computations, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
+         workers, max_computations, fixed_order, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
          batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
@@ -576,7 +579,8 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     from planner.units import format_bytes, parse_budget
 
     budget_spec = parse_budget(budget_text)
-    options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations)
+    options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
+                             reorder=not fixed_order)
     for path in (output, emit):
         _refuse_overwrite(path, model)
     if costs != "device" and is_remat_json(model):
@@ -852,11 +856,13 @@ def _bench_group() -> click.Group:
               help="CP-SAT seconds per solve for graphs up to 400 nodes (doubled above).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the rows as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 @handles_errors
-def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, output, md_path, as_json) -> None:
+def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, output, md_path,
+                as_json) -> None:
     """keep/recompute strategies on the Checkmate/Moccasin train graphs at a sweep of budgets."""
     from pathlib import Path
 
@@ -884,9 +890,10 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
         raise UsageError(f"--graph {err.args[0]!r} is not one of {', '.join(remat_bench.TRAIN_GRAPHS)}") from None
     if not found:
         raise UsageError(f"no remat train graphs found in {folder}")
-    options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed)
+    options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order)
     rows = remat_bench.run(found, fractions, strats, options)
-    obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit, "rows": rows}
+    obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,
+           "fixed_order": fixed_order, "rows": rows}
     if output:
         atomic_write(output, json.dumps(obj, indent=2) + "\n")
     if md_path:

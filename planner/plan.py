@@ -93,6 +93,9 @@ class SolveResult:
     least_bytes: int | None = None  # when infeasible: least peak any plan reaches (or a lower bound)
     least_exact: bool = False  # least_bytes is exact (else a proven lower bound)
     note: str = ""
+    # "given": the plan computes nodes first in the problem's order; "memory-aware:<start>": in
+    # the order planner/reorder.py found from that start (bound and gap are then for that order)
+    order: str = "given"
 
     @property
     def ok(self) -> bool:
@@ -114,6 +117,7 @@ class SolveResult:
             "added_time_pct": _num(None if self.added_time is None else _pct(self.added_time, self.compute_time)),
             "time_unit": problem.time_unit,
             "solver": self.solver.to_json(),
+            "order": self.order,
         }
         if self.least_bytes is not None:
             out["least_bytes"] = self.least_bytes

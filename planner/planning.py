@@ -6,7 +6,9 @@ node more than ``hint_computations`` times, kept as fallback and phase-2 hint), 
 from the lowest plan the greedy reaches (its budget bisected) and stops at the first plan within
 budget (or proves there is none). Phase 2 minimises added time. The result is never worse than a
 fitting baseline, and its plan has passed simulate() against the budget. Problems above
-``coarsen_above`` nodes are solved fused first (planner/coarsen.py).
+``coarsen_above`` nodes are solved fused first (planner/coarsen.py). Where a memory-aware node
+order (planner/reorder.py) lowers the unplanned peak by ``reorder_min_gain``, cpsat solves in
+that order first (``reorder_share`` of the time), then in the given order, and keeps the cheaper.
 
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
 not fit. Budgets below :attr:`PlanningProblem.memory_floor` (the most one step needs, or the
@@ -24,6 +26,7 @@ from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
+from planner.reorder import memory_order, permute, plan_in_original
 from planner.simulate import simulate
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,61 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
             if res.plan is not None:
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
+    if options.reorder and problem.n <= options.coarsen_above and budget < problem.unplanned_peak:
+        found = memory_order(problem, options.reorder_min_gain)
+        if found is not None:
+            return _solve_reordered(problem, budget, options, t0, *found)
     return _solve_cpsat(problem, budget, options, t0)
+
+
+def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
+                     order: list[int], rule: str) -> SolveResult:
+    """Solve in ``order`` with a share of the time, then in the given order with the rest; the
+    cheaper plan wins. Without a plan either way, the given order's result stands (its status and
+    least memory are the claims memplan makes about the graph as given)."""
+    # the given order's baselines first, once (on RL1000 the greedy alone takes 10-20 s): the
+    # given order's solve below gets what time is left, not its baselines' time on top
+    cands = _baselines(problem, budget)
+    q = permute(problem, order)
+    share = options.reorder_share * max(0.0, options.time_limit - (time.perf_counter() - t0))
+    first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter())
+    moved = None
+    if first.plan is not None:
+        plan = plan_in_original(first.plan, order)
+        sim = simulate(problem, plan, budget)  # over budget here is a bug: it raises
+        how = f"nodes in a memory-aware order (from {rule!r}; unplanned peak {q.unplanned_peak} bytes)"
+        moved = replace(first, plan=plan, peak_bytes=sim.peak_bytes, added_time=sim.added_time,
+                        unplanned_peak_bytes=problem.unplanned_peak, order=f"memory-aware:{rule}",
+                        note=f"{first.note}; {how}; bound and gap are for that order".strip("; "))
+        if sim.added_time <= 0:
+            return moved
+    rest = max(0.0, options.time_limit - (time.perf_counter() - t0))
+    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands)
+    if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
+        if given.status == "infeasible" and given.least_bytes is not None:
+            given = _least_over_both(given, first, q)
+        return replace(given, solver=replace(given.solver, wall_s=time.perf_counter() - t0))
+    return replace(moved, solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
+
+
+def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem) -> SolveResult:
+    """An infeasible given order's least memory, lowered to what the other order may reach (its
+    own proven least, or else its memory floor): the claim covers plans in either order."""
+    if first.status == "infeasible" and first.least_bytes is not None:
+        other, other_exact = first.least_bytes, first.least_exact
+    else:
+        other, other_exact = q.memory_floor, False
+    if other >= given.least_bytes:  # no lower in the other order
+        return given
+    word = "is" if other_exact else "is at least"
+    return replace(given, least_bytes=other, least_exact=other_exact,
+                   note=f"the least memory any plan in either order reaches {word} {other} bytes")
+
+
+def _baselines(problem: PlanningProblem, budget: int) -> dict[str, Candidate]:
+    """The plans of the baselines that return one, by name."""
+    found = {name: baseline(problem, name, budget) for name in BASELINES}
+    return {k: c for k, c in found.items() if c is not None}
 
 
 def _solve_coarse(c: Coarsening, budget: int, options: PlannerOptions, t0: float) -> SolveResult:
@@ -100,8 +157,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if budget < problem.memory_floor:
         return _infeasible(problem, budget, opt, t0, phases=[])
     if cands is None:
-        cands = {name: baseline(problem, name, budget) for name in BASELINES}
-        cands = {k: c for k, c in cands.items() if c is not None}
+        cands = _baselines(problem, budget)
     swapping = problem.transfer is not None and bool(problem.swappable.any())
     if swapping and opt.recompute_first_share > 0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
@@ -140,7 +196,9 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if not any(light(c) for c in fitting):
         # no light plan fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
-        low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations)
+        # the ladder's greedy runs take seconds each on RL1000: they may use half of what is left
+        low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations,
+                             time.perf_counter() + 0.5 * left())
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
         m1 = RematModel(problem, None, opt, hints)
@@ -214,15 +272,16 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
 
 
 def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate], steps: int,
-                   max_computations: int) -> Candidate:
+                   max_computations: int, deadline: float = float("inf")) -> Candidate:
     """The lowest-peak start for phase 1: bisect the greedy's budget between ``budget`` (where it
     failed) and the unplanned peak, so the search starts from a plan as low as the greedy gets.
-    Only plans that hint the model count (none computing a node more than ``max_computations``)."""
+    Only plans that hint the model count (none computing a node more than ``max_computations``).
+    No greedy run starts after ``deadline`` (perf_counter seconds)."""
     best = min(usable, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
     lo, hi = budget, best.sim.peak_bytes
     for _ in range(steps):
         mid = (lo + hi) // 2
-        if mid <= lo:
+        if mid <= lo or time.perf_counter() > deadline:
             break
         g = baseline(problem, "greedy", mid)
         if g is not None and g.sim.peak_bytes <= mid and _max_computations(g) <= max_computations:

@@ -81,6 +81,7 @@ def run(
                     "least_exact": res.least_exact,
                     "time_limit_s": opt.time_limit if strategy == "cpsat" else None,
                     "note": res.note,
+                    "order": res.order,
                 }
                 group.append(row)
                 log.warning("%s %d%% %s: %s", label, row["budget_pct"], strategy, _cells(row)[3:])
@@ -107,6 +108,8 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     if status == "infeasible" and r.get("least_pct") is not None:
         bound = "" if r.get("least_exact") else ">="
         status = f"infeasible (least {bound}{r['least_pct']:.1f}%)"
+    if r.get("order", "given") != "given":
+        status += ", reordered"
     return (
         r["graph"], str(r["n"]), f"{r['budget_pct']}%", r["strategy"], status,
         "-" if r["peak_over_budget"] is None else f"{r['peak_over_budget']:.3f}",

@@ -1,0 +1,147 @@
+"""Memory-aware node orders (planner/reorder.py): found, mapped back, planned in, emitted and run."""
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from passes.onnx_export import export_model
+from passes.onnx_import import import_model
+from passes.plan_model import plan_graph
+from passes.verify import planned_session_options
+from planner.baselines import greedy
+from planner.cpsat import PlannerOptions
+from planner.liveness import analyze
+from planner.planning import solve
+from planner.problem import PlanningProblem, load_remat_json
+from planner.reorder import RULES, list_order, memory_order, permute, plan_in_original
+from planner.simulate import simulate
+
+ONE = PlannerOptions(time_limit=10, workers=1, seed=0)
+
+
+def two_branches() -> PlanningProblem:
+    """x feeds two branches, each a big buffer (a1, b1) reduced to a small one (a2, b2), summed.
+    The given order computes both big buffers before either reduction (peak 1 + 100 + 100); run
+    one branch after the other and one big buffer is resident at a time."""
+    return PlanningProblem.build(
+        size=[1, 100, 100, 1, 1, 1], cost=[1, 5, 5, 1, 1, 1],
+        preds=[[], [0], [0], [1], [2], [3, 4]], names=["x", "a1", "b1", "a2", "b2", "y"])
+
+
+def test_memory_order_runs_one_branch_at_a_time():
+    p = two_branches()
+    found = memory_order(p)
+    assert found is not None
+    order, rule = found
+    assert rule in ("local-search", *RULES) and sorted(order) == list(range(p.n))
+    q = permute(p, order)
+    assert p.unplanned_peak == 201 and q.unplanned_peak == 102
+    assert [q.names[i] for i in range(3)] in (["x", "a1", "a2"], ["x", "b1", "b2"])
+    for v in range(q.n):  # a topological order: every input comes first
+        assert all(u < v for u in q.pred_lists[v])
+
+
+def test_no_order_is_offered_without_a_gain():
+    chain = PlanningProblem.build(size=[10] * 5, cost=[1] * 5, preds=[[], [0], [1], [2], [3]])
+    assert memory_order(chain) is None
+    p = two_branches()
+    assert memory_order(p, min_gain=0.45) is not None and memory_order(p, min_gain=0.55) is None  # 1 - 102/201
+
+
+def test_a_plan_in_another_order_maps_back_event_for_event():
+    p = two_branches()
+    order = list_order(p, RULES["release"])
+    q = permute(p, order)
+    found = greedy(q, 102)
+    assert found is not None
+    plan = found.plan
+    back = plan_in_original(plan, order)
+    a, b = simulate(q, plan, 102), simulate(p, back, 102)
+    assert (a.peak_bytes, a.added_time) == (b.peak_bytes, b.added_time)
+    assert [q.node_ids[e.node] for e in plan.events] == [p.node_ids[e.node] for e in back.events]
+
+
+def test_solve_fits_a_budget_only_another_order_reaches():
+    p = two_branches()
+    res = solve(p, 150, "cpsat", ONE)
+    assert res.plan is not None and res.order.startswith("memory-aware:")
+    sim = simulate(p, res.plan, 150)  # replayed on the problem as given
+    assert sim.peak_bytes == res.peak_bytes <= 150 and res.added_time == 0.0
+    assert res.unplanned_peak_bytes == 201
+    fixed = solve(p, 150, "cpsat", replace(ONE, reorder=False))  # recomputes a1 and b1 (5 each)
+    assert fixed.status == "optimal" and fixed.added_time == 10.0 and fixed.order == "given"
+    assert solve(p, 150, "cpsat", ONE).plan.events == res.plan.events  # deterministic
+
+
+def test_rl250_plans_cheaper_in_a_memory_aware_order(benchmarks_dir):
+    path = next((benchmarks_dir / "remat").glob("random_layered_n250_*.json"))
+    p = load_remat_json(path)
+    order, _ = memory_order(p)
+    assert permute(p, order).unplanned_peak <= 0.85 * p.unplanned_peak
+    budget = p.budget_for(0.8)
+    opts = replace(ONE, time_limit=20, solver_params=(("max_deterministic_time", 5.0),))
+    res = solve(p, budget, "cpsat", opts)
+    assert res.plan is not None and res.order != "given"
+    sim = simulate(p, res.plan, budget)
+    fixed_greedy = greedy(p, budget).sim
+    assert sim.added_time == res.added_time < fixed_greedy.added_time
+    assert sim.peak_bytes <= budget
+
+
+def _branches_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w1, w2 = (numpy_helper.from_array(rng.standard_normal((64, 512)).astype(np.float32), n) for n in ("w1", "w2"))
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a1"], name="a1"),
+        helper.make_node("MatMul", ["x", "w2"], ["b1"], name="b1"),
+        helper.make_node("ReduceSum", ["a1", "axes"], ["a2"], name="a2", keepdims=0),
+        helper.make_node("ReduceSum", ["b1", "axes"], ["b2"], name="b2", keepdims=0),
+        helper.make_node("Add", ["a2", "b2"], ["y"], name="y"),
+    ]
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32])], [w1, w2, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_emitted_model_runs_the_new_order_with_the_same_numbers():
+    model = _branches_model()
+    graph = import_model(model)
+    unplanned = analyze(graph).peak_bytes
+    budget = unplanned - 48 * 1024  # a1 and b1 are 64 KiB each: one may be resident at a time
+    fixed = plan_graph(graph, budget, options=replace(ONE, reorder=False))
+    assert fixed.ok and fixed.result.added_time > 0  # recomputes a MatMul
+    pm = plan_graph(graph, budget, options=ONE)
+    assert pm.ok and pm.result.order != "given" and pm.peak_bytes <= budget and pm.result.added_time == 0
+    planned = export_model(pm.planned)
+    names = [n.name for n in planned.graph.node if n.name in ("a1", "b1", "a2", "b2")]
+    assert names.index("a2") < names.index("b1") or names.index("b2") < names.index("a1")
+    x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), planned_session_options(),  # noqa: E731
+                                         providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(run(model), run(planned))
+
+
+def test_an_infeasible_budget_names_the_least_over_both_orders():
+    p = two_branches()
+    res = solve(p, 90, "cpsat", ONE)  # below x + a1 + a2 + ... : no order fits
+    assert res.plan is None and res.status == "infeasible"
+    assert res.least_bytes == 102 and res.least_exact  # one branch at a time, in either order
+
+
+def test_a_graph_output_moves_last_and_the_least_memory_covers_both_orders():
+    """g is a graph output (held to the end) computed early in the given order, so a1 runs on
+    top of it there (151 B); last, it leaves a1 + a2 + x = 102 (101 with x recomputed)."""
+    p = PlanningProblem.build(size=[1, 50, 100, 1, 1], cost=[1] * 5, preds=[[], [0], [0], [2], [3]],
+                              pinned=[False, True, False, False, True], names=["x", "g", "a1", "a2", "y"])
+    order, _ = memory_order(p)
+    assert order[-1] == 1 and permute(p, order).unplanned_peak == 102
+    res = solve(p, 120, "cpsat", ONE)
+    assert res.status == "optimal" and res.added_time == 0 and res.peak_bytes == 102
+    fixed = solve(p, 120, "cpsat", replace(ONE, reorder=False))
+    assert fixed.status == "infeasible" and fixed.least_bytes == 151
+    low = solve(p, 95, "cpsat", ONE)
+    assert low.status == "infeasible" and low.least_bytes == 101 and low.least_exact
