@@ -1,8 +1,11 @@
-"""Small shared helpers for tests: inline ONNX text -> ModelProto."""
+"""Small shared helpers for tests: inline ONNX text -> ModelProto; the order ORT runs nodes in."""
 from __future__ import annotations
+
+import json
 
 import onnx
 import onnx.parser
+import onnxruntime as ort
 
 
 def parse_model(text: str, ir_version: int = 8) -> onnx.ModelProto:
@@ -10,3 +13,19 @@ def parse_model(text: str, ir_version: int = 8) -> onnx.ModelProto:
     model = onnx.parser.parse_model(text)
     model.ir_version = ir_version
     return model
+
+
+def run_order(model: onnx.ModelProto, feeds, tmp_path, options: ort.SessionOptions | None = None) -> list[str]:
+    """Node names in the order ORT ran them (from its profile), with ``options`` (default: the
+    planned session options)."""
+    from passes.verify import planned_session_options
+
+    so = options if options is not None else planned_session_options()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "profile")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess.run(None, feeds)
+    with open(sess.end_profiling()) as f:
+        events = json.load(f)
+    suffix = "_kernel_time"
+    return [e["name"][: -len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)]

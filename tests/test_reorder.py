@@ -4,7 +4,6 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from passes.onnx_export import export_model
@@ -18,6 +17,7 @@ from planner.planning import solve
 from planner.problem import PlanningProblem, load_remat_json
 from planner.reorder import RULES, list_order, memory_order, permute, plan_in_original
 from planner.simulate import simulate
+from tests.helpers import run_order
 
 ONE = PlannerOptions(time_limit=10, workers=1, seed=0)
 
@@ -107,7 +107,13 @@ def _branches_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_emitted_model_runs_the_new_order_with_the_same_numbers():
+def _one_branch_first(names: list[str]) -> bool:
+    names = [n for n in names if n in ("a1", "b1", "a2", "b2")]
+    assert sorted(names) == ["a1", "a2", "b1", "b2"], names
+    return names.index("a2") < names.index("b1") or names.index("b2") < names.index("a1")
+
+
+def test_emitted_model_runs_the_new_order_with_the_same_numbers(tmp_path):
     model = _branches_model()
     graph = import_model(model)
     unplanned = analyze(graph).peak_bytes
@@ -117,12 +123,20 @@ def test_emitted_model_runs_the_new_order_with_the_same_numbers():
     pm = plan_graph(graph, budget, options=ONE)
     assert pm.ok and pm.result.order != "given" and pm.peak_bytes <= budget and pm.result.added_time == 0
     planned = export_model(pm.planned)
-    names = [n.name for n in planned.graph.node if n.name in ("a1", "b1", "a2", "b2")]
-    assert names.index("a2") < names.index("b1") or names.index("b2") < names.index("a1")
-    x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
-    run = lambda m: ort.InferenceSession(m.SerializeToString(), planned_session_options(),  # noqa: E731
-                                         providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_array_equal(run(model), run(planned))
+    assert _one_branch_first([n.name for n in planned.graph.node])
+    x = {"x": np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)}
+    for d in ("planned", "default"):
+        (tmp_path / d).mkdir()
+    assert _one_branch_first(run_order(planned, x, tmp_path / "planned"))  # ORT runs it so
+    # with --pin-order's ordering edges, ORT's default options (DFS order) run it so too
+    pinned = plan_graph(graph, budget, options=ONE, pin=True)
+    pinned_model = export_model(pinned.planned, value_info=False, mem_pattern=False)
+    assert _one_branch_first(run_order(pinned_model, x, tmp_path / "default", ort.SessionOptions()))
+    run = lambda m, so: ort.InferenceSession(m.SerializeToString(), so,  # noqa: E731
+                                             providers=["CPUExecutionProvider"]).run(None, x)[0]
+    ref = run(model, planned_session_options())
+    np.testing.assert_array_equal(ref, run(planned, planned_session_options()))
+    np.testing.assert_array_equal(ref, run(pinned_model, ort.SessionOptions()))
 
 
 def test_an_infeasible_budget_names_the_least_over_both_orders():

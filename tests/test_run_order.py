@@ -4,7 +4,6 @@ ORT's CPU EP has no kernel for SoftmaxCrossEntropyLoss & co.; it inlines their O
 numbers the body's nodes after all others, so PRIORITY_BASED ran the loss body last (planner/liveness.py).
 """
 import heapq
-import json
 
 import numpy as np
 import onnx
@@ -16,23 +15,10 @@ from passes import onnx_export
 from passes.autodiff import training_graph
 from passes.onnx_export import ORT_INLINED_OPS, export_model
 from passes.onnx_import import import_model
-from passes.verify import planned_session_options
 from planner.graph import GraphBuilder
+from tests.helpers import run_order
 
 F = "float32"
-
-
-def _run_order(model: onnx.ModelProto, feeds, tmp_path) -> list[str]:
-    """Node names in the order ORT ran them (from its profile), with the planned session options."""
-    so = planned_session_options()
-    so.enable_profiling = True
-    so.profile_file_prefix = str(tmp_path / "profile")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    sess.run(None, feeds)
-    with open(sess.end_profiling()) as f:
-        events = json.load(f)
-    suffix = "_kernel_time"
-    return [e["name"][: -len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)]
 
 
 def _priority_order(model: onnx.ModelProto) -> list[str]:
@@ -79,7 +65,7 @@ def _hard_swish_classifier():
 def test_ort_runs_the_exported_training_step_in_file_order(make, tmp_path):
     model = export_model(training_graph(make()))
     assert not any(n.op_type in ORT_INLINED_OPS for n in model.graph.node)
-    ran = _run_order(model, models.example_feeds(model, seed=0), tmp_path)
+    ran = run_order(model, models.example_feeds(model, seed=0), tmp_path)
     assert ran == _priority_order(model)
     # which is file order, but for Shape/Size (tiny outputs) running as soon as their input exists
     later = [n.name for n in model.graph.node if n.op_type not in ("Constant", "Shape", "Size")]
