@@ -81,6 +81,11 @@ def test_rl250_plans_cheaper_in_a_memory_aware_order(benchmarks_dir):
     p = load_remat_json(path)
     order, _ = memory_order(p)
     assert permute(p, order).unplanned_peak <= 0.85 * p.unplanned_peak
+    # with a budget, the order minimises the bytes over it first (what a plan must remove)
+    tight = p.budget_for(0.7)
+    over = lambda q: int(np.maximum(q.unplanned_memory - tight, 0).sum())  # noqa: E731
+    aware, _ = memory_order(p, budget=tight)
+    assert over(permute(p, aware)) < 0.9 * over(permute(p, order)) < 0.1 * over(p)
     budget = p.budget_for(0.8)
     opts = replace(ONE, time_limit=20, solver_params=(("max_deterministic_time", 5.0),))
     res = solve(p, budget, "cpsat", opts)
