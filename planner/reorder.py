@@ -102,7 +102,8 @@ def plan_in_original(plan: Plan, order: list[int] | tuple[int, ...]) -> Plan:
 
 
 class _Profile:
-    """Unplanned memory per position of any order of one problem (numpy, O(n + E) per order)."""
+    """Unplanned memory per position of any order of one problem (numpy, O(n + E) per order):
+    ``PlanningProblem.unplanned_memory`` of ``permute(problem, order)``, without building it."""
 
     def __init__(self, problem: PlanningProblem, budget: int | None = None):
         p = problem
@@ -196,6 +197,6 @@ def memory_order(problem: PlanningProblem, min_gain: float = 0.05,
         key = prof.key(prof(order)[0])
         if best is None or key < best[0]:
             best = (key, name, order)
-    if best is None or best[0][1] > (1.0 - min_gain) * problem.unplanned_peak:
+    if best[0][1] > (1.0 - min_gain) * problem.unplanned_peak:
         return None
     return best[2], best[1]

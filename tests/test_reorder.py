@@ -15,7 +15,7 @@ from planner.cpsat import PlannerOptions
 from planner.liveness import analyze
 from planner.planning import solve
 from planner.problem import PlanningProblem, load_remat_json
-from planner.reorder import RULES, list_order, memory_order, permute, plan_in_original
+from planner.reorder import RULES, _Profile, list_order, memory_order, permute, plan_in_original
 from planner.simulate import simulate
 from tests.helpers import run_order
 
@@ -81,6 +81,9 @@ def test_rl250_plans_cheaper_in_a_memory_aware_order(benchmarks_dir):
     p = load_remat_json(path)
     order, _ = memory_order(p)
     assert permute(p, order).unplanned_peak <= 0.85 * p.unplanned_peak
+    # the search's own profile of an order is the permuted problem's unplanned memory
+    for o in (order, list(range(p.n))):
+        np.testing.assert_array_equal(_Profile(p)(o)[0], permute(p, o).unplanned_memory)
     # with a budget, the order minimises the bytes over it first (what a plan must remove)
     tight = p.budget_for(0.7)
     over = lambda q: int(np.maximum(q.unplanned_memory - tight, 0).sum())  # noqa: E731
@@ -158,6 +161,7 @@ def test_a_graph_output_moves_last_and_the_least_memory_covers_both_orders():
                               pinned=[False, True, False, False, True], names=["x", "g", "a1", "a2", "y"])
     order, _ = memory_order(p)
     assert order[-1] == 1 and permute(p, order).unplanned_peak == 102
+    np.testing.assert_array_equal(_Profile(p)(order)[0], permute(p, order).unplanned_memory)  # pinned g
     res = solve(p, 120, "cpsat", ONE)
     assert res.status == "optimal" and res.added_time == 0 and res.peak_bytes == 102
     fixed = solve(p, 120, "cpsat", replace(ONE, reorder=False))
