@@ -92,6 +92,7 @@ class SolveResult:
     solver: SolverStats = field(default_factory=SolverStats)
     least_bytes: int | None = None  # when infeasible: least peak any plan reaches (or a lower bound)
     least_exact: bool = False  # least_bytes is exact (else a proven lower bound)
+    best_bytes: int | None = None  # when timeout: peak of the lowest plan found (over the budget)
     note: str = ""
     # "given": the plan computes nodes first in the problem's order; "memory-aware:<start>": in
     # the order planner/reorder.py found from that start (bound and gap are then for that order)
@@ -122,6 +123,8 @@ class SolveResult:
         if self.least_bytes is not None:
             out["least_bytes"] = self.least_bytes
             out["least_exact"] = self.least_exact
+        if self.best_bytes is not None:
+            out["best_peak_bytes"] = self.best_bytes
         if self.note:
             out["note"] = self.note
         if self.plan is not None:

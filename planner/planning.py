@@ -84,8 +84,18 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
+        if given.status == "timeout":  # the whole time was spent, on both orders
+            best = min((r.best_bytes for r in (given, first) if r.best_bytes is not None), default=None)
+            given = replace(given, best_bytes=best, note=_timeout_note(problem, options.time_limit, best))
         return replace(given, solver=replace(given.solver, wall_s=time.perf_counter() - t0))
     return replace(moved, solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
+
+
+def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
+    note = f"no plan within the budget found in {seconds:.3g} s"
+    if best is None:
+        return note
+    return f"{note}; the lowest plan found peaks at {best} bytes ({100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
 
 
 def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem) -> SolveResult:
@@ -227,10 +237,9 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 return _infeasible(problem, budget, opt, t0, phases, least=(best, best, True))
             if lower is not None and lower > budget:
                 return _infeasible(problem, budget, opt, t0, phases, least=(lower, best, False))
-            return _empty(problem, budget, "cpsat", status="timeout",
+            return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
                           solver=_stats(opt, t0, None, None, phases),
-                          note=f"no plan within the budget found in {opt.time_limit:g} s"
-                          + (f"; the best plan found peaks at {best} bytes" if best else ""))
+                          note=_timeout_note(problem, opt.time_limit, best))
     m2 = RematModel(problem, budget, opt, hints)
     m2.set_objective_time()
     source = next((c for c in fitting if hintable(c)), None)

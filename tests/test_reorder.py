@@ -168,3 +168,19 @@ def test_a_graph_output_moves_last_and_the_least_memory_covers_both_orders():
     assert fixed.status == "infeasible" and fixed.least_bytes == 151
     low = solve(p, 95, "cpsat", ONE)
     assert low.status == "infeasible" and low.least_bytes == 101 and low.least_exact
+
+
+def test_a_timeout_over_both_orders_names_the_whole_time_and_the_lowest_plan(benchmarks_dir):
+    # RL100 at 56%: above the 54.1% floor, and no plan in either order within half a second of
+    # deterministic search each. The message must give the user's time limit (not the given
+    # order's share) and the lowest peak found in either order.
+    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    p = load_remat_json(str(path))
+    budget = p.budget_for(0.56)
+    assert memory_order(p, PlannerOptions().reorder_min_gain, budget) is not None  # both orders run
+    opt = PlannerOptions(time_limit=3, workers=1, solver_params=(("max_deterministic_time", 0.5),))
+    res = solve(p, budget, "cpsat", opt)
+    assert res.status == "timeout" and res.plan is None
+    assert budget < res.best_bytes <= p.unplanned_peak
+    assert "found in 3 s" in res.note and f"peaks at {res.best_bytes} bytes" in res.note
+    assert res.to_json(p)["best_peak_bytes"] == res.best_bytes
