@@ -92,7 +92,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
-    note = f"no plan within the budget found in {seconds:.3g} s"
+    note = f"no plan within the budget found (time limit {seconds:.3g} s)"
     if best is None:
         return note
     return f"{note}; the lowest plan found peaks at {best} bytes ({100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"

@@ -182,5 +182,5 @@ def test_a_timeout_over_both_orders_names_the_whole_time_and_the_lowest_plan(ben
     res = solve(p, budget, "cpsat", opt)
     assert res.status == "timeout" and res.plan is None
     assert budget < res.best_bytes <= p.unplanned_peak
-    assert "found in 3 s" in res.note and f"peaks at {res.best_bytes} bytes" in res.note
+    assert "(time limit 3 s)" in res.note and f"peaks at {res.best_bytes} bytes" in res.note
     assert res.to_json(p)["best_peak_bytes"] == res.best_bytes
