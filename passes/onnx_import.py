@@ -152,6 +152,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
         g.input.remove(inp)
     init_names = {i.name for i in g.initializer}
     used: set[str] = set()
+    unbound: dict[str, str] = {}  # symbolic dim -> first input that has it (in file order)
     for inp in g.input:
         if inp.name in init_names:
             continue
@@ -163,12 +164,16 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
                 d.Clear()
                 d.dim_value = dims[name]
                 used.add(name)
+            elif not name:
+                raise ModelImportError(f"{display}: input {inp.name!r} has an unnamed dynamic dim, which --dim "
+                                       "cannot bind; export the model with static or named input dims")
             else:
-                label = repr(name) if name else "an unnamed dim"
-                flag = f"--dim {name}=N" if name else "a model with static input shapes"
-                raise ModelImportError(
-                    f"{display}: input {inp.name!r} has symbolic dim {label}; bind it with {flag}"
-                )
+                unbound.setdefault(name, inp.name)
+    if unbound:  # every one at once: the user fixes the command line once
+        what = ", ".join(f"{d!r} (input {i!r})" for d, i in unbound.items())
+        flags = " ".join(f"--dim {d}=N" for d in unbound)
+        word = "dims" if len(unbound) > 1 else "dim"
+        raise ModelImportError(f"{display}: unbound symbolic {word} {what}; bind with {flags}")
     unknown = sorted(set(dims) - used)
     if unknown:
         log.warning("--dim %s matched no symbolic input dim", ", ".join(unknown))

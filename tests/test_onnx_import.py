@@ -50,6 +50,25 @@ def test_unbound_dim_names_dim_and_flag():
         import_model(_with_inits(parse_model(SHAPE_SUBGRAPH)))
 
 
+TWO_DIMS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, seq] a, float[batch, seq] b, float[seq, hid] c) => (float[batch, hid] y) {
+    s = Add(a, b)
+    y = MatMul(s, c)
+}
+"""
+
+
+def test_every_unbound_dim_is_named_at_once():
+    with pytest.raises(ModelImportError) as err:
+        import_model(parse_model(TWO_DIMS), {"seq": 8})
+    msg = str(err.value)
+    assert "'batch' (input 'a'), 'hid' (input 'c')" in msg and msg.endswith("--dim batch=N --dim hid=N")
+    assert "'seq'" not in msg and "\n" not in msg  # bound dims are not asked for; one line
+    graph = import_model(parse_model(TWO_DIMS), {"batch": 2, "seq": 8, "hid": 4})
+    assert graph.tensor("y").shape == (2, 4)
+
+
 def test_export_roundtrip_runs_in_ort():
     import onnxruntime as ort
 
