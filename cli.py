@@ -194,16 +194,24 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         for o in report.outputs:
             if not o.ok:
                 click.echo(f"  {o.name}: max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g}")
-        click.echo(f"peak         reference {format_bytes(r['peak_bytes'])}, planned {format_bytes(p['peak_bytes'])} "
-                   f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
-                   f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
-                   f"measured/predicted {p['measured_over_predicted']:.3f})")
-        d = info["ort_default_options"]
-        click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
-                   f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
-                   f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
-                   f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options() "
-                   f"(or emit it with --pin-order for ORT's default order)")
+        if not report.peak_resolved:
+            from passes.verify import RSS_RESOLUTION_BYTES
+
+            click.echo(f"peak         not measured: the planned model's predicted dynamic peak, "
+                       f"{format_bytes(p['predicted_dynamic_peak_bytes'])}, is below the "
+                       f"{format_bytes(RSS_RESOLUTION_BYTES)} the process high-water mark resolves; "
+                       f"bind a larger batch (--dim) to measure it")
+        else:
+            click.echo(f"peak         reference {format_bytes(r['peak_bytes'])}, planned {format_bytes(p['peak_bytes'])} "
+                       f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
+                       f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
+                       f"measured/predicted {p['measured_over_predicted']:.3f})")
+            d = info["ort_default_options"]
+            click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
+                       f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
+                       f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
+                       f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options() "
+                       f"(or emit it with --pin-order for ORT's default order)")
         pred_t = info["predicted_time_overhead"]
         pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}%, op times: {info['predicted_time_device']}"
         click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
