@@ -1,0 +1,35 @@
+"""Budgets and sizes as users write them, and the one-line errors for what they mistype."""
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import UsageError
+from planner.units import format_bytes, parse_budget, parse_bytes
+
+
+@pytest.mark.parametrize("text, want", [("4096", 4096), ("512MiB", 512 << 20), ("1.5GB", 1_500_000_000),
+                                        ("8 gib", 8 << 30), ("2k", 2048), ("1e3", 1000), (" 10B ", 10)])
+def test_sizes(text, want):
+    assert parse_bytes(text) == want
+    assert parse_budget(text).bytes == want and parse_budget(text).fraction is None
+
+
+def test_percentages_resolve_against_the_unplanned_peak():
+    b = parse_budget("60%")
+    assert b.bytes is None and b.fraction == pytest.approx(0.6) and b.resolve(1000) == 600
+    assert parse_budget("150%").resolve(1000) == 1500  # above the peak: a CI gate's headroom
+    assert str(parse_budget("60%")) == "60%" and str(parse_budget("2MiB")) == "2.00 MiB"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("abc", "is not a byte size"), ("0", "must be positive"), ("12XB", "unknown unit 'XB'"),
+    ("-5%", "is not a percentage"), ("0%", "(0, 1000]"), ("2000%", "(0, 1000]"), ("%", "is not a percentage"),
+])
+def test_mistyped_budgets_name_what_is_wrong(text, says):
+    with pytest.raises(UsageError) as err:
+        parse_budget(text)
+    assert says in str(err.value) and repr(text) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_format_bytes():
+    assert [format_bytes(x) for x in (512, 1536, 3 << 20, -(1 << 30))] == ["512 B", "1.50 KiB", "3.00 MiB", "-1.00 GiB"]
