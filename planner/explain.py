@@ -40,10 +40,57 @@ def residency(problem: PlanningProblem, plan: Plan) -> list[list[list[int]]]:
     return segs
 
 
+def recompute_readers(problem: PlanningProblem, plan: Plan) -> list[list[tuple[set[int], set[int]]]]:
+    """Per node, one entry per recomputed copy of its output: (nodes whose first computation read
+    that copy, nodes whose recompute read it). A copy only recomputes read was made to feed their
+    recompute chain, not for a later read of the step's own."""
+    seen = np.zeros(problem.n, dtype=bool)
+    copies: list[list[tuple[set[int], set[int]]]] = [[] for _ in range(problem.n)]
+    current: list[tuple[set[int], set[int]] | None] = [None] * problem.n  # the live recompute copy
+    for ev in plan.events:
+        v = ev.node
+        if ev.op != "compute":
+            if ev.op == "swap_in":
+                current[v] = None
+            continue
+        first = not seen[v]
+        for u in problem.pred_lists[v]:
+            if current[u] is not None:
+                current[u][0 if first else 1].add(v)
+        if not first:
+            current[v] = (set(), set())
+            copies[v].append(current[v])
+        seen[v] = True
+    return copies
+
+
+def _names(problem: PlanningProblem, nodes: set[int], most: int = 3) -> str:
+    shown = [problem.names[w] for w in sorted(nodes)[:most]]
+    more = len(nodes) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def _recompute_reason(problem: PlanningProblem, v: int, copies: list[tuple[set[int], set[int]]],
+                      crowded: int) -> str:
+    extra = len(copies)
+    cost, size = float(problem.cost[v]), int(problem.size[v])
+    feeding = [c for c in copies if not c[0]]
+    fed = set().union(*(c[1] for c in feeding)) if feeding else set()
+    frees = f"frees {format_bytes(size)} across {crowded} over-budget step(s)"
+    head = f"freed after its reads and recomputed {extra}x at cost {cost * extra:g}"
+    if not feeding:
+        return f"{head} for later reads: {frees}"
+    if len(feeding) == extra:
+        tail = f": {frees}" if crowded else " (its own interval holds no over-budget step)"
+        return f"{head} to feed the recompute of {_names(problem, fed)}{tail}"
+    return f"{head} ({extra - len(feeding)}x for later reads, {len(feeding)}x to feed the recompute of {_names(problem, fed)}): {frees}"
+
+
 def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str, Any]]:
     """One entry per node, in node order."""
     counts = plan.counts(problem.n)
     segs = residency(problem, plan)
+    copies = recompute_readers(problem, plan)
     over = problem.unplanned_memory > budget
     out = []
     for v in range(problem.n):
@@ -58,8 +105,7 @@ def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str,
                    f"{crowded} over-budget step(s); transfer {problem.transfer[v]:g} vs recompute {cost:g}")
         elif extra > 0:
             decision = f"recompute x{extra}"
-            why = (f"freed between reads and recomputed {extra}x at cost {cost * extra:g}: frees "
-                   f"{format_bytes(size)} across {crowded} over-budget step(s)")
+            why = _recompute_reason(problem, v, copies[v], crowded)
         else:
             decision = "keep"
             why = _keep_reason(problem, v, crowded)

@@ -266,6 +266,21 @@ def test_plan_json_round_trip_and_explain():
     assert all(e["why"] for e in entries)
 
 
+def test_explain_tells_a_recompute_for_a_later_read_from_one_that_feeds_a_chain():
+    # s -> a -> big -> m; out reads a and m. a is freed after big and recomputed for out; s was
+    # freed too, so it is recomputed only to feed a's recompute.
+    p = PlanningProblem.build(size=[1, 10, 100, 1, 1], cost=[1, 2, 5, 1, 1],
+                              preds=[[], [0], [1], [2], [1, 3]], names=["s", "a", "big", "m", "out"])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1), ("compute", 3),
+                    ("free", 2), ("compute", 0), ("compute", 1), ("free", 0), ("compute", 4), ("free", 1),
+                    ("free", 3), ("free", 4)], "hand")
+    simulate(p, plan)  # a valid plan
+    why = {e["name"]: e["why"] for e in explain(p, plan, 102)}
+    assert why["s"].startswith("freed after its reads and recomputed 1x at cost 1 to feed the recompute of a")
+    assert why["a"].startswith("freed after its reads and recomputed 1x at cost 2 for later reads: frees 10 B")
+    assert why["big"] == "read only by the next step: nothing to free in between"
+
+
 def test_cli_plan_writes_json_and_explains(benchmarks_dir, tmp_path):
     path = remat(benchmarks_dir, "VGG16 (MLSys)_256_(224, 224, 3)_train")
     out = tmp_path / "plan.json"
