@@ -155,12 +155,15 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     if len(leaked):
         v = int(leaked[0])
         raise InvalidPlanError(f"plan {plan.strategy!r} never frees node {problem.node_ids[v]} ({problem.names[v]})")
+    added = float(makespan - problem.total_cost)
+    if -1e-9 * problem.total_cost <= added < 0:  # summed in event order vs all at once: rounding
+        added = 0.0
     return Simulation(
         peak_bytes=int(peak),
         peak_event=peak_at,
         memory=memory,
         makespan=float(makespan),
-        added_time=float(makespan - problem.total_cost),
+        added_time=added,
         recomputes=int((counts - 1).sum()),
         swap_ins=swap_ins,
         compute_counts=counts,
