@@ -447,13 +447,12 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         emit_json({**info, "losses": list(result.losses)})
         return
     stride = max(1, steps // 10)
-    for k in range(0, steps, stride):
+    for k in sorted({*range(0, steps, stride), steps - 1}):  # the last step once
         click.echo(f"step {k:5d}  loss {result.losses[k]:.5f}")
-    click.echo(f"step {steps - 1:5d}  loss {result.losses[-1]:.5f}")
     click.echo(f"{model}: {result.task} task, {options.optimizer.kind} lr {options.optimizer.lr:g}, "
                f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f} "
                f"(mean of first/last tenth {info['first_mean']:.4f} -> {info['last_mean']:.4f}) "
-               f"in {result.seconds:.2f} s on {result.provider}")
+               f"in {result.seconds:.3g} s on {result.provider}")
 
 
 # ---- plan / rewrite for ONNX models ----------------------------------------------------------

@@ -279,6 +279,15 @@ def test_cli_train_loss_falls():
     assert info["last_mean"] < 0.5 * info["first_mean"]
 
 
+def test_cli_train_prints_each_step_once():
+    for steps, want in ((3, [0, 1, 2]), (25, [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24])):
+        result = CliRunner().invoke(cli.main, ["train", "zoo:mlp", "--steps", str(steps)])
+        assert result.exit_code == 0, result.output
+        printed = [int(line.split()[1]) for line in result.output.splitlines() if line.startswith("step ")]
+        assert printed == want
+        assert " in 0.00 s " not in result.output  # a fast run still shows its time
+
+
 def test_cli_inspect_train_counts_backward():
     fwd = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", "--json"])
     train = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", "--train", "--json"])
