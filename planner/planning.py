@@ -45,7 +45,9 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
         return _baseline_result(problem, budget, strategy, options, t0)
     if problem.n > options.coarsen_above and problem.memory_floor <= budget < problem.unplanned_peak:
         c = coarsen(problem)
-        if c.coarse.n < problem.n:
+        # below the fused problem's own floor it has no plan, and proving its least would take
+        # the time the unfused problem needs
+        if c.coarse.n < problem.n and c.coarse.memory_floor <= budget:
             res = _solve_coarse(c, budget, options, t0)
             if res.plan is not None:
                 return res

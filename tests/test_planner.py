@@ -344,6 +344,24 @@ def test_coarsening_fuses_single_use_chains_and_expands_valid_plans():
         assert ("fused nodes" in res.note) == (budget < p.unplanned_peak)
 
 
+def test_no_fused_solve_below_the_fused_problems_floor(monkeypatch):
+    # Fusing 1-2-3 holds 40 + 30 + 20 + scratch at once: the fused floor (85) is above the real
+    # one (77). At 80 the fused problem has no plan, and proving its least memory would spend the
+    # time the real problem needs, so it is not tried.
+    import planner.planning as planning
+    from planner.coarsen import coarsen
+
+    preds = [[], [0], [1], [2], [3], [0, 4], [5], [6], [7, 3]]
+    p = PlanningProblem.build(size=[5, 40, 30, 20, 10, 5, 30, 20, 5], cost=[1] * 9, preds=preds,
+                              scratch=[0, 0, 7, 0, 0, 0, 0, 0, 0])
+    assert p.memory_floor <= 80 < coarsen(p).coarse.memory_floor
+    tried = []
+    monkeypatch.setattr(planning, "_solve_coarse", lambda *a: tried.append(a) or pytest.fail("fused solve"))
+    res = solve(p, 80, "cpsat", PlannerOptions(time_limit=10, workers=1, coarsen_above=0))
+    check_result(p, res, 80)
+    assert res.plan is not None and not tried
+
+
 def device_swap_graph(dev) -> PlanningProblem:
     """x -> A (1 GiB Relu) is read again only by out; c2 -> c3 -> c4 are long GEMMs in between and
     the memory between them forces A out. Times and transfers come from the device profile."""
