@@ -235,8 +235,9 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
             f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)}; "
             f"its least, counting in-place outputs apart, is {format_bytes(least)}); {tail}", least_bytes=unplanned)
     word = "is" if result.least_exact else "is at least"
+    share = f", {100 * least / unplanned:.1f}% of the unplanned peak" if unplanned else ""  # for --budget N%
     return BudgetInfeasibleError(
-        f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}); {tail}",
+        f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}{share}); {tail}",
         least_bytes=least)
 
 

@@ -299,8 +299,10 @@ def test_cli_infeasible_budget_exits_1_with_the_least_memory(benchmarks_dir, tmp
     res = subprocess.run([sys.executable, "-m", "cli", "plan", str(path), "--budget", "50%", "--workers", "1",
                           "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1
-    floor = load_remat_json(path).memory_floor
+    problem = load_remat_json(path)
+    floor = problem.memory_floor
     assert f"infeasible: the least memory any plan reaches is {floor}" in res.stderr
+    assert f"{100 * floor / problem.unplanned_peak:.1f}% of the unplanned peak" in res.stderr  # what to ask for
     assert "Traceback" not in res.stderr and not out.exists()
 
 
