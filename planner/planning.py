@@ -28,6 +28,7 @@ from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
 from planner.simulate import simulate
+from planner.swap_greedy import swap_greedy
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                              time.perf_counter(), dict(cands))
         if first.plan is not None:
             cands["recompute-only"] = Candidate(first.plan, simulate(problem, first.plan, budget))
+    if swapping:  # after the recompute-only solve: its problem cannot replay swaps
+        moved = swap_greedy(problem, budget)
+        if moved is not None:
+            cands["swap-greedy"] = Candidate(moved, simulate(problem, moved))
     fitting = sorted(
         (c for c in cands.values() if c.sim.peak_bytes <= budget),
         key=lambda c: (c.sim.added_time, c.plan.strategy),
@@ -195,12 +200,13 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         stats = SolverStats(wall_s=time.perf_counter() - t0, bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers)
         return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
                       peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
-    # Hints shape the model (instances, slots): only plans that stay near its size qualify.
+    # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
+    # only recompute-only ones map onto it (the swap greedy's plans are fallbacks only).
     def light(c: Candidate) -> bool:
-        return _max_computations(c) <= opt.hint_computations
+        return not c.sim.swap_ins and _max_computations(c) <= opt.hint_computations
 
     def hintable(c: Candidate) -> bool:
-        return _max_computations(c) <= opt.heavy_hint_computations
+        return not c.sim.swap_ins and _max_computations(c) <= opt.heavy_hint_computations
 
     usable = [c for c in cands.values() if light(c)]
     # Fitting plans that recompute more (the eviction greedy at tight budgets) hint phase 2 only:
