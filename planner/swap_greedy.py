@@ -5,7 +5,10 @@ Walk the fixed order with exact event accounting. Before step t, every input of 
 the host comes back (``swap_in``). Before each allocation that would pass the budget, the
 resident buffer read furthest ahead (larger first on ties) that t does not read leaves: a plain
 ``free`` when its host copy from an earlier swap-out is still there, else ``swap_out``. A buffer
-is freed after its last reader. No recompute, so no chain of inputs is ever needed: every budget
+is freed after its last reader. With ``prefetch``, the next step's inputs on the host come back
+before t computes wherever t still fits, so their transfer overlaps t (measured, swap greedy alone:
+zoo:gpt?batch=64 at 35% +9.73% -> +3.55%, at 27% +15.04% -> +7.41%; RL1000 with a link moving the
+mean buffer in the mean compute time, at 50% +14.68% -> +8.97%). No recompute, so no chain of inputs is ever needed: every budget
 that holds one step (its inputs, output and scratch) next to the buffers that cannot move is
 reached. The time is whatever the transfers cost (simulate prices them); the CP-SAT swap model
 refines from there when it can.
@@ -21,7 +24,7 @@ from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
 
-def swap_greedy(problem: PlanningProblem, budget: int) -> Plan | None:
+def swap_greedy(problem: PlanningProblem, budget: int, prefetch: bool = True) -> Plan | None:
     """A plan within ``budget`` that only swaps, or None (no host link, or some step does not fit
     next to the buffers that cannot move)."""
     p = problem
@@ -74,6 +77,13 @@ def swap_greedy(problem: PlanningProblem, budget: int) -> Plan | None:
                 mem += size[u]
         if not make_room(size[t] + int(p.scratch[t]), t, inputs):
             return None
+        if prefetch and t + 1 < n:  # the next step's inputs come back while t computes, if t still fits
+            for u in sorted(set(p.pred_lists[t + 1]) - inputs):
+                if on_host[u] and not resident[u] and mem + size[u] + size[t] + int(p.scratch[t]) <= budget:
+                    events.append(Event("swap_in", u))
+                    resident[u] = True
+                    live.add(u)
+                    mem += size[u]
         events.append(Event("compute", t))
         resident[t] = True
         live.add(t)

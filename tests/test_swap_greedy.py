@@ -24,6 +24,8 @@ def test_every_budget_that_holds_each_step_gets_a_swap_plan(p):
     sim = simulate(q, plan, budget)  # raises if invalid or over budget
     assert sim.recomputes == 0 and sim.peak_bytes <= budget
     assert swap_greedy(p, budget) is None  # no host link: nothing to move
+    late = swap_greedy(q, budget, prefetch=False)  # each input back only just before its reader
+    assert late is not None and sim.added_time <= simulate(q, late, budget).added_time + 1e-9
     if budget >= q.unplanned_peak:
         assert sim.swap_ins == 0
 
