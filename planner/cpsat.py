@@ -97,6 +97,9 @@ class PlannerOptions:
     heavy_hint_computations: int = 12
     # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
     ladder_steps: int = 4
+    # Share of the time left that the baselines' greedies may start in (planner.baselines.greedy:
+    # on RL1000 at 40% each call took 20-40 s and found nothing; a 40 s solve then ran 120 s).
+    baseline_share: float = 0.3
     # Phase 1 on one worker: interleave the subsolvers, LNS included, instead of the lone
     # single-thread search (measured: RL100 at 68% gets a plan in 0.5 deterministic s this way,
     # none alone; on RL250 at 70% the search alone improved the start once in 30 s).

@@ -15,7 +15,9 @@ whose segment starts there (ascending id) and frees a buffer after the step its 
 from __future__ import annotations
 
 import bisect
+import math
 import sys
+import time
 
 import numpy as np
 
@@ -163,7 +165,8 @@ def _schedule(p: PlanningProblem, segs: list[list[list[int]]]) -> Plan:
     return Plan(tuple(events), "greedy")
 
 
-def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None = None) -> Plan | None:
+def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None = None,
+                 deadline: float = math.inf) -> Plan | None:
     """Run the fixed order under ``budget`` with exact (event) accounting, evicting on demand.
 
     Before every allocation that would exceed the budget, free the resident buffer with the
@@ -174,7 +177,8 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     had just freed, and every recompute then reached back to the source (RL1000 at 50%: ten
     million events by step 486; with needs through freed readers RL100 at 80% and RL1000 at 70%
     get plans, where none did). A missing input is recomputed from its inputs, recursively.
-    Inputs of the compute in progress are locked. None when nothing can be freed.
+    Inputs of the compute in progress are locked. None when nothing can be freed, or when the
+    walk is still going at ``deadline`` (time.perf_counter seconds).
     """
     p = problem
     n = p.n
@@ -272,7 +276,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     try:
         for t in range(n):
             t_now = t
-            if not ensure(t):
+            if time.perf_counter() > deadline or not ensure(t):
                 return None
             t_now = t + 1
             release_dead((*preds[t], t))

@@ -69,7 +69,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     # The given order's baselines first, once (on RL1000 the greedy alone takes 10-35 s), so its
     # solve below gets what time is left, not its baselines' time on top. Not when q's plan ends
     # it: within budget unplanned, that order needs no remat.
-    cands = _baselines(problem, budget) if q.unplanned_peak > budget else None
+    spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
+    cands = _baselines(problem, budget, time.perf_counter() + spend) if q.unplanned_peak > budget else None
     share = options.reorder_share * max(0.0, options.time_limit - (time.perf_counter() - t0))
     first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter())
     moved = None
@@ -115,9 +116,9 @@ def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem)
                    note=f"the least memory any plan in either order reaches {word} {other} bytes")
 
 
-def _baselines(problem: PlanningProblem, budget: int) -> dict[str, Candidate]:
-    """The plans of the baselines that return one, by name."""
-    found = {name: baseline(problem, name, budget) for name in BASELINES}
+def _baselines(problem: PlanningProblem, budget: int, deadline: float = float("inf")) -> dict[str, Candidate]:
+    """The plans of the baselines that return one, by name (the greedy's only up to ``deadline``)."""
+    found = {name: baseline(problem, name, budget, deadline) for name in BASELINES}
     return {k: c for k, c in found.items() if c is not None}
 
 
@@ -177,7 +178,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if budget < problem.memory_floor:
         return _infeasible(problem, budget, opt, t0, phases=[])
     if cands is None:
-        cands = _baselines(problem, budget)
+        cands = _baselines(problem, budget, time.perf_counter() + opt.baseline_share * left())
     swapping = problem.transfer is not None and bool(problem.swappable.any())
     if swapping and opt.recompute_first_share > 0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
@@ -307,7 +308,7 @@ def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate
         mid = (lo + hi) // 2
         if mid <= lo or time.perf_counter() > deadline:
             break
-        g = baseline(problem, "greedy", mid)
+        g = baseline(problem, "greedy", mid, deadline)
         if g is not None and g.sim.peak_bytes <= mid and _max_computations(g) <= max_computations:
             hi, best = g.sim.peak_bytes, g
         else:

@@ -28,7 +28,9 @@ events than a fitting plan recomputes more, so it would rarely be cheaper).
 """
 from __future__ import annotations
 
+import math
 import sys
+import time
 from dataclasses import dataclass
 
 from planner.chain_greedy import missing_closure, next_need, over_missing
@@ -236,17 +238,18 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
 
 
 def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant, ...] = VARIANTS,
-                 work: int | None = None) -> Plan | None:
+                 work: int | None = None, deadline: float = math.inf) -> Plan | None:
     """The cheapest plan within ``budget`` of :func:`evict_run` over ``variants``; None when no
     run fits. The runs share ``work`` events (default 12 n + 3000: the greedy runs several times
     per solve, and a thrashing run costs about a millisecond per event on large graphs); each
-    run stops at 20 n + 1000 events, and after the first fitting plan at that plan's count."""
+    run stops at 20 n + 1000 events, and after the first fitting plan at that plan's count. No
+    run starts after ``deadline`` (time.perf_counter seconds)."""
     n = problem.n
     left = work if work is not None else 12 * n + 3000
     best, best_time = None, None
     for variant in variants:
         cap = min(EVENTS_PER_NODE * n + 1000 if best is None else len(best.events), left)
-        if cap <= 0:
+        if cap <= 0 or time.perf_counter() > deadline:
             break
         plan, used = _run(problem, budget, variant, ROUNDS, cap, PACE)
         left -= used
