@@ -99,3 +99,16 @@ def test_every_plan_replays_within_budget(p, frac, which, frozen):
         assert simulate(p, best, budget).peak_bytes <= budget
     if budget >= p.unplanned_peak:
         assert best is not None  # no remat needed: the executor never gets stuck
+
+
+def test_greedies_start_no_work_after_their_deadline():
+    # the solve's time limit reaches the baselines through this deadline (PlannerOptions.baseline_share)
+    import time
+
+    preds = [[], [0], [1], [2], [3], [2, 4], [1, 5], [0, 6]]
+    p = PlanningProblem.build(size=[10] * 8, cost=[1] * 8, preds=preds)
+    budget = p.budget_for(0.8)
+    past = time.perf_counter() - 1
+    assert greedy(p, budget) is not None and evict_greedy(p, budget) is not None
+    assert greedy(p, budget, past) is None
+    assert evict_greedy(p, budget, deadline=past) is None and tight_greedy(p, budget, deadline=past) is None
