@@ -306,9 +306,9 @@ def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate
     lo, hi = budget, best.sim.peak_bytes
     for _ in range(steps):
         mid = (lo + hi) // 2
-        if mid <= lo or time.perf_counter() > deadline:
+        if mid <= lo:
             break
-        g = baseline(problem, "greedy", mid, deadline)
+        g = baseline(problem, "greedy", mid, deadline)  # starts nothing after the deadline
         if g is not None and g.sim.peak_bytes <= mid and _max_computations(g) <= max_computations:
             hi, best = g.sim.peak_bytes, g
         else:

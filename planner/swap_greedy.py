@@ -52,6 +52,13 @@ def swap_greedy(problem: PlanningProblem, budget: int, prefetch: bool = True) ->
         live.discard(v)
         mem -= size[v]
 
+    def arrive(op: str, v: int) -> None:
+        nonlocal mem
+        events.append(Event(op, v))
+        resident[v] = True
+        live.add(v)
+        mem += size[v]
+
     def make_room(need: int, t: int, keep: set[int]) -> bool:
         while mem + need > budget:
             out = [v for v in live if movable[v] and v not in keep]
@@ -71,23 +78,14 @@ def swap_greedy(problem: PlanningProblem, budget: int, prefetch: bool = True) ->
             if not resident[u]:
                 if not make_room(size[u], t, inputs):
                     return None
-                events.append(Event("swap_in", u))
-                resident[u] = True
-                live.add(u)
-                mem += size[u]
+                arrive("swap_in", u)
         if not make_room(size[t] + int(p.scratch[t]), t, inputs):
             return None
         if prefetch and t + 1 < n:  # the next step's inputs come back while t computes, if t still fits
             for u in sorted(set(p.pred_lists[t + 1]) - inputs):
                 if on_host[u] and not resident[u] and mem + size[u] + size[t] + int(p.scratch[t]) <= budget:
-                    events.append(Event("swap_in", u))
-                    resident[u] = True
-                    live.add(u)
-                    mem += size[u]
-        events.append(Event("compute", t))
-        resident[t] = True
-        live.add(t)
-        mem += size[t]
+                    arrive("swap_in", u)
+        arrive("compute", t)
         for u in sorted(inputs | {t}):
             if resident[u] and not p.pinned[u] and next_read(u, t + 1) == n:
                 leave(u, "free")

@@ -49,7 +49,7 @@ def parse_bytes(text: str, what: str = "size") -> int:
 
 
 def parse_budget(text: str) -> Budget:
-    """Parse a budget: a byte size, or a percentage (0-100] of the unplanned peak."""
+    """Parse a budget: a byte size, or a percentage in (0, 1000] of the unplanned peak."""
     m = _RE.match(str(text))
     if str(text).strip().endswith("%") and not (m and m.group(2) == "%"):
         raise UsageError(f"budget {text!r} is not a percentage; write e.g. 60% (of the unplanned peak, in (0, 1000])")
