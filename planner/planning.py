@@ -34,6 +34,24 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("cpsat", "greedy", "chen", "none")
 BASELINES = ("none", "chen", "greedy")
+# Least seconds of search worth building a CP-SAT model for, beyond its build time.
+MIN_SEARCH_S = 0.5
+
+
+class _Pace:
+    """How long building (and hinting) a CP-SAT model took in this solve, so that no model is
+    built when the time left would not cover building it and searching it for a while. Before,
+    `--time-limit 20` on RL1000 with a host link took 25 s: four models were built for searches
+    of 0.01-0.05 s each."""
+
+    def __init__(self) -> None:
+        self.model_s = 0.0
+
+    def built(self, since: float) -> None:
+        self.model_s = max(self.model_s, time.perf_counter() - since)
+
+    def room(self, left: float) -> bool:
+        return left >= self.model_s + MIN_SEARCH_S
 
 
 def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", options: PlannerOptions | None = None) -> SolveResult:
@@ -72,7 +90,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
     cands = _baselines(problem, budget, time.perf_counter() + spend) if q.unplanned_peak > budget else None
     share = options.reorder_share * max(0.0, options.time_limit - (time.perf_counter() - t0))
-    first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter())
+    pace = _Pace()
+    first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter(), pace=pace)
     moved = None
     if first.plan is not None:
         plan = plan_in_original(first.plan, order)
@@ -84,7 +103,9 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         if sim.added_time <= 0:
             return moved
     rest = max(0.0, options.time_limit - (time.perf_counter() - t0))
-    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands)
+    if moved is not None and not pace.room(rest):  # no time left to search the given order
+        return replace(moved, solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
+    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands, pace)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
@@ -168,9 +189,11 @@ def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, optio
 
 
 def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float,
-                 cands: dict[str, Candidate] | None = None) -> SolveResult:
-    """``cands``: the baselines' candidates, when a caller already has them for this problem."""
+                 cands: dict[str, Candidate] | None = None, pace: _Pace | None = None) -> SolveResult:
+    """``cands``: the baselines' candidates, when a caller already has them for this problem.
+    ``pace``: model build times seen so far in this solve (shared with the caller's other solves)."""
     deadline = t0 + opt.time_limit
+    pace = pace or _Pace()
 
     def left() -> float:
         return max(0.05, deadline - time.perf_counter())
@@ -184,8 +207,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
         # The baselines never swap, so their candidates serve both problems.
         first = _solve_cpsat(problem.without_swap(), budget,
-                             replace(opt, time_limit=opt.time_limit * opt.recompute_first_share),
-                             time.perf_counter(), dict(cands))
+                             replace(opt, time_limit=left() * opt.recompute_first_share),
+                             time.perf_counter(), dict(cands), pace)
         if first.plan is not None:
             cands["recompute-only"] = Candidate(first.plan, simulate(problem, first.plan, budget))
     if swapping:  # after the recompute-only solve: its problem cannot replay swaps
@@ -219,7 +242,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     phase1: Candidate | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
     # Without a light fitting plan the model starts from phase 1 (a heavy one stays the fallback).
-    if not any(light(c) for c in fitting):
+    if not any(light(c) for c in fitting) and (fallback is None or pace.room(left())):
         # no light plan fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
         # the ladder's greedy runs take seconds each on RL1000: they may use half of what is left
@@ -227,11 +250,13 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                              time.perf_counter() + 0.5 * left())
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
+        since = time.perf_counter()
         m1 = RematModel(problem, None, opt, hints)
         m1.set_objective_peak()
         h = m1.hint_from_plan(low.plan)
         if h is not None:
             m1.apply_hint(h)
+        pace.built(since)
         target = (budget - problem.base_bytes) // m1.mem_unit
         # with a fitting fallback worth refining, phase 1 only gets a share: phase 2 improves on either plan
         cheap = fallback is not None and (
@@ -255,6 +280,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
                           solver=_stats(opt, t0, None, None, phases),
                           note=_timeout_note(problem, opt.time_limit, best))
+    if not pace.room(left()):  # a fallback fits (else phase 1 ran and returned above)
+        return _chosen(problem, budget, opt, t0, phases, fallback, None, None,
+                       f"no time left to search; kept the {fallback.plan.strategy} plan")
+    since = time.perf_counter()
     m2 = RematModel(problem, budget, opt, hints)
     m2.set_objective_time()
     source = next((c for c in fitting if hintable(c)), None)
@@ -264,26 +293,32 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         hint = m2.hint_from_plan(source.plan) if source is not None else None
     if hint:
         m2.apply_hint(hint)
+    pace.built(since)
     r2 = m2.solve("optimize", left())
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
+    return _chosen(problem, budget, opt, t0, phases, fallback, r2, m2.time_of_objective(r2.bound), "")
+
+
+def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],
+            fallback: Candidate, r2: PhaseResult | None, bound: float | None, note: str) -> SolveResult:
+    """The cheaper of phase 2's plan (``r2``, if it ran) and ``fallback``; ``bound``: the least
+    added time phase 2 proved for its model."""
     chosen = fallback
-    note = ""
-    if r2.plan is not None:
+    if r2 is not None and r2.plan is not None:
         sim = simulate(problem, r2.plan, budget)  # a plan over budget here is a bug: it raises
         if sim.added_time <= fallback.sim.added_time:
             chosen = Candidate(r2.plan, sim)
         else:
             note = f"kept the {fallback.plan.strategy} plan: the solver's plan was not cheaper"
-    else:
+    elif r2 is not None:
         note = f"solver gave no better plan in time; kept the {fallback.plan.strategy} plan"
     # The bound holds over the model's plans (fixed order, <= C computations per node); a
     # baseline outside the model can beat it, and then no bound is claimed.
-    bound = m2.time_of_objective(r2.bound)
     if bound is not None:
         bound = max(0.0, bound)
     added = chosen.sim.added_time
-    optimal = r2.status == "OPTIMAL" and chosen.plan is r2.plan
+    optimal = r2 is not None and r2.status == "OPTIMAL" and chosen.plan is r2.plan
     if optimal:
         bound = added
     elif bound is not None and bound > added:
