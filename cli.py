@@ -127,6 +127,7 @@ def inspect(model: str, train: bool, dims: tuple[str, ...], top: int, as_json: b
     from planner.liveness import analyze
     from planner.report import inspect_dict, inspect_table, timeline_png
 
+    _output_paths_ok({"--plot": plot}, [model])
     graph = load_graph(model, parse_dims(dims))
     if train:
         graph = training_graph(graph)
@@ -224,16 +225,19 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
     and the gate).
 
     The lowering counts in-place ops' outputs apart (a recompute can move their last use), so its
-    least can exceed the real unplanned peak; then the unplanned schedule is the honest bound.
+    least can exceed the real unplanned peak; then the unplanned schedule is the honest bound
+    (passes.plan_model.plan_graph reports it so).
     """
     from planner.units import format_bytes
 
     least = result.least_bytes
     tail = f"budget {budget} ({format_bytes(budget)})"
     if unplanned is not None and least >= unplanned:
+        const = (f", of which initializers and graph inputs hold {format_bytes(result.base_bytes)} throughout"
+                 if result.base_bytes else "")
         return BudgetInfeasibleError(
-            f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)}; "
-            f"its least, counting in-place outputs apart, is {format_bytes(least)}); {tail}", least_bytes=unplanned)
+            f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)})"
+            f"{const}; {tail}", least_bytes=unplanned)
     word = "is" if result.least_exact else "is at least"
     share = f", {100 * least / unplanned:.1f}% of the unplanned peak" if unplanned else ""  # for --budget N%
     return BudgetInfeasibleError(
@@ -279,10 +283,12 @@ def _training_available() -> bool:
 
 
 def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
-    """Report files must land in an existing folder and never on top of an input."""
+    """Before any work: every file memplan will write lands in an existing folder, never on top
+    of an input, and no two options write the same file (``-o p.json --emit p.json`` wrote the
+    plan, then the model over it)."""
     from pathlib import Path
 
-    taken = {Path(p).resolve() for p in inputs if not p.startswith("zoo:")}
+    taken = {Path(p).resolve(): "an input" for p in inputs if p and not p.startswith("zoo:")}
     for option, path in outputs.items():
         if not path or path == "-":
             continue
@@ -290,7 +296,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
         if not target.parent.is_dir():
             raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
         if target in taken:
-            raise UsageError(f"{option} {path} is one of the inputs; choose another file name")
+            raise UsageError(f"{option} {path} is {taken[target]}; choose another file name")
+        taken[target] = f"written by {option} too"
 
 
 @main.command()
@@ -393,16 +400,12 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
     the optimizer state (inputs <state>, outputs <state>_new; zeros before the first step).
     """
     import json as json_lib
-    from pathlib import Path
 
     from passes.autodiff import build_training_graph
     from passes.onnx_export import check_model, export_model, save_model
     from passes.onnx_import import load_graph
 
-    if not model.startswith("zoo:") and Path(model).resolve() == Path(output).resolve():
-        raise UsageError(f"-o {output} is the input model; choose another file name")
-    if not Path(output).resolve().parent.is_dir():
-        raise UsageError(f"-o {output}: folder {Path(output).resolve().parent} does not exist; create it first")
+    _output_paths_ok({"-o": output}, [model])
     options = _train_options(default_optimizer="none", keep_grads=keep_grads, **flags)
     forward = load_graph(model, parse_dims(dims))
     step = build_training_graph(forward, options)
@@ -589,8 +592,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     budget_spec = parse_budget(budget_text)
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
                              reorder=not fixed_order)
-    for path in (output, emit):
-        _refuse_overwrite(path, model)
+    _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model])
     if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
     if costs != "device" and max_batch:
@@ -715,7 +717,6 @@ def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr,
     from planner.problem import is_remat_json
     from planner.sweep import sweep, sweep_png
 
-    _refuse_overwrite(png, model)
     if is_remat_json(model):
         problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
     else:
@@ -753,14 +754,6 @@ def _arena_report(graph, budget: int, time_limit: float) -> dict:
             "plan for a lower budget or raise it")
     return {"height_bytes": res.height, "lower_bound_bytes": res.lower_bound, "gap": res.gap,
             "status": res.status.value, "total_bytes": total, "seconds": round(res.wall_s, 3)}
-
-
-def _refuse_overwrite(path: str | None, model: str) -> None:
-    """Nothing the user gave is ever overwritten."""
-    import os
-
-    if path and os.path.exists(model) and os.path.exists(path) and os.path.samefile(path, model):
-        raise UsageError(f"{path!r} is the input model; write the output to another file")
 
 
 def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False,
@@ -815,8 +808,7 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     from planner.liveness import analyze
     from planner.units import format_bytes
 
-    _refuse_overwrite(output, model)
-    _refuse_overwrite(output, plan_path)
+    _output_paths_ok({"-o": output}, [model, plan_path])
     try:
         with open(plan_path) as fh:
             obj = json.load(fh)
@@ -879,6 +871,7 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     from planner.fileio import atomic_write
     from planner.planning import STRATEGIES
 
+    _output_paths_ok({"-o": output, "--markdown": md_path}, [])
     folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
     if not folder.is_dir():
         raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
@@ -927,16 +920,13 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
 def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit: float,
                   output: str | None, as_json: bool) -> None:
     """Fixed offsets in one arena for buffers in MiniMalloc's CSV (id,lower,upper,size[,alignment])."""
-    import os
-
     from planner.alloc import AllocStatus, solve
     from planner.alloc_io import read_csv, write_solution
     from planner.units import format_bytes, parse_bytes
 
     if time_limit < 0:
         raise UsageError(f"--time-limit {time_limit} must be >= 0 seconds")
-    if output and os.path.exists(output) and os.path.samefile(output, problem):
-        raise UsageError(f"-o {output} is the problem file; write the solution to another path")
+    _output_paths_ok({"-o": output}, [problem])
     cap = parse_bytes(capacity, "--capacity") if capacity else None
     buffers, _ = read_csv(problem)
     result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)

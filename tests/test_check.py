@@ -260,7 +260,7 @@ def test_report_paths_checked_before_running(mlp, tmp_path):
     assert rc == 2 and "does not exist" in one_error_line(err)
     before = mlp.read_bytes()
     rc, _, err = run([mlp, "--budget", "1GiB", "--dim", "batch=2", "--markdown", mlp])
-    assert rc == 2 and "one of the inputs" in one_error_line(err)
+    assert rc == 2 and "is an input" in one_error_line(err)
     assert mlp.read_bytes() == before
 
 

@@ -18,6 +18,7 @@ from passes.verify import measure_peak, planned_session_options
 from planner.cpsat import PlannerOptions
 from planner.liveness import analyze
 from planner.simulate import simulate
+from planner.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "zoo:cnn?batch=16"
@@ -111,7 +112,7 @@ def test_emit_never_overwrites_the_model(tmp_path):
     onnx.save_model(models.load_spec(SPEC), src)
     before = src.read_bytes()
     rc, _, err = memplan("plan", src, "--budget", "80%", "--strategy", "greedy", "--emit", src)
-    assert rc == 2 and "input model" in err
+    assert rc == 2 and "is an input" in err
     assert src.read_bytes() == before
 
 
@@ -187,11 +188,16 @@ def test_max_batch_planned_beyond_unplanned_and_added_time_cap():
 def test_infeasible_never_claims_a_least_above_the_unplanned_peak(tmp_path):
     # zoo:mlp's peak is a Relu step that ORT runs in place; the lowering counts it apart, so its
     # least exceeds the real unplanned peak: the error must name the unplanned peak instead.
-    rc, _, err = memplan("plan", "zoo:mlp", "--budget", "90%", "--time-limit", "5", "--json")
+    # The JSON says the same (it said least_bytes 349052 against an unplanned peak of 347476),
+    # and the error says how much of that peak no plan can free.
+    rc, out, err = memplan("plan", "zoo:mlp", "--budget", "90%", "--time-limit", "5", "--json")
     assert rc == 1 and len(err.strip().splitlines()) == 1
     unplanned = int(err.split("unplanned peak ")[1].split()[0])
     budget = int(err.split("budget ")[1].split()[0])
     assert "finds no plan below the unplanned peak" in err and budget < unplanned
+    obj = json.loads(out)
+    assert obj["least_bytes"] == obj["unplanned_peak_bytes"] == unplanned and obj["least_exact"] is False
+    assert f"inputs hold {format_bytes(obj['base_bytes'])} throughout" in err
 
 
 def test_verify_does_not_print_noise_as_a_peak(tmp_path):

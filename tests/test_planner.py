@@ -441,3 +441,20 @@ def test_no_model_is_built_without_time_to_search_it(monkeypatch):
     fitting = [c.sim.added_time for c in planning._baselines(p, budget).values() if c.sim.peak_bytes <= budget]
     assert res.added_time == min(fitting) > 0
 
+
+@pytest.mark.parametrize("args,msg", [
+    (["plan", "zoo:mlp", "--budget", "90%", "-o", "{d}/p.json", "--emit", "{d}/p.json"], "--emit {d}/p.json is written by -o too"),
+    (["plan", "zoo:mlp", "--budget", "90%", "--emit", "{d}/no/x.onnx"], "folder {d}/no does not exist"),
+    (["plan", "{d}/in.csv", "--budget", "90%", "--emit", "{d}/in.csv"], "--emit {d}/in.csv is an input"),
+    (["inspect", "{d}/in.csv", "--plot", "{d}/in.csv"], "--plot {d}/in.csv is an input"),
+    (["alloc", "{d}/in.csv", "-o", "{d}/in.csv"], "-o {d}/in.csv is an input"),
+    (["bench", "remat", "-o", "{d}/r.json", "--markdown", "{d}/r.json"], "--markdown {d}/r.json is written by -o too"),
+])
+def test_output_paths_are_checked_before_any_work(tmp_path, args, msg):
+    # Before, `-o p.json --emit p.json` wrote the plan and then the model over it, and an --emit
+    # into a missing folder failed after the solve, naming a temporary file.
+    d = tmp_path.resolve()
+    (d / "in.csv").write_text("id,lower,upper,size\n0,0,2,8\n")
+    res = CliRunner().invoke(cli.main, [a.format(d=d) for a in args])
+    assert res.exit_code == 2 and msg.format(d=d) in res.output, res.output
+    assert sorted(p.name for p in d.iterdir()) == ["in.csv"] and (d / "in.csv").read_text().startswith("id,")
