@@ -175,8 +175,10 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
         word = "dims" if len(unbound) > 1 else "dim"
         raise ModelImportError(f"{display}: unbound symbolic {word} {what}; bind with {flags}")
     unknown = sorted(set(dims) - used)
-    if unknown:
-        log.warning("--dim %s matched no symbolic input dim", ", ".join(unknown))
+    if unknown:  # a typo, or a model whose dims are fixed: say which dims it has
+        has = f"its symbolic input dims: {', '.join(sorted(used))}" if used else "its input dims are all fixed"
+        zoo = "; a zoo model takes options in its name, as zoo:gpt?batch=N" if display.startswith("zoo:") else ""
+        log.warning("--dim %s matched no symbolic input dim of %s (%s%s)", ", ".join(unknown), display, has, zoo)
     # Shape inference walks nodes in file order: sort first (this also rejects cycles).
     ordered = _topo_order(g, init_names | {i.name for i in g.input}, display)
     del g.node[:]

@@ -69,6 +69,14 @@ def test_every_unbound_dim_is_named_at_once():
     assert graph.tensor("y").shape == (2, 4)
 
 
+def test_a_dim_that_matches_nothing_names_the_dims_there_are(caplog):
+    # a typo (bacth) used to say only that it matched nothing
+    graph = import_model(parse_model(TWO_DIMS), {"batch": 2, "seq": 8, "hid": 4, "bacth": 3})
+    assert graph.tensor("y").shape == (2, 4)
+    assert "--dim bacth matched no symbolic input dim" in caplog.text
+    assert "its symbolic input dims: batch, hid, seq" in caplog.text
+
+
 def test_export_roundtrip_runs_in_ort():
     import onnxruntime as ort
 
