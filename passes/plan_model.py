@@ -78,7 +78,8 @@ def plan_graph(
     problem, lowering = lower(graph, node_time=node_time, transfer_time=transfer_time,
                               copy_overlap=copy_overlap, time_unit=time_unit)
     target = budget
-    if strategy in ("cpsat", "none") and budget < problem.unplanned_peak and analyze(graph).peak_bytes <= budget:
+    own = analyze(graph).peak_bytes  # the model's own (unplanned) peak
+    if strategy in ("cpsat", "none") and budget < problem.unplanned_peak and own <= budget:
         # The model as it is fits; the problem counts in-place outputs apart and peaks a little
         # higher (zoo:mlp?batch=2: 344412 against 342756 bytes), so at 100% of the model's peak its
         # solve would call the budget infeasible. Solve where the no-remat plan fits; the rewritten
@@ -100,7 +101,6 @@ def plan_graph(
         target -= (peak - budget) << attempt  # doubling: a heuristic's plan may not move for a small step
     if attempt == 0:  # the solver itself found no plan: its status and least memory stand
         failed = replace(result, budget_bytes=budget)
-        own = analyze(graph).peak_bytes
         if failed.least_bytes is not None and failed.least_bytes >= own:
             # the problem's least counts in-place outputs apart and lies above the model's own
             # peak (zoo:mlp: 349052 against 347476 bytes); the model as it is reaches that peak
