@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.order_bound import closure_bound, fixed_order_bound  # noqa: E402
+from planner.order_bound import INFEASIBLE, closure_bound, fixed_order_bound  # noqa: E402
 from planner.problem import load_remat_json  # noqa: E402
 from planner.remat_bench import find_graphs  # noqa: E402
 
@@ -52,7 +52,10 @@ def main() -> None:
             # the graphs' costs are integers: the closure bound is in their own unit
             cb = closure_bound(p, p.budget_for(pct / 100), np.round(p.cost).astype(np.int64), args.closure_time_limit)
             csecs = time.perf_counter() - t0
-            cshown = "-" if cb is None else f"{100 * cb.value / p.total_cost:.2f}" + ("" if cb.exact else " (time limit)")
+            if cb is not None and cb.value == INFEASIBLE:
+                cshown, cb = "no plan in this order", None
+            else:
+                cshown = "-" if cb is None else f"{100 * cb.value / p.total_cost:.2f}" + ("" if cb.exact else " (time limit)")
             best = max([b for b in (bound, cb and cb.value) if b is not None], default=None)
             r = plans.get((label, pct))
             added = r["added_pct"] if r and r["added_pct"] is not None else None

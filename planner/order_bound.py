@@ -107,14 +107,17 @@ def fixed_order_bound(problem: PlanningProblem, budget: int, time_limit: float |
     return max(0.0, objective.Value())
 
 
+INFEASIBLE = -1  # ClosureBound.value when no plan in the order fits the budget
+
+
 @dataclass(frozen=True)
 class ClosureBound:
-    value: int  # least sum of cost[i] over recompute events any fitting plan in the order needs
+    value: int  # least sum of cost[i] over recompute events any fitting plan in the order needs, or INFEASIBLE
     exact: bool  # the bound model was solved to optimality (else its proven bound, still valid)
 
 
 def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], time_limit: float,
-                  workers: int = 1, seed: int = 0) -> ClosureBound | None:
+                  seed: int = 0) -> ClosureBound | None:
     """A lower bound on ``sum(cost[i])`` over the recomputes of every recompute-only plan that
     computes nodes first in ``problem``'s order and stays within ``budget`` (integer ``cost``:
     the CP-SAT model's own objective units, so the bound holds for its objective exactly).
@@ -135,11 +138,11 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     most its recompute cost. Memory during recomputes is left out and steps are only linked
     through z, so the bound stays a relaxation. Measured (share of step time, the CP-SAT slot
     model's bound in brackets, best plan after the arrow): RL100 at 60% 9.96% (4.06%) -> 23.68%;
-    zoo:gpt at 80% 4.91% (2.68%) -> 5.36%, at 76% 8.49% (4.47%) -> 9.82%; 1-3 s each. RL250 at
-    70% gets no bound in 20 s.
+    zoo:gpt at 80% 4.91% (2.68%) -> 5.36%, at 76% 8.49% (4.47%) -> 9.82%; 0.3-5 s each.
 
     None when the problem may swap (a swap-in needs no recompute), when it has no step over
-    budget unplanned (bound 0 is trivial), or when CP-SAT proves nothing within ``time_limit``.
+    budget unplanned (bound 0 is trivial), or when CP-SAT proves nothing within ``time_limit``;
+    value INFEASIBLE (exact) when no plan in the order fits at all.
     """
     p = problem
     if p.transfer is not None and bool(p.swappable.any()):
@@ -186,12 +189,18 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     m.Minimize(sum(int(cost[i]) * z for (i, _), z in events.items()))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
-    solver.parameters.num_workers = max(1, int(workers))
+    # One worker with the full linearisation's LP. Measured (zoo:gpt 76/80%, RL100 60/70%, RL250
+    # 90%): 2.0/1.6/0.6/0.3/4.6 s, all exact; two interleaved workers with it 10.6/12.6/5.2/1.5 s
+    # and RL250 inexact; two without it 2.7/3.3/1.2/0.5 s and no bound at all on RL250.
+    solver.parameters.num_workers = 1
     solver.parameters.random_seed = int(seed)
-    solver.parameters.interleave_search = workers > 1
+    solver.parameters.linearization_level = 2
     status = solver.Solve(m)
     if status == cp_model.OPTIMAL:
         return ClosureBound(int(round(solver.ObjectiveValue())), True)
-    if status == cp_model.FEASIBLE and solver.BestObjectiveBound() > 0:
-        return ClosureBound(int(math.ceil(solver.BestObjectiveBound() - 1e-6)), False)
+    if status == cp_model.INFEASIBLE:
+        return ClosureBound(INFEASIBLE, True)
+    bound = solver.BestObjectiveBound()  # valid with or without a solution
+    if math.isfinite(bound) and bound > 0:
+        return ClosureBound(int(math.ceil(bound - 1e-6)), False)
     return None

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from planner.baselines import greedy
-from planner.order_bound import closure_bound, fixed_order_bound
+from planner.order_bound import INFEASIBLE, closure_bound, fixed_order_bound
 from planner.planning import solve
 from planner.problem import PlanningProblem, load_remat_json
 from planner.simulate import simulate
@@ -33,6 +33,7 @@ def test_another_order_beats_every_plan_in_the_given_one():
     assert moved.added_time == 0.0 < bound <= fixed.added_time == 10.0
     assert fixed_order_bound(p, p.unplanned_peak) == 0.0
     assert fixed_order_bound(p, 100) == math.inf  # b1 and its input x need 101 B
+    assert closure_bound(p, 100, p.cost.astype(np.int64), time_limit=10).value == INFEASIBLE
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,6 +78,9 @@ def test_closure_bound_never_cuts_off_a_plan_in_the_order(p, frac):
     if without.plan is not None:
         found.append(without.plan)
     if cb is None:  # nothing over budget unplanned, or nothing proven
+        return
+    if cb.value == INFEASIBLE:
+        assert not found and without.plan is None
         return
     for plan in found:
         assert simulate(p, plan, budget).added_time >= cb.value
