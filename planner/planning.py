@@ -21,6 +21,8 @@ import logging
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel
@@ -310,16 +312,16 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             closure = None
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
-    bound = r2.bound
-    if closure is not None:
-        bound = max(closure.value, bound or 0)
-    return _chosen(problem, budget, opt, t0, phases, fallback, r2, m2.time_of_objective(bound), "")
+    return _chosen(problem, budget, opt, t0, phases, fallback, r2, m2.time_of_objective(r2.bound), "",
+                   None if closure is None else (closure.value, m2.obj_cost, m2.time_of_objective(closure.value)))
 
 
 def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],
-            fallback: Candidate, r2: PhaseResult | None, bound: float | None, note: str) -> SolveResult:
-    """The cheaper of phase 2's plan (``r2``, if it ran) and ``fallback``; ``bound``: the least
-    added time proven for the model's plans (phase 2's bound or the closure bound)."""
+            fallback: Candidate, r2: PhaseResult | None, bound: float | None, note: str,
+            closure: tuple[int, np.ndarray, float] | None = None) -> SolveResult:
+    """The cheaper of phase 2's plan (``r2``, if it ran) and ``fallback``, with the least added
+    time proven: ``bound`` (phase 2's, over its model's plans) or ``closure`` (value and costs in
+    the model's units, value in time: over every plan in the order, the candidates included)."""
     chosen = fallback
     if r2 is not None and r2.plan is not None:
         sim = simulate(problem, r2.plan, budget)  # a plan over budget here is a bug: it raises
@@ -335,6 +337,13 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
         bound = max(0.0, bound)
     added = chosen.sim.added_time
     optimal = r2 is not None and r2.status == "OPTIMAL" and chosen.plan is r2.plan
+    if closure is not None:
+        value, obj_cost, in_time = closure
+        # compared in the model's units: in time units, rounding may put the bound a hair off
+        if int(((chosen.sim.compute_counts - 1).clip(0) * obj_cost).sum()) <= value:
+            optimal = True
+        elif bound is None or bound > added or in_time > bound:
+            bound = in_time
     if optimal:
         bound = added
     elif bound is not None and bound > added:
