@@ -44,13 +44,14 @@ def main() -> None:
     for label, path in find_graphs(BENCH, args.graph or ["RL100", "RL250"]):
         p = load_remat_json(str(path))
         for pct in (int(x) for x in args.budgets.split(",")):
+            budget = p.budget_for(pct / 100)
             t0 = time.perf_counter()
-            bound = fixed_order_bound(p, p.budget_for(pct / 100), args.time_limit)
+            bound = fixed_order_bound(p, budget, args.time_limit)
             secs = time.perf_counter() - t0
             shown = "none (LP not solved)" if bound is None else f"{100 * bound / p.total_cost:.2f}"
             t0 = time.perf_counter()
             # the graphs' costs are integers: the closure bound is in their own unit
-            cb = closure_bound(p, p.budget_for(pct / 100), np.round(p.cost).astype(np.int64), args.closure_time_limit)
+            cb = closure_bound(p, budget, np.round(p.cost).astype(np.int64), args.closure_time_limit)
             csecs = time.perf_counter() - t0
             if cb is not None and cb.value == INFEASIBLE:
                 cshown, cb = "no plan in this order", None

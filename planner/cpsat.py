@@ -602,6 +602,11 @@ class RematModel:
             return float(obj) * float(self.tick)
         return float(obj) * self.time_per_obj
 
+    def objective_of_counts(self, counts: np.ndarray) -> int:
+        """The added-time objective, in this model's units, of a recompute-only plan computing
+        node i ``counts[i]`` times (recompute-only models)."""
+        return int(((np.asarray(counts) - 1).clip(0) * self.obj_cost).sum())
+
     def bytes_of_capacity(self, cap: float | None) -> int | None:
         if cap is None:
             return None

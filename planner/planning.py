@@ -21,12 +21,10 @@ import logging
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel
-from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, closure_bound
+from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, closure_bound
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
@@ -284,7 +282,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                           solver=_stats(opt, t0, None, None, phases),
                           note=_timeout_note(problem, opt.time_limit, best))
     if not pace.room(left()):  # a fallback fits (else phase 1 ran and returned above)
-        return _chosen(problem, budget, opt, t0, phases, fallback, None, None,
+        return _chosen(problem, budget, opt, t0, phases, fallback,
                        f"no time left to search; kept the {fallback.plan.strategy} plan")
     since = time.perf_counter()
     m2 = RematModel(problem, budget, opt, hints)
@@ -312,16 +310,15 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             closure = None
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
-    return _chosen(problem, budget, opt, t0, phases, fallback, r2, m2.time_of_objective(r2.bound), "",
-                   None if closure is None else (closure.value, m2.obj_cost, m2.time_of_objective(closure.value)))
+    return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)
 
 
 def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],
-            fallback: Candidate, r2: PhaseResult | None, bound: float | None, note: str,
-            closure: tuple[int, np.ndarray, float] | None = None) -> SolveResult:
-    """The cheaper of phase 2's plan (``r2``, if it ran) and ``fallback``, with the least added
-    time proven: ``bound`` (phase 2's, over its model's plans) or ``closure`` (value and costs in
-    the model's units, value in time: over every plan in the order, the candidates included)."""
+            fallback: Candidate, note: str, m2: RematModel | None = None, r2: PhaseResult | None = None,
+            closure: ClosureBound | None = None) -> SolveResult:
+    """The cheaper of phase 2's plan (``r2`` from model ``m2``, if it ran) and ``fallback``, with
+    the least added time proven: phase 2's bound (over its model's plans) or ``closure`` (over
+    every plan in the order, the candidates included)."""
     chosen = fallback
     if r2 is not None and r2.plan is not None:
         sim = simulate(problem, r2.plan, budget)  # a plan over budget here is a bug: it raises
@@ -333,14 +330,15 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
         note = f"solver gave no better plan in time; kept the {fallback.plan.strategy} plan"
     # The bound holds over the model's plans (fixed order, <= C computations per node); a
     # baseline outside the model can beat it, and then no bound is claimed.
+    bound = m2.time_of_objective(r2.bound) if r2 is not None else None
     if bound is not None:
         bound = max(0.0, bound)
     added = chosen.sim.added_time
     optimal = r2 is not None and r2.status == "OPTIMAL" and chosen.plan is r2.plan
     if closure is not None:
-        value, obj_cost, in_time = closure
+        in_time = m2.time_of_objective(closure.value)
         # compared in the model's units: in time units, rounding may put the bound a hair off
-        if int(((chosen.sim.compute_counts - 1).clip(0) * obj_cost).sum()) <= value:
+        if m2.objective_of_counts(chosen.sim.compute_counts) <= closure.value:
             optimal = True
         elif bound is None or bound > added or in_time > bound:
             bound = in_time
