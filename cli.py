@@ -259,9 +259,7 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
     r = pm.result
     if not pm.ok:
         if r.status == "infeasible" and r.least_bytes is not None:
-            from planner.liveness import analyze
-
-            raise _infeasible_error(r, budget_bytes, analyze(graph).peak_bytes)
+            raise _infeasible_error(r, budget_bytes, pm.unplanned_peak)
         if r.status == "timeout":
             raise SolverTimeoutError(r.note or "no plan within the time limit")
         return PlanOutcome(False, 0, 0.0, r.status)

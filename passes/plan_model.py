@@ -41,6 +41,7 @@ class PlannedModel:
     events: tuple[dict[str, Any], ...]  # the schedule in the Graph's names (plan.json)
     planned: Graph | None  # the rewritten graph; None when no plan
     peak_bytes: int | None  # liveness peak of ``planned`` (base included)
+    unplanned_peak: int  # liveness peak of ``graph`` as it is (base included)
 
     @property
     def ok(self) -> bool:
@@ -96,7 +97,7 @@ def plan_graph(
             planned = pin_order(planned)
         peak = analyze(planned).peak_bytes
         if peak <= budget:
-            return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak)
+            return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own)
         log.info("rewritten graph peaks %d bytes over the budget; re-solving tighter", peak - budget)
         target -= (peak - budget) << attempt  # doubling: a heuristic's plan may not move for a small step
     if attempt == 0:  # the solver itself found no plan: its status and least memory stand
@@ -110,7 +111,7 @@ def plan_graph(
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
                          note="the plans found overshoot the budget once rewritten into the model, and tighter "
                               "solves found none; try a slightly larger budget")
-    return PlannedModel(graph, problem, lowering, failed, budget, (), None, None)
+    return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own)
 
 
 # ---- max batch -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from planner.greedy import evict_greedy, split_greedy
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
-from planner.tight_greedy import tight_greedy
+from planner.tight_greedy import tight_greedy_simulated
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +107,14 @@ def greedy(problem: PlanningProblem, budget: int, deadline: float = math.inf) ->
     finds nothing, which made a 40 s solve take 120 s."""
     best: Candidate | None = None
     makers = (partial(evict_greedy, deadline=deadline), split_greedy, checkpoint_greedy,
-              partial(tight_greedy, deadline=deadline))
+              partial(tight_greedy_simulated, deadline=deadline))
     for make in makers:
         if time.perf_counter() > deadline:
             break
-        plan = make(problem, budget)
-        if plan is None:
+        made = make(problem, budget)
+        if made is None:
             continue
-        sim = simulate(problem, plan)
+        plan, sim = made if isinstance(made, tuple) else (made, simulate(problem, made))
         if sim.peak_bytes <= budget and (best is None or sim.added_time < best.sim.added_time):
             best = Candidate(plan, sim)
     return best

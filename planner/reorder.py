@@ -144,7 +144,12 @@ def improve(problem: PlanningProblem, order: list[int], max_moves: int = 200, bu
     last reader of a resident buffer earlier (just after its latest input, when that comes before
     the peak); take the best move that lowers (bytes over ``budget``, peak, crowd), up to
     ``max_moves`` times. Both moves keep the order topological."""
-    p, prof = problem, _Profile(problem, budget)
+    return _improve(_Profile(problem, budget), order, max_moves)
+
+
+def _improve(prof: _Profile, order: list[int], max_moves: int = 200) -> list[int]:
+    """:func:`improve` with the problem and budget of ``prof`` (built once per problem)."""
+    p = prof.p
     order = list(order)
     mem, pos, last = prof(order)
     best = prof.key(mem)
@@ -193,7 +198,7 @@ def memory_order(problem: PlanningProblem, min_gain: float = 0.05,
     starts.update((name, list_order(problem, rule)) for name, rule in RULES.items())
     prof = _Profile(problem, budget)
     for name, start in starts.items():
-        order = improve(problem, start, budget=budget)
+        order = _improve(prof, start)
         key = prof.key(prof(order)[0])
         if best is None or key < best[0]:
             best = (key, name, order)

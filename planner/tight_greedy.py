@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from planner.chain_greedy import missing_closure, next_need, over_missing
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
-from planner.simulate import simulate
+from planner.simulate import Simulation, simulate
 
 
 @dataclass(frozen=True)
@@ -239,16 +239,23 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
 
 def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant, ...] = VARIANTS,
                  work: int | None = None, deadline: float = math.inf) -> Plan | None:
-    """The cheapest plan within ``budget`` of :func:`evict_run` over ``variants``; None when no
-    run fits. The runs share ``work`` events (default 12 n + 3000: the greedy runs several times
+    """The plan of :func:`tight_greedy_simulated`, without its simulation."""
+    found = tight_greedy_simulated(problem, budget, variants, work, deadline)
+    return found[0] if found is not None else None
+
+
+def tight_greedy_simulated(problem: PlanningProblem, budget: int, variants: tuple[Variant, ...] = VARIANTS,
+                           work: int | None = None, deadline: float = math.inf) -> tuple[Plan, Simulation] | None:
+    """The cheapest plan within ``budget`` of :func:`evict_run` over ``variants``, with its
+    simulation (the caller need not replay it again); None when no run fits. The runs share ``work`` events (default 12 n + 3000: the greedy runs several times
     per solve, and a thrashing run costs about a millisecond per event on large graphs); each
     run stops at 20 n + 1000 events, and after the first fitting plan at that plan's count. No
     run starts after ``deadline`` (time.perf_counter seconds)."""
     n = problem.n
     left = work if work is not None else 12 * n + 3000
-    best, best_time = None, None
+    best: tuple[Plan, Simulation] | None = None
     for variant in variants:
-        cap = min(EVENTS_PER_NODE * n + 1000 if best is None else len(best.events), left)
+        cap = min(EVENTS_PER_NODE * n + 1000 if best is None else len(best[0].events), left)
         if cap <= 0 or time.perf_counter() > deadline:
             break
         plan, used = _run(problem, budget, variant, ROUNDS, cap, PACE)
@@ -256,6 +263,6 @@ def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant,
         if plan is None:
             continue
         sim = simulate(problem, plan)
-        if sim.peak_bytes <= budget and (best_time is None or sim.added_time < best_time):
-            best, best_time = plan, sim.added_time
+        if sim.peak_bytes <= budget and (best is None or sim.added_time < best[1].added_time):
+            best = (plan, sim)
     return best
