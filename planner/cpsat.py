@@ -165,6 +165,16 @@ class PhaseResult:
     values: dict | None  # variable index -> value, to hint the next phase
 
 
+def objective_costs(cost: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-node compute costs as the integers the CP-SAT objective sums, and the time one unit
+    stands for: integer costs divided by their gcd, others scaled to 1e9 units per step."""
+    if np.all(cost == np.round(cost)) and cost.sum() < 2**50:
+        g = gcd_of([int(c) for c in cost if c])
+        return (cost // g).astype(np.int64), float(g)
+    scale = 1e9 / max(cost.sum(), 1e-300)
+    return np.round(cost * scale).astype(np.int64), 1.0 / scale
+
+
 class RematModel:
     """Builds the CP-SAT model for one problem; ``budget=None`` leaves the capacity free."""
 
@@ -198,14 +208,7 @@ class RematModel:
         self.size = (p.size // self.mem_unit).astype(int)
         self.scratch = (p.scratch // self.mem_unit).astype(int)
         cost = p.cost
-        if np.all(cost == np.round(cost)) and cost.sum() < 2**50:
-            g = gcd_of([int(c) for c in cost if c])
-            self.obj_cost = (cost // g).astype(np.int64)
-            self.time_per_obj = float(g)
-        else:
-            scale = 1e9 / max(cost.sum(), 1e-300)
-            self.obj_cost = np.round(cost * scale).astype(np.int64)
-            self.time_per_obj = 1.0 / scale
+        self.obj_cost, self.time_per_obj = objective_costs(cost)
         if self.timed:
             total = max(float(cost.sum()), 1e-300)
             self.tick = total / self.opt.time_resolution  # time units per tick

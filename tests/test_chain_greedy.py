@@ -110,5 +110,6 @@ def test_a_recompute_heavy_greedy_plan_does_not_replace_the_search(benchmarks_di
     opts = PlannerOptions(time_limit=60, workers=1, seed=0, solver_params=(("max_deterministic_time", 1.0),),
                           reorder=False)
     res = solve(p, budget, "cpsat", opts)
-    assert res.plan is not None and [ph["name"] for ph in res.solver.phases] == ["feasibility", "optimize"]
+    # (phase 2 may search on after the closure bound, from its own plan: a second "optimize")
+    assert res.plan is not None and [ph["name"] for ph in res.solver.phases][:2] == ["feasibility", "optimize"]
     assert simulate(p, res.plan, budget).added_time == res.added_time < 0.5 * g.sim.added_time
