@@ -182,7 +182,7 @@ class RematModel:
         self.p = problem
         self.budget = budget
         self.opt = options
-        self.timed = problem.transfer is not None and bool(problem.swappable.any())
+        self.timed = problem.can_swap
         self.m = cp_model.CpModel()
         self._set_counts(hints)
         self._set_scales()

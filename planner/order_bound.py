@@ -45,7 +45,7 @@ def fixed_order_bound(problem: PlanningProblem, budget: int, time_limit: float |
     (module docstring): ``math.inf`` when no plan in that order fits, None when the LP was not
     solved within ``time_limit`` seconds or the problem may swap (a swap-in needs no recompute)."""
     p = problem
-    if p.transfer is not None and bool(p.swappable.any()):
+    if p.can_swap:
         return None
     n = p.n
     size = [int(x) for x in p.size]
@@ -145,7 +145,7 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     value INFEASIBLE (exact) when no plan in the order fits at all.
     """
     p = problem
-    if p.transfer is not None and bool(p.swappable.any()):
+    if p.can_swap:
         return None
     over = [t for t in range(p.n) if p.unplanned_memory[t] > budget]
     if not over:

@@ -30,7 +30,7 @@ from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, 
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
-from planner.simulate import simulate
+from planner.simulate import Simulation, simulate
 from planner.swap_greedy import swap_greedy
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     share = options.reorder_share * max(0.0, options.time_limit - (time.perf_counter() - t0))
     pace = _Pace()
     first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter(), pace=pace)
-    moved = None
+    moved, known = None, None
     if first.plan is not None:
         plan = plan_in_original(first.plan, order)
         sim = simulate(problem, plan, budget)  # over budget here is a bug: it raises
@@ -105,13 +105,15 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
                         note=f"{first.note}; {how}; bound and gap are for that order".strip("; "))
         if sim.added_time <= 0:
             return moved
-        if _order_cannot_beat(problem, budget, options, sim.compute_counts):
+        known = _given_order_closure(problem, budget, options)
+        if known is not None and (known.value == CLOSURE_INFEASIBLE or known.value >= _objective(problem, sim)):
             return replace(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "
                                        f"bound)", solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
     rest = max(0.0, options.time_limit - (time.perf_counter() - t0))
     if moved is not None and not pace.room(rest):  # no time left to search the given order
         return replace(moved, solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
-    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands, pace)
+    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands, pace,
+                         known)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
@@ -125,23 +127,24 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
 def _closure_applies(problem: PlanningProblem, opt: PlannerOptions) -> bool:
     """Does the recompute-closure bound (planner.order_bound) run for ``problem``? Recompute
     only, graphs up to ``closure_bound_max_n`` nodes, a share of the time kept for it."""
-    swapping = problem.transfer is not None and bool(problem.swappable.any())
-    return not swapping and problem.n <= opt.closure_bound_max_n and opt.closure_bound_share > 0
+    return not problem.can_swap and problem.n <= opt.closure_bound_max_n and opt.closure_bound_share > 0
 
 
-def _order_cannot_beat(problem: PlanningProblem, budget: int, opt: PlannerOptions, counts: np.ndarray) -> bool:
-    """Is every plan in ``problem``'s own order at least as dear as a plan computing each node
-    ``counts`` times (in the solver's integer units)? Its closure bound says so, or that no plan
-    in that order fits at all; then searching that order cannot pay. RL100 at 70%: the
-    memory-aware order's optimum adds 2.23% and the bound 4.39% (0.3 s), where searching the
-    given order took the remaining 57 s of a 60 s solve; RL250 at 70%: 2.08% against 4.37% in 4 s.
-    Gets ``closure_bound_share`` of the time limit; False when it proves less."""
+def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOptions) -> ClosureBound | None:
+    """The closure bound of ``problem``'s own order, in ``closure_bound_share`` of the time limit,
+    before that order is searched: at or above the memory-aware order's plan, searching it cannot
+    pay. RL100 at 70%: that plan adds 2.23% and the bound is 4.39% (0.3 s), where searching the
+    given order took the remaining 57 s of a 60 s solve; RL250 at 70%: 2.08% against 4.37% in 4 s."""
     if not _closure_applies(problem, opt):
-        return False
+        return None
     cost, _ = objective_costs(problem.cost)
-    best = int(((np.asarray(counts) - 1).clip(0) * cost).sum())
-    bound = closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
-    return bound is not None and (bound.value == CLOSURE_INFEASIBLE or bound.value >= best)
+    return closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
+
+
+def _objective(problem: PlanningProblem, sim: Simulation) -> int:
+    """A simulated plan's recompute cost in the solver's integer units (``objective_costs``)."""
+    cost, _ = objective_costs(problem.cost)
+    return int(((sim.compute_counts - 1).clip(0) * cost).sum())
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
@@ -217,9 +220,12 @@ def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, optio
 
 
 def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float,
-                 cands: dict[str, Candidate] | None = None, pace: _Pace | None = None) -> SolveResult:
+                 cands: dict[str, Candidate] | None = None, pace: _Pace | None = None,
+                 known: ClosureBound | None = None) -> SolveResult:
     """``cands``: the baselines' candidates, when a caller already has them for this problem.
-    ``pace``: model build times seen so far in this solve (shared with the caller's other solves)."""
+    ``pace``: model build times seen so far in this solve (shared with the caller's other solves).
+    ``known``: this problem's closure bound, when a caller computed it already (solved again only
+    when not exact; the larger value stands)."""
     deadline = t0 + opt.time_limit
     pace = pace or _Pace()
 
@@ -230,7 +236,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         return _infeasible(problem, budget, opt, t0, phases=[])
     if cands is None:
         cands = _baselines(problem, budget, time.perf_counter() + opt.baseline_share * left())
-    swapping = problem.transfer is not None and bool(problem.swappable.any())
+    swapping = problem.can_swap
     if swapping and opt.recompute_first_share > 0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
         # The baselines never swap, so their candidates serve both problems.
@@ -332,7 +338,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     r2 = m2.solve("optimize", left() * (1 - opt.closure_bound_share if closing else 1))
     closure = None
     if closing and r2.status != "OPTIMAL":
-        closure = closure_bound(problem, budget, m2.obj_cost, left(), opt.seed)
+        closure = known if known is not None and known.exact else \
+            _larger(known, closure_bound(problem, budget, m2.obj_cost, left(), opt.seed))
         if closure is not None and closure.value == CLOSURE_INFEASIBLE:  # a plan fits: a bug there
             log.warning("the closure bound calls %s infeasible at %d bytes; ignored", problem.name, budget)
             closure = None
@@ -353,6 +360,13 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)
+
+
+def _larger(a: ClosureBound | None, b: ClosureBound | None) -> ClosureBound | None:
+    """The stronger of two closure bounds on one problem and budget (either may be None)."""
+    if a is None or b is None:
+        return a or b
+    return max(a, b, key=lambda c: (c.value == CLOSURE_INFEASIBLE, c.value, c.exact))
 
 
 def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],

@@ -154,6 +154,11 @@ class PlanningProblem:
         swap.setflags(write=False)
         return dataclasses.replace(self, transfer=t, swappable=swap, copy_overlap=copy_overlap)
 
+    @property
+    def can_swap(self) -> bool:
+        """Has a host link and some buffer that may move over it?"""
+        return self.transfer is not None and bool(self.swappable.any())
+
     def without_swap(self) -> "PlanningProblem":
         off = np.zeros(self.n, dtype=bool)
         off.setflags(write=False)

@@ -28,7 +28,7 @@ def swap_greedy(problem: PlanningProblem, budget: int, prefetch: bool = True) ->
     """A plan within ``budget`` that only swaps, or None (no host link, or some step does not fit
     next to the buffers that cannot move)."""
     p = problem
-    if p.transfer is None or not p.swappable.any():
+    if not p.can_swap:
         return None
     n = p.n
     size = [int(x) for x in p.size]

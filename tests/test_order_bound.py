@@ -170,3 +170,28 @@ def test_the_given_order_is_not_searched_where_its_bound_exceeds_the_plan(benchm
     # cuts_off_a_plan_in_the_order: no plan in an order is below its bound)
     alone = solve(p, budget, "cpsat", replace(opts, closure_bound_share=0.0, solver_params=(("max_deterministic_time", 1.0),)))
     assert "no plan in the given order" not in alone.note and alone.added_time == res.added_time
+
+
+def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeypatch):
+    # the portfolio solves the given order's bound to decide whether to search that order; where
+    # it does search it and phase 2 ends without a proof, that bound serves (it used to be solved
+    # again: up to its whole share of the time on RL250)
+    import time
+
+    import planner.planning as planning
+    from planner.cpsat import objective_costs
+
+    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    p = load_remat_json(str(path))
+    budget = p.budget_for(0.6)
+    cost, unit = objective_costs(p.cost)
+    known = closure_bound(p, budget, cost, time_limit=30)
+    assert known is not None and known.exact
+
+    def unexpected(*args, **kwargs):
+        raise AssertionError("the closure bound was solved again")
+
+    monkeypatch.setattr(planning, "closure_bound", unexpected)
+    opts = replace(ONE, reorder=False, time_limit=15, solver_params=(("max_deterministic_time", 0.5),))
+    res = planning._solve_cpsat(p, budget, opts, time.perf_counter(), known=known)
+    assert res.status == "feasible" and res.solver.bound == pytest.approx(known.value * unit)
