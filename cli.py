@@ -208,11 +208,19 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                        f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
                        f"measured/predicted {p['measured_over_predicted']:.3f})")
             d = info["ort_default_options"]
+            # a pinned model keeps its order and has no memory pattern under ORT's defaults; where it
+            # then holds its plan with the arena off, what is left is the CPU arena's fragmentation
+            # (bench/results/ort_default_options_arena.md). --pin-order is no advice for a pinned model.
+            advice = "run it with passes.verify.planned_session_options()"
+            if not made_with.get("pin_order"):
+                advice += " (or emit it with --pin-order for ORT's default order)"
+            elif d["arena_off_over_predicted"] <= 1.05:
+                advice = ("the rest is the CPU arena's fragmentation: SessionOptions.enable_cpu_mem_arena = False, "
+                          "or passes.verify.planned_session_options()")
             click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
                        f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
                        f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
-                       f"({d['arena_off_over_predicted']:.2f} x); run it with passes.verify.planned_session_options() "
-                       f"(or emit it with --pin-order for ORT's default order)")
+                       f"({d['arena_off_over_predicted']:.2f} x); {advice}")
         pred_t = info["predicted_time_overhead"]
         pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}%, op times: {info['predicted_time_device']}"
         click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "

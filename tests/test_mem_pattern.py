@@ -97,3 +97,16 @@ def test_cli_pin_order_emits_the_marker_and_verify_reads_it(tmp_path):
     assert "outputs      equal" in out
     sess = ort.InferenceSession(str(pinned), planned_session_options(), providers=["CPUExecutionProvider"])
     assert MEM_PATTERN_OFF_INPUT in [i.name for i in sess.get_inputs()]
+
+
+def test_verify_gives_a_pinned_model_no_pin_order_advice(tmp_path):
+    # the "default ORT" line used to tell the user of a pinned model to emit it with --pin-order
+    spec = "zoo:cnn?batch=32"  # a dynamic peak of several MiB: measured, so the line is printed
+    outs = {}
+    for name, extra in (("pinned", ["--pin-order"]), ("plain", [])):
+        path = tmp_path / f"{name}.onnx"
+        rc, _, err = memplan("plan", spec, "--budget", "100%", "--strategy", "none", "--emit", path, *extra)
+        assert rc == 0, err
+        rc, outs[name], err = memplan("verify", spec, path)
+        assert rc == 0 and "default ORT" in outs[name], err
+    assert "--pin-order" not in outs["pinned"] and "--pin-order" in outs["plain"]
