@@ -175,6 +175,12 @@ def objective_costs(cost: np.ndarray) -> tuple[np.ndarray, float]:
     return np.round(cost * scale).astype(np.int64), 1.0 / scale
 
 
+def recompute_objective(obj_cost: np.ndarray, counts: np.ndarray) -> int:
+    """The added-time objective, in ``objective_costs`` units, of a recompute-only plan computing
+    node i ``counts[i]`` times."""
+    return int(((np.asarray(counts) - 1).clip(0) * obj_cost).sum())
+
+
 class RematModel:
     """Builds the CP-SAT model for one problem; ``budget=None`` leaves the capacity free."""
 
@@ -606,9 +612,8 @@ class RematModel:
         return float(obj) * self.time_per_obj
 
     def objective_of_counts(self, counts: np.ndarray) -> int:
-        """The added-time objective, in this model's units, of a recompute-only plan computing
-        node i ``counts[i]`` times (recompute-only models)."""
-        return int(((np.asarray(counts) - 1).clip(0) * self.obj_cost).sum())
+        """:func:`recompute_objective` in this model's units (recompute-only models)."""
+        return recompute_objective(self.obj_cost, counts)
 
     def bytes_of_capacity(self, cap: float | None) -> int | None:
         if cap is None:

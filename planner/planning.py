@@ -25,12 +25,12 @@ import numpy as np
 
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
-from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs
+from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, closure_bound
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
-from planner.simulate import Simulation, simulate
+from planner.simulate import simulate
 from planner.swap_greedy import swap_greedy
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,10 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
                         note=f"{first.note}; {how}; bound and gap are for that order".strip("; "))
         if sim.added_time <= 0:
             return moved
-        known = _given_order_closure(problem, budget, options)
-        if known is not None and (known.value == CLOSURE_INFEASIBLE or known.value >= _objective(problem, sim)):
+        cost, _ = objective_costs(problem.cost)
+        known = _given_order_closure(problem, budget, options, cost)
+        if known is not None and (known.value == CLOSURE_INFEASIBLE
+                                  or known.value >= recompute_objective(cost, sim.compute_counts)):
             return replace(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "
                                        f"bound)", solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
     rest = max(0.0, options.time_limit - (time.perf_counter() - t0))
@@ -130,21 +132,16 @@ def _closure_applies(problem: PlanningProblem, opt: PlannerOptions) -> bool:
     return not problem.can_swap and problem.n <= opt.closure_bound_max_n and opt.closure_bound_share > 0
 
 
-def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOptions) -> ClosureBound | None:
-    """The closure bound of ``problem``'s own order, in ``closure_bound_share`` of the time limit,
+def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOptions,
+                         cost: np.ndarray) -> ClosureBound | None:
+    """The closure bound of ``problem``'s own order (in ``cost``, the solver's integer units:
+    ``objective_costs``), in ``closure_bound_share`` of the time limit,
     before that order is searched: at or above the memory-aware order's plan, searching it cannot
     pay. RL100 at 70%: that plan adds 2.23% and the bound is 4.39% (0.3 s), where searching the
     given order took the remaining 57 s of a 60 s solve; RL250 at 70%: 2.08% against 4.37% in 4 s."""
     if not _closure_applies(problem, opt):
         return None
-    cost, _ = objective_costs(problem.cost)
     return closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
-
-
-def _objective(problem: PlanningProblem, sim: Simulation) -> int:
-    """A simulated plan's recompute cost in the solver's integer units (``objective_costs``)."""
-    cost, _ = objective_costs(problem.cost)
-    return int(((sim.compute_counts - 1).clip(0) * cost).sum())
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
@@ -355,8 +352,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 r2 = more
             else:  # no better plan: the first one stands, with the better of the two bounds
                 bounds = [b for b in (r2.bound, more.bound) if b is not None]
-                r2 = replace(more, objective=r2.objective, bound=max(bounds) if bounds else None,
-                             plan=r2.plan, values=r2.values, status=r2.status)
+                r2 = replace(r2, bound=max(bounds) if bounds else None, wall_s=more.wall_s)
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)

@@ -247,10 +247,11 @@ def tight_greedy(problem: PlanningProblem, budget: int, variants: tuple[Variant,
 def tight_greedy_simulated(problem: PlanningProblem, budget: int, variants: tuple[Variant, ...] = VARIANTS,
                            work: int | None = None, deadline: float = math.inf) -> tuple[Plan, Simulation] | None:
     """The cheapest plan within ``budget`` of :func:`evict_run` over ``variants``, with its
-    simulation (the caller need not replay it again); None when no run fits. The runs share ``work`` events (default 12 n + 3000: the greedy runs several times
-    per solve, and a thrashing run costs about a millisecond per event on large graphs); each
-    run stops at 20 n + 1000 events, and after the first fitting plan at that plan's count. No
-    run starts after ``deadline`` (time.perf_counter seconds)."""
+    simulation (the caller need not replay it again); None when no run fits. The runs share
+    ``work`` events (default 12 n + 3000: the greedy runs several times per solve, and a
+    thrashing run costs about a millisecond per event on large graphs); each run stops at
+    20 n + 1000 events, and after the first fitting plan at that plan's count. No run starts
+    after ``deadline`` (time.perf_counter seconds)."""
     n = problem.n
     left = work if work is not None else 12 * n + 3000
     best: tuple[Plan, Simulation] | None = None
