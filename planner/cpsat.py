@@ -126,7 +126,8 @@ class PlannerOptions:
     coarsen_above: int = 2000
     # Also plan in a memory-aware node order (planner/reorder.py) when its unplanned peak is at
     # least ``reorder_min_gain`` below the given order's; that solve gets ``reorder_share`` of the
-    # time, the given order the rest, and the cheaper plan wins. Measured, 60 s, 2 workers: RL250
+    # time, the given order the rest (none, when its closure bound rules it out), and the cheaper
+    # plan wins. Measured, 60 s, 2 workers: RL250
     # at 70% gets a plan only this way (+2.08%), RL100 at 70% +2.23% proven optimal in that order
     # (given order: +6.01%, gap 69%). A lower peak is not always an easier order: RL100 at 60%
     # stays cheaper in the given order (+23.68%; the other order alone: +49.3%), and with a 0.7
