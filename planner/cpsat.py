@@ -96,11 +96,9 @@ class PlannerOptions:
     # greedy's plans at tight budgets: RL1000 at 70% went from 23.1% to 18.9% added, measured).
     heavy_hint_computations: int = 12
     # Share of phase 2's time kept for the recompute-closure bound when phase 2 ends without a
-    # proof (planner.order_bound.closure_bound; zoo:gpt at 80%: 4.91% of the step time against
-    # phase 2's 2.68%, in 3 s) ...
+    # proof (planner.order_bound.growing_closure_bound; zoo:gpt at 80%: 4.91% of the step time
+    # against phase 2's 2.68%, in 3 s).
     closure_bound_share: float = 0.1
-    # ... on problems up to this many nodes (its model grows with over-budget steps x ancestors).
-    closure_bound_max_n: int = 400
     # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
     ladder_steps: int = 4
     # Share of the time left that the baselines' greedies may start in (planner.baselines.greedy:

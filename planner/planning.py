@@ -27,7 +27,7 @@ import numpy as np
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
-from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, closure_bound
+from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
@@ -146,8 +146,14 @@ def _loses(bound: ClosureBound | None, objective: int) -> bool:
 
 def _closure_applies(problem: PlanningProblem, opt: PlannerOptions) -> bool:
     """Does the recompute-closure bound (planner.order_bound) run for ``problem``? Recompute
-    only, graphs up to ``closure_bound_max_n`` nodes, a share of the time kept for it."""
-    return not problem.can_swap and problem.n <= opt.closure_bound_max_n and opt.closure_bound_share > 0
+    only, a share of the time kept for it."""
+    return not problem.can_swap and opt.closure_bound_share > 0
+
+
+def _closure(problem: PlanningProblem, budget: int, cost: np.ndarray, time_limit: float,
+             opt: PlannerOptions) -> ClosureBound | None:
+    """The closure bound of ``problem`` at ``budget`` (planner.order_bound.growing_closure_bound)."""
+    return growing_closure_bound(problem, budget, cost, time_limit, opt.seed)
 
 
 def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOptions,
@@ -155,11 +161,11 @@ def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOpti
     """The closure bound of ``problem``'s own order (in ``cost``, the solver's integer units:
     ``objective_costs``), in ``closure_bound_share`` of the time limit,
     before that order is searched: at or above the memory-aware order's plan, searching it cannot
-    pay. RL100 at 70%: that plan adds 2.23% and the bound is 4.39% (0.3 s), where searching the
-    given order took the remaining 57 s of a 60 s solve; RL250 at 70%: 2.08% against 4.37% in 4 s."""
+    pay. RL100 at 70%: that plan adds 2.23% and the bound is 4.39% (0.5 s), where searching the
+    given order took the remaining 57 s of a 60 s solve; RL250 at 70%: 2.08% against 8.58%."""
     if not _closure_applies(problem, opt):
         return None
-    return closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
+    return _closure(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt)
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
@@ -363,7 +369,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 reserve += opt.closure_bound_share * (later - deadline)
                 deadline = later
         closure = known if known is not None and known.exact else \
-            _larger(known, closure_bound(problem, budget, m2.obj_cost, min(reserve, left()), opt.seed))
+            larger_bound(known, _closure(problem, budget, m2.obj_cost, min(reserve, left()), opt))
         if closure is not None and closure.value == CLOSURE_INFEASIBLE:  # a plan fits: a bug there
             log.warning("the closure bound calls %s infeasible at %d bytes; ignored", problem.name, budget)
             closure = None
@@ -383,13 +389,6 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)
-
-
-def _larger(a: ClosureBound | None, b: ClosureBound | None) -> ClosureBound | None:
-    """The stronger of two closure bounds on one problem and budget (either may be None)."""
-    if a is None or b is None:
-        return a or b
-    return max(a, b, key=lambda c: (c.value == CLOSURE_INFEASIBLE, c.value, c.exact))
 
 
 def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],
