@@ -593,7 +593,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     from planner.explain import explain as explain_plan, explain_table
     from planner.fileio import atomic_write
     from planner.problem import is_remat_json
-    from planner.units import format_bytes, parse_budget
+    from planner.units import format_bytes, format_gap, parse_budget
 
     budget_spec = parse_budget(budget_text)
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
@@ -650,7 +650,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         if "costs" in obj:
             click.echo(f"  op times      {obj['costs']}")
         gap = result.solver.gap
-        click.echo(f"  solver        {result.solver.wall_s:.2f} s, gap {'-' if gap is None else f'{100 * gap:.2f}%'}"
+        click.echo(f"  solver        {result.solver.wall_s:.2f} s, gap {format_gap(gap)}"
                    f", {len(obj['recomputed'])} recomputed, {len(obj['swapped'])} swapped")
         if result.note:
             click.echo(f"  note          {result.note}")

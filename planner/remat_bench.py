@@ -12,6 +12,7 @@ from typing import Any, Iterable
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
 from planner.problem import load_remat_json
+from planner.units import format_gap
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         "-" if r["peak_over_budget"] is None else f"{r['peak_over_budget']:.3f}",
         "-" if r["added_pct"] is None else f"{r['added_pct']:.2f}",
         f"{r['solve_s']:.1f}",
-        "-" if r["gap"] is None else f"{100 * r['gap']:.2f}%",
+        format_gap(r["gap"]),
     )
 
 

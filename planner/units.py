@@ -70,3 +70,13 @@ def format_bytes(n: float) -> str:
         if n >= scale:
             return f"{sign}{n / scale:.2f} {unit}"
     return f"{sign}{int(n)} B"
+
+
+def format_gap(gap: float | None) -> str:
+    """A solver gap as a percentage; "-" when no bound is known. A gap that is not zero never
+    prints as 0.00% (that reads as proven optimal): "<0.01%"."""
+    if gap is None:
+        return "-"
+    if 0 < gap < 5e-5:
+        return "<0.01%"
+    return f"{100 * gap:.2f}%"

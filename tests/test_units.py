@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import UsageError
-from planner.units import format_bytes, parse_budget, parse_bytes
+from planner.units import format_bytes, format_gap, parse_budget, parse_bytes
 
 
 @pytest.mark.parametrize("text, want", [("4096", 4096), ("512MiB", 512 << 20), ("1.5GB", 1_500_000_000),
@@ -33,3 +33,11 @@ def test_mistyped_budgets_name_what_is_wrong(text, says):
 
 def test_format_bytes():
     assert [format_bytes(x) for x in (512, 1536, 3 << 20, -(1 << 30))] == ["512 B", "1.50 KiB", "3.00 MiB", "-1.00 GiB"]
+
+
+def test_a_gap_that_is_not_zero_never_prints_as_zero():
+    # the vit fixture at 80% (--dim batch=64) printed "cpsat feasible ... gap 0.00%" for a gap of 0.0042%
+    assert format_gap(None) == "-"
+    assert format_gap(0.0) == "0.00%"
+    assert format_gap(4e-5) == "<0.01%"
+    assert format_gap(0.1109) == "11.09%"
