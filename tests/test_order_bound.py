@@ -128,6 +128,22 @@ def test_a_few_spread_peaks_prove_most_of_the_bound_on_rl250(benchmarks_dir):
     assert growing_closure_bound(p, budget, cost, time_limit=0.01) is None  # no time: no claim
 
 
+def test_growing_bound_stops_before_a_model_past_its_size_cap(benchmarks_dir, monkeypatch):
+    # RL100 at 60%: 60 steps over budget; with room for 16 steps x 100 nodes only, the run over
+    # all 60 is not built and the 16 steps' bound comes back, below the exact one
+    import planner.order_bound as order_bound
+
+    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    p = load_remat_json(str(path))
+    budget = p.budget_for(0.6)
+    cost = p.cost.astype(np.int64)
+    full = growing_closure_bound(p, budget, cost, time_limit=30)
+    monkeypatch.setattr(order_bound, "MAX_CELLS", 16 * p.n)
+    capped = growing_closure_bound(p, budget, cost, time_limit=30)
+    assert full is not None and full.exact and len(over_budget_steps(p, budget)) == 60
+    assert capped is not None and not capped.exact and 0 < capped.value <= full.value
+
+
 def _x_then_a(cost) -> PlanningProblem:
     """x (10 B) -> a (10 B) -> b -> w (40 B) -> c -> end; a is read again at the end."""
     return PlanningProblem.build(size=[10, 10, 10, 40, 10, 10], cost=cost,
