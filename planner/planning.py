@@ -101,12 +101,15 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     cost, _ = objective_costs(problem.cost)  # q's units too: the same costs, permuted
     given_bound: list[ClosureBound | None] = []  # the given order's closure bound, once solved
 
+    def given_order_bound() -> ClosureBound | None:
+        if not given_bound:
+            given_bound.append(_given_order_closure(problem, budget, options, cost))
+        return given_bound[0]
+
     def given_loses(objective: int) -> float | None:
         """When no plan in the given order can be cheaper than one of ``objective`` in ``order``,
         the time kept for searching the given order goes to ``order``: the whole limit's end."""
-        if not given_bound:
-            given_bound.append(_given_order_closure(problem, budget, options, cost))
-        return t0 + options.time_limit if _loses(given_bound[0], objective) else None
+        return t0 + options.time_limit if _loses(given_order_bound(), objective) else None
 
     first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter(), pace=pace,
                          extend=given_loses)
@@ -120,7 +123,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
                         note=f"{first.note}; {how}; bound and gap are for that order".strip("; "))
         if sim.added_time <= 0:
             return moved
-        known = given_bound[0] if given_bound else _given_order_closure(problem, budget, options, cost)
+        known = given_order_bound()
         if _loses(known, recompute_objective(cost, sim.compute_counts)):
             return replace(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "
                                        f"bound)", solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
@@ -151,12 +154,6 @@ def _closure_applies(problem: PlanningProblem, opt: PlannerOptions) -> bool:
     return not problem.can_swap and opt.closure_bound_share > 0
 
 
-def _closure(problem: PlanningProblem, budget: int, cost: np.ndarray, time_limit: float,
-             opt: PlannerOptions) -> ClosureBound | None:
-    """The closure bound of ``problem`` at ``budget`` (planner.order_bound.growing_closure_bound)."""
-    return growing_closure_bound(problem, budget, cost, time_limit, opt.seed)
-
-
 def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOptions,
                          cost: np.ndarray) -> ClosureBound | None:
     """The closure bound of ``problem``'s own order (in ``cost``, the solver's integer units:
@@ -166,7 +163,7 @@ def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOpti
     given order took the remaining 57 s of a 60 s solve; RL250 at 70%: 2.08% against 8.58%."""
     if not _closure_applies(problem, opt):
         return None
-    return _closure(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt)
+    return growing_closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
@@ -370,7 +367,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 reserve += opt.closure_bound_share * (later - deadline)
                 deadline = later
         closure = known if known is not None and known.exact else \
-            larger_bound(known, _closure(problem, budget, m2.obj_cost, min(reserve, left()), opt))
+            larger_bound(known, growing_closure_bound(problem, budget, m2.obj_cost, min(reserve, left()), opt.seed))
         if closure is not None and closure.value == CLOSURE_INFEASIBLE:  # a plan fits: a bug there
             log.warning("the closure bound calls %s infeasible at %d bytes; ignored", problem.name, budget)
             closure = None

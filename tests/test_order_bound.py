@@ -19,6 +19,11 @@ from tests.test_planner_props import _options, dags
 from tests.test_reorder import ONE, two_branches
 
 
+def _rl(benchmarks_dir, n: int) -> PlanningProblem:
+    """The random layered graph of ``n`` nodes from the shared remat benchmarks."""
+    return load_remat_json(str(next((benchmarks_dir / "remat").glob(f"random_layered_n{n}_*.json"))))
+
+
 def _first_computes_in_order(plan) -> bool:
     seen: list[int] = []
     for e in plan.events:
@@ -56,8 +61,7 @@ def test_no_plan_in_the_given_order_costs_less_than_the_bound(p, frac):
 
 
 def test_rl100_bound_sits_below_the_plans_of_its_order(benchmarks_dir):
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     bound = fixed_order_bound(p, budget)
     g = greedy(p, budget)
@@ -117,8 +121,7 @@ def test_a_subset_of_the_steps_bounds_from_below_the_bound_of_all(p, frac, k):
 def test_a_few_spread_peaks_prove_most_of_the_bound_on_rl250(benchmarks_dir):
     # RL250 at 70% in the given order: all 76 over-budget steps at once give CP-SAT only 4.59% of
     # the step time in 6 s (the exact value is 9.49%); 4 spread peaks prove 8.33% exactly in 0.3 s
-    path = next((benchmarks_dir / "remat").glob("random_layered_n250_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 250)
     budget = p.budget_for(0.7)
     cost = p.cost.astype(np.int64)
     over = over_budget_steps(p, budget)
@@ -133,8 +136,7 @@ def test_growing_bound_stops_before_a_model_past_its_size_cap(benchmarks_dir, mo
     # all 60 is not built and the 16 steps' bound comes back, below the exact one
     import planner.order_bound as order_bound
 
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.6)
     cost = p.cost.astype(np.int64)
     full = growing_closure_bound(p, budget, cost, time_limit=30)
@@ -178,8 +180,7 @@ def test_a_plan_at_the_closure_bound_is_reported_optimal(cost):
 
 
 def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(benchmarks_dir):
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     assert np.all(p.cost == np.round(p.cost))  # the bound's units are the graph's own
     budget = p.budget_for(0.6)
     cb = closure_bound(p, budget, p.cost.astype(np.int64), time_limit=30)
@@ -190,8 +191,7 @@ def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(benchmarks_dir):
 
 
 def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir):
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     opts = replace(ONE, reorder=False, time_limit=20, solver_params=(("max_deterministic_time", 2.0),))
     res = solve(p, budget, "cpsat", opts)
@@ -210,8 +210,7 @@ def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir)
 def test_the_given_order_is_not_searched_where_its_bound_exceeds_the_plan(benchmarks_dir):
     # RL100 at 70%: the memory-aware order's optimum adds 2.23%; no plan in the given order adds
     # under 4.39% (its closure bound), so searching that order (57 s of a 60 s solve) cannot pay
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     opts = replace(ONE, time_limit=30, solver_params=(("max_deterministic_time", 5.0),))
     res = solve(p, budget, "cpsat", opts)
@@ -234,8 +233,7 @@ def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeyp
     import planner.planning as planning
     from planner.cpsat import objective_costs
 
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.6)
     cost, unit = objective_costs(p.cost)
     known = closure_bound(p, budget, cost, time_limit=30)
@@ -244,7 +242,7 @@ def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeyp
     def unexpected(*args, **kwargs):
         raise AssertionError("the closure bound was solved again")
 
-    monkeypatch.setattr(planning, "_closure", unexpected)
+    monkeypatch.setattr(planning, "growing_closure_bound", unexpected)
     opts = replace(ONE, reorder=False, time_limit=15, solver_params=(("max_deterministic_time", 0.5),))
     res = planning._solve_cpsat(p, budget, opts, time.perf_counter(), known=known)
     assert res.status == "feasible" and res.solver.bound == pytest.approx(known.value * unit)
@@ -260,11 +258,10 @@ def test_time_the_given_order_cannot_use_goes_to_the_memory_aware_order(benchmar
     import planner.planning as planning
     from planner.order_bound import ClosureBound
 
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     events, searched = [], []
-    real_closure, real_solve = planning._closure, planning._solve_cpsat
+    real_closure, real_solve = planning.growing_closure_bound, planning._solve_cpsat
 
     def given_closure(problem, *args):
         events.append("given order's bound")
@@ -279,7 +276,7 @@ def test_time_the_given_order_cannot_use_goes_to_the_memory_aware_order(benchmar
         return real_solve(problem, *args, **kwargs)
 
     monkeypatch.setattr(planning, "_given_order_closure", given_closure)
-    monkeypatch.setattr(planning, "_closure", closure)
+    monkeypatch.setattr(planning, "growing_closure_bound", closure)
     monkeypatch.setattr(planning, "_solve_cpsat", solve_cpsat)
     res = solve(p, budget, "cpsat", replace(ONE, time_limit=8, solver_params=(("max_deterministic_time", 0.3),)))
     assert res.plan is not None and res.order.startswith("memory-aware")
@@ -296,21 +293,20 @@ def test_an_extended_deadline_reaches_the_closure_bound_and_phase_2(benchmarks_d
     import planner.planning as planning
     from planner.cpsat import objective_costs, recompute_objective
 
-    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    p = load_remat_json(str(path))
+    p = _rl(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     limits, asked = [], []
-    real_closure = planning._closure
+    real_closure = planning.growing_closure_bound
 
-    def closure(problem, budget, cost, time_limit, opt):
+    def closure(problem, budget, cost, time_limit, seed=0):
         limits.append(time_limit)
-        return real_closure(problem, budget, cost, time_limit, opt)
+        return real_closure(problem, budget, cost, time_limit, seed)
 
     def extend(objective):
         asked.append(objective)
         return time.perf_counter() + 100.0
 
-    monkeypatch.setattr(planning, "_closure", closure)
+    monkeypatch.setattr(planning, "growing_closure_bound", closure)
     opts = replace(ONE, reorder=False, time_limit=8, solver_params=(("max_deterministic_time", 0.3),))
     res = planning._solve_cpsat(p, budget, opts, time.perf_counter(), extend=extend)
     cost, _ = objective_costs(p.cost)
