@@ -17,6 +17,7 @@ any plan reaches is then computed (exactly when the min-peak search finishes).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -99,12 +100,10 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     share = options.reorder_share * max(0.0, options.time_limit - (time.perf_counter() - t0))
     pace = _Pace()
     cost, _ = objective_costs(problem.cost)  # q's units too: the same costs, permuted
-    given_bound: list[ClosureBound | None] = []  # the given order's closure bound, once solved
 
+    @functools.cache  # solved once, when first asked
     def given_order_bound() -> ClosureBound | None:
-        if not given_bound:
-            given_bound.append(_given_order_closure(problem, budget, options, cost))
-        return given_bound[0]
+        return _given_order_closure(problem, budget, options, cost)
 
     def given_loses(objective: int) -> float | None:
         """When no plan in the given order can be cheaper than one of ``objective`` in ``order``,
