@@ -248,6 +248,9 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
             f"{const}; {tail}", least_bytes=unplanned)
     word = "is" if result.least_exact else "is at least"
     share = f", {100 * least / unplanned:.1f}% of the unplanned peak" if unplanned else ""  # for --budget N%
+    if budget < result.base_bytes:
+        tail += (f", below the {result.base_bytes} bytes ({format_bytes(result.base_bytes)}) that initializers and "
+                 f"graph inputs hold throughout: check the budget's unit")
     return BudgetInfeasibleError(
         f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}{share}); {tail}",
         least_bytes=least)

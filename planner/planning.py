@@ -490,6 +490,11 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
 
 
 def _infeasible(problem, budget, opt, t0, phases, least=None) -> SolveResult:
+    if least is None and budget < problem.base_bytes:
+        # Below what is resident throughout (weights, graph inputs): a unit slip, not a budget to
+        # search under. The floor says it at once, where least_peak took the whole time limit
+        # (zoo:gpt at 1 KiB: 60 s to report the same "at least" figure).
+        least = (problem.memory_floor, None, False)
     if least is None:
         spent = time.perf_counter() - t0
         least = least_peak(problem, opt, max(1.0, opt.time_limit - spent))

@@ -406,6 +406,25 @@ def test_step_need_counts_a_pinned_input_once():
     assert int(p.step_need[2]) == 5 + 40 + 20
 
 
+def test_budget_below_the_base_is_infeasible_without_a_search(monkeypatch):
+    # Below what is resident throughout, no plan can fit whatever the search finds: the floor is
+    # reported at once (least_peak used to spend the whole time limit on it).
+    import planner.planning as planning
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("least_peak must not run below the constant base")
+
+    p = PlanningProblem.build(size=[10, 20, 40, 10], cost=[1, 1, 1, 1], preds=[[], [0], [1], [2, 0]], base_bytes=50)
+    monkeypatch.setattr(planning, "least_peak", no_search)
+    res = solve(p, 49, "cpsat", PlannerOptions(time_limit=30, workers=1))
+    assert res.status == "infeasible" and res.plan is None
+    assert res.least_bytes == p.memory_floor and not res.least_exact
+    # at or above the base (still below the floor) the least memory is searched for, as before
+    monkeypatch.setattr(planning, "least_peak", lambda *a, **k: (p.memory_floor, p.memory_floor, True))
+    res = solve(p, 50, "cpsat", PlannerOptions(time_limit=30, workers=1))
+    assert res.status == "infeasible" and res.least_exact
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_knapsack_cuts_never_cut_off_a_plan_with_pinned_outputs(seed):
     # Random DAGs whose outputs are pinned and read later (as gradients are): the per-step cuts
