@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import onnx
 import onnx.parser
 import onnxruntime as ort
+
+from planner.problem import PlanningProblem, load_remat_json
 
 
 def parse_model(text: str, ir_version: int = 8) -> onnx.ModelProto:
@@ -29,3 +32,10 @@ def run_order(model: onnx.ModelProto, feeds, tmp_path, options: ort.SessionOptio
         events = json.load(f)
     suffix = "_kernel_time"
     return [e["name"][: -len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)]
+
+
+def random_layered(benchmarks_dir: Path, n: int) -> PlanningProblem:
+    """The random layered graph of ``n`` nodes (RL100, RL250, ...) from the shared remat benchmarks."""
+    hits = sorted((benchmarks_dir / "remat").glob(f"random_layered_n{n}_*.json"))
+    assert hits, f"no random_layered_n{n}_*.json in {benchmarks_dir / 'remat'}"
+    return load_remat_json(hits[0])

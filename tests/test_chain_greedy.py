@@ -4,8 +4,6 @@ that the eviction greedies do not, and the CP-SAT result is never dearer than an
 baseline, the greedy included. 1 worker, fixed seed; validity and objective, no timings."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -15,8 +13,9 @@ from planner.chain_greedy import chain_run, checkpoint_greedy
 from planner.cpsat import PlannerOptions
 from planner.greedy import evict_greedy
 from planner.planning import solve
-from planner.problem import PlanningProblem, load_remat_json
+from planner.problem import PlanningProblem
 from planner.simulate import simulate
+from tests.helpers import random_layered
 
 
 @st.composite
@@ -54,14 +53,8 @@ def test_checkpoint_greedy_costs_nothing_at_the_unplanned_peak(p):
     assert sim.added_time == 0 and sim.recomputes == 0
 
 
-def _rl100(benchmarks_dir: Path) -> PlanningProblem:
-    hits = sorted((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    assert hits
-    return load_remat_json(hits[0])
-
-
 def test_checkpoint_greedy_fits_where_the_eviction_greedy_locks_up(benchmarks_dir):
-    p = _rl100(benchmarks_dir)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.72)
     assert evict_greedy(p, budget) is None  # its recursive recomputes hold every input
     plan = checkpoint_greedy(p, budget)
@@ -72,7 +65,7 @@ def test_checkpoint_greedy_fits_where_the_eviction_greedy_locks_up(benchmarks_di
 
 
 def test_cpsat_is_never_dearer_than_a_fitting_baseline_on_a_random_layered_graph(benchmarks_dir):
-    p = _rl100(benchmarks_dir)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.8)
     res = solve(p, budget, "cpsat", PlannerOptions(time_limit=4, workers=1, seed=0))
     assert res.plan is not None
@@ -88,7 +81,7 @@ def test_eviction_counts_needs_through_freed_readers(benchmarks_dir):
     """Freeing a buffer whose freed reader is needed soon makes that reader's recompute reach
     back further; counting only direct reads, the eviction greedy locked up on RL100 at 80% and
     70%. With needs through freed readers it fits both."""
-    p = _rl100(benchmarks_dir)
+    p = random_layered(benchmarks_dir, 100)
     for frac in (0.8, 0.7):
         budget = p.budget_for(frac)
         plan = evict_greedy(p, budget)
@@ -101,7 +94,7 @@ def test_eviction_counts_needs_through_freed_readers(benchmarks_dir):
 def test_a_recompute_heavy_greedy_plan_does_not_replace_the_search(benchmarks_dir):
     """On RL100 at 70% only the eviction greedy fits, computing a node 9 times (+66%): phase 1
     still searches from the lighter plans and phase 2 improves on the cheaper start."""
-    p = _rl100(benchmarks_dir)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     g = greedy(p, budget)
     assert g is not None and g.sim.compute_counts.max() > PlannerOptions().hint_computations

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from planner.baselines import greedy
 from planner.chain_greedy import checkpoint_greedy
 from planner.greedy import evict_greedy, split_greedy
-from planner.problem import PlanningProblem, load_remat_json
+from planner.problem import PlanningProblem
 from planner.simulate import simulate
 from planner.tight_greedy import VARIANTS, evict_run, tight_greedy
+from tests.helpers import random_layered
 from tests.test_chain_greedy import layered
 
-RL100 = "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
 
 
 def fan_in() -> PlanningProblem:
@@ -60,7 +60,7 @@ def test_small_graphs_at_the_least_peak(build):
 
 
 def test_rl100_at_60_percent(benchmarks_dir):
-    p = load_remat_json(benchmarks_dir / "remat" / RL100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.6)
     plan = tight_greedy(p, budget)
     assert plan is not None

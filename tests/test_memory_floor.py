@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
-from planner.problem import PlanningProblem, last_input_bound, load_remat_json
+from planner.problem import PlanningProblem, last_input_bound
+from tests.helpers import random_layered
 from tests.test_chain_greedy import layered
 
 
@@ -74,9 +75,7 @@ def test_the_last_input_raises_the_floor_to_the_exact_least_peak():
 
 
 def test_rl100_at_half_its_peak_is_infeasible(benchmarks_dir: Path):
-    hits = sorted((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
-    assert hits
-    p = load_remat_json(hits[0])
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.5)
     assert int(p.step_need.max()) < budget < p.memory_floor  # only the last-input bound proves it
     res = solve(p, budget, "cpsat", PlannerOptions(time_limit=3, workers=1, seed=0))

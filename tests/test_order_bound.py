@@ -13,15 +13,11 @@ from planner.baselines import greedy
 from planner.order_bound import (INFEASIBLE, _spread_peaks, closure_bound, fixed_order_bound, growing_closure_bound,
                                  over_budget_steps)
 from planner.planning import solve
-from planner.problem import PlanningProblem, load_remat_json
+from planner.problem import PlanningProblem
 from planner.simulate import simulate
+from tests.helpers import random_layered
 from tests.test_planner_props import _options, dags
 from tests.test_reorder import ONE, two_branches
-
-
-def _rl(benchmarks_dir, n: int) -> PlanningProblem:
-    """The random layered graph of ``n`` nodes from the shared remat benchmarks."""
-    return load_remat_json(str(next((benchmarks_dir / "remat").glob(f"random_layered_n{n}_*.json"))))
 
 
 def _first_computes_in_order(plan) -> bool:
@@ -61,7 +57,7 @@ def test_no_plan_in_the_given_order_costs_less_than_the_bound(p, frac):
 
 
 def test_rl100_bound_sits_below_the_plans_of_its_order(benchmarks_dir):
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     bound = fixed_order_bound(p, budget)
     g = greedy(p, budget)
@@ -121,7 +117,7 @@ def test_a_subset_of_the_steps_bounds_from_below_the_bound_of_all(p, frac, k):
 def test_a_few_spread_peaks_prove_most_of_the_bound_on_rl250(benchmarks_dir):
     # RL250 at 70% in the given order: all 76 over-budget steps at once give CP-SAT only 4.59% of
     # the step time in 6 s (the exact value is 9.49%); 4 spread peaks prove 8.33% exactly in 0.3 s
-    p = _rl(benchmarks_dir, 250)
+    p = random_layered(benchmarks_dir, 250)
     budget = p.budget_for(0.7)
     cost = p.cost.astype(np.int64)
     over = over_budget_steps(p, budget)
@@ -136,7 +132,7 @@ def test_growing_bound_stops_before_a_model_past_its_size_cap(benchmarks_dir, mo
     # all 60 is not built and the 16 steps' bound comes back, below the exact one
     import planner.order_bound as order_bound
 
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.6)
     cost = p.cost.astype(np.int64)
     full = growing_closure_bound(p, budget, cost, time_limit=30)
@@ -180,7 +176,7 @@ def test_a_plan_at_the_closure_bound_is_reported_optimal(cost):
 
 
 def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(benchmarks_dir):
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     assert np.all(p.cost == np.round(p.cost))  # the bound's units are the graph's own
     budget = p.budget_for(0.6)
     cb = closure_bound(p, budget, p.cost.astype(np.int64), time_limit=30)
@@ -191,7 +187,7 @@ def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(benchmarks_dir):
 
 
 def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir):
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     opts = replace(ONE, reorder=False, time_limit=20, solver_params=(("max_deterministic_time", 2.0),))
     res = solve(p, budget, "cpsat", opts)
@@ -210,7 +206,7 @@ def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir)
 def test_the_given_order_is_not_searched_where_its_bound_exceeds_the_plan(benchmarks_dir):
     # RL100 at 70%: the memory-aware order's optimum adds 2.23%; no plan in the given order adds
     # under 4.39% (its closure bound), so searching that order (57 s of a 60 s solve) cannot pay
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     opts = replace(ONE, time_limit=30, solver_params=(("max_deterministic_time", 5.0),))
     res = solve(p, budget, "cpsat", opts)
@@ -233,7 +229,7 @@ def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeyp
     import planner.planning as planning
     from planner.cpsat import objective_costs
 
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.6)
     cost, unit = objective_costs(p.cost)
     known = closure_bound(p, budget, cost, time_limit=30)
@@ -258,7 +254,7 @@ def test_time_the_given_order_cannot_use_goes_to_the_memory_aware_order(benchmar
     import planner.planning as planning
     from planner.order_bound import ClosureBound
 
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     events, searched = [], []
     real_closure, real_solve = planning.growing_closure_bound, planning._solve_cpsat
@@ -293,7 +289,7 @@ def test_an_extended_deadline_reaches_the_closure_bound_and_phase_2(benchmarks_d
     import planner.planning as planning
     from planner.cpsat import objective_costs, recompute_objective
 
-    p = _rl(benchmarks_dir, 100)
+    p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
     limits, asked = [], []
     real_closure = planning.growing_closure_bound

@@ -8,10 +8,9 @@ import pytest
 from planner.baselines import baseline
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
-from planner.problem import load_remat_json
 from planner.simulate import simulate
+from tests.helpers import random_layered
 
-RL100 = "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
 # deterministic seconds per phase: enough for the interleaved phase 1 on RL100 at 68% (measured
 # about a third of it), not for the single-thread search alone
 WORK = (("max_deterministic_time", 0.5),)
@@ -19,10 +18,7 @@ WORK = (("max_deterministic_time", 0.5),)
 
 @pytest.fixture
 def rl100(benchmarks_dir):
-    path = benchmarks_dir / "remat" / RL100
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    p = load_remat_json(path)
+    p = random_layered(benchmarks_dir, 100)
     return p, int(0.68 * p.unplanned_peak)
 
 
