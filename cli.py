@@ -522,12 +522,16 @@ def _load_planning_problem(model: str, swap_bandwidth: float | None, swap_overla
     """MODEL -> PlanningProblem. JSON graphs here; ONNX models come with the importer."""
     from planner.problem import load_remat_json
 
+    _check_swap_bandwidth(swap_bandwidth)
     problem = load_remat_json(model)
     if swap_bandwidth is not None:
-        if swap_bandwidth <= 0:
-            raise UsageError(f"--swap-bandwidth must be > 0 bytes per cost unit, got {swap_bandwidth}")
         problem = problem.with_swap(problem.size / swap_bandwidth, copy_overlap=swap_overlap)
     return problem
+
+
+def _check_swap_bandwidth(swap_bandwidth: float | None) -> None:
+    if swap_bandwidth is not None and not swap_bandwidth > 0:
+        raise UsageError(f"--swap-bandwidth must be > 0 bytes per cost unit, got {swap_bandwidth}")
 
 
 def _resolve_budget(text: str, problem) -> int:
@@ -866,12 +870,16 @@ def _bench_group() -> click.Group:
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
+@click.option("--swap-bandwidth", type=float, default=None,
+              help="Host link in bytes per cost unit: buffers may also be swapped out and back (off by default).")
+@click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True,
+              help="With --swap-bandwidth: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the rows as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 @handles_errors
-def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, output, md_path,
-                as_json) -> None:
+def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, swap_bandwidth,
+                swap_overlap, output, md_path, as_json) -> None:
     """keep/recompute strategies on the Checkmate/Moccasin train graphs at a sweep of budgets."""
     from pathlib import Path
 
@@ -881,6 +889,7 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     from planner.planning import STRATEGIES
 
     _output_paths_ok({"-o": output, "--markdown": md_path}, [])
+    _check_swap_bandwidth(swap_bandwidth)
     folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
     if not folder.is_dir():
         raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
@@ -901,9 +910,11 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     if not found:
         raise UsageError(f"no remat train graphs found in {folder}")
     options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order)
-    rows = remat_bench.run(found, fractions, strats, options)
+    rows = remat_bench.run(found, fractions, strats, options,
+                           load=lambda path: _load_planning_problem(str(path), swap_bandwidth, swap_overlap))
     obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,
-           "fixed_order": fixed_order, "rows": rows}
+           "fixed_order": fixed_order, "swap_bandwidth": swap_bandwidth,
+           "swap_overlap": swap_overlap if swap_bandwidth is not None else None, "rows": rows}
     if output:
         atomic_write(output, json.dumps(obj, indent=2) + "\n")
     if md_path:

@@ -7,11 +7,11 @@ import logging
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
-from planner.problem import load_remat_json
+from planner.problem import PlanningProblem, load_remat_json
 from planner.units import format_gap
 
 log = logging.getLogger(__name__)
@@ -54,12 +54,14 @@ def run(
     strategies: Iterable[str] = STRATEGIES,
     options: PlannerOptions | None = None,
     scale_time: bool = True,
+    load: Callable[[Path], PlanningProblem] = load_remat_json,
 ) -> list[dict[str, Any]]:
-    """Solve every (graph, budget, strategy); rows are plain dicts (JSON-ready)."""
+    """Solve every (graph, budget, strategy); rows are plain dicts (JSON-ready). ``load`` reads a
+    graph file (memplan bench remat --swap-bandwidth gives it a host link)."""
     options = options or PlannerOptions()
     rows: list[dict[str, Any]] = []
     for label, path in graphs:
-        problem = load_remat_json(path)
+        problem = load(path)
         opt = replace(options, time_limit=time_limit_for(problem.n, options.time_limit)) if scale_time else options
         for frac in fractions:
             budget = problem.budget_for(frac)
@@ -83,6 +85,7 @@ def run(
                     "time_limit_s": opt.time_limit if strategy == "cpsat" else None,
                     "note": res.note,
                     "order": res.order,
+                    "swap_ins": 0 if res.plan is None else sum(res.plan.counts(problem.n)["swap_in"]),
                 }
                 group.append(row)
                 log.warning("%s %d%% %s: %s", label, row["budget_pct"], strategy, _cells(row)[3:])
@@ -111,6 +114,8 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
         status = f"infeasible (least {bound}{r['least_pct']:.1f}%)"
     if r.get("order", "given") != "given":
         status += ", reordered"
+    if r.get("swap_ins"):
+        status += f", {r['swap_ins']} swap-ins"
     return (
         r["graph"], str(r["n"]), f"{r['budget_pct']}%", r["strategy"], status,
         "-" if r["peak_over_budget"] is None else f"{r['peak_over_budget']:.3f}",

@@ -327,6 +327,23 @@ def test_cli_bench_remat_table(benchmarks_dir, tmp_path):
     assert md.read_text().count("\n") == 2 + len(rows)
 
 
+def test_cli_bench_remat_with_a_host_link_swaps(benchmarks_dir):
+    # RL100 at 70% needs recomputes (+2.23%) without a host link; with a near-free one, swaps
+    # move the excess out and back at no added time
+    res = CliRunner().invoke(cli.main, ["bench", "remat", "--dir", str(benchmarks_dir / "remat"), "--graph", "RL100",
+                                        "--budgets", "70", "--strategies", "cpsat", "--time-limit", "5",
+                                        "--workers", "1", "--swap-bandwidth", "1e9", "--json"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["swap_bandwidth"] == 1e9 and obj["swap_overlap"] is True
+    (row,) = obj["rows"]
+    assert row["status"] in ("optimal", "feasible") and row["peak_over_budget"] <= 1
+    assert row["swap_ins"] > 0 and row["added_pct"] == pytest.approx(0, abs=1e-6)
+    bad = CliRunner().invoke(cli.main, ["bench", "remat", "--dir", str(benchmarks_dir / "remat"), "--graph", "RL100",
+                                        "--swap-bandwidth", "0"])
+    assert bad.exit_code == 2 and "--swap-bandwidth must be > 0" in bad.output
+
+
 def test_coarsening_fuses_single_use_chains_and_expands_valid_plans():
     from planner.coarsen import coarsen
 
