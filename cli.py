@@ -637,7 +637,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         emit_json(obj)
     if result.plan is None:
         if result.status == "timeout":
-            raise SolverTimeoutError(f"{result.note}; try a longer --time-limit or a larger --budget")
+            swap_flag = "--swap-bandwidth BW" if is_remat_json(model) else "--swap"
+            also = "" if problem.can_swap else f", or allow swapping to host memory ({swap_flag})"
+            raise SolverTimeoutError(f"{result.note}; try a longer --time-limit or a larger --budget{also}")
         if result.status == "infeasible" and result.least_bytes is not None:
             raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
         hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""

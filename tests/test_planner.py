@@ -327,6 +327,16 @@ def test_cli_bench_remat_table(benchmarks_dir, tmp_path):
     assert md.read_text().count("\n") == 2 + len(rows)
 
 
+def test_cli_timeout_exits_4_and_names_swapping(benchmarks_dir):
+    # RL250 at 60%: no plan has ever been found for it (120 s); 2 s surely find none either
+    path = remat(benchmarks_dir, "random_layered_n250_")
+    res = CliRunner().invoke(cli.main, ["plan", str(path), "--budget", "60%", "--time-limit", "2", "--workers", "1"])
+    assert res.exit_code == 4
+    assert "no plan within the budget found" in res.output and "--time-limit" in res.output
+    assert "allow swapping to host memory (--swap-bandwidth BW)" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
 def test_cli_bench_remat_with_a_host_link_swaps(benchmarks_dir):
     # RL100 at 70% needs recomputes (+2.23%) without a host link; with a near-free one, swaps
     # move the excess out and back at no added time
