@@ -882,7 +882,8 @@ def _bench_group() -> click.Group:
 @handles_errors
 def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, swap_bandwidth,
                 swap_overlap, output, md_path, as_json) -> None:
-    """keep/recompute strategies on the Checkmate/Moccasin train graphs at a sweep of budgets."""
+    """keep/recompute (with --swap-bandwidth also swap) strategies on the Checkmate/Moccasin train graphs at a
+    sweep of budgets."""
     from pathlib import Path
 
     from planner import remat_bench
