@@ -98,11 +98,19 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     # The given order's baselines first, once (on RL1000 the greedy alone takes 10-35 s), so its
     # solve below gets what time is left, not its baselines' time on top. Not when q's plan ends
     # it: within budget unplanned, that order needs no remat.
+    def left() -> float:
+        """Seconds of the whole limit not spent yet."""
+        return max(0.0, options.time_limit - (time.perf_counter() - t0))
+
+    def stamped(res: SolveResult, **changes) -> SolveResult:
+        """``res`` as this solve's result: its wall time is the whole solve's."""
+        return replace(res, solver=replace(res.solver, wall_s=time.perf_counter() - t0), **changes)
+
     spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
     # Neither below the floor: no baseline fits there, and the solves below say infeasible at once.
     plannable = budget >= problem.memory_floor
     cands = _baselines(problem, budget, time.perf_counter() + spend) if plannable and q.unplanned_peak > budget else None
-    share = options.reorder_share * max(0.0, options.time_limit - (time.perf_counter() - t0))
+    share = options.reorder_share * left()
     pace = _Pace()
     q_cands = _baselines(q, budget, time.perf_counter() + options.baseline_share * share) if plannable else None
     if not problem.can_swap and _fits(cands, budget) and not _fits(q_cands, budget):
@@ -111,11 +119,9 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         # at 60% on a 2-core machine twice slower than the one of the figures above: the
         # memory-aware order found no plan in its 30 s, and the given order's phase 1 found its
         # first plan after 26-29 s of its 30, leaving phase 2 1.6-3 s (+46%, or the greedy's +385%).
-        given = _solve_cpsat(problem, budget, replace(options, time_limit=max(0.0, options.time_limit - (
-            time.perf_counter() - t0))), time.perf_counter(), cands, pace)
-        return replace(given, note=f"{given.note}; no baseline fits in the memory-aware order (from {rule!r}): "
-                                   f"planned in the given order only".strip("; "),
-                       solver=replace(given.solver, wall_s=time.perf_counter() - t0))
+        given = _solve_cpsat(problem, budget, replace(options, time_limit=left()), time.perf_counter(), cands, pace)
+        return stamped(given, note=f"{given.note}; no baseline fits in the memory-aware order (from {rule!r}): "
+                                   f"planned in the given order only".strip("; "))
     cost, _ = objective_costs(problem.cost)  # q's units too: the same costs, permuted
 
     @functools.cache  # solved once, when first asked
@@ -141,11 +147,11 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
             return moved
         known = given_order_bound()
         if _loses(known, recompute_objective(cost, sim.compute_counts)):
-            return replace(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "
-                                       f"bound)", solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
-    rest = max(0.0, options.time_limit - (time.perf_counter() - t0))
+            return stamped(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "
+                                       f"bound)")
+    rest = left()
     if moved is not None and not pace.room(rest):  # no time left to search the given order
-        return replace(moved, solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
+        return stamped(moved)
     given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands, pace,
                          known)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
@@ -154,8 +160,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         if given.status == "timeout":  # the whole time was spent, on both orders
             best = min((r.best_bytes for r in (given, first) if r.best_bytes is not None), default=None)
             given = replace(given, best_bytes=best, note=_timeout_note(problem, options.time_limit, best))
-        return replace(given, solver=replace(given.solver, wall_s=time.perf_counter() - t0))
-    return replace(moved, solver=replace(moved.solver, wall_s=time.perf_counter() - t0))
+        return stamped(given)
+    return stamped(moved)
 
 
 def _fits(cands: dict[str, Candidate] | None, budget: int) -> bool:
