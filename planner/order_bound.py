@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -121,6 +121,9 @@ INFEASIBLE = -1  # ClosureBound.value when no plan in the order fits the budget
 class ClosureBound:
     value: int  # least sum of cost[i] over recompute events any fitting plan in the order needs, or INFEASIBLE
     exact: bool  # the bound model was solved to optimality (else its proven bound, still valid)
+    # The nodes the bound model's best solution recomputes (empty without one): a guess at where a
+    # cheap plan recomputes, for planning.py to search first. Not part of the bound's claim.
+    nodes: tuple[int, ...] = ()
 
 
 def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], time_limit: float,
@@ -212,13 +215,16 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     solver.parameters.random_seed = int(seed)
     solver.parameters.linearization_level = 2
     status = solver.Solve(m)
+    nodes: tuple[int, ...] = ()
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        nodes = tuple(sorted({i for (i, _), z in events.items() if solver.BooleanValue(z)}))
     if status == cp_model.OPTIMAL:
-        return ClosureBound(int(round(solver.ObjectiveValue())), True)
+        return ClosureBound(int(round(solver.ObjectiveValue())), True, nodes)
     if status == cp_model.INFEASIBLE:
         return ClosureBound(INFEASIBLE, True)
     bound = solver.BestObjectiveBound()  # valid with or without a solution
     if math.isfinite(bound) and bound > 0:
-        return ClosureBound(int(math.ceil(bound - 1e-6)), False)
+        return ClosureBound(int(math.ceil(bound - 1e-6)), False, nodes)
     return None
 
 
@@ -257,7 +263,7 @@ def growing_closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[
         if chosen is not None and found.value != INFEASIBLE:
             # a subset's optimum bounds all steps' from below only; INFEASIBLE stays exact: no
             # plan fits a subset of the steps, so none fits them all
-            found = ClosureBound(found.value, False)
+            found = replace(found, exact=False)
         best = larger_bound(best, found)
         if chosen is None or found.value == INFEASIBLE or not solved:
             return best
@@ -283,5 +289,6 @@ def larger_bound(a: ClosureBound | None, b: ClosureBound | None) -> ClosureBound
     """The stronger of two closure bounds on one problem and budget (either may be None)."""
     if a is None or b is None:
         return a or b
-    return max(a, b, key=lambda c: (c.value == INFEASIBLE, c.value, c.exact))
+    # on a tie, b: growing_closure_bound passes the run over more steps second
+    return max(b, a, key=lambda c: (c.value == INFEASIBLE, c.value, c.exact))
 

@@ -402,9 +402,15 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # searches on from its best plan in what is left, unless that plan already meets the bound.
         met = closure is not None and r2.objective is not None and r2.objective <= closure.value
         if not met and pace.room(left()):
+            phases.append(r2)
+            guided = _closure_guided(m2, r2, closure, left() * opt.closure_guided_share)
+            if guided is not None:
+                phases.append(guided)
+                if guided.plan is not None:
+                    # optimal among plans recomputing those nodes only: its bound is not m2's
+                    r2 = replace(guided, status="FEASIBLE", bound=r2.bound)
             if r2.values is not None:
                 m2.apply_hint(r2.values)
-            phases.append(r2)
             more = m2.solve("optimize", left())
             if more.plan is not None and (r2.objective is None or more.objective <= r2.objective):
                 r2 = more
@@ -414,6 +420,21 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)
+
+
+def _closure_guided(m2: RematModel, r2: PhaseResult, closure: ClosureBound | None,
+                    time_limit: float) -> PhaseResult | None:
+    """Phase 2's model searched for a plan cheaper than ``r2``'s that recomputes only nodes that
+    ``r2``'s plan or the closure bound's solution recomputes (None when there is no such
+    solution or no plan to beat). The relaxation knows which buffers the tight steps can spare,
+    where phase 2's search may stay near its first plans; the neighbourhood holds ``r2``'s plan,
+    so it is never empty. Measured: RL250 at 70% (memory-aware order) +2.079% -> +1.981% in
+    0.8 s, where phase 2 stayed at +2.079% for 300 s."""
+    if closure is None or not closure.nodes or r2.plan is None or r2.objective is None:
+        return None
+    counts = r2.plan.counts(m2.p.n)["compute"]
+    nodes = set(closure.nodes) | {i for i, c in enumerate(counts) if c > 1}
+    return m2.solve("closure-guided", time_limit, model=m2.restricted(sorted(nodes), int(round(r2.objective))))
 
 
 def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],

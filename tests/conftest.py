@@ -11,7 +11,7 @@ if str(ROOT) not in sys.path:
 BENCHMARKS = ROOT.parent / "shared" / "benchmarks"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # constant: module fixtures may build on it
 def benchmarks_dir():
     if not BENCHMARKS.is_dir():
         pytest.skip(f"shared benchmarks not found at {BENCHMARKS}")
