@@ -50,7 +50,7 @@ def test_the_bound_names_the_nodes_its_solution_recomputes(rl100_70):
 
 def test_the_guided_search_finds_the_optimum_the_greedy_missed(rl100_70):
     q, budget, m2, r2, bound = rl100_70
-    found = _closure_guided(m2, r2, bound, time_limit=10)
+    found = _closure_guided(m2, r2, bound, time_limit=60)  # optimal in 0.2 s; the limit is for loaded machines
     assert found is not None and found.plan is not None
     assert found.objective == bound.value < r2.objective  # the bound's value: optimal
     sim = simulate(q, found.plan, budget)  # raises over budget
@@ -60,12 +60,13 @@ def test_the_guided_search_finds_the_optimum_the_greedy_missed(rl100_70):
 
 def test_the_restricted_model_keeps_its_nodes_and_its_ceiling(rl100_70):
     _, _, m2, _, bound = rl100_70
-    # nothing is cheaper than the optimum
-    assert m2.solve("cheaper", 10, model=m2.restricted(bound.nodes, bound.value)).status == "INFEASIBLE"
+    before = len(m2.m.Proto().constraints)
+    # nothing is cheaper than the optimum (proven in well under a second; the limit is for loaded machines)
+    assert m2.solve("cheaper", 60, model=m2.restricted(bound.nodes, bound.value)).status == "INFEASIBLE"
     # 70% needs recomputes: none allowed, no plan
-    assert m2.solve("none", 10, model=m2.restricted((), 10**9)).status == "INFEASIBLE"
+    assert m2.solve("none", 60, model=m2.restricted((), 10**9)).status == "INFEASIBLE"
     # the model itself is left as it was
-    assert m2.solve("whole", 10).objective == bound.value
+    assert len(m2.m.Proto().constraints) == before
 
 
 def test_nothing_to_guide_without_a_solution_or_a_plan(rl100_70):
