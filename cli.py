@@ -257,7 +257,7 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
 
 
 # ---- check -----------------------------------------------------------------------------------
-def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
+def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, deterministic: bool = False):
     """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``."""
     from passes.plan_model import plan_graph
     from planner.cpsat import PlannerOptions
@@ -265,7 +265,8 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float):
 
     _, node_time, _, overlap = _device_costs(device)
     # recompute only, like `memplan plan` by default (swap is opt-in there)
-    pm = plan_graph(graph, budget_bytes, options=PlannerOptions(time_limit=time_limit), node_time=node_time,
+    options = PlannerOptions(time_limit=time_limit, work_limit=deterministic)
+    pm = plan_graph(graph, budget_bytes, options=options, node_time=node_time,
                     transfer_time=None, copy_overlap=overlap, time_unit="s")
     r = pm.result
     if not pm.ok:
@@ -319,6 +320,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds per plan (default 30).")
 @click.option("--no-plan", is_flag=True, help="Only 'fits as is' counts; do not try to plan.")
+@click.option("--deterministic", is_flag=True, help="Count --time-limit in CP-SAT's deterministic seconds: "
+              "the same verdict on any machine and under any load (the wall time then varies).")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="Config file (pyproject.toml with [tool.memplan], or memplan.toml). Default: found upward.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
@@ -327,7 +330,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
               help="Write a Markdown table (for $GITHUB_STEP_SUMMARY); '-' prints it instead of the table.")
 @handles_errors
 def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device: str | None,
-          dims: tuple[str, ...], time_limit: float | None, no_plan: bool, config: str | None, as_json: bool,
+          dims: tuple[str, ...], time_limit: float | None, no_plan: bool, deterministic: bool, config: str | None,
+          as_json: bool,
           junit: str | None, markdown: str | None) -> None:
     """CI gate: does each MODEL fit its budget, as is or with a plan?
 
@@ -351,7 +355,8 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device
     inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
     _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs)
 
-    verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
+    plan_fn = functools.partial(check_plan_fn, deterministic=True) if deterministic else check_plan_fn
+    verdicts = gate.run_checks(items, _load_for_check, plan_fn,
                                progress=lambda line: click.echo(f"memplan: {line}", err=True))
     for message in gate.model_errors(verdicts):
         click.echo(f"memplan: error: {message}", err=True)
@@ -544,6 +549,8 @@ def _resolve_budget(text: str, problem) -> int:
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
 FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
                     "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
+DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
+                      "the same plan comes back on any machine and under any load (the wall time then varies).")
 PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
                   "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
                   "off, so the model keeps its plan under ORT's default session options too.")
@@ -572,6 +579,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
+@click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
 @click.option("--swap-bandwidth", type=float, default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
@@ -589,7 +597,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, time_limit, seed,
-         workers, max_computations, fixed_order, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
+         workers, max_computations, fixed_order, deterministic, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
          batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
@@ -604,7 +612,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
 
     budget_spec = parse_budget(budget_text)
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
-                             reorder=not fixed_order)
+                             reorder=not fixed_order, work_limit=deterministic)
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model])
     if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
@@ -872,6 +880,7 @@ def _bench_group() -> click.Group:
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
+@click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
 @click.option("--swap-bandwidth", type=float, default=None,
               help="Host link in bytes per cost unit: buffers may also be swapped out and back (off by default).")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True,
@@ -880,8 +889,8 @@ def _bench_group() -> click.Group:
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 @handles_errors
-def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, swap_bandwidth,
-                swap_overlap, output, md_path, as_json) -> None:
+def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, deterministic,
+                swap_bandwidth, swap_overlap, output, md_path, as_json) -> None:
     """keep/recompute (with --swap-bandwidth also swap) strategies on the Checkmate/Moccasin train graphs at a
     sweep of budgets."""
     from pathlib import Path
@@ -912,11 +921,12 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
         raise UsageError(f"--graph {err.args[0]!r} is not one of {', '.join(remat_bench.TRAIN_GRAPHS)}") from None
     if not found:
         raise UsageError(f"no remat train graphs found in {folder}")
-    options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order)
+    options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order,
+                             work_limit=deterministic)
     rows = remat_bench.run(found, fractions, strats, options,
                            load=lambda path: _load_planning_problem(str(path), swap_bandwidth, swap_overlap))
     obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,
-           "fixed_order": fixed_order, "swap_bandwidth": swap_bandwidth,
+           "deterministic": deterministic, "fixed_order": fixed_order, "swap_bandwidth": swap_bandwidth,
            "swap_overlap": swap_overlap if swap_bandwidth is not None else None, "rows": rows}
     if output:
         atomic_write(output, json.dumps(obj, indent=2) + "\n")

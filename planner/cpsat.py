@@ -44,7 +44,7 @@ from typing import Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner import cpsat_plans
+from planner import clock, cpsat_plans
 from planner.errors import GraphError
 from planner.plan import Plan
 from planner.problem import PlanningProblem, gcd_of
@@ -58,8 +58,12 @@ ORIGINAL, RECOMPUTE, SWAP_IN = 0, 1, 2
 class PlannerOptions:
     """Knobs of the CP-SAT planner; each says why it exists."""
 
-    # Wall-clock seconds for baselines and every solver phase together.
+    # Seconds for baselines and every solver phase together: wall seconds, or with ``work_limit``
+    # CP-SAT's deterministic seconds (planner/clock.py).
     time_limit: float = 60.0
+    # Count ``time_limit`` on the work clock: the same plan on any machine and under any load,
+    # where a wall-clock limit may cut the search at another point (planner/clock.py).
+    work_limit: bool = False
     # CP-SAT search workers; the product targets 2-core machines.
     workers: int = 2
     # Fixed seed: with the same workers, the same plan (search is interleaved, not racing).
@@ -572,7 +576,7 @@ class RematModel:
         ``model``: a copy of this model to solve instead (:meth:`restricted`)."""
         solver = cp_model.CpSolver()
         prm = solver.parameters
-        prm.max_time_in_seconds = max(0.05, float(time_limit))
+        clock.limit_solver(prm, time_limit)
         prm.num_workers = max(1, int(self.opt.workers))
         prm.random_seed = int(self.opt.seed)
         phase1 = stop_at is not None
@@ -597,6 +601,7 @@ class RematModel:
         t0 = time.perf_counter()
         status = solver.Solve(self.m if model is None else model, callback)
         wall = time.perf_counter() - t0
+        clock.charge(solver.ResponseProto().deterministic_time)
         sname = solver.StatusName(status)
         if status == cp_model.MODEL_INVALID:
             raise GraphError(f"CP-SAT rejected the remat model: {(model or self.m).Validate()}")

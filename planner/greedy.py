@@ -17,10 +17,10 @@ from __future__ import annotations
 import bisect
 import math
 import sys
-import time
 
 import numpy as np
 
+from planner import clock
 from planner.chain_greedy import next_need
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
@@ -178,7 +178,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     million events by step 486; with needs through freed readers RL100 at 80% and RL1000 at 70%
     get plans, where none did). A missing input is recomputed from its inputs, recursively.
     Inputs of the compute in progress are locked. None when nothing can be freed, or when the
-    walk is still going at ``deadline`` (time.perf_counter seconds).
+    walk is still going at ``deadline`` (planner.clock.now() seconds).
     """
     p = problem
     n = p.n
@@ -276,7 +276,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     try:
         for t in range(n):
             t_now = t
-            if time.perf_counter() > deadline or not ensure(t):
+            if clock.now() > deadline or not ensure(t):
                 return None
             t_now = t + 1
             release_dead((*preds[t], t))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -38,6 +37,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
+from planner import clock
 from planner.problem import PlanningProblem
 
 
@@ -170,9 +170,9 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     last, succ = p.last_use, p.succ_lists
     events: dict[tuple[int, int], cp_model.IntVar] = {}
     pinned_before = np.concatenate([[0], np.cumsum(np.where(p.pinned, p.size, 0))[:-1]])
-    deadline = time.perf_counter() + time_limit
+    deadline = clock.now() + time_limit
     for t in over:
-        if time.perf_counter() > deadline:  # building alone took the time (thousands of steps)
+        if clock.now() > deadline:  # building alone took the time (thousands of steps)
             return None
         inputs = set(p.pred_lists[t])
         # buffers read after t, and everything a recompute of them may need (t's inputs and
@@ -207,7 +207,7 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
         m.Add(sum(int(p.size[i]) * a[i] for i in a) <= budget - fixed)
     m.Minimize(sum(int(cost[i]) * z for (i, _), z in events.items()))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, deadline - time.perf_counter())
+    clock.limit_solver(solver.parameters, deadline - clock.now())
     # One worker with the full linearisation's LP. Measured (zoo:gpt 76/80%, RL100 60/70%, RL250
     # 90%): 2.0/1.6/0.6/0.3/4.6 s, all exact; two interleaved workers with it 10.6/12.6/5.2/1.5 s
     # and RL250 inexact; two without it 2.7/3.3/1.2/0.5 s and no bound at all on RL250.
@@ -215,6 +215,7 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     solver.parameters.random_seed = int(seed)
     solver.parameters.linearization_level = 2
     status = solver.Solve(m)
+    clock.charge(solver.ResponseProto().deterministic_time)
     nodes: tuple[int, ...] = ()
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         nodes = tuple(sorted({i for (i, _), z in events.items() if solver.BooleanValue(z)}))
@@ -248,11 +249,11 @@ def growing_closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[
     got 4.59% and 1.70%; zoo:gpt at 80% and RL100 at 60% and 70% reach the same exact bounds, in
     2.8 s instead of 1.9 s and in 0.8 s / 0.5 s instead of 0.6 s / 0.3 s."""
     over = over_budget_steps(problem, budget)
-    deadline = time.perf_counter() + time_limit
+    deadline = clock.now() + time_limit
     best: ClosureBound | None = None
     k = first
     while True:
-        left = deadline - time.perf_counter()
+        left = deadline - clock.now()
         if left <= 0.05 or (best is not None and min(k, len(over)) * problem.n > MAX_CELLS):
             return best
         chosen = None if k >= len(over) else _spread_peaks(problem, over, k)

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 
+from planner import clock
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
@@ -54,7 +54,7 @@ class _Pace:
         self.model_s = 0.0
 
     def built(self, since: float) -> None:
-        self.model_s = max(self.model_s, time.perf_counter() - since)
+        self.model_s = max(self.model_s, clock.now() - since)
 
     def room(self, left: float) -> bool:
         return left >= self.model_s + MIN_SEARCH_S
@@ -65,7 +65,10 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     options = options or PlannerOptions()
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
-    t0 = time.perf_counter()
+    if options.work_limit and not clock.on_work_clock():
+        with clock.work_clock():
+            return solve(problem, budget, strategy, options)
+    t0 = clock.now()
     if strategy != "cpsat":
         return _baseline_result(problem, budget, strategy, options, t0)
     if problem.n > options.coarsen_above and problem.memory_floor <= budget < problem.unplanned_peak:
@@ -100,26 +103,26 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     # it: within budget unplanned, that order needs no remat.
     def left() -> float:
         """Seconds of the whole limit not spent yet."""
-        return max(0.0, options.time_limit - (time.perf_counter() - t0))
+        return max(0.0, options.time_limit - (clock.now() - t0))
 
     def stamped(res: SolveResult, **changes) -> SolveResult:
         """``res`` as this solve's result: its wall time is the whole solve's."""
-        return replace(res, solver=replace(res.solver, wall_s=time.perf_counter() - t0), **changes)
+        return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)), **changes)
 
     spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
     # Neither below the floor: no baseline fits there, and the solves below say infeasible at once.
     plannable = budget >= problem.memory_floor
-    cands = _baselines(problem, budget, time.perf_counter() + spend) if plannable and q.unplanned_peak > budget else None
+    cands = _baselines(problem, budget, clock.now() + spend) if plannable and q.unplanned_peak > budget else None
     share = options.reorder_share * left()
     pace = _Pace()
-    q_cands = _baselines(q, budget, time.perf_counter() + options.baseline_share * share) if plannable else None
+    q_cands = _baselines(q, budget, clock.now() + options.baseline_share * share) if plannable else None
     if not problem.can_swap and _fits(cands, budget) and not _fits(q_cands, budget):
         # A baseline fits in the given order and none in the memory-aware one: that order is the
         # harder one here, and its share of the time only delays the given order's search. RL100
         # at 60% on a 2-core machine twice slower than the one of the figures above: the
         # memory-aware order found no plan in its 30 s, and the given order's phase 1 found its
         # first plan after 26-29 s of its 30, leaving phase 2 1.6-3 s (+46%, or the greedy's +385%).
-        given = _solve_cpsat(problem, budget, replace(options, time_limit=left()), time.perf_counter(), cands, pace)
+        given = _solve_cpsat(problem, budget, replace(options, time_limit=left()), clock.now(), cands, pace)
         return stamped(given, note=f"{given.note}; no baseline fits in the memory-aware order (from {rule!r}): "
                                    f"planned in the given order only".strip("; "))
     cost, _ = objective_costs(problem.cost)  # q's units too: the same costs, permuted
@@ -133,7 +136,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         the time kept for searching the given order goes to ``order``: the whole limit's end."""
         return t0 + options.time_limit if _loses(given_order_bound(), objective) else None
 
-    first = _solve_cpsat(q, budget, replace(options, time_limit=share), time.perf_counter(), q_cands, pace=pace,
+    first = _solve_cpsat(q, budget, replace(options, time_limit=share), clock.now(), q_cands, pace=pace,
                          extend=given_loses)
     moved, known = None, None
     if first.plan is not None:
@@ -152,7 +155,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     rest = left()
     if moved is not None and not pace.room(rest):  # no time left to search the given order
         return stamped(moved)
-    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), time.perf_counter(), cands, pace,
+    given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), clock.now(), cands, pace,
                          known)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
@@ -252,7 +255,7 @@ def _empty(problem: PlanningProblem, budget: int, strategy: str, **kw) -> SolveR
 
 def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, options: PlannerOptions, t0: float) -> SolveResult:
     cand = baseline(problem, strategy, budget)
-    stats = SolverStats(wall_s=time.perf_counter() - t0, seed=options.seed, workers=1)
+    stats = SolverStats(wall_s=clock.wall_since(t0), seed=options.seed, workers=1)
     if cand is None:
         return _empty(problem, budget, strategy, status="over_budget", solver=stats,
                       note=f"{strategy} finds no plan within the budget")
@@ -279,19 +282,19 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     pace = pace or _Pace()
 
     def left() -> float:
-        return max(0.05, deadline - time.perf_counter())
+        return max(0.05, deadline - clock.now())
 
     if budget < problem.memory_floor:
         return _infeasible(problem, budget, opt, t0, phases=[])
     if cands is None:
-        cands = _baselines(problem, budget, time.perf_counter() + opt.baseline_share * left())
+        cands = _baselines(problem, budget, clock.now() + opt.baseline_share * left())
     swapping = problem.can_swap
     if swapping and opt.recompute_first_share > 0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
         # The baselines never swap, so their candidates serve both problems.
         first = _solve_cpsat(problem.without_swap(), budget,
                              replace(opt, time_limit=left() * opt.recompute_first_share),
-                             time.perf_counter(), dict(cands), pace)
+                             clock.now(), dict(cands), pace)
         if first.plan is not None:
             cands["recompute-only"] = Candidate(first.plan, simulate(problem, first.plan, budget))
     if swapping:  # after the recompute-only solve: its problem cannot replay swaps
@@ -304,7 +307,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     )
     if "none" in cands and cands["none"].sim.peak_bytes <= budget:
         c = cands["none"]
-        stats = SolverStats(wall_s=time.perf_counter() - t0, bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers)
+        stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers)
         return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
                       peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
@@ -330,10 +333,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
         # the ladder's greedy runs take seconds each on RL1000: they may use half of what is left
         low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations,
-                             time.perf_counter() + 0.5 * left())
+                             clock.now() + 0.5 * left())
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
-        since = time.perf_counter()
+        since = clock.now()
         m1 = RematModel(problem, None, opt, hints)
         m1.set_objective_peak()
         h = m1.hint_from_plan(low.plan)
@@ -366,7 +369,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if not pace.room(left()):  # a fallback fits (else phase 1 ran and returned above)
         return _chosen(problem, budget, opt, t0, phases, fallback,
                        f"no time left to search; kept the {fallback.plan.strategy} plan")
-    since = time.perf_counter()
+    since = clock.now()
     m2 = RematModel(problem, budget, opt, hints)
     m2.set_objective_time()
     source = next((c for c in fitting if hintable(c)), None)
@@ -504,7 +507,7 @@ def _max_computations(c: Candidate) -> int:
 
 def _stats(opt: PlannerOptions, t0: float, bound, gap, phases: list[PhaseResult]) -> SolverStats:
     return SolverStats(
-        wall_s=time.perf_counter() - t0, bound=bound, gap=gap, seed=opt.seed, workers=opt.workers,
+        wall_s=clock.wall_since(t0), bound=bound, gap=gap, seed=opt.seed, workers=opt.workers,
         phases=tuple({"name": r.name, "status": r.status, "wall_s": round(r.wall_s, 3)} for r in phases),
     )
 
@@ -545,7 +548,7 @@ def _infeasible(problem, budget, opt, t0, phases, least=None) -> SolveResult:
         # (zoo:gpt at 1 KiB: 60 s to report the same "at least" figure).
         least = (problem.memory_floor, None, False)
     if least is None:
-        spent = time.perf_counter() - t0
+        spent = clock.now() - t0
         least = least_peak(problem, opt, max(1.0, opt.time_limit - spent))
     lower, upper, exact = least
     if exact:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass
 
+from planner import clock
 from planner.chain_greedy import missing_closure, next_need, over_missing
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
@@ -251,13 +251,13 @@ def tight_greedy_simulated(problem: PlanningProblem, budget: int, variants: tupl
     ``work`` events (default 12 n + 3000: the greedy runs several times per solve, and a
     thrashing run costs about a millisecond per event on large graphs); each run stops at
     20 n + 1000 events, and after the first fitting plan at that plan's count. No run starts
-    after ``deadline`` (time.perf_counter seconds)."""
+    after ``deadline`` (planner.clock.now() seconds)."""
     n = problem.n
     left = work if work is not None else 12 * n + 3000
     best: tuple[Plan, Simulation] | None = None
     for variant in variants:
         cap = min(EVENTS_PER_NODE * n + 1000 if best is None else len(best[0].events), left)
-        if cap <= 0 or time.perf_counter() > deadline:
+        if cap <= 0 or clock.now() > deadline:
             break
         plan, used = _run(problem, budget, variant, ROUNDS, cap, PACE)
         left -= used

@@ -1,0 +1,99 @@
+"""The work clock (planner/clock.py, `--deterministic`): the same plan however fast the machine."""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+
+from click.testing import CliRunner
+
+import cli
+from planner import clock
+from planner.cpsat import PlannerOptions
+from planner.planning import solve
+from tests.helpers import random_layered
+
+# RL100 at 65% is far from solved in 1 deterministic second: the limit decides where the search stops
+OPTS = PlannerOptions(time_limit=1, workers=1, seed=0, work_limit=True)
+
+
+def crawling_wall(monkeypatch) -> None:
+    """A machine so loaded that every reading of the wall clock is 1000 s after the last one."""
+    ticks = itertools.count(0.0, 1000.0)
+    monkeypatch.setattr(clock, "_wall", lambda: next(ticks))
+
+
+def events(res) -> list[tuple[str, int]]:
+    return [(e.op, e.node) for e in res.plan.events]
+
+
+def test_the_work_clock_plans_the_same_on_a_crawling_machine(benchmarks_dir, monkeypatch):
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.65)
+    calm = solve(p, budget, "cpsat", OPTS)
+    assert calm.plan is not None and calm.status == "feasible"
+    crawling_wall(monkeypatch)
+    crawled = solve(p, budget, "cpsat", OPTS)
+    assert events(crawled) == events(calm) and crawled.added_time == calm.added_time
+    assert crawled.solver.bound == calm.solver.bound and crawled.order == calm.order
+    # on the wall clock that machine leaves the search no time: another answer
+    hurried = solve(p, budget, "cpsat", replace(OPTS, work_limit=False, time_limit=60))
+    assert hurried.plan is None or events(hurried) != events(calm)
+    assert not clock.on_work_clock()  # the solve's clock is gone with it
+
+
+def test_the_work_clock_charges_only_solver_time():
+    with clock.work_clock():
+        start = clock.now()
+        clock.charge(1.5)
+        clock.charge(-3)  # never backwards
+        assert clock.now() - start == 1.5 and clock.on_work_clock()
+        with clock.work_clock():  # a nested solve gets its own
+            assert clock.now() == 0.0
+        assert clock.now() == 1.5
+    assert not clock.on_work_clock()
+
+
+def test_plan_deterministic_flag_reaches_the_planner(benchmarks_dir, monkeypatch):
+    seen = []
+    real = solve
+
+    def spy(problem, budget, strategy="cpsat", options=None):
+        seen.append(options.work_limit)
+        return real(problem, budget, strategy, options)
+
+    import planner.planning as planning
+    monkeypatch.setattr(planning, "solve", spy)
+    graph = str(next(benchmarks_dir.glob("remat/random_layered_n100_*.json")))
+    for flags, expected in (([], False), (["--deterministic"], True)):
+        out = CliRunner().invoke(cli.main, ["plan", graph, "--budget", "80%", "--time-limit", "5", "--json", *flags])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["status"] == "optimal"
+        assert seen[-1] is expected
+
+
+def test_bench_remat_records_the_clock(benchmarks_dir, tmp_path):
+    out = CliRunner().invoke(cli.main, ["bench", "remat", "--dir", str(benchmarks_dir / "remat"), "--graph", "VGG16",
+                                        "--budgets", "90", "--strategies", "cpsat", "--time-limit", "5", "--deterministic",
+                                        "-o", str(tmp_path / "rows.json")])
+    assert out.exit_code == 0, out.output
+    obj = json.loads((tmp_path / "rows.json").read_text())
+    assert obj["deterministic"] is True and obj["rows"][0]["status"] == "optimal"
+
+
+def test_check_deterministic_flag_reaches_the_planner(monkeypatch):
+    import passes.plan_model as plan_model
+
+    seen = []
+    real = plan_model.plan_graph
+
+    def spy(graph, budget, **kwargs):
+        seen.append(kwargs["options"].work_limit)
+        return real(graph, budget, **kwargs)
+
+    monkeypatch.setattr(plan_model, "plan_graph", spy)
+    for flags, expected in (([], False), (["--deterministic"], True)):
+        out = CliRunner().invoke(cli.main, ["check", "zoo:gpt", "--train", "--budget", "80%", "--time-limit", "1",
+                                            *flags])
+        assert out.exit_code == 0, out.output
+        assert seen and seen[-1] is expected
