@@ -64,6 +64,7 @@ class SolverStats:
     seed: int | None = None
     workers: int | None = None
     phases: tuple[Mapping[str, Any], ...] = ()  # per CP-SAT phase: name, status, wall_s, objective
+    clock: str = "wall"  # what the time limit counted: wall seconds, or "work" (planner/clock.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +73,7 @@ class SolverStats:
             "gap": _num(self.gap),
             "seed": self.seed,
             "workers": self.workers,
+            "clock": self.clock,
             "phases": [dict(p) for p in self.phases],
         }
 

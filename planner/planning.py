@@ -255,7 +255,7 @@ def _empty(problem: PlanningProblem, budget: int, strategy: str, **kw) -> SolveR
 
 def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, options: PlannerOptions, t0: float) -> SolveResult:
     cand = baseline(problem, strategy, budget)
-    stats = SolverStats(wall_s=clock.wall_since(t0), seed=options.seed, workers=1)
+    stats = SolverStats(wall_s=clock.wall_since(t0), seed=options.seed, workers=1, clock=_clock_name(options))
     if cand is None:
         return _empty(problem, budget, strategy, status="over_budget", solver=stats,
                       note=f"{strategy} finds no plan within the budget")
@@ -307,7 +307,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     )
     if "none" in cands and cands["none"].sim.peak_bytes <= budget:
         c = cands["none"]
-        stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers)
+        stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers,
+                            clock=_clock_name(opt))
         return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
                       peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
@@ -509,7 +510,14 @@ def _stats(opt: PlannerOptions, t0: float, bound, gap, phases: list[PhaseResult]
     return SolverStats(
         wall_s=clock.wall_since(t0), bound=bound, gap=gap, seed=opt.seed, workers=opt.workers,
         phases=tuple({"name": r.name, "status": r.status, "wall_s": round(r.wall_s, 3)} for r in phases),
+        clock=_clock_name(opt),
     )
+
+
+def _clock_name(opt: PlannerOptions) -> str:
+    """What ``opt.time_limit`` counts, for the plan JSON (planner/clock.py)."""
+    return "work" if opt.work_limit else "wall"
+
 
 
 def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: float | None = None) -> tuple[int, int | None, bool]:

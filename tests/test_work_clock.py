@@ -68,7 +68,8 @@ def test_plan_deterministic_flag_reaches_the_planner(benchmarks_dir, monkeypatch
     for flags, expected in (([], False), (["--deterministic"], True)):
         out = CliRunner().invoke(cli.main, ["plan", graph, "--budget", "80%", "--time-limit", "5", "--json", *flags])
         assert out.exit_code == 0, out.output
-        assert json.loads(out.stdout)["status"] == "optimal"
+        obj = json.loads(out.stdout)
+        assert obj["status"] == "optimal" and obj["solver"]["clock"] == ("work" if expected else "wall")
         assert seen[-1] is expected
 
 
