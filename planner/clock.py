@@ -11,8 +11,8 @@ left" is the same on every machine and under any load. The wall time such a solv
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class _Work:
