@@ -348,15 +348,14 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device
     if as_json and markdown == "-":
         raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
     cli = Overrides(budgets=budgets, train=train, dims=parse_dims(dims), device=device, time_limit=time_limit,
-                    no_plan=no_plan)
+                    no_plan=no_plan, deterministic=deterministic)
     items, config_path = collect_items(models, cli, config, Path.cwd())
     if any(item.train for item in items) and not _training_available():
         raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
     inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
     _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs)
 
-    plan_fn = functools.partial(check_plan_fn, deterministic=True) if deterministic else check_plan_fn
-    verdicts = gate.run_checks(items, _load_for_check, plan_fn,
+    verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
                                progress=lambda line: click.echo(f"memplan: {line}", err=True))
     for message in gate.model_errors(verdicts):
         click.echo(f"memplan: error: {message}", err=True)

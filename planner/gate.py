@@ -40,7 +40,8 @@ class PlanOutcome:
     status: str  # optimal | feasible | infeasible | timeout | no-planner | ...
 
 
-#: ``plan_fn(graph, budget_bytes, device, time_limit) -> PlanOutcome``. It may also raise
+#: ``plan_fn(graph, budget_bytes, device, time_limit) -> PlanOutcome``, called with
+#: ``deterministic=True`` as well for items that ask for it. It may also raise
 #: BudgetInfeasibleError or SolverTimeoutError; the gate turns those into a not-fitting outcome.
 PlanFn = Callable[[Graph, int, str, float], PlanOutcome]
 
@@ -62,6 +63,7 @@ class CheckItem:
     device: str = DEFAULT_DEVICE  # device profile the planner prices time on
     time_limit: float = DEFAULT_TIME_LIMIT  # seconds per plan
     plan: bool = True  # False (--no-plan): only "fits as is" counts
+    deterministic: bool = False  # time_limit counts CP-SAT's deterministic seconds (planner/clock.py)
 
     @property
     def name(self) -> str:
@@ -197,7 +199,8 @@ def run_checks(
 def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> PlanOutcome:
     """Call the planner; infeasible and timed-out solves are answers (does not fit), not crashes."""
     try:
-        outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit)
+        extra = {"deterministic": True} if item.deterministic else {}
+        outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit, **extra)
     except BudgetInfeasibleError as err:
         return PlanOutcome(False, err.least_bytes or 0, 0.0, "infeasible")
     except SolverTimeoutError:

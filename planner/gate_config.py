@@ -9,6 +9,7 @@ is passed over. Defaults sit at the top; each ``[[...check]]`` entry names one m
     [tool.memplan]
     device = "h100"          # default device profile
     time_limit = 30          # seconds per plan
+    deterministic = true     # count time_limit in CP-SAT's deterministic seconds: same verdict anywhere
     budget = "8GiB"          # default budget(s) of entries that give none
     [[tool.memplan.check]]
     model = "zoo:gpt?layers=4"      # or a path, relative to the config file's folder
@@ -38,8 +39,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 CONFIG_NAMES = ("memplan.toml", "pyproject.toml")
 #: Keys an entry may set; the top level may set them all (as defaults) except model and name.
-ENTRY_KEYS = ("model", "name", "budget", "train", "dims", "device", "time_limit", "plan")
-DEFAULT_KEYS = ("budget", "train", "dims", "device", "time_limit", "plan")
+ENTRY_KEYS = ("model", "name", "budget", "train", "dims", "device", "time_limit", "plan", "deterministic")
+DEFAULT_KEYS = ("budget", "train", "dims", "device", "time_limit", "plan", "deterministic")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Overrides:
     device: str | None = None
     time_limit: float | None = None
     no_plan: bool = False
+    deterministic: bool = False
 
 
 def collect_items(
@@ -62,7 +64,8 @@ def collect_items(
         if config:
             raise UsageError("give MODEL arguments or --config, not both; the config lists its own models")
         options = {"train": cli.train, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
-                   "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan}
+                   "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan,
+                   "deterministic": cli.deterministic}
         return tuple(make_item(m, cli.budgets, **options) for m in models), None
     path = Path(config) if config else find_config(cwd)
     if path is None:
@@ -153,6 +156,7 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
             device=cli.device or value["device"] or DEFAULT_DEVICE,
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
             plan=not cli.no_plan and value["plan"] is not False,
+            deterministic=cli.deterministic or value["deterministic"] is True,
         ))
     return tuple(items)
 
@@ -198,6 +202,7 @@ _CHECKS = {
                          'a size such as "8GiB", a percentage such as "60%", or a list of them'),
     "train": lambda v: (isinstance(v, bool), "true or false"),
     "plan": lambda v: (isinstance(v, bool), "true or false"),
+    "deterministic": lambda v: (isinstance(v, bool), "true or false"),
     "device": lambda v: (isinstance(v, str) and bool(v.strip()), 'a device name such as "h100"'),
     "time_limit": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
                              "a positive number of seconds"),

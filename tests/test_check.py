@@ -285,6 +285,7 @@ def test_unreadable_config_exit_2(tmp_path):
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\nbatch = 3\n', "unknown key 'batch'"),
     ('[[check]]\nmodel = "m.onnx"\nbudget = "4 parsecs"\n', "budget '4 parsecs'"),
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ntrain = "yes"\n', "train must be true or false"),
+    ('deterministic = 1\n[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\n', "deterministic must be true or false"),
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ndims = { batch = 0 }\n', "dims must be a table"),
     ('[[check]]\nbudget = "1GiB"\n', "missing key 'model'"),
     ('[[check]]\nmodel = "m.onnx"\n', "no budget"),
@@ -367,6 +368,34 @@ def test_config_found_upward_from_a_subfolder(project, monkeypatch):
     assert [r["device"] for r in results] == ["h100", "t4", "t4"]
     assert results[0]["unplanned_peak_bytes"] == MLP_PEAK and results[1]["unplanned_peak_bytes"] == WIDE_PEAK
     assert fake.calls == [(150 * KiB, "t4", 7), (int(WIDE_PEAK * 0.9), "t4", 7)]
+
+
+class ClockedPlanner(FakePlanner):
+    """FakePlanner that also records whether the gate asked for the work clock."""
+
+    def __call__(self, graph, budget_bytes, device, time_limit, deterministic=False):
+        self.calls.append(deterministic)
+        return super().__call__(graph, budget_bytes, device, time_limit)
+
+
+@pytest.mark.parametrize("where, flags, expected", [
+    ("", [], [False, False]),
+    ("", ["--deterministic"], [True, True]),
+    ("top", [], [True, True]),  # a default for every entry
+    ("wide", [], [True, True]),  # wide net's two plans only: the mlp fits as it is
+])
+def test_deterministic_from_the_config_or_the_command_line(project, monkeypatch, where, flags, expected):
+    root, _ = project
+    text = (root / "pyproject.toml").read_text()
+    if where == "top":
+        text = text.replace("time_limit = 7\n", "time_limit = 7\ndeterministic = true\n")
+    elif where == "wide":
+        text = text.replace('device = "t4"\n', 'device = "t4"\ndeterministic = true\n')
+    (root / "pyproject.toml").write_text(text)
+    monkeypatch.chdir(root)
+    fake = ClockedPlanner()
+    rc, _, _ = run(["--json", *flags], monkeypatch, fake)
+    assert rc == 0 and [c for c in fake.calls if isinstance(c, bool)] == expected
 
 
 def test_command_line_overrides_the_config(project, monkeypatch):
