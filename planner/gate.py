@@ -188,7 +188,8 @@ def run_checks(
                 if progress is not None:
                     progress(
                         f"[{len(verdicts) + 1}/{total}] {item.name} @ {text}: planning for "
-                        f"{format_bytes(budget_bytes)} (limit {item.time_limit:g} s)"
+                        f"{format_bytes(budget_bytes)} (limit {item.time_limit:g}"
+                        f"{' deterministic' if item.deterministic else ''} s)"
                     )
                 plan = _plan(plan_fn, graph, budget_bytes, item)
             verdicts.append(Verdict(item, text, budget_bytes, peak, plan, wall_s=time.perf_counter() - start))

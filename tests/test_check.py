@@ -394,8 +394,9 @@ def test_deterministic_from_the_config_or_the_command_line(project, monkeypatch,
     (root / "pyproject.toml").write_text(text)
     monkeypatch.chdir(root)
     fake = ClockedPlanner()
-    rc, _, _ = run(["--json", *flags], monkeypatch, fake)
+    rc, _, err = run(["--json", *flags], monkeypatch, fake)
     assert rc == 0 and [c for c in fake.calls if isinstance(c, bool)] == expected
+    assert ("(limit 7 deterministic s)" in err) is expected[0]  # the progress line says which seconds
 
 
 def test_command_line_overrides_the_config(project, monkeypatch):
