@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import DTYPE_TO_ONNX
-from planner.fileio import atomic_write
+from planner.fileio import atomic_write, write_mode
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,10 @@ def check_model(model: onnx.ModelProto, full: bool = True) -> None:
 
 
 def save_model(model: Graph | onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write a model atomically; weights go to ``<file>.data`` beside it when over 2 GB."""
+    """Write a model atomically; weights go to ``<file>.data`` beside it when over 2 GB. Then
+    onnx converts the ModelProto given in place (its tensors point at the data file): a caller
+    that still needs it passes a copy (memplan's callers write it and drop it; a copy would double
+    the memory of a model that size)."""
     proto = export_model(model) if isinstance(model, Graph) else model
     path = Path(path)
     if proto.ByteSize() < PROTO_LIMIT:
@@ -199,5 +202,7 @@ def save_model(model: Graph | onnx.ModelProto, path: str | os.PathLike) -> None:
         tmp_model = Path(tmp) / path.name
         onnx.save_model(proto, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
-        os.replace(Path(tmp) / data_name, path.parent / data_name)
-        os.replace(tmp_model, path)
+        # as atomic_write: a file replaced keeps its mode, a new one gets what open() would give
+        for made, target in ((Path(tmp) / data_name, path.parent / data_name), (tmp_model, path)):
+            os.chmod(made, write_mode(target))
+            os.replace(made, target)

@@ -15,7 +15,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
     folder = path.parent if str(path.parent) else Path(".")
-    mode = _write_mode(path)
+    mode = write_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -30,7 +30,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         raise
 
 
-def _write_mode(path: Path) -> int:
+def write_mode(path: Path) -> int:
     """The permission bits ``open(path, "w")`` would leave on ``path``."""
     try:
         return stat.S_IMODE(path.stat().st_mode)

@@ -30,3 +30,31 @@ def test_replaced_file_keeps_its_mode(tmp_path):
     atomic_write(path, "new")
     assert path.read_text() == "new"
     assert _mode(path) == 0o640
+
+
+def test_a_model_with_external_data_keeps_the_modes_it_replaces(tmp_path, monkeypatch):
+    # the >2 GB path (weights in <file>.data), taken here by lowering the limit for a small model
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import passes.onnx_export as onnx_export
+
+    w = numpy_helper.from_array(np.arange(1024, dtype=np.float32).reshape(32, 32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], [w])
+    monkeypatch.setattr(onnx_export, "PROTO_LIMIT", 1)
+    path, data = tmp_path / "m.onnx", tmp_path / "m.onnx.data"
+    old = os.umask(0o022)
+    try:
+        onnx_export.save_model(helper.make_model(graph), path)  # new files: what open() gives
+        assert (_mode(path), _mode(data)) == (0o644, 0o644)
+        os.chmod(path, 0o640)
+        os.chmod(data, 0o600)
+        onnx_export.save_model(helper.make_model(graph), path)  # replaced: their modes kept
+    finally:
+        os.umask(old)
+    assert (_mode(path), _mode(data)) == (0o640, 0o600)
+    assert onnx.load(str(path), load_external_data=False).graph.initializer[0].data_location == TensorProto.EXTERNAL
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]  # no temp folder left
