@@ -105,10 +105,21 @@ class PlannerOptions:
     # proof (planner.order_bound.growing_closure_bound; zoo:gpt at 80%: 4.91% of the step time
     # against phase 2's 2.68%, in 3 s).
     closure_bound_share: float = 0.1
+    # Share of phase 2's time its first search gets when the closure bound runs; the bound, the
+    # searches guided by it and the node-set search (planner/node_lns.py) follow.
+    phase2_share: float = 0.5
     # Share of what the bound leaves for searching first among the plans that recompute only
     # nodes the bound's solution or the best plan recomputes (planning._closure_guided; it stops
     # once optimal there: 0.8 s on RL250 at 70%, +2.079% -> +1.981%).
     closure_guided_share: float = 0.5
+    # Share of what is left after that for the node-set neighbourhood search (planner/node_lns.py);
+    # the deterministic seconds one of its steps may take (on either clock, so that its steps end
+    # the same way on any machine); the nodes it adds to the best plan's at first; and how many
+    # steps in a row may find nothing cheaper before phase 2 searches on instead.
+    node_lns_share: float = 0.7
+    node_lns_step: float = 0.5
+    node_lns_size: int = 12
+    node_lns_patience: int = 6
     # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
     ladder_steps: int = 4
     # Share of the time left that the baselines' greedies may start in (planner.baselines.greedy:
@@ -571,12 +582,15 @@ class RematModel:
         return sub
 
     def solve(self, name: str, time_limit: float, stop_at: int | None = None,
-              model: cp_model.CpModel | None = None) -> PhaseResult:
+              model: cp_model.CpModel | None = None, work: float | None = None) -> PhaseResult:
         """Run CP-SAT once; ``stop_at`` (min-peak mode) stops at the first capacity <= it.
-        ``model``: a copy of this model to solve instead (:meth:`restricted`)."""
+        ``model``: a copy of this model to solve instead (:meth:`restricted`). ``work``: at most
+        this many deterministic seconds as well, on either clock."""
         solver = cp_model.CpSolver()
         prm = solver.parameters
         clock.limit_solver(prm, time_limit)
+        if work is not None:
+            prm.max_deterministic_time = min(prm.max_deterministic_time, max(0.01, float(work)))
         prm.num_workers = max(1, int(self.opt.workers))
         prm.random_seed = int(self.opt.seed)
         phase1 = stop_at is not None

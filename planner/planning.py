@@ -29,6 +29,7 @@ from planner import clock
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
+from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
@@ -382,16 +383,19 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         m2.apply_hint(hint)
     pace.built(since)
     # The recompute-closure bound (planner.order_bound) often proves more than phase 2 does
-    # (zoo:gpt at 80%: 4.91% of the step time against 2.68%). It runs when phase 2 ends without
-    # a proof, in the share of the time kept for it (what it leaves goes back to phase 2).
+    # (zoo:gpt at 80%: 4.91% of the step time against 2.68%). When the closure bound applies,
+    # phase 2's first search gets ``phase2_share`` of the time; ending without a proof, the bound
+    # runs in its share, then the guided and node-set searches, then phase 2 again from the best
+    # plan (RL100 at 60%, 10 deterministic s: +26.20% -> +22.61%; bench/results/node_lns_stop21.md).
     # Reported only: as a constraint it changed the search (RL100 at 60%: +31.33% against
     # +23.68%), and a callback stopping phase 2 on reaching it aborts CP-SAT 9.15 with 2
     # interleaved workers (VGG16 at 90%).
     closing = _closure_applies(problem, opt)
-    r2 = m2.solve("optimize", left() * (1 - opt.closure_bound_share if closing else 1))
+    span = left()
+    r2 = m2.solve("optimize", span * (opt.phase2_share if closing else 1))
     closure = None
     if closing and r2.status != "OPTIMAL":
-        reserve = left()
+        reserve = opt.closure_bound_share * span
         if extend is not None and r2.objective is not None:
             later = extend(int(round(r2.objective)))
             if later is not None and later > deadline:  # the bound gets its share of the extra time too
@@ -415,12 +419,26 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                     r2 = replace(guided, status="FEASIBLE", bound=r2.bound)
             if r2.values is not None:
                 m2.apply_hint(r2.values)
-            more = m2.solve("optimize", left())
-            if more.plan is not None and (r2.objective is None or more.objective <= r2.objective):
-                r2 = more
-            else:  # no better plan: the first one stands, with the better of the two bounds
-                bounds = [b for b in (r2.bound, more.bound) if b is not None]
-                r2 = replace(r2, bound=max(bounds) if bounds else None, wall_s=more.wall_s)
+            # then among plans recomputing the best plan's nodes and a few drawn at random
+            moved = node_lns(m2, r2, left() * opt.node_lns_share, opt.node_lns_step, opt.node_lns_size, opt.seed,
+                             opt.node_lns_patience)
+            if moved is not None:
+                if moved.status == "OPTIMAL":  # no plan of the model is cheaper: phase 2 is over
+                    r2 = moved
+                elif moved.objective < r2.objective:
+                    phases.append(moved)
+                    r2 = replace(moved, status="FEASIBLE", bound=r2.bound)
+                else:
+                    phases.append(moved)
+                if r2.values is not None:
+                    m2.apply_hint(r2.values)
+            if r2.status != "OPTIMAL":
+                more = m2.solve("optimize", left())
+                if more.plan is not None and (r2.objective is None or more.objective <= r2.objective):
+                    r2 = more
+                else:  # no better plan: the first one stands, with the better of the two bounds
+                    bounds = [b for b in (r2.bound, more.bound) if b is not None]
+                    r2 = replace(r2, bound=max(bounds) if bounds else None, wall_s=more.wall_s)
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)

@@ -39,3 +39,18 @@ def random_layered(benchmarks_dir: Path, n: int) -> PlanningProblem:
     hits = sorted((benchmarks_dir / "remat").glob(f"random_layered_n{n}_*.json"))
     assert hits, f"no random_layered_n{n}_*.json in {benchmarks_dir / 'remat'}"
     return load_remat_json(hits[0])
+
+
+def memory_ordered_with_greedy(benchmarks_dir: Path, n: int, fraction: float):
+    """RL``n`` at ``fraction`` of its unplanned peak in its memory-aware order: (problem in that
+    order, budget in bytes, the greedy's plan there as a baselines.Candidate, which fits)."""
+    from planner.baselines import greedy
+    from planner.reorder import memory_order, permute
+
+    p = random_layered(benchmarks_dir, n)
+    budget = p.budget_for(fraction)
+    order, _ = memory_order(p, 0.05, budget)
+    q = permute(p, order)
+    start = greedy(q, budget)
+    assert start is not None and start.sim.peak_bytes <= budget
+    return q, budget, start

@@ -6,13 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.baselines import greedy
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel
 from planner.order_bound import closure_bound
 from planner.planning import _closure_guided
-from planner.reorder import memory_order, permute
 from planner.simulate import simulate
-from tests.helpers import random_layered
+from tests.helpers import memory_ordered_with_greedy
 
 ONE = PlannerOptions(time_limit=10, workers=1, seed=0)
 
@@ -22,12 +20,7 @@ def rl100_70(benchmarks_dir):
     """RL100 at 70% in its memory-aware order (where +2.227% is the proven optimum), phase 2's
     model hinted with the greedy's plan (+4.77%), that plan as phase 2's result, and the closure
     bound with its solution."""
-    p = random_layered(benchmarks_dir, 100)
-    budget = p.budget_for(0.7)
-    order, _ = memory_order(p, 0.05, budget)
-    q = permute(p, order)
-    start = greedy(q, budget)
-    assert start is not None and start.sim.peak_bytes <= budget
+    q, budget, start = memory_ordered_with_greedy(benchmarks_dir, 100, 0.7)
     m2 = RematModel(q, budget, ONE, [start.plan])
     m2.set_objective_time()
     r2 = PhaseResult("optimize", "FEASIBLE", 0.0, m2.objective_of_counts(start.sim.compute_counts), None,

@@ -197,9 +197,11 @@ def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir)
     assert alone.solver.bound < cb.value <= res.solver.bound <= res.added_time
     assert res.solver.gap < alone.solver.gap
     # the bound solves in well under its share of the 20 s: phase 2 searches on in what it leaves
-    # (first among plans recomputing what its plan or the bound's solution recomputes, then from
-    # the best plan, so never dearer); without the bound phase 2 runs once
-    assert [ph["name"] for ph in res.solver.phases] == ["feasibility", "optimize", "closure-guided", "optimize"]
+    # (first among plans recomputing what its plan or the bound's solution recomputes, then among
+    # the best plan's nodes and a few drawn at random, then from the best plan unless that search
+    # proved it optimal; never dearer); without the bound phase 2 runs once
+    names = [ph["name"] for ph in res.solver.phases]
+    assert names[:4] == ["feasibility", "optimize", "closure-guided", "node-lns"] and names[4:] in ([], ["optimize"])
     assert [ph["name"] for ph in alone.solver.phases] == ["feasibility", "optimize"]
     assert res.added_time <= alone.added_time
 
@@ -240,7 +242,9 @@ def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeyp
         raise AssertionError("the closure bound was solved again")
 
     monkeypatch.setattr(planning, "growing_closure_bound", unexpected)
-    opts = replace(ONE, reorder=False, time_limit=15, solver_params=(("max_deterministic_time", 0.5),))
+    # every CP-SAT run is capped at 0.5 deterministic s; the wall limit only has to leave phase 2
+    # room on a loaded machine (15 s did not, next to two benchmark processes)
+    opts = replace(ONE, reorder=False, time_limit=60, solver_params=(("max_deterministic_time", 0.5),))
     res = planning._solve_cpsat(p, budget, opts, time.perf_counter(), known=known)
     assert res.status == "feasible" and res.solver.bound == pytest.approx(known.value * unit)
 
@@ -311,4 +315,5 @@ def test_an_extended_deadline_reaches_the_closure_bound_and_phase_2(benchmarks_d
     assert asked[0] >= recompute_objective(cost, simulate(p, res.plan).compute_counts)  # never dearer after
     # the bound's share of the extra ~95 s (0.1 of it) is more than the whole 8 s limit
     assert len(limits) == 1 and limits[0] > opts.time_limit
-    assert [ph["name"] for ph in res.solver.phases] == ["feasibility", "optimize", "closure-guided", "optimize"]
+    names = [ph["name"] for ph in res.solver.phases]
+    assert names[:4] == ["feasibility", "optimize", "closure-guided", "node-lns"] and names[4:] in ([], ["optimize"])
