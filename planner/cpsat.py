@@ -28,8 +28,9 @@ recomputed nor swapped stays resident through t, so
 Phases (planner/planning.py): (1) when no baseline fits, minimise the capacity from the
 lowest-peak baseline and stop at the first plan within budget; (2) minimise added time from the
 best plan so far; when (2) ends without a proof, the recompute-closure bound, then (2) restricted
-to the nodes its solution or the best plan recomputes (``RematModel.restricted``), then (2) again
-from the best plan. Fixed seed and workers; interleaved (deterministic) parallel search.
+to the nodes its solution or the best plan recomputes (``RematModel.restricted``), then (2)
+restricted to the best plan's nodes plus a few drawn at random, step by step (planner/node_lns.py),
+then (2) again from the best plan unless that search proved it optimal. Fixed seed and workers; interleaved (deterministic) parallel search.
 Phase 1 leans on LNS: it interleaves even on one worker, and leaves out CP-SAT's scheduling
 neighbourhoods, which cost seconds each on this model (PlannerOptions.phase1_*).
 """

@@ -58,12 +58,11 @@ def node_lns(m2: RematModel, best: PhaseResult, time_limit: float, step_work: fl
         left = time_limit - (clock.now() - start)
         if left < MIN_STEP_S:
             break
-        counts = np.asarray(best.plan.counts(n)["compute"])
-        recomputed = np.flatnonzero(counts > 1)
+        recomputed = best.plan.recomputed(n)
         others = np.setdiff1d(np.arange(n), recomputed)
         drawn = rng.choice(others, size=min(size, len(others)), replace=False)
         whole = len(drawn) == len(others)
-        nodes = sorted(set(recomputed.tolist()) | set(drawn.tolist()))
+        nodes = sorted(set(recomputed) | set(drawn.tolist()))
         r = m2.solve("node-lns", left, model=m2.restricted(nodes, int(round(best.objective))), work=step_work)
         idle += 1
         status = r.status

@@ -55,6 +55,10 @@ class Plan:
                 swin[e.node] += 1
         return {"compute": comp, "swap_in": swin}
 
+    def recomputed(self, n: int) -> list[int]:
+        """The nodes computed more than once, in order."""
+        return [i for i, c in enumerate(self.counts(n)["compute"]) if c > 1]
+
 
 @dataclass(frozen=True)
 class SolverStats:

@@ -422,16 +422,13 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             # then among plans recomputing the best plan's nodes and a few drawn at random
             moved = node_lns(m2, r2, left() * opt.node_lns_share, opt.node_lns_step, opt.node_lns_size, opt.seed,
                              opt.node_lns_patience)
-            if moved is not None:
-                if moved.status == "OPTIMAL":  # no plan of the model is cheaper: phase 2 is over
-                    r2 = moved
-                elif moved.objective < r2.objective:
-                    phases.append(moved)
-                    r2 = replace(moved, status="FEASIBLE", bound=r2.bound)
-                else:
-                    phases.append(moved)
-                if r2.values is not None:
-                    m2.apply_hint(r2.values)
+            # (it leaves m2 hinted with its best plan, r2's when it found none cheaper)
+            if moved is not None and moved.status == "OPTIMAL":  # no plan of the model is cheaper
+                r2 = moved
+            elif moved is not None:
+                phases.append(moved)
+                if moved.objective < r2.objective:
+                    r2 = replace(moved, bound=r2.bound)
             if r2.status != "OPTIMAL":
                 more = m2.solve("optimize", left())
                 if more.plan is not None and (r2.objective is None or more.objective <= r2.objective):
@@ -454,8 +451,7 @@ def _closure_guided(m2: RematModel, r2: PhaseResult, closure: ClosureBound | Non
     0.8 s, where phase 2 stayed at +2.079% for 300 s."""
     if closure is None or not closure.nodes or r2.plan is None or r2.objective is None:
         return None
-    counts = r2.plan.counts(m2.p.n)["compute"]
-    nodes = set(closure.nodes) | {i for i, c in enumerate(counts) if c > 1}
+    nodes = set(closure.nodes) | set(r2.plan.recomputed(m2.p.n))
     return m2.solve("closure-guided", time_limit, model=m2.restricted(sorted(nodes), int(round(r2.objective))))
 
 

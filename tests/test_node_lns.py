@@ -55,6 +55,7 @@ def test_it_finds_cheaper_plans_that_replay_within_budget(rl100_70):
     assert optimum <= found.objective < r2.objective
     sim = simulate(q, found.plan, budget)  # raises over budget
     assert m2.objective_of_counts(sim.compute_counts) == found.objective
+    assert found.plan.recomputed(q.n) == [i for i, c in enumerate(sim.compute_counts) if c > 1]
     # proven optimal over the model (every node in one neighbourhood): the bound is the plan's
     assert found.bound == (found.objective if found.status == "OPTIMAL" else None)
 
