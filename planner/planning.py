@@ -14,7 +14,10 @@ where a baseline fits in the given order and none in that one, only the given or
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
 not fit. Budgets below :attr:`PlanningProblem.memory_floor` (the most one step needs, or the
 last-input bound of planner.problem.last_input_bound) are infeasible outright; the least memory
-any plan reaches is then computed (exactly when the min-peak search finishes).
+any plan reaches is then computed (exactly on small problems, planner/least.py; else the floor,
+with the lowest plan found). The CP-SAT model's proofs cover its own plans only: where it shows
+that none of them fits, the solve ends without a plan ("timeout", its note says why), not
+"infeasible".
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from planner import clock
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
+from planner.least import least_plan
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
 from planner.plan import SolveResult, SolverStats
@@ -197,6 +201,16 @@ def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOpti
     return growing_closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
 
 
+def _model_bound_note(problem: PlanningProblem, m1: RematModel, best: int | None) -> str:
+    """Why a solve that ended before its time limit has no plan: the min-peak model proved that
+    none of its plans fits, and plans outside it were not searched."""
+    lowest = "" if best is None else \
+        f" (the lowest of those peaks at {best} bytes, {100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
+    return (f"no plan within the budget found: none of the plans the solver's model holds (each node computed "
+            f"at most {m1.opt.max_computations} times) fits{lowest}, and plans outside it were not searched; the "
+            f"least memory any plan reaches is at least {problem.memory_floor} bytes")
+
+
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
     note = f"no plan within the budget found (time limit {seconds:.3g} s)"
     if best is None:
@@ -359,15 +373,19 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 fallback = phase1
             named_hint = m1.values_by_name(r1.values)
         elif fallback is None:
-            lower = m1.bytes_of_capacity(r1.bound) if r1.bound is not None else problem.memory_floor
             best = m1.bytes_of_capacity(r1.objective) if r1.objective is not None else None
-            if r1.status == "OPTIMAL" and best is not None:
-                return _infeasible(problem, budget, opt, t0, phases, least=(best, best, True))
-            if lower is not None and lower > budget:
-                return _infeasible(problem, budget, opt, t0, phases, least=(lower, best, False))
-            return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
-                          solver=_stats(opt, t0, None, None, phases),
-                          note=_timeout_note(problem, opt.time_limit, best))
+            # What the model proves holds over its plans only (module docstring of planner.least):
+            # only the exact search of a small problem, or the floor, says what every plan reaches.
+            exact = least_plan(problem)
+            if exact is not None and exact[0] > budget:
+                return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
+            if exact is not None:  # a plan the model does not hold (it computes a node more often)
+                fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
+            else:
+                proven = r1.status == "OPTIMAL" or (r1.bound is not None and r1.bound > target)
+                note = _model_bound_note(problem, m1, best) if proven else _timeout_note(problem, opt.time_limit, best)
+                return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
+                              solver=_stats(opt, t0, None, None, phases), note=note)
     if not pace.room(left()):  # a fallback fits (else phase 1 ran and returned above)
         return _chosen(problem, budget, opt, t0, phases, fallback,
                        f"no time left to search; kept the {fallback.plan.strategy} plan")
@@ -534,32 +552,45 @@ def _clock_name(opt: PlannerOptions) -> str:
 
 
 def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: float | None = None) -> tuple[int, int | None, bool]:
-    """(lower, upper, exact): the least peak any plan reaches; exact when lower == upper is proven.
+    """(lower, upper, exact): the least peak any plan reaches is at least ``lower``; the lowest
+    plan found peaks at ``upper``; exact when they meet.
 
-    The floor (the most any single step needs) is a lower bound; when a greedy plan reaches it,
-    it is exact. Otherwise CP-SAT minimises the peak within the time limit.
+    A small problem gets the exact search (planner.least). Otherwise the floor is the lower bound
+    (the model's bound and optimum hold over its own plans only, see planner.least), and the
+    upper one is the lowest plan of the baselines at the floor or of CP-SAT minimising the peak
+    within the time limit.
     """
     floor = problem.memory_floor
-    g = baseline(problem, "greedy", floor)
-    if g is not None and g.sim.peak_bytes <= floor:
-        return floor, floor, True
+    exact = least_plan(problem)
+    if exact is not None:
+        return exact[0], exact[0], True
+    t0 = clock.now()
+    limit = time_limit if time_limit is not None else options.time_limit
     cands = [c for c in (baseline(problem, s, floor) for s in BASELINES) if c is not None]
-    cands = [c for c in cands if _max_computations(c) <= options.hint_computations]
-    low = min(cands, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
-    m = RematModel(problem, None, options, [c.plan for c in cands])
+    upper = min(c.sim.peak_bytes for c in cands)
+    if upper <= floor:
+        return floor, floor, True
+    # the greedy's lowest plan, however often it computes a node (the model's hints may not)
+    lo = floor
+    for _ in range(options.ladder_steps):
+        mid = (lo + upper) // 2
+        g = baseline(problem, "greedy", mid, t0 + 0.5 * limit) if mid > lo else None
+        if g is None or g.sim.peak_bytes > mid:
+            lo = mid
+            continue
+        upper = g.sim.peak_bytes
+        cands.append(g)
+    light = [c for c in cands if _max_computations(c) <= options.hint_computations]
+    low = min(light, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
+    m = RematModel(problem, None, options, [c.plan for c in light])
     m.set_objective_peak()
     h = m.hint_from_plan(low.plan)
     if h is not None:
         m.apply_hint(h)
-    r = m.solve("least-peak", time_limit if time_limit is not None else options.time_limit)
-    best = m.bytes_of_capacity(r.objective) if r.objective is not None else low.sim.peak_bytes
+    r = m.solve("least-peak", max(MIN_SEARCH_S, limit - (clock.now() - t0)))
     if r.plan is not None:
-        best = min(best, simulate(problem, r.plan).peak_bytes)
-    best = min(best, low.sim.peak_bytes)
-    lower = max(floor, m.bytes_of_capacity(r.bound) or floor)
-    if r.status == "OPTIMAL":
-        return best, best, True
-    return min(lower, best), best, lower >= best
+        upper = min(upper, simulate(problem, r.plan).peak_bytes)
+    return floor, upper, upper <= floor
 
 
 def _infeasible(problem, budget, opt, t0, phases, least=None) -> SolveResult:

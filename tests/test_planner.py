@@ -465,8 +465,9 @@ def test_knapsack_cuts_never_cut_off_a_plan_with_pinned_outputs(seed):
     budget = (problem.memory_floor + problem.unplanned_peak) // 2
     results = [solve(problem, budget, "cpsat", PlannerOptions(time_limit=10, workers=1, knapsack_cuts=cuts))
                for cuts in (False, True)]
-    assert results[1].status == results[0].status and results[0].status in ("optimal", "infeasible")
-    if results[0].status == "optimal":
+    # feasible: no plan of the model fits, and planner.least's exact plan (outside it) does (seed 3)
+    assert results[1].status == results[0].status and results[0].status in ("optimal", "feasible", "infeasible")
+    if results[0].status != "infeasible":
         assert results[1].added_time == pytest.approx(results[0].added_time)
 
 

@@ -1,0 +1,97 @@
+"""What memplan claims about the least memory any plan reaches, and when it says infeasible.
+
+The CP-SAT model holds plans that compute each node a few times only, so its proofs are no
+bound on every plan: a buffer read by many far-apart readers is best recomputed before each.
+On such a graph the model's least peak is 72 bytes, and a plan at 61 exists."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import planner.planning as planning
+from planner.cpsat import PlannerOptions
+from planner.least import least_plan
+from planner.planning import least_peak, solve
+from planner.problem import PlanningProblem
+from planner.simulate import simulate
+from tests.test_chain_greedy import layered
+from tests.test_memory_floor import exact_least_peak
+
+ONE = PlannerOptions(time_limit=5, workers=1, seed=0, work_limit=True)
+
+
+def far_readers(k: int) -> PlanningProblem:
+    """s -> a (10 B); then k times: y (30) -> x (30) -> r reads a, x and the previous r. Every x
+    step holds y and x (60 B); with a resident too, 70 B and more. Below that, a must be freed
+    across each x step and computed again before each r: k + 1 computations of a."""
+    size, preds, prev = [1, 10], [[], [0]], None
+    for _ in range(k):
+        size += [30, 30, 1]
+        y = len(size) - 3
+        preds += [[0], [y], [1, y + 1] + ([prev] if prev is not None else [])]
+        prev = y + 2
+    return PlanningProblem.build(size=size, cost=[1] * len(size), preds=preds, name=f"far_readers{k}")
+
+
+def no_greedy(monkeypatch) -> None:
+    """The budget greedies find nothing (as on graphs where their heuristics get stuck)."""
+    keep = planning.baseline
+    monkeypatch.setattr(planning, "baseline", lambda p, s, b, d=float("inf"): None if s == "greedy" else keep(p, s, b, d))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=layered(max_n=9))
+def test_the_exact_search_finds_the_least_peak_and_a_plan_at_it(p):
+    peak, plan = least_plan(p)
+    assert peak == exact_least_peak(p) >= p.memory_floor
+    assert simulate(p, plan, peak).peak_bytes == peak
+
+
+def test_the_exact_search_gives_up_on_large_problems_and_on_swaps():
+    assert least_plan(far_readers(8)) is None  # 26 nodes
+    assert least_plan(far_readers(2), max_states=5) is None
+    p = far_readers(2)
+    assert least_plan(p.with_swap([1.0] * p.n)) is None
+
+
+def test_a_plan_outside_the_model_is_not_called_infeasible(monkeypatch):
+    p = far_readers(6)  # 20 nodes: a computed 7 times below 70 B, the model allows 3
+    peak, _ = least_plan(p)
+    assert peak < 70
+    no_greedy(monkeypatch)
+    res = solve(p, 65, "cpsat", ONE)
+    # before: "infeasible: the least memory any plan reaches is 72 bytes" (the model's optimum)
+    assert res.status in ("optimal", "feasible") and res.peak_bytes <= 65
+    assert simulate(p, res.plan, 65).compute_counts[1] == 7
+    below = solve(p, peak - 1, "cpsat", ONE)
+    assert below.status == "infeasible" and below.least_bytes == peak and below.least_exact
+
+
+def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch):
+    p = far_readers(8)
+    no_greedy(monkeypatch)
+    res = solve(p, 65, "cpsat", ONE)
+    assert p.memory_floor <= 65 and res.plan is None
+    assert res.status == "timeout" and res.least_bytes is None
+    assert "none of the plans the solver's model holds (each node computed at most 3 times) fits" in res.note
+    assert f"at least {p.memory_floor} bytes" in res.note
+
+
+def test_the_least_peak_claims_only_the_floor_beyond_the_exact_search(monkeypatch):
+    p = far_readers(8)
+    lower, upper, exact = least_peak(p, ONE, 5)
+    assert lower == p.memory_floor and not exact
+    assert upper <= 62  # the greedy's lowest plan, which computes a 9 times (the model's: 72)
+    no_greedy(monkeypatch)
+    lower, upper, exact = least_peak(p, ONE, 5)
+    assert lower == p.memory_floor < upper and not exact
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_small_graphs_below_their_least_are_infeasible_exactly(k):
+    p = far_readers(k)
+    peak, _ = least_plan(p)
+    res = solve(p, peak - 1, "cpsat", replace(ONE, time_limit=2))
+    assert res.status == "infeasible" and res.least_bytes == peak and res.least_exact
