@@ -5,7 +5,7 @@ constants and inputs. The harness weights every listed output with a fixed rando
 (frozen) and sums, so the output gradient is random rather than all ones; it then builds the
 training graph, runs it in ORT and compares each parameter's gradient with central differences
 of the forward in float64 (ORT where it has float64 kernels, else onnx's reference evaluator, with
-the training graph then run in float32).
+the training graph then run in float32; for float32-only ops everything in float32).
 """
 from __future__ import annotations
 
@@ -64,12 +64,16 @@ def build_model(nodes, params, consts, inputs, outputs, dtype, opset) -> onnx.Mo
 def check_gradients(
     nodes, params: Mapping[str, np.ndarray], *, outputs: Sequence[str] = ("y",), consts=None, inputs=None,
     opset: int = 17, tol64: float = 1e-5, tol32: float = 2e-3, eps: float = 1e-6, freeze: Sequence[str] = (),
+    float64: bool = True,
 ) -> float:
-    """Assert the rule's gradients match finite differences; returns the worst relative error."""
+    """Assert the rule's gradients match finite differences; returns the worst relative error.
+
+    ``float64=False`` is for ops ONNX defines for float32 only (Celu): the whole check, finite
+    differences included, runs in float32 through ORT, so give it a wide ``eps``."""
     consts, inputs = dict(consts or {}), dict(inputs or {})
     options = TrainOptions(freeze=("R_*", *freeze))
-    fwd64 = import_model(build_model(nodes, params, consts, inputs, outputs, np.float64, opset))
-    f64 = gradcheck.has_float64_kernels(fwd64)
+    fwd64 = import_model(build_model(nodes, params, consts, inputs, outputs, np.float64, opset)) if float64 else None
+    f64 = float64 and gradcheck.has_float64_kernels(fwd64)
     dtype = np.float64 if f64 else np.float32
     fwd = fwd64 if f64 else import_model(build_model(nodes, params, consts, inputs, outputs, np.float32, opset))
     step = build_training_graph(fwd, options)
@@ -78,8 +82,9 @@ def check_gradients(
     onnx.checker.check_model(model, full_check=True)
     feeds = _cast(inputs, dtype)
     loss, got = gradcheck.run_training_step(step, feeds)
-    evaluate = gradcheck.loss_evaluator(fwd64, "loss", list(params), use_reference=not f64)
-    want = gradcheck.finite_differences(evaluate, _cast(inputs, np.float64), _cast(params, np.float64), eps=eps)
+    fd_model, fd_dtype = (fwd64, np.float64) if float64 else (fwd, np.float32)
+    evaluate = gradcheck.loss_evaluator(fd_model, "loss", list(params), use_reference=float64 and not f64)
+    want = gradcheck.finite_differences(evaluate, _cast(inputs, fd_dtype), _cast(params, fd_dtype), eps=eps)
     report = gradcheck.compare(got, want, loss)
     name, worst = report.worst
     tol = tol64 if f64 else tol32

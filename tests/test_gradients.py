@@ -2,15 +2,23 @@
 
 Shapes are tiny and random; the cases cover broadcasting and the attribute variants each rule
 handles (Conv groups/strides/pads/dilations, pool variants, BN train mode, LayerNorm axes, Softmax
-axes, Resize modes, Gather axes, Slice steps, Pad modes, Split/Concat, loss reductions).
+axes, Resize modes, Gather axes, Slice steps, Pad modes, Split/Concat, loss reductions, Reduce* axes
+as attribute or input, Einsum equations). Ties (Max/Min, ReduceMax/Min) and the rules that keep only
+their output have tests of their own below.
 """
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
-from gradcase import check_gradients, node
+from gradcase import build_model, check_gradients, node
+from passes import gradcheck
+from passes.autodiff import build_training_graph
 from passes.gradients import supported_ops
+from passes.onnx_import import import_model
+from planner.errors import ModelImportError
 
 I64 = np.int64
 
@@ -38,6 +46,12 @@ CASES = {
                    {"consts": {"e": np.asarray(2.0)}, "freeze": ["e"]}),
     "sum_variadic": ([node("Sum", ["a", "b", "c"], ["y"])], {"a": rnd(2, 3), "b": rnd(3), "c": rnd(1, 1)}, {}),
     "fan_out_same_tensor": ([node("Mul", ["a", "a"], ["y"])], {"a": rnd(3, 2)}, {}),
+    "max_three_broadcast": ([node("Max", ["a", "b", "c"], ["y"])], {"a": rnd(2, 3), "b": rnd(3), "c": rnd(4, 1, 1)},
+                            {}),
+    "min_two_broadcast": ([node("Min", ["a", "b"], ["y"])], {"a": rnd(3, 1), "b": rnd(2, 1, 4)}, {}),
+    "max_single_input": ([node("Max", ["a"], ["y"])], {"a": rnd(2, 3)}, {}),
+    # a tie everywhere: each slot gets g / 2, and the two terms add up to max(a, a)' = 1
+    "max_tie_same_tensor": ([node("Max", ["a", "a"], ["y"])], {"a": rnd(3, 2)}, {}),
     # ---- unary ----
     "sqrt": ([node("Sqrt", ["a"], ["y"])], {"a": rnd(2, 3, low=0.5)}, {}),
     "neg": ([node("Neg", ["a"], ["y"])], {"a": rnd(4)}, {}),
@@ -45,6 +59,8 @@ CASES = {
     "log": ([node("Log", ["a"], ["y"])], {"a": rnd(2, 3, low=0.5)}, {}),
     "reciprocal": ([node("Reciprocal", ["a"], ["y"])], {"a": rnd(2, 3, low=0.5)}, {}),
     "abs": ([node("Abs", ["a"], ["y"])], {"a": rnd(2, 5)}, {}),
+    "sin": ([node("Sin", ["a"], ["y"])], {"a": rnd(2, 5)}, {}),
+    "cos": ([node("Cos", ["a"], ["y"])], {"a": rnd(2, 5)}, {}),
     "identity": ([node("Identity", ["a"], ["y"])], {"a": rnd(2, 5)}, {}),
     "cast_roundtrip": ([node("Cast", ["a"], ["h"], to=1), node("Cast", ["h"], ["y"], to=11)], {"a": rnd(3, 2)},
                        {"eps": 1e-3, "tol64": 1e-3}),  # FD through a float32 cast needs a wide step
@@ -64,6 +80,22 @@ CASES = {
                   {"consts": {"lo": np.asarray(-0.5), "hi": np.asarray(0.7)}}),
     "clip_min_only": ([node("Clip", ["a", "lo"], ["y"])], {"a": rnd(4, 5)}, {"consts": {"lo": np.asarray(-0.2)}}),
     "softplus": ([node("Softplus", ["a"], ["y"])], {"a": rnd(3, 4)}, {}),
+    "prelu_channel_slope": ([node("PRelu", ["x", "s"], ["y"])], {"x": rnd(2, 3, 2, 2), "s": rnd(3, 1, 1)}, {}),
+    "prelu_shared_slope": ([node("PRelu", ["x", "s"], ["y"])], {"x": rnd(3, 4), "s": rnd(1)}, {}),
+    "prelu_frozen_positive_slope": ([node("PRelu", ["x", "s"], ["y"])], {"x": rnd(2, 4)},
+                                    {"consts": {"s": rnd(4, low=0.1)}, "freeze": ["s"]}),
+    "elu": ([node("Elu", ["a"], ["y"], alpha=0.7)], {"a": rnd(3, 4)}, {}),
+    "elu_negative_alpha": ([node("Elu", ["a"], ["y"], alpha=-0.4)], {"a": rnd(3, 4)}, {}),
+    "selu_defaults": ([node("Selu", ["a"], ["y"])], {"a": rnd(3, 4)}, {}),
+    "selu_attrs": ([node("Selu", ["a"], ["y"], alpha=2.0, gamma=0.5)], {"a": rnd(3, 4)}, {}),
+    # ONNX defines Celu for float32 only: the whole check in float32
+    "celu": ([node("Celu", ["a"], ["y"], alpha=0.6)], {"a": rnd(3, 4)}, {"float64": False, "eps": 1e-2}),
+    "celu_negative_alpha": ([node("Celu", ["a"], ["y"], alpha=-1.5)], {"a": rnd(3, 4)},
+                            {"float64": False, "eps": 1e-2}),
+    "thresholded_relu": ([node("ThresholdedRelu", ["a"], ["y"], alpha=0.3)], {"a": rnd(4, 5)}, {"opset": 10}),
+    "thresholded_relu_negative_alpha": ([node("ThresholdedRelu", ["a"], ["y"], alpha=-0.5)], {"a": rnd(4, 5)}, {}),
+    "softsign": ([node("Softsign", ["a"], ["y"])], {"a": 3 * rnd(3, 4)}, {}),
+    "mish": ([node("Mish", ["a"], ["y"])], {"a": 2 * rnd(3, 4)}, {"opset": 18}),
     # ---- softmax family ----
     "softmax_axis1": ([node("Softmax", ["a"], ["y"], axis=1)], {"a": rnd(2, 3, 4)}, {}),
     "softmax_last": ([node("Softmax", ["a"], ["y"])], {"a": rnd(2, 3, 4)}, {}),
@@ -99,6 +131,21 @@ CASES = {
     "gemm_transB": ([node("Gemm", ["a", "b"], ["y"], transB=1, alpha=1.5)], {"a": rnd(3, 4), "b": rnd(2, 4)}, {}),
     "gemm_transAB": ([node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1)],
                      {"a": rnd(4, 3), "b": rnd(2, 4), "c": rnd(3, 2)}, {}),
+    "einsum_batched_matmul": ([node("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik")],
+                              {"a": rnd(2, 3, 4), "b": rnd(2, 4, 5)}, {}),
+    "einsum_index_summed_in_one_operand": ([node("Einsum", ["a", "b"], ["y"], equation="ij,jk->k")],
+                                           {"a": rnd(3, 4), "b": rnd(4, 2)}, {}),
+    "einsum_attention_scores": ([node("Einsum", ["q", "k"], ["y"], equation="bhqd, bhkd -> bhqk")],
+                                {"q": rnd(1, 2, 3, 4), "k": rnd(1, 2, 5, 4)}, {}),
+    "einsum_outer": ([node("Einsum", ["a", "b"], ["y"], equation="i,j->ji")], {"a": rnd(3), "b": rnd(4)}, {}),
+    "einsum_dot": ([node("Einsum", ["a", "b"], ["y"], equation="i,i->")], {"a": rnd(5), "b": rnd(5, seed=1)}, {}),
+    "einsum_implicit_output": ([node("Einsum", ["a", "b"], ["y"], equation="kj,ji")], {"a": rnd(2, 3), "b": rnd(3, 4)},
+                               {}),
+    "einsum_transpose": ([node("Einsum", ["a"], ["y"], equation="ij->ji")], {"a": rnd(2, 3)}, {}),
+    "einsum_one_operand_sum": ([node("Einsum", ["a"], ["y"], equation="ijk->ki")], {"a": rnd(2, 3, 4)}, {}),
+    "einsum_identity": ([node("Einsum", ["a"], ["y"], equation="ij->ij")], {"a": rnd(2, 3)}, {}),
+    "einsum_one_trainable_operand": ([node("Einsum", ["a", "w"], ["y"], equation="ni,oi->no")], {"w": rnd(3, 4)},
+                                     {"inputs": {"a": rnd(2, 4)}}),
     # ---- convolution ----
     "conv_pad1_bias": ([node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
                        {"x": rnd(2, 2, 4, 4), "w": rnd(3, 2, 3, 3), "b": rnd(3)}, {}),
@@ -141,6 +188,36 @@ CASES = {
                          {"consts": {"ax": ints(-1)}}),
     "reduce_sum_all": ([node("ReduceSum", ["x"], ["y"])], {"x": rnd(2, 3)}, {}),
     "reduce_sum_attr_opset11": ([node("ReduceSum", ["x"], ["y"], axes=[0, 2])], {"x": rnd(2, 3, 2)}, {"opset": 11}),
+    "reduce_sum_noop_empty_axes": ([node("ReduceSum", ["x", "ax"], ["y"], noop_with_empty_axes=1)], {"x": rnd(2, 3)},
+                                   {"consts": {"ax": ints()}}),
+    "reduce_max_attr_opset13": ([node("ReduceMax", ["x"], ["y"], axes=[1])], {"x": rnd(2, 4, 3)}, {"opset": 13}),
+    "reduce_max_input_opset18_keepdims0": ([node("ReduceMax", ["x", "ax"], ["y"], keepdims=0)], {"x": rnd(2, 4, 3)},
+                                           {"consts": {"ax": ints(-1, 0)}, "opset": 18}),
+    "reduce_max_all": ([node("ReduceMax", ["x"], ["y"], keepdims=0)], {"x": rnd(3, 4)}, {"opset": 18}),
+    "reduce_min_attr_keepdims0": ([node("ReduceMin", ["x"], ["y"], axes=[0, 2], keepdims=0)], {"x": rnd(3, 2, 4)},
+                                  {}),
+    "reduce_min_input_opset18": ([node("ReduceMin", ["x", "ax"], ["y"])], {"x": rnd(3, 5)},
+                                 {"consts": {"ax": ints(1)}, "opset": 18}),
+    "reduce_sum_square_attr": ([node("ReduceSumSquare", ["x"], ["y"], axes=[1], keepdims=0)], {"x": rnd(2, 3, 4)},
+                               {}),
+    "reduce_sum_square_input_opset18": ([node("ReduceSumSquare", ["x", "ax"], ["y"])], {"x": rnd(2, 3, 4)},
+                                        {"consts": {"ax": ints(0, 2)}, "opset": 18}),
+    # noop_with_empty_axes: no axis reduced, the op maps each element alone (x^2)
+    "reduce_sum_square_noop_opset18": ([node("ReduceSumSquare", ["x", "ax"], ["y"], noop_with_empty_axes=1)],
+                                       {"x": rnd(2, 3)}, {"consts": {"ax": ints()}, "opset": 18}),
+    "reduce_l1_attr_opset11": ([node("ReduceL1", ["x"], ["y"], axes=[-1])], {"x": rnd(3, 4)}, {"opset": 11}),
+    "reduce_l1_input_opset18": ([node("ReduceL1", ["x", "ax"], ["y"], keepdims=0)], {"x": rnd(3, 4)},
+                                {"consts": {"ax": ints(0)}, "opset": 18}),
+    "reduce_l2_attr": ([node("ReduceL2", ["x"], ["y"], axes=[1])], {"x": rnd(3, 4)}, {}),
+    # a zero row: its gradient is 0 (FD agrees: sqrt(eps^2) on both sides), not NaN
+    "reduce_l2_zero_row_opset18": ([node("ReduceL2", ["x", "ax"], ["y"], keepdims=0)],
+                                   {"x": np.vstack([rnd(2, 4), np.zeros((1, 4))])},
+                                   {"consts": {"ax": ints(1)}, "opset": 18}),
+    "reduce_log_sum_exp_attr_opset13": ([node("ReduceLogSumExp", ["x"], ["y"], axes=[0], keepdims=0)],
+                                        {"x": rnd(3, 4)}, {"opset": 13}),
+    "reduce_log_sum_exp_input_opset18": ([node("ReduceLogSumExp", ["x", "ax"], ["y"])], {"x": rnd(2, 3, 4)},
+                                         {"consts": {"ax": ints(1, 2)}, "opset": 18}),
+    "reduce_log_sum_exp_all": ([node("ReduceLogSumExp", ["x"], ["y"])], {"x": rnd(2, 3)}, {}),
     # ---- shape ops ----
     "reshape": ([node("Reshape", ["x", "s"], ["y"])], {"x": rnd(2, 3, 4)}, {"consts": {"s": ints(4, -1)}}),
     "flatten": ([node("Flatten", ["x"], ["y"], axis=2)], {"x": rnd(2, 3, 2, 2)}, {}),
@@ -163,6 +240,20 @@ CASES = {
                                 {"inputs": {"i": np.asarray([[1, -1], [1, 0]], I64)}}),
     "gather_scalar_index": ([node("Gather", ["x", "i"], ["y"], axis=1)], {"x": rnd(2, 4)},
                             {"consts": {"i": np.asarray(2, I64)}}),
+    "gather_elements_axis1_negative_dupes": ([node("GatherElements", ["x", "i"], ["y"], axis=1)], {"x": rnd(3, 4)},
+                                             {"consts": {"i": np.asarray([[0, -1, -1], [2, 0, 3], [-4, 1, 1]], I64)}}),
+    "gather_elements_axis0_runtime_smaller": ([node("GatherElements", ["x", "i"], ["y"])], {"x": rnd(3, 4, 2)},
+                                              {"inputs": {"i": np.asarray([[[2], [0], [-1]], [[2], [2], [1]]], I64)}}),
+    "cumsum": ([node("CumSum", ["x", "ax"], ["y"])], {"x": rnd(3, 4)}, {"consts": {"ax": np.asarray(1, I64)}}),
+    "cumsum_exclusive_reverse": ([node("CumSum", ["x", "ax"], ["y"], exclusive=1, reverse=1)], {"x": rnd(2, 5, 2)},
+                                 {"consts": {"ax": np.asarray(-2, np.int32)}}),
+    "cumsum_exclusive": ([node("CumSum", ["x", "ax"], ["y"], exclusive=1)], {"x": rnd(4, 3)},
+                         {"consts": {"ax": np.asarray(0, I64)}}),
+    "cumsum_reverse": ([node("CumSum", ["x", "ax"], ["y"], reverse=1)], {"x": rnd(4, 3)},
+                       {"consts": {"ax": np.asarray(0, I64)}}),
+    "trilu_upper": ([node("Trilu", ["x"], ["y"])], {"x": rnd(2, 3, 4)}, {}),
+    "trilu_lower_k": ([node("Trilu", ["x", "k"], ["y"], upper=0)], {"x": rnd(4, 3)},
+                      {"consts": {"k": np.asarray(-1, I64)}}),
     "expand": ([node("Expand", ["x", "s"], ["y"])], {"x": rnd(3, 1)}, {"consts": {"s": ints(2, 3, 4)}}),
     "tile": ([node("Tile", ["x", "r"], ["y"])], {"x": rnd(2, 3)}, {"consts": {"r": ints(2, 3)}}),
     "where": ([node("Where", ["c", "a", "b"], ["y"])], {"a": rnd(2, 3), "b": rnd(3)},
@@ -205,6 +296,8 @@ CASES = {
     "dropout_ratio0_training": ([node("Dropout", ["x", "r", "tm"], ["y"])], {"x": rnd(3, 4)},
                                 {"consts": {"r": np.asarray(0.0), "tm": np.asarray(True)}}),
     "dropout_inference": ([node("Dropout", ["x"], ["y"])], {"x": rnd(3, 4)}, {}),
+    # Hardmax is piecewise constant (STOP_GRADIENT): d(a * hardmax(a)) = hardmax(a) away from ties
+    "hardmax_stops_gradient": ([node("Hardmax", ["a"], ["h"]), node("Mul", ["a", "h"], ["y"])], {"a": rnd(3, 4)}, {}),
 }
 
 
@@ -218,3 +311,53 @@ def test_every_rule_has_a_case():
     """Each registered op type appears in at least one case above."""
     used = {n.op_type for nodes, _, _ in CASES.values() for n in nodes}
     assert set(supported_ops()) <= used, f"untested rules: {sorted(set(supported_ops()) - used)}"
+
+
+def _training_step(nodes, params, consts=None, opset=17, dtype=np.float64):
+    return build_training_graph(import_model(build_model(nodes, params, consts or {}, {}, ["y"], dtype, opset)))
+
+
+@pytest.mark.parametrize("equation, shapes, problem", [
+    ("ii->i", [(3, 3)], "repeated within one operand"),
+    ("ij,jj->i", [(2, 3), (3, 3)], "repeated within one operand"),
+    ("...ij,jk->...ik", [(2, 3, 4), (4, 5)], "ellipsis"),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)], "3 operands"),
+])
+def test_unsupported_einsum_names_node_and_equation(equation, shapes, problem):
+    names = [f"p{k}" for k in range(len(shapes))]
+    nodes = [node("Einsum", names, ["y"], equation=equation, name="the_einsum")]
+    with pytest.raises(ModelImportError) as err:
+        _training_step(nodes, {n: rnd(*s) for n, s in zip(names, shapes)})
+    message = str(err.value)
+    assert "'the_einsum' (Einsum)" in message and repr(equation) in message and problem in message
+
+
+def test_gather_elements_before_opset16_says_which_opset():
+    nodes = [node("GatherElements", ["x", "i"], ["y"], name="ge")]
+    with pytest.raises(ModelImportError, match=r"'ge' \(GatherElements\).*opset >= 16"):
+        _training_step(nodes, {"x": rnd(2, 3)}, {"i": np.asarray([[0, 1, 2]], I64)}, opset=15)
+
+
+def test_reduce_max_splits_ties_evenly():
+    """ReduceMax: g is shared evenly between tied maxima (FD cannot check a tie: it is a kink)."""
+    x = np.asarray([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0], [5.0, 5.0, 5.0]])
+    nodes = [node("ReduceMax", ["x"], ["m"], axes=[1], keepdims=0), node("ReduceSum", ["m"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "tie", [], [helper.make_tensor_value_info("loss", onnx.TensorProto.DOUBLE, [])],
+                              initializer=[numpy_helper.from_array(x, "x")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _, grads = gradcheck.run_training_step(build_training_graph(import_model(model)), {})
+    np.testing.assert_allclose(grads["x"], [[0, 0.5, 0.5], [0.5, 0, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+
+
+@pytest.mark.parametrize("op, attrs, saved", [
+    ("Softsign", {}, ["y"]),
+    ("Celu", {"alpha": 0.5}, ["y"]),
+    ("Elu", {"alpha": 0.5}, ["y"]),
+    ("Elu", {"alpha": -0.5}, ["x"]),
+    ("ThresholdedRelu", {"alpha": 0.5}, ["y"]),
+])
+def test_activation_keeps_its_output_where_that_suffices(op, attrs, saved):
+    dtype = np.float32 if op == "Celu" else np.float64  # ONNX's Celu is float32 only
+    step = _training_step([node(op, ["x"], ["y"], name="act", **attrs)], {"x": rnd(2, 3)}, dtype=dtype)
+    assert list(step.saved["act"]) == saved

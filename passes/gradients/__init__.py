@@ -111,7 +111,7 @@ RULES: dict[str, GradRule] = {}
 STOP_GRADIENT = frozenset({
     "Floor", "Ceil", "Round", "Sign", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform",
     "ConstantOfShape", "Range", "EyeLike", "Shape", "Size", "ArgMax", "ArgMin", "OneHot", "NonZero",
-    "Bernoulli", "Multinomial",
+    "Bernoulli", "Multinomial", "Hardmax",
 })
 
 

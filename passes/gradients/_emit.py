@@ -188,7 +188,7 @@ class Emitter:
         shape = [1 if i in axes else d for i, d in enumerate(self.shape(x))]
         if not keepdims:
             shape = [d for i, d in enumerate(self.shape(x)) if i not in axes]
-        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        axes_as_input = self.opset >= axes_input_since(op_type)
         if axes_as_input:
             return self.op(op_type, [x, self.ints(axes)], shape, self.dtype(x), keepdims=int(keepdims))
         return self.op(op_type, [x], shape, self.dtype(x), axes=axes, keepdims=int(keepdims))
@@ -244,6 +244,11 @@ class Emitter:
         perm = [i for i in range(rank) if i != axis] + [axis]
         moved = self.matmul(self.transpose(g, perm), m)
         return self.transpose(moved, np.argsort(perm))
+
+
+def axes_input_since(op_type: str) -> int:
+    """First opset where a Reduce* op takes ``axes`` as an input (an attribute before)."""
+    return 13 if op_type == "ReduceSum" else 18
 
 
 def prod(values: Sequence[int]) -> int:

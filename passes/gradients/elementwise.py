@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from passes.gradients import BackwardContext, register
 
 
@@ -76,6 +78,21 @@ def pow_(ctx: BackwardContext) -> dict[int, int]:
         db = em.mul(em.mul(g, ctx.y()), em.unary("Log", ctx.x(0)))
         out[1] = em.unbroadcast(db, ctx.x_shape(1))
     return out
+
+
+@register("Max", "Min", inputs=None)
+def max_min(ctx: BackwardContext) -> dict[int, int]:
+    """The gradient goes to the inputs equal to the output, split evenly between ties (so the input
+    gradients always sum to g, as for ReduceMax). Reads every input and the output."""
+    em, g = ctx.em, ctx.dy()
+    n = len(ctx.node.inputs)
+    if n == 1:
+        return {0: g} if ctx.needs(0) else {}
+    y = ctx.y()
+    hits = [em.cast(em.binary("Equal", ctx.x(i), y), em.dtype(g)) for i in range(n)]
+    count = em.op("Sum", hits, em.shape(y), em.dtype(g))
+    share = em.div(g, count)
+    return {i: em.unbroadcast(em.mul(share, hits[i]), ctx.x_shape(i)) for i in sorted(ctx.need)}
 
 
 @register("Neg")
@@ -230,6 +247,100 @@ def clip(ctx: BackwardContext) -> dict[int, int]:
         upper = em.binary("LessOrEqual" if ctx.opset >= 12 else "Less", x, hi)
         cond = upper if cond is None else em.binary("And", cond, upper)
     return {0: ctx.dy() if cond is None else _mask(ctx, cond)}
+
+
+@register("PRelu", inputs=(0, 1))
+def prelu(ctx: BackwardContext) -> dict[int, int]:
+    """y = x (x > 0) or slope * x, slope broadcast to x: dx = g or g * slope, dslope = g * x where
+    x <= 0, summed over the broadcast axes. A constant positive slope keeps the output's sign, so
+    when only dx is needed the output is what is kept."""
+    em, g = ctx.em, ctx.dy()
+    slope_const = ctx.const_input(1)
+    keep_y = not ctx.needs(1) and slope_const is not None and bool(np.all(slope_const > 0))
+    t = ctx.y() if keep_y else ctx.x(0)
+    positive = em.binary("Greater", t, em.scalar(0.0, t))
+    out = {}
+    if ctx.needs(0):
+        out[0] = em.where(positive, g, em.mul(g, ctx.x(1)))
+    if ctx.needs(1):
+        out[1] = em.unbroadcast(em.where(positive, em.scalar(0.0, g), em.mul(g, t)), ctx.x_shape(1))
+    return out
+
+
+def _exponential_linear(ctx: BackwardContext, pos: float, neg: float) -> dict[int, int]:
+    """y = pos * x (x > 0) or neg * (exp(x) - 1): the slope is pos, or neg * exp(x) = y + neg. When
+    pos > 0 and neg >= 0 the output has the input's sign and is all that is kept."""
+    em, g = ctx.em, ctx.dy()
+    if pos > 0 and neg >= 0:
+        y = ctx.y()
+        positive = em.binary("Greater", y, em.scalar(0.0, y))
+        return {0: em.where(positive, em.scale(g, pos), em.mul(g, em.add(y, em.scalar(neg, y))))}
+    x = ctx.x(0)
+    positive = em.binary("Greater", x, em.scalar(0.0, x))
+    return {0: em.where(positive, em.scale(g, pos), em.mul(em.scale(g, neg), em.unary("Exp", x)))}
+
+
+@register("Elu")
+def elu(ctx: BackwardContext) -> dict[int, int]:
+    return _exponential_linear(ctx, 1.0, float(ctx.attr("alpha", 1.0)))
+
+
+@register("Selu")
+def selu(ctx: BackwardContext) -> dict[int, int]:
+    """gamma * Elu(x, alpha); the defaults are ONNX's (float32 constants)."""
+    alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
+    gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
+    return _exponential_linear(ctx, gamma, gamma * alpha)
+
+
+@register("Celu")
+def celu(ctx: BackwardContext) -> dict[int, int]:
+    """y = x (x > 0) or alpha * (exp(x / alpha) - 1): the slope is 1, or exp(x / alpha) = y / alpha + 1.
+    For any alpha != 0 the output has the input's sign, so only the output is kept."""
+    em, g, y = ctx.em, ctx.dy(), ctx.y()
+    alpha = float(ctx.attr("alpha", 1.0))
+    positive = em.binary("Greater", y, em.scalar(0.0, y))
+    return {0: em.where(positive, g, em.mul(g, em.add(em.scale(y, 1.0 / alpha), em.scalar(1.0, y))))}
+
+
+@register("ThresholdedRelu")
+def thresholded_relu(ctx: BackwardContext) -> dict[int, int]:
+    """Gradient passes where x > alpha. For alpha >= 0 that is where y > 0, and Sign(y) is the 0/1
+    mask (as for Relu); a negative alpha lets negative values through, so the input is kept."""
+    em, g = ctx.em, ctx.dy()
+    alpha = float(ctx.attr("alpha", 1.0))
+    if alpha >= 0:
+        return {0: em.mul(g, em.unary("Sign", ctx.y()))}
+    x = ctx.x(0)
+    return {0: _mask(ctx, em.binary("Greater", x, em.scalar(alpha, x)))}
+
+
+@register("Softsign")
+def softsign(ctx: BackwardContext) -> dict[int, int]:
+    """y = x / (1 + |x|): dx = g / (1 + |x|)^2 = g * (1 - |y|)^2."""
+    em, y = ctx.em, ctx.y()
+    s = em.sub(em.scalar(1.0, y), em.unary("Abs", y))
+    return {0: em.mul(ctx.dy(), em.mul(s, s))}
+
+
+@register("Mish")
+def mish(ctx: BackwardContext) -> dict[int, int]:
+    """y = x * t, t = tanh(softplus(x)): dx = g * (t + x * (1 - t^2) * sigmoid(x))."""
+    em, x = ctx.em, ctx.x(0)
+    t = em.unary("Tanh", em.unary("Softplus", x))
+    dt = em.mul(em.sub(em.scalar(1.0, x), em.mul(t, t)), em.unary("Sigmoid", x))
+    return {0: em.mul(ctx.dy(), em.add(t, em.mul(x, dt)))}
+
+
+@register("Sin")
+def sin(ctx: BackwardContext) -> dict[int, int]:
+    return {0: ctx.em.mul(ctx.dy(), ctx.em.unary("Cos", ctx.x(0)))}
+
+
+@register("Cos")
+def cos(ctx: BackwardContext) -> dict[int, int]:
+    em = ctx.em
+    return {0: em.neg(em.mul(ctx.dy(), em.unary("Sin", ctx.x(0))))}
 
 
 @register("Softplus")

@@ -1,4 +1,4 @@
-"""Gradients of MatMul (batched, broadcast, 1-D operands) and Gemm.
+"""Gradients of MatMul (batched, broadcast, 1-D operands), Gemm and Einsum (one or two operands).
 
 For the common ``[..., n, k] @ [k, m]`` (every linear layer of a transformer) the weight gradient is
 one Gemm over the flattened batch and no Transpose is emitted; Reshape is free in ORT.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import prod
+from planner.errors import ModelImportError
 
 
 def _swap_last(rank: int) -> list[int]:
@@ -66,3 +67,52 @@ def gemm(ctx: BackwardContext) -> dict[int, int]:
     if ctx.needs(2):
         out[2] = em.unbroadcast(em.scale(g, beta), ctx.x_shape(2))
     return out
+
+
+# ---- einsum -----------------------------------------------------------------------------------
+def _einsum_terms(ctx: BackwardContext) -> tuple[list[str], str]:
+    """(input index strings, output index string) of a one- or two-operand Einsum without ellipsis
+    or an index repeated within one term; ModelImportError otherwise."""
+    equation = str(ctx.attr("equation", "")).replace(" ", "")
+    lhs, arrow, out = equation.partition("->")
+    terms = lhs.split(",")
+    problem = None
+    if "." in equation:
+        problem = "an ellipsis"
+    elif len(terms) > 2:
+        problem = f"{len(terms)} operands"
+    elif any(len(set(t)) != len(t) for t in terms + [out]):
+        problem = "an index repeated within one operand (a diagonal)"
+    if problem is not None:
+        raise ModelImportError(
+            f"no gradient rule for node {ctx.node.name!r} (Einsum) with equation {equation!r}: it has {problem}; "
+            "memplan differentiates one- and two-operand Einsums whose indices appear once per operand, "
+            "without '...'; rewrite the equation (or freeze the weights before it with --freeze PATTERN)"
+        )
+    if not arrow:  # implicit output: the indices that appear once, in alphabetical order
+        letters = lhs.replace(",", "")
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    return terms, out
+
+
+@register("Einsum", inputs=None)
+def einsum(ctx: BackwardContext) -> dict[int, int]:
+    """Each operand's gradient is an Einsum of g with the other operand onto the operand's indices.
+    An index only the operand itself has (summed in the forward) is broadcast back with Expand."""
+    em, g = ctx.em, ctx.dy()
+    terms, out_term = _einsum_terms(ctx)
+    dims = {c: d for i, term in enumerate(terms) for c, d in zip(term, ctx.x_shape(i))}
+    grads = {}
+    for i in sorted(ctx.need):
+        others = [j for j in range(len(terms)) if j != i]
+        seen = out_term + "".join(terms[j] for j in others)
+        present = "".join(c for c in terms[i] if c in seen)
+        equation = ",".join([out_term, *(terms[j] for j in others)]) + "->" + present
+        if equation == f"{out_term}->{out_term}":
+            partial = g
+        else:
+            partial = em.op("Einsum", [g, *(ctx.x(j) for j in others)], [dims[c] for c in present], em.dtype(g),
+                            equation=equation)
+        kept = [dims[c] if c in present else 1 for c in terms[i]]
+        grads[i] = em.expand(em.reshape(partial, kept), ctx.x_shape(i))
+    return grads

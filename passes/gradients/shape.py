@@ -1,5 +1,5 @@
-"""Gradients of data-movement ops (reshape, transpose, concat/split, slice, gather, pad, resize)
-and of ReduceSum/ReduceMean.
+"""Gradients of data-movement ops (reshape, transpose, concat/split, slice, gather, pad, resize),
+of CumSum and Trilu, and of the Reduce* ops.
 
 Shapes and the constant inputs (shape, axes, starts, pads, scales) are static after import, so the
 per-axis maps of Slice with steps, Pad reflect/edge/wrap and Resize are built here as small
@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from passes.gradients import BackwardContext, register
-from passes.gradients._emit import prod
+from passes.gradients._emit import axes_input_since, prod
 from planner.errors import ModelImportError
 
 
@@ -205,6 +205,40 @@ def gather(ctx: BackwardContext) -> dict[int, int]:
     return {0: em.transpose(scattered, back)}
 
 
+@register("GatherElements")
+def gather_elements(ctx: BackwardContext) -> dict[int, int]:
+    """Scatter-add g into zeros at the same positions (ScatterElements with reduction='add', opset
+    16+; it takes negative indices as GatherElements does)."""
+    em, g = ctx.em, ctx.dy()
+    if ctx.opset < 16:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (GatherElements) needs ScatterElements with reduction='add' (opset 16) "
+            "for its gradient; export the model with opset >= 16"
+        )
+    x_shape = ctx.x_shape(0)
+    axis = int(ctx.attr("axis", 0)) % len(x_shape)
+    zeros = em.zeros(x_shape, em.dtype(g))
+    return {0: em.op("ScatterElements", [zeros, ctx.x(1), g], x_shape, em.dtype(g), axis=axis, reduction="add")}
+
+
+# ---- scans and masks --------------------------------------------------------------------------
+@register("CumSum")
+def cum_sum(ctx: BackwardContext) -> dict[int, int]:
+    """Each input element feeds the outputs after it (before it when reverse): the adjoint is the
+    cumulative sum of g in the other direction, exclusive when the forward was."""
+    em, g = ctx.em, ctx.dy()
+    reverse, exclusive = int(ctx.attr("reverse", 0)), int(ctx.attr("exclusive", 0))
+    return {0: em.op("CumSum", [g, ctx.x(1)], em.shape(g), em.dtype(g), reverse=1 - reverse, exclusive=exclusive)}
+
+
+@register("Trilu")
+def trilu(ctx: BackwardContext) -> dict[int, int]:
+    """A fixed mask: dx is g under the same mask (same upper and k)."""
+    em, g = ctx.em, ctx.dy()
+    inputs = [g, ctx.x(1)] if ctx.has_input(1) else [g]
+    return {0: em.op("Trilu", inputs, em.shape(g), em.dtype(g), upper=int(ctx.attr("upper", 1)))}
+
+
 # ---- resize -----------------------------------------------------------------------------------
 def _source_coordinate(x: np.ndarray, scale: float, n_in: int, n_out: int, mode: str) -> np.ndarray:
     """ONNX Resize coordinate_transformation_mode: output coordinate -> input coordinate."""
@@ -289,20 +323,70 @@ def resize(ctx: BackwardContext) -> dict[int, int]:
 
 
 # ---- reductions -------------------------------------------------------------------------------
+def _reduced_axes(ctx: BackwardContext) -> list[int]:
+    """The axes a Reduce* node reduces: all when ``axes`` is absent or empty, none when it is empty
+    and noop_with_empty_axes is set (the op then maps each element alone: x, x^2, |x|, ...)."""
+    rank = len(ctx.x_shape(0))
+    axes = _axes(ctx, 1, axes_input_since(ctx.node.op_type), rank)
+    if not axes:
+        return [] if int(ctx.attr("noop_with_empty_axes", 0)) else list(range(rank))
+    return axes
+
+
+def _kept(ctx: BackwardContext, t: int, axes: list[int]) -> int:
+    """A reduction's output (or its gradient) ``t`` with the reduced axes kept as size 1, so it
+    broadcasts against the input whatever keepdims was."""
+    return ctx.em.reshape(t, [1 if a in axes else d for a, d in enumerate(ctx.x_shape(0))])
+
+
 @register("ReduceSum", "ReduceMean")
 def reduce_sum_mean(ctx: BackwardContext) -> dict[int, int]:
     """Broadcast g back over the reduced axes (divided by their size for the mean)."""
-    em = ctx.em
-    x_shape = ctx.x_shape(0)
-    rank = len(x_shape)
-    attr_before = 13 if ctx.node.op_type == "ReduceSum" else 18
-    axes = _axes(ctx, 1, attr_before, rank)
-    if axes is None or not axes:
-        if int(ctx.attr("noop_with_empty_axes", 0)):
-            return {0: ctx.dy()}
-        axes = list(range(rank))
+    em, x_shape = ctx.em, ctx.x_shape(0)
+    axes = _reduced_axes(ctx)
     g = ctx.dy()
     if ctx.node.op_type == "ReduceMean":
         g = em.scale(g, 1.0 / prod(x_shape[a] for a in axes))
-    kept = [1 if a in axes else d for a, d in enumerate(x_shape)]
-    return {0: em.expand(em.reshape(g, kept), x_shape)}
+    return {0: em.expand(_kept(ctx, g, axes), x_shape)}
+
+
+@register("ReduceSumSquare", "ReduceL1")
+def reduce_sum_square_l1(ctx: BackwardContext) -> dict[int, int]:
+    """sum x^2: dx = 2 x g; sum |x|: dx = Sign(x) g (0 at x = 0)."""
+    em, x = ctx.em, ctx.x(0)
+    g = _kept(ctx, ctx.dy(), _reduced_axes(ctx))
+    if ctx.node.op_type == "ReduceL1":
+        return {0: em.mul(g, em.unary("Sign", x))}
+    return {0: em.mul(em.scale(g, 2.0), x)}
+
+
+@register("ReduceL2")
+def reduce_l2(ctx: BackwardContext) -> dict[int, int]:
+    """y = sqrt(sum x^2): dx = x g / y; 0 where y = 0 (x is all zero there; the subgradient
+    PyTorch's norm also picks), so a zero row does not make NaNs."""
+    em = ctx.em
+    axes = _reduced_axes(ctx)
+    y = _kept(ctx, ctx.y(), axes)
+    zero = em.binary("Equal", y, em.scalar(0.0, y))
+    safe_y = em.where(zero, em.scalar(1.0, y), y)
+    return {0: em.mul(ctx.x(0), em.div(_kept(ctx, ctx.dy(), axes), safe_y))}
+
+
+@register("ReduceLogSumExp")
+def reduce_log_sum_exp(ctx: BackwardContext) -> dict[int, int]:
+    """y = log sum exp(x): dx = g exp(x - y), a softmax over the reduced axes."""
+    em = ctx.em
+    axes = _reduced_axes(ctx)
+    weights = em.unary("Exp", em.sub(ctx.x(0), _kept(ctx, ctx.y(), axes)))
+    return {0: em.mul(weights, _kept(ctx, ctx.dy(), axes))}
+
+
+@register("ReduceMax", "ReduceMin")
+def reduce_max_min(ctx: BackwardContext) -> dict[int, int]:
+    """g goes to the elements equal to the extreme, split evenly between ties (PyTorch's amax/amin
+    convention; the input gradient sums to g)."""
+    em = ctx.em
+    axes = _reduced_axes(ctx)
+    g = _kept(ctx, ctx.dy(), axes)
+    hit = em.cast(em.binary("Equal", ctx.x(0), _kept(ctx, ctx.y(), axes)), em.dtype(g))
+    return {0: em.mul(hit, em.div(g, em.reduce_sum(hit, axes)))}
