@@ -10,6 +10,7 @@ largest gradient, for gradients that are zero in theory). Prints one Markdown ta
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,10 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 def main(names: list[str]) -> None:
     names = names or [f"zoo:{n}" for n in sorted(models.ZOO)] + sorted(p.stem for p in FIXTURES.glob("*.onnx"))
+    unknown = [n for n in names if not (n[4:] in models.ZOO if n.startswith("zoo:") else (FIXTURES / f"{n}.onnx").exists())]
+    if unknown:
+        known = [f"zoo:{n}" for n in sorted(models.ZOO)] + sorted(p.stem for p in FIXTURES.glob("*.onnx"))
+        sys.exit(f"unknown model {', '.join(unknown)}; choose from {', '.join(known)}")
     print(f"gradient rules: {len(supported_ops())} op types\n")
     print("| model | reference | params | loss | worst param | worst rel. error | seconds |")
     print("|---|---|---|---|---|---|---|")
@@ -46,4 +51,6 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="zoo:NAME or a fixture stem (default: every zoo model and fixture)")
+    main(parser.parse_args().names)
