@@ -248,11 +248,15 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
             f"{const}; {tail}", least_bytes=unplanned)
     word = "is" if result.least_exact else "is at least"
     share = f", {100 * least / unplanned:.1f}% of the unplanned peak" if unplanned else ""  # for --budget N%
+    best, found = result.best_bytes, ""
+    if best is not None and not result.least_exact and (unplanned is None or best < unplanned):
+        of = f", {100 * best / unplanned:.1f}%" if unplanned else ""
+        found = f", and the lowest plan found peaks at {best} ({format_bytes(best)}{of})"
     if budget < result.base_bytes:
         tail += (f", below the {result.base_bytes} bytes ({format_bytes(result.base_bytes)}) that initializers and "
                  f"graph inputs hold throughout: check the budget's unit")
     return BudgetInfeasibleError(
-        f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}{share}); {tail}",
+        f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}{share}){found}; {tail}",
         least_bytes=least)
 
 

@@ -98,7 +98,7 @@ class SolveResult:
     solver: SolverStats = field(default_factory=SolverStats)
     least_bytes: int | None = None  # when infeasible: least peak any plan reaches (or a lower bound)
     least_exact: bool = False  # least_bytes is exact (else a proven lower bound)
-    best_bytes: int | None = None  # when timeout: peak of the lowest plan found (over the budget)
+    best_bytes: int | None = None  # when timeout, or infeasible and not exact: peak of the lowest plan found
     note: str = ""
     # "given": the plan computes nodes first in the problem's order; "memory-aware:<start>": in
     # the order planner/reorder.py found from that start (bound and gap are then for that order)

@@ -558,7 +558,7 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     A small problem gets the exact search (planner.least). Otherwise the floor is the lower bound
     (the model's bound and optimum hold over its own plans only, see planner.least), and the
     upper one is the lowest plan of the baselines at the floor or of CP-SAT minimising the peak
-    within the time limit.
+    within ``least_share`` of the time limit.
     """
     floor = problem.memory_floor
     exact = least_plan(problem)
@@ -587,7 +587,7 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     h = m.hint_from_plan(low.plan)
     if h is not None:
         m.apply_hint(h)
-    r = m.solve("least-peak", max(MIN_SEARCH_S, limit - (clock.now() - t0)))
+    r = m.solve("least-peak", max(MIN_SEARCH_S, min(options.least_share * limit, limit - (clock.now() - t0))))
     if r.plan is not None:
         upper = min(upper, simulate(problem, r.plan).peak_bytes)
     return floor, upper, upper <= floor
@@ -609,4 +609,4 @@ def _infeasible(problem, budget, opt, t0, phases, least=None) -> SolveResult:
         note = f"the least memory any plan reaches is at least {lower} bytes" + (
             f" (best plan found: {upper} bytes)" if upper is not None else "")
     return _empty(problem, budget, "cpsat", status="infeasible", solver=_stats(opt, t0, None, None, phases),
-                  least_bytes=lower, least_exact=exact, note=note)
+                  least_bytes=lower, least_exact=exact, best_bytes=None if exact else upper, note=note)

@@ -95,3 +95,30 @@ def test_small_graphs_below_their_least_are_infeasible_exactly(k):
     peak, _ = least_plan(p)
     res = solve(p, peak - 1, "cpsat", replace(ONE, time_limit=2))
     assert res.status == "infeasible" and res.least_bytes == peak and res.least_exact
+
+
+def test_below_the_floor_the_search_is_short_and_the_lowest_plan_is_named(monkeypatch, benchmarks_dir, capsys):
+    # RL100 at 50%: infeasible by its floor at once; the min-peak search only lowers the lowest
+    # plan found, so it gets a quarter of the time limit, and the error names that plan.
+    from click.testing import CliRunner
+
+    import cli
+    from planner.cpsat import RematModel
+    from tests.helpers import random_layered
+
+    p = random_layered(benchmarks_dir, 100)
+    limits = []
+    solve_model = RematModel.solve
+    monkeypatch.setattr(RematModel, "solve", lambda self, name, limit, *a, **k:
+                        limits.append(limit) or solve_model(self, name, limit, *a, **k))
+    res = solve(p, p.budget_for(0.5), "cpsat", replace(ONE, time_limit=4))
+    assert res.status == "infeasible" and res.least_bytes == p.memory_floor and not res.least_exact
+    assert limits and all(limit <= 0.25 * 4 for limit in limits)  # one search per order (planner/reorder.py)
+    assert p.memory_floor < res.best_bytes < p.unplanned_peak
+    path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    out = CliRunner().invoke(cli.main, ["plan", str(path), "--budget", "50%", "--time-limit", "4", "--deterministic",
+                                        "--workers", "1"])
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1
+    assert f"is at least {p.memory_floor} " in out.output
+    found = int(out.output.split("the lowest plan found peaks at ")[1].split()[0])
+    assert p.memory_floor < found < p.unplanned_peak
