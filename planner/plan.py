@@ -18,8 +18,9 @@ from planner.problem import PlanningProblem
 
 SCHEMA = "memplan.plan/1"
 OPS = ("compute", "free", "swap_out", "swap_in")
-#: cpsat: optimal / feasible (a plan, gap > 0) / infeasible (proven, least memory given) / timeout
-#: (no plan in time). Baselines: feasible, or over_budget when their plan does not fit.
+#: cpsat: optimal / feasible (a plan, gap > 0) / infeasible (proven over every plan, least memory
+#: given) / timeout (no plan found: the time ran out, or the solver's model holds none that fits).
+#: Baselines: feasible, or over_budget when their plan does not fit.
 STATUSES = ("optimal", "feasible", "infeasible", "timeout", "over_budget")
 
 
