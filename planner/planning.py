@@ -207,8 +207,9 @@ def _model_bound_note(problem: PlanningProblem, m1: RematModel, best: int | None
     lowest = "" if best is None else \
         f" (the lowest of those peaks at {best} bytes, {100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
     return (f"no plan within the budget found: none of the plans the solver's model holds (each node computed "
-            f"at most {m1.opt.max_computations} times) fits{lowest}, and plans outside it were not searched; the "
-            f"least memory any plan reaches is at least {problem.memory_floor} bytes")
+            f"at most {m1.opt.max_computations} times) fits{lowest}, and plans outside it were not searched "
+            f"(--max-computations raises that count); the least memory any plan reaches is at least "
+            f"{problem.memory_floor} bytes")
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:

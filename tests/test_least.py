@@ -76,7 +76,10 @@ def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch
     assert p.memory_floor <= 65 and res.plan is None
     assert res.status == "timeout" and res.least_bytes is None
     assert "none of the plans the solver's model holds (each node computed at most 3 times) fits" in res.note
-    assert f"at least {p.memory_floor} bytes" in res.note
+    assert f"at least {p.memory_floor} bytes" in res.note and "--max-computations" in res.note
+    # and with the count the note suggests, the model holds a plan (a computed 9 times)
+    more = solve(p, 65, "cpsat", replace(ONE, max_computations=9))
+    assert more.status == "optimal" and more.peak_bytes <= 65
 
 
 def test_the_least_peak_claims_only_the_floor_beyond_the_exact_search(monkeypatch):
