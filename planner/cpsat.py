@@ -72,6 +72,10 @@ class PlannerOptions:
     # Computations allowed per node (original + recomputes). 3 = two extra where needed; a
     # hint that computes a node more often raises that node's count so hints stay representable.
     max_computations: int = 3
+    # When phase 1 proves that no plan of its model fits the budget, it tries again with
+    # max_computations doubled, up to this many (a buffer read by 8 far-apart readers, each after
+    # a step that needs the memory it holds, is computed 9 times: tests/test_least.py).
+    grown_computations: int = 12
     # Per-step knapsack cuts (module docstring): they give the LP a real lower bound.
     knapsack_cuts: bool = True
     # Deterministic parallel search (interleave_search); off races workers (faster, not repeatable).

@@ -384,6 +384,14 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
             else:
                 proven = r1.status == "OPTIMAL" or (r1.bound is not None and r1.bound > target)
+                if proven and opt.max_computations < opt.grown_computations and pace.room(left()):
+                    # too few plans in the model: again, with each node computed up to twice as often
+                    grown = replace(opt, time_limit=left(),
+                                    max_computations=min(2 * opt.max_computations, opt.grown_computations))
+                    again = _solve_cpsat(problem, budget, grown, clock.now(), cands, pace)
+                    before = _stats(opt, t0, None, None, phases).phases
+                    return replace(again, solver=replace(again.solver, wall_s=clock.wall_since(t0),
+                                                         phases=before + again.solver.phases))
                 note = _model_bound_note(problem, m1, best) if proven else _timeout_note(problem, opt.time_limit, best)
                 return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
                               solver=_stats(opt, t0, None, None, phases), note=note)

@@ -72,7 +72,7 @@ def test_a_plan_outside_the_model_is_not_called_infeasible(monkeypatch):
 def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch):
     p = far_readers(8)
     no_greedy(monkeypatch)
-    res = solve(p, 65, "cpsat", ONE)
+    res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))  # the model is not grown
     assert p.memory_floor <= 65 and res.plan is None
     assert res.status == "timeout" and res.least_bytes is None
     assert "none of the plans the solver's model holds (each node computed at most 3 times) fits" in res.note
@@ -125,3 +125,12 @@ def test_below_the_floor_the_search_is_short_and_the_lowest_plan_is_named(monkey
     assert f"is at least {p.memory_floor} " in out.output
     found = int(out.output.split("the lowest plan found peaks at ")[1].split()[0])
     assert p.memory_floor < found < p.unplanned_peak
+
+
+def test_phase_1_grows_the_model_when_it_proves_none_of_its_plans_fits(monkeypatch):
+    p = far_readers(8)  # a is computed 9 times below 70 B: the model is grown 3 -> 6 -> 12
+    no_greedy(monkeypatch)
+    res = solve(p, 65, "cpsat", ONE)
+    assert res.status == "optimal" and res.peak_bytes <= 65
+    assert simulate(p, res.plan, 65).compute_counts[1] == 9
+    assert [ph["name"] for ph in res.solver.phases][:3] == ["feasibility"] * 3
