@@ -4,7 +4,8 @@ cpsat: baselines first (no remat, Chen, greedy); if no remat fits, done. Otherwi
 model is hinted with the cheapest baseline that fits; if none fits (or only plans computing a
 node more than ``hint_computations`` times, kept as fallback and phase-2 hint), phase 1 minimises the peak
 from the lowest plan the greedy reaches (its budget bisected) and stops at the first plan within
-budget (or proves there is none). Phase 2 minimises added time. The result is never worse than a
+budget (or proves that its model holds none: then it searches again with more computations per
+node allowed, up to ``grown_computations``). Phase 2 minimises added time. The result is never worse than a
 fitting baseline, and its plan has passed simulate() against the budget. Problems above
 ``coarsen_above`` nodes are solved fused first (planner/coarsen.py). Where a memory-aware node
 order (planner/reorder.py) lowers the unplanned peak by ``reorder_min_gain``, cpsat solves in
