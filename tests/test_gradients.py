@@ -338,6 +338,12 @@ def test_gather_elements_before_opset16_says_which_opset():
         _training_step(nodes, {"x": rnd(2, 3)}, {"i": np.asarray([[0, 1, 2]], I64)}, opset=15)
 
 
+def test_celu_with_zero_alpha_is_refused_in_one_line():
+    nodes = [node("Celu", ["x"], ["y"], alpha=0.0, name="c0")]
+    with pytest.raises(ModelImportError, match=r"'c0' \(Celu\) has alpha = 0"):
+        _training_step(nodes, {"x": rnd(2, 3)}, dtype=np.float32)
+
+
 def test_reduce_max_splits_ties_evenly():
     """ReduceMax: g is shared evenly between tied maxima (FD cannot check a tie: it is a kink)."""
     x = np.asarray([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0], [5.0, 5.0, 5.0]])

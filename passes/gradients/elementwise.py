@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from passes.gradients import BackwardContext, register
+from planner.errors import ModelImportError
 
 
 # ---- arithmetic -------------------------------------------------------------------------------
@@ -297,8 +298,11 @@ def selu(ctx: BackwardContext) -> dict[int, int]:
 def celu(ctx: BackwardContext) -> dict[int, int]:
     """y = x (x > 0) or alpha * (exp(x / alpha) - 1): the slope is 1, or exp(x / alpha) = y / alpha + 1.
     For any alpha != 0 the output has the input's sign, so only the output is kept."""
-    em, g, y = ctx.em, ctx.dy(), ctx.y()
     alpha = float(ctx.attr("alpha", 1.0))
+    if alpha == 0:
+        raise ModelImportError(f"node {ctx.node.name!r} (Celu) has alpha = 0, where Celu divides by alpha; "
+                               "give it a non-zero alpha")
+    em, g, y = ctx.em, ctx.dy(), ctx.y()
     positive = em.binary("Greater", y, em.scalar(0.0, y))
     return {0: em.where(positive, g, em.mul(g, em.add(em.scale(y, 1.0 / alpha), em.scalar(1.0, y))))}
 
