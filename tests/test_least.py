@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import planner.planning as planning
 from planner.cpsat import PlannerOptions
@@ -134,3 +135,18 @@ def test_phase_1_grows_the_model_when_it_proves_none_of_its_plans_fits(monkeypat
     assert res.status == "optimal" and res.peak_bytes <= 65
     assert simulate(p, res.plan, 65).compute_counts[1] == 9
     assert [ph["name"] for ph in res.solver.phases][:3] == ["feasibility"] * 3
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=layered(max_n=14), share=st.floats(0.0, 1.0))
+def test_infeasible_exactly_when_every_plan_is_over_the_budget(p, share):
+    """On random small DAGs, with the greedies failing so that the model has to find the plans."""
+    least = exact_least_peak(p)
+    budget = int(p.memory_floor + share * (p.unplanned_peak - p.memory_floor))
+    with pytest.MonkeyPatch.context() as mp:
+        no_greedy(mp)
+        res = solve(p, budget, "cpsat", replace(ONE, time_limit=1, grown_computations=3))
+    if least > budget:
+        assert res.status == "infeasible" and res.least_bytes == least and res.least_exact
+    else:
+        assert res.plan is not None and simulate(p, res.plan, budget).peak_bytes <= budget
