@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("cpsat", "greedy", "chen", "none")
 BASELINES = ("none", "chen", "greedy")
+# How the note of a solve that ran out of time begins.
+TIMED_OUT = "no plan within the budget found (time limit"
 # Least seconds of search worth building a CP-SAT model for, beyond its build time.
 MIN_SEARCH_S = 0.5
 
@@ -166,9 +168,11 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
-        if given.status == "timeout":  # the whole time was spent, on both orders
+        if given.status == "timeout":  # no plan in either order
             best = min((r.best_bytes for r in (given, first) if r.best_bytes is not None), default=None)
-            given = replace(given, best_bytes=best, note=_timeout_note(problem, options.time_limit, best))
+            # the whole time was spent, unless the given order's model proved it holds no plan
+            note = _timeout_note(problem, options.time_limit, best) if given.note.startswith(TIMED_OUT) else given.note
+            given = replace(given, best_bytes=best, note=note)
         return stamped(given)
     return stamped(moved)
 
@@ -214,7 +218,7 @@ def _model_bound_note(problem: PlanningProblem, m1: RematModel, best: int | None
 
 
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
-    note = f"no plan within the budget found (time limit {seconds:.3g} s)"
+    note = f"{TIMED_OUT} {seconds:.3g} s)"
     if best is None:
         return note
     return f"{note}; the lowest plan found peaks at {best} bytes ({100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
