@@ -1,4 +1,6 @@
-"""The least peak over every recompute plan of a small problem, with a plan that reaches it.
+"""Exact searches over every recompute plan of a small problem (in its node order): the least
+peak, with a plan that reaches it (:func:`least_plan`), and the cheapest plan within a budget
+(:func:`cheapest_plan`).
 
 The CP-SAT model's proofs hold over its own plans only: each node computed at most a few times
 (``PlannerOptions.max_computations``), recomputes in the slots the model lays out. A plan that
@@ -11,12 +13,16 @@ Search: a plan runs the originals in order and may, between them, free any buffe
 again any recomputable node whose inputs are resident. A state is (next original, resident set);
 its cost is the highest memory on the way there, and the least cost of reaching "every original
 run, only graph outputs resident" is the least peak (a bottleneck shortest path: Dijkstra on the
-running maximum). The resident set only holds nodes computed already, so there are at most
-about 2^(n+1) states; the search gives up past ``max_states``.
+running maximum; a state is ordered by the most any step still to run needs, A*-like). The cheapest
+plan is the shortest path on the recomputes' costs through states within the budget. Buffers no
+later step can need are freed at once. The resident set only holds nodes computed already, so
+there are at most about 2^(n+1) states; the search gives up past ``max_states``.
 """
 from __future__ import annotations
 
 import heapq
+
+import numpy as np
 
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
@@ -32,51 +38,88 @@ def least_plan(problem: PlanningProblem, max_nodes: int = MAX_NODES,
     """(least peak over every recompute-only plan, a plan reaching it), or None when the problem
     has more than ``max_nodes`` nodes, can swap (swap-ins restore buffers without their inputs:
     not searched here), or the search passes ``max_states`` states."""
-    p = problem
+    found = _search(problem, None, max_nodes, max_states)
+    return None if found is None else (int(found[0]), found[1])
+
+
+def cheapest_plan(problem: PlanningProblem, budget: int, max_nodes: int = MAX_NODES,
+                  max_states: int = MAX_STATES) -> tuple[float, Plan] | None:
+    """(least added time over every recompute-only plan within ``budget``, such a plan); None
+    when no plan fits or the search gives up as :func:`least_plan` does. The same search, on the
+    sum of the recomputes' costs, with every state over the budget left out."""
+    return _search(problem, budget, max_nodes, max_states)
+
+
+def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
+            max_states: int) -> tuple[float, Plan] | None:
+    """Least peak (``budget`` None) or least added time within ``budget`` (module docstring)."""
     n = p.n
     if n > max_nodes or p.can_swap:
         return None
     size = [int(x) for x in p.size]
     need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
+    redo = [float(x) for x in p.cost]
     preds = [sum(1 << int(u) for u in p.pred_lists[v]) for v in range(n)]
     again = [bool(p.recomputable[v]) for v in range(n)]
     pinned = [bool(x) for x in p.pinned]
     done_mask = sum(1 << v for v in range(n) if pinned[v])
     base = p.base_bytes
+    # dead[t]: buffers no step from t on can need (no descendant at t or later): freed at once,
+    # since holding them only costs memory; the search then never branches on freeing them
+    last = list(range(n))  # the last node that depends on v (v itself if none does)
+    for v in range(n - 1, -1, -1):
+        for w in p.succ_lists[v]:
+            last[v] = max(last[v], last[int(w)])
+    dead = [sum(1 << v for v in range(n) if last[v] < t and not pinned[v]) for t in range(n + 1)]
+    # every step from t on still runs: no completion peaks below tail[t] (the least-peak search
+    # orders states by it, A*-like, the later step first among equals)
+    tail = [int(x) for x in np.maximum.accumulate(np.asarray(p.step_need)[::-1])[::-1]] + [base]
+    if budget is not None and tail[0] > budget:
+        return None
 
-    start = (0, 0)
-    best = {start: base}
-    parent: dict[tuple[int, int], tuple[tuple[int, int], Event]] = {}
-    heap = [(base, 0, 0)]
+    def key(cost: float, t: int) -> float:
+        return max(cost, tail[t]) if budget is None else cost
+
+    first = base if budget is None else 0.0
+    best: dict[tuple[int, int], float] = {(0, 0): first}
+    parent: dict[tuple[int, int], tuple[tuple[int, int], tuple[Event, ...]]] = {}
+    heap = [(key(first, 0), 0, first, 0, 0)]
     while heap:
-        peak, t, mask = heapq.heappop(heap)
-        if peak > best[(t, mask)]:
+        _, _, cost, t, mask = heapq.heappop(heap)
+        if cost > best[(t, mask)]:
             continue
         if t == n and mask == done_mask:
-            return peak, Plan(_events(parent, (t, mask)), "exact")
+            return cost, Plan(_events(parent, (t, mask)), "exact")
         held = sum(size[v] for v in range(n) if mask >> v & 1)
         for v in range(min(t + 1, n)):
             if mask >> v & 1:
                 if pinned[v]:
                     continue
-                nxt, cost, ev = (t, mask & ~(1 << v)), peak, Event("free", v)
+                nxt, new, ev = (t, mask & ~(1 << v)), cost, (Event("free", v),)
             elif (v == t or again[v]) and preds[v] & mask == preds[v]:
-                nxt = (t + 1 if v == t else t, mask | 1 << v)
-                cost, ev = max(peak, base + held + need[v]), Event("compute", v)
+                at = base + held + need[v]
+                t2 = t + 1 if v == t else t
+                if budget is not None and (at > budget or tail[t2] > budget):
+                    continue
+                after = mask | 1 << v
+                gone = after & dead[t2]
+                nxt = (t2, after & ~gone)
+                new = max(cost, at) if budget is None else cost + (0.0 if v == t else redo[v])
+                ev = (Event("compute", v), *(Event("free", u) for u in range(n) if gone >> u & 1))
             else:
                 continue
-            if cost < best.get(nxt, cost + 1):
+            if new < best.get(nxt, new + 1):
                 if nxt not in best and len(best) >= max_states:
                     return None
-                best[nxt] = cost
+                best[nxt] = new
                 parent[nxt] = ((t, mask), ev)
-                heapq.heappush(heap, (cost, *nxt))
-    return None  # unreachable for a valid problem: running everything once is a plan
+                heapq.heappush(heap, (key(new, nxt[0]), -nxt[0], new, *nxt))
+    return None  # nothing within the budget (without one, running everything once is a plan)
 
 
 def _events(parent: dict, state: tuple[int, int]) -> tuple[Event, ...]:
-    out = []
+    out: list[Event] = []
     while state in parent:
-        state, ev = parent[state]
-        out.append(ev)
+        state, events = parent[state]
+        out.extend(reversed(events))
     return tuple(reversed(out))

@@ -33,7 +33,7 @@ from planner import clock
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
-from planner.least import least_plan
+from planner.least import cheapest_plan, least_plan
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
 from planner.plan import SolveResult, SolverStats
@@ -385,7 +385,15 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             exact = least_plan(problem)
             if exact is not None and exact[0] > budget:
                 return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
-            if exact is not None:  # a plan the model does not hold (it computes a node more often)
+            cheapest = cheapest_plan(problem, budget) if exact is not None else None
+            if cheapest is not None:  # plans the model does not hold fit; the search gives the cheapest
+                sim = simulate(problem, cheapest[1], budget)
+                return _empty(problem, budget, "cpsat", status="optimal",
+                              plan=replace(cheapest[1], strategy="cpsat"), peak_bytes=sim.peak_bytes,
+                              added_time=sim.added_time, solver=_stats(opt, t0, sim.added_time, 0.0, phases),
+                              note="no plan of the solver's model fits; the exact search's cheapest plan "
+                                   "(planner/least.py)")
+            if exact is not None:  # it gave up on the cheapest: the least-peak plan, as a fallback
                 fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
             else:
                 proven = r1.status == "OPTIMAL" or (r1.bound is not None and r1.bound > target)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import planner.planning as planning
 from planner.cpsat import PlannerOptions
-from planner.least import least_plan
+from planner.least import cheapest_plan, least_plan
 from planner.planning import least_peak, solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -150,3 +150,18 @@ def test_infeasible_exactly_when_every_plan_is_over_the_budget(p, share):
         assert res.status == "infeasible" and res.least_bytes == least and res.least_exact
     else:
         assert res.plan is not None and simulate(p, res.plan, budget).peak_bytes <= budget
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=layered(max_n=9), share=st.floats(0.0, 1.0))
+def test_the_cheapest_exact_plan_is_never_dearer_than_the_planners(p, share):
+    budget = int(p.memory_floor + share * (p.unplanned_peak - p.memory_floor))
+    found = cheapest_plan(p, budget)
+    if exact_least_peak(p) > budget:
+        assert found is None
+        return
+    added, plan = found
+    sim = simulate(p, plan, budget)
+    assert sim.added_time == pytest.approx(added, abs=1e-9)
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=1, reorder=False))  # the search keeps the order
+    assert res.plan is not None and added <= res.added_time + 1e-9
