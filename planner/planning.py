@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -206,13 +207,13 @@ def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOpti
     return growing_closure_bound(problem, budget, cost, opt.closure_bound_share * opt.time_limit, opt.seed)
 
 
-def _model_bound_note(problem: PlanningProblem, m1: RematModel, best: int | None) -> str:
+def _model_bound_note(problem: PlanningProblem, computations: int, best: int | None) -> str:
     """Why a solve that ended before its time limit has no plan: the min-peak model proved that
     none of its plans fits, and plans outside it were not searched."""
     lowest = "" if best is None else \
         f" (the lowest of those peaks at {best} bytes, {100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
     return (f"no plan within the budget found: none of the plans the solver's model holds (each node computed "
-            f"at most {m1.opt.max_computations} times) fits{lowest}, and plans outside it were not searched "
+            f"at most {computations} times) fits{lowest}, and plans outside it were not searched "
             f"(--max-computations raises that count); the least memory any plan reaches is at least "
             f"{problem.memory_floor} bytes")
 
@@ -382,10 +383,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             best = m1.bytes_of_capacity(r1.objective) if r1.objective is not None else None
             # What the model proves holds over its plans only (module docstring of planner.least):
             # only the exact search of a small problem, or the floor, says what every plan reaches.
-            exact = least_plan(problem)
-            if exact is not None and exact[0] > budget:
-                return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
-            cheapest = cheapest_plan(problem, budget) if exact is not None else None
+            cheapest = cheapest_plan(problem, budget)
             if cheapest is not None:  # plans the model does not hold fit; the search gives the cheapest
                 sim = simulate(problem, cheapest[1], budget)
                 return _empty(problem, budget, "cpsat", status="optimal",
@@ -393,7 +391,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                               added_time=sim.added_time, solver=_stats(opt, t0, sim.added_time, 0.0, phases),
                               note="no plan of the solver's model fits; the exact search's cheapest plan "
                                    "(planner/least.py)")
-            if exact is not None:  # it gave up on the cheapest: the least-peak plan, as a fallback
+            exact = least_plan(problem)  # none fits, or the search gave up on the cheapest
+            if exact is not None and exact[0] > budget:
+                return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
+            if exact is not None:  # the least-peak plan fits: a fallback
                 fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
             else:
                 proven = r1.status == "OPTIMAL" or (r1.bound is not None and r1.bound > target)
@@ -405,7 +406,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                     before = _stats(opt, t0, None, None, phases).phases
                     return replace(again, solver=replace(again.solver, wall_s=clock.wall_since(t0),
                                                          phases=before + again.solver.phases))
-                note = _model_bound_note(problem, m1, best) if proven else _timeout_note(problem, opt.time_limit, best)
+                note = (_model_bound_note(problem, opt.max_computations, best) if proven
+                        else _timeout_note(problem, opt.time_limit, best))
                 return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
                               solver=_stats(opt, t0, None, None, phases), note=note)
     if not pace.room(left()):  # a fallback fits (else phase 1 ran and returned above)
@@ -537,10 +539,11 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
 
 
 def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate], steps: int,
-                   max_computations: int, deadline: float = float("inf")) -> Candidate:
+                   max_computations: float, deadline: float = float("inf")) -> Candidate:
     """The lowest-peak start for phase 1: bisect the greedy's budget between ``budget`` (where it
     failed) and the unplanned peak, so the search starts from a plan as low as the greedy gets.
-    Only plans that hint the model count (none computing a node more than ``max_computations``).
+    Only plans that hint the model count (none computing a node more than ``max_computations``;
+    math.inf: every plan, for least_peak's lowest plan found).
     No greedy run starts after ``deadline`` (perf_counter seconds)."""
     best = min(usable, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
     lo, hi = budget, best.sim.peak_bytes
@@ -593,15 +596,10 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     if upper <= floor:
         return floor, floor, True
     # the greedy's lowest plan, however often it computes a node (the model's hints may not)
-    lo = floor
-    for _ in range(options.ladder_steps):
-        mid = (lo + upper) // 2
-        g = baseline(problem, "greedy", mid, t0 + 0.5 * limit) if mid > lo else None
-        if g is None or g.sim.peak_bytes > mid:
-            lo = mid
-            continue
-        upper = g.sim.peak_bytes
-        cands.append(g)
+    ladder = _lowest_greedy(problem, floor, cands, options.ladder_steps, math.inf, t0 + 0.5 * limit)
+    upper = ladder.sim.peak_bytes
+    if all(c is not ladder for c in cands):
+        cands.append(ladder)
     light = [c for c in cands if _max_computations(c) <= options.hint_computations]
     low = min(light, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
     m = RematModel(problem, None, options, [c.plan for c in light])
