@@ -184,3 +184,34 @@ def test_a_pinned_model_keeps_the_shape_ort_needs_to_scatter_in_place():
     predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
     got = measure_peak(model, models.example_feeds(export_model(g), seed=0), repeats=1)
     assert got.peak_bytes == pytest.approx(predicted, rel=0.05)
+
+
+def nchwc_nodes(model, tmp_path, name):
+    """Nodes ORT_ENABLE_ALL's NCHWc layout transformer put into ``model`` (ORT's optimised file)."""
+    import onnxruntime as ort
+    src, out = tmp_path / f"{name}.onnx", tmp_path / f"{name}.opt.onnx"
+    onnx.save(model, src)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(out)
+    so.log_severity_level = 3  # ORT warns that the saved file is for this CPU only
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    return sum(n.domain == "com.microsoft.nchwc" for n in onnx.load(out).graph.node)
+
+
+def test_pinned_conv_weights_keep_ort_from_the_nchwc_layout(tmp_path):
+    # zoo:cnn's convolutions suit ORT's blocked layout; with constant weights ORT_ENABLE_ALL
+    # rewrites them and adds reordered activation copies (1.32x the plan, arena off); pinning
+    # reads the weights through views, so the plan's tensors are the ones that run
+    g = training_graph(import_model("zoo:cnn?batch=32"))
+    pm = plan_graph(g, math.ceil(analyze(g).peak_bytes * 0.8), strategy="greedy",
+                    options=PlannerOptions(workers=1, seed=0), pin=True)
+    assert pm.ok, pm.result.note
+    if nchwc_nodes(export_model(g), tmp_path, "plain") == 0:
+        pytest.skip("this CPU's ORT build has no NCHWc kernels")
+    model = export_model(pm.planned, value_info=False, mem_pattern=False)
+    assert nchwc_nodes(model, tmp_path, "pinned") == 0
+    predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+    feeds = models.example_feeds(export_model(g), seed=0)
+    got = measure_peak(model, feeds, session=replace(ORT_DEFAULT, arena=False), repeats=1)
+    assert got.peak_bytes <= predicted * 1.10
