@@ -165,3 +165,34 @@ def test_the_cheapest_exact_plan_is_never_dearer_than_the_planners(p, share):
     assert sim.added_time == pytest.approx(added, abs=1e-9)
     res = solve(p, budget, "cpsat", replace(ONE, time_limit=1, reorder=False))  # the search keeps the order
     assert res.plan is not None and added <= res.added_time + 1e-9
+
+
+def early_recompute() -> tuple[PlanningProblem, int]:
+    """Node 2 (37 B, cost 6) is read by 0..2 and by the sink 6, after 3, 4 and 5. Within 93 B
+    the cheapest plan computes 2 again right after 3, while 0 is still resident, and holds it
+    over 4 and 5. The CP-SAT model counts a recompute sharing the step of 4 together with 4,
+    which is over the budget, so its best plan recomputes 2 just before 6 and 4 too (13)."""
+    p = PlanningProblem.build(size=[34, 2, 37, 33, 13, 29, 3], cost=[1, 2, 6, 2, 7, 8, 3],
+                              preds=[[], [0], [0, 1], [0], [1], [1], [2, 4]], scratch=[2, 1, 4, 5, 1, 3, 4],
+                              pinned=[False] * 6 + [True], base_bytes=7, name="early_recompute")
+    return p, 93
+
+
+def test_a_small_problem_gets_the_exact_cheapest_plan_where_the_model_has_none_as_cheap():
+    p, budget = early_recompute()
+    res = solve(p, budget, "cpsat", replace(ONE, reorder=False))
+    assert res.status == "optimal" and res.added_time == 6 and res.solver.gap == 0.0
+    sim = simulate(p, res.plan, budget)
+    assert sim.added_time == 6 and list(sim.compute_counts) == [1, 1, 2, 1, 1, 1, 1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=layered(max_n=14), share=st.floats(0.0, 1.0))
+def test_the_planners_optimal_is_the_exact_cheapest_in_its_order(p, share):
+    least = exact_least_peak(p)
+    budget = int(least + share * (p.unplanned_peak - least))
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=1, reorder=False))
+    found = cheapest_plan(p, budget)
+    assert res.plan is not None and simulate(p, res.plan, budget).peak_bytes <= budget
+    if found is not None:
+        assert res.status == "optimal" and res.added_time == pytest.approx(found[0], abs=1e-9)
