@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import planner.planning as planning
 from planner.baselines import greedy
 from planner.order_bound import (INFEASIBLE, _spread_peaks, closure_bound, fixed_order_bound, growing_closure_bound,
                                  over_budget_steps)
@@ -160,11 +161,13 @@ def test_closure_bound_counts_the_inputs_a_recompute_needs():
 
 
 @pytest.mark.parametrize("cost", [[5, 7, 1, 1, 1, 1], [0.5e-6 / 3, 0.7e-6 / 3, 1e-7 / 3, 1e-7, 1e-7, 1e-7]])
-def test_a_plan_at_the_closure_bound_is_reported_optimal(cost):
+def test_a_plan_at_the_closure_bound_is_reported_optimal(cost, monkeypatch):
     # Phase 2 gets no search at all, so the greedy's plan (x and a again) stands. Its own bound
     # is 0 (gap 100%); the closure bound proves the plan optimal, also where rounding the costs
     # to the model's units puts the bound a hair above the plan in seconds (zoo:gpt?batch=64 at
-    # 70% reported gap "-" for a plan at the bound).
+    # 70% reported gap "-" for a plan at the bound). The exact search of small problems is off,
+    # as on graphs over its 20 nodes: it would prove the plan optimal on its own.
+    monkeypatch.setattr(planning, "_exact_cheapest", lambda problem, budget: None)
     p = _x_then_a(cost)
     budget = p.unplanned_peak - 10
     opts = replace(ONE, reorder=False, solver_params=(("max_deterministic_time", 1e-9),))
