@@ -228,6 +228,14 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if not report.outputs_equal:
         sys.exit(EXIT_FAILED)
 
+def _share_of_unplanned(note: str, best: int | None, unplanned: int | None) -> str:
+    """``note`` with the lowest plan's peak also given as a share of the model's unplanned peak."""
+    if best is None or not unplanned:
+        return note
+    return note.replace(f"peaks at {best} bytes", f"peaks at {best} bytes ({100 * best / unplanned:.1f}% of the "
+                                                  "unplanned peak)", 1)
+
+
 def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfeasibleError:
     """The one-line error for an infeasible solve, with the least memory it proved (``memplan plan``
     and the gate).
@@ -650,7 +658,8 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         if result.status == "timeout":
             swap_flag = "--swap-bandwidth BW" if is_remat_json(model) else "--swap"
             also = "" if problem.can_swap else f", or allow swapping to host memory ({swap_flag})"
-            raise SolverTimeoutError(f"{result.note}; try a longer --time-limit or a larger --budget{also}")
+            note = _share_of_unplanned(result.note, result.best_bytes, obj.get("unplanned_peak_bytes"))
+            raise SolverTimeoutError(f"{note}; try a longer --time-limit or a larger --budget{also}")
         if result.status == "infeasible" and result.least_bytes is not None:
             raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
         hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""

@@ -72,6 +72,7 @@ def coarsen(p: PlanningProblem) -> Coarsening:
         recomputable=p.recomputable[tails], swappable=p.swappable[tails],
         transfer=None if p.transfer is None else p.transfer[tails], copy_overlap=p.copy_overlap,
         time_unit=p.time_unit, backward=None if p.backward is None else p.backward[tails],
+        late_base_bytes=p.late_base_bytes,
     )
     return Coarsening(p, coarse, tuple(tuple(m) for m in groups))
 

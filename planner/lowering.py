@@ -8,9 +8,12 @@ outputs nobody reads, so lowering groups them:
     group: it shares the buffer, so it is freed, recomputed and swapped with it;
   * a view of a constant is a problem node of size 0;
   * an output nobody reads stays resident to the end in ORT (liveness.py), so its bytes go to the
-    constant base (conservative) and not to its node's size;
+    constant base (conservative) and not to its node's size (``late_base_bytes``: the floor leaves
+    them out, as ORT holds them only once made);
   * a node holding a graph output is pinned; random ops are never recomputed;
-  * in-place ops (Relu & co.) count a buffer of their own (see ``lower``).
+  * in-place ops (Relu & co.) count a buffer of their own (see ``lower``); the bytes they may
+    write into an input's buffer go to ``PlanningProblem.in_place``, which only the memory floor
+    reads (what memplan claims no plan can go below must hold with ORT's in-place runs too).
 The problem's memory then never under-states the Graph's (see tests/test_lowering.py), and the
 rewritten Graph is analysed again before a plan is returned.
 """
@@ -115,10 +118,12 @@ def lower(
     preds: list[set[int]] = [set() for _ in range(m)]
     buffers: list[list[int]] = [[] for _ in range(m)]
     dangling = 0
+    kept = np.zeros(m, dtype=np.int64)  # bytes of graph outputs: what a pinned node keeps
     for b, root in enumerate(lv.buffer_root):
         j = int(group_of[graph.tensors[int(root)].producer])
         if b in pinned_buffers:
             pinned[j] = True
+            kept[j] += int(lv.buffer_size[b])
         if b not in read_buffers and b not in pinned_buffers:
             dangling += int(lv.buffer_size[b])
             continue
@@ -137,6 +142,17 @@ def lower(
                     p = int(group_of[graph.tensors[t].producer])
                     if p != j:
                         preds[j].add(p)
+    in_place = np.zeros(m, dtype=np.int64)
+    sharing = MemoryModel()  # ORT's rule: the floor must allow for every in-place run it may make
+    for j, members in enumerate(groups):
+        node = graph.nodes[members[0]]
+        src = sharing.in_place_source(node)
+        out = node.outputs[0] if node.outputs else NO_TENSOR
+        if src == NO_TENSOR or out == NO_TENSOR or out in outputs or graph.tensors[src].kind is not TensorKind.ACTIVATION:
+            continue
+        if graph.tensors[src].nbytes == graph.tensors[out].nbytes and int(lv.buffer_of[out]) >= 0 \
+                and int(lv.buffer_of[out]) in read_buffers:
+            in_place[j] = min(int(size[j]), graph.tensors[out].nbytes)
     transfer = None
     if transfer_time is not None:
         transfer = [float(transfer_time(int(s))) for s in size]
@@ -153,6 +169,9 @@ def lower(
         transfer=transfer,
         copy_overlap=copy_overlap,
         time_unit=time_unit,
+        in_place=in_place,
+        late_base_bytes=dangling,
+        kept_bytes=np.where(pinned, kept, size),
     )
     lowering = Lowering(graph, tuple(map(tuple, groups)), tuple(map(tuple, buffers)), tuple(map(tuple, views)),
                         dangling)

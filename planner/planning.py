@@ -210,11 +210,12 @@ def _given_order_closure(problem: PlanningProblem, budget: int, opt: PlannerOpti
 def _model_bound_note(problem: PlanningProblem, computations: int, best: int | None) -> str:
     """Why a solve that ended before its time limit has no plan: the min-peak model proved that
     none of its plans fits, and plans outside it were not searched."""
-    lowest = "" if best is None else \
-        f" (the lowest of those peaks at {best} bytes, {100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
+    lowest = "" if best is None else f"; the lowest of those peaks at {best} bytes"
+    # an ONNX model's problem gives in-place outputs buffers of their own (planner/lowering.py)
+    apart = "" if problem.in_place is None else ", every output in a buffer of its own"
     return (f"no plan within the budget found: none of the plans the solver's model holds (each node computed "
-            f"at most {computations} times) fits{lowest}, and plans outside it were not searched "
-            f"(--max-computations raises that count); the least memory any plan reaches is at least "
+            f"at most {computations} times{apart}) fits, and plans outside it were not searched "
+            f"(--max-computations raises that count){lowest}; the least memory any plan reaches is at least "
             f"{problem.memory_floor} bytes")
 
 
@@ -222,7 +223,9 @@ def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) ->
     note = f"{TIMED_OUT} {seconds:.3g} s)"
     if best is None:
         return note
-    return f"{note}; the lowest plan found peaks at {best} bytes ({100 * best / problem.unplanned_peak:.1f}% of the unplanned peak)"
+    # bytes only: an ONNX model's problem counts in-place outputs apart, so a share of its
+    # unplanned peak is not one of the model's (the CLI adds that: cli._share_of_unplanned)
+    return f"{note}; the lowest plan found peaks at {best} bytes"
 
 
 def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem) -> SolveResult:
@@ -392,8 +395,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                               note="no plan of the solver's model fits; the exact search's cheapest plan "
                                    "(planner/least.py)")
             exact = least_plan(problem)  # none fits, or the search gave up on the cheapest
-            if exact is not None and exact[0] > budget:
+            if exact is not None and exact[0] > budget and problem.in_place is None:
                 return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
+            if exact is not None and exact[0] > budget:  # that least counts in-place outputs apart:
+                exact = None  # the runtime may go lower, so it proves nothing
             if exact is not None:  # the least-peak plan fits: a fallback
                 fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
             else:
@@ -598,13 +603,16 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     """(lower, upper, exact): the least peak any plan reaches is at least ``lower``; the lowest
     plan found peaks at ``upper``; exact when they meet.
 
-    A small problem gets the exact search (planner.least). Otherwise the floor is the lower bound
+    A small problem gets the exact search (planner.least), unless outputs may take over their
+    inputs' buffers (``PlanningProblem.in_place``: that search counts them apart, the runtime
+    does not). Otherwise the floor is the lower bound
     (the model's bound and optimum hold over its own plans only, see planner.least), and the
     upper one is the lowest plan of the baselines at the floor or of CP-SAT minimising the peak
     within ``least_share`` of the time limit.
     """
     floor = problem.memory_floor
-    exact = least_plan(problem)
+    # the exact search counts every output apart; with in-place outputs the runtime may go lower
+    exact = least_plan(problem) if problem.in_place is None else None
     if exact is not None:
         return exact[0], exact[0], True
     t0 = clock.now()

@@ -53,6 +53,18 @@ class PlanningProblem:
     time_unit: str = ""
     # Nodes of the backward pass (when known); Chen's checkpointing only spaces forward nodes.
     backward: np.ndarray | None = None
+    # Bytes of node i's output that a runtime may write into the buffer of an input it reads last
+    # (ONNX Runtime runs Relu, Add, ScatterElements ... in place: planner/liveness.py). The
+    # problem's own accounting gives every output a buffer of its own (safe for plans); the floor
+    # subtracts these, so that what it claims holds for the runtime too. None: no sharing.
+    in_place: np.ndarray | None = None
+    # Bytes of ``base_bytes`` a runtime holds only from the step that makes them on (an ONNX
+    # model's outputs nobody reads, which ORT keeps to the end): the floor leaves them out.
+    late_base_bytes: int = 0
+    # Bytes of a pinned node's output that stay resident to the end: its graph outputs, when the
+    # node also makes buffers that die (an ONNX node with a graph output and another output).
+    # The problem keeps the whole node (safe); the floor counts only these. None: all of them.
+    kept_bytes: np.ndarray | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -74,6 +86,9 @@ class PlanningProblem:
         copy_overlap: bool = True,
         time_unit: str = "",
         backward: Sequence[bool] | None = None,
+        in_place: Sequence[int] | None = None,
+        late_base_bytes: int = 0,
+        kept_bytes: Sequence[int] | None = None,
     ) -> "PlanningProblem":
         """Check the arrays and freeze them; ``preds[i]`` lists the nodes whose output i reads."""
         n = len(size)
@@ -103,10 +118,18 @@ class PlanningProblem:
         scratch_a = arr(scratch, 0, np.int64, "scratch")
         if (size_a < 0).any() or (scratch_a < 0).any():
             raise GraphError("sizes and scratch must be >= 0 bytes")
+        shared_a = None if in_place is None else arr(in_place, 0, np.int64, "in_place")
+        if shared_a is not None and ((shared_a < 0).any() or (shared_a > size_a).any()):
+            raise GraphError("in_place bytes must lie between 0 and the node's size")
+        kept_a = None if kept_bytes is None else arr(kept_bytes, 0, np.int64, "kept_bytes")
+        if kept_a is not None and ((kept_a < 0).any() or (kept_a > size_a).any()):
+            raise GraphError("kept_bytes must lie between 0 and the node's size")
         if not np.isfinite(cost_a).all() or (cost_a < 0).any():
             raise GraphError("costs must be finite and >= 0")
         if base_bytes < 0:
             raise GraphError(f"base_bytes must be >= 0, got {base_bytes}")
+        if not 0 <= late_base_bytes <= base_bytes:
+            raise GraphError(f"late_base_bytes must lie between 0 and base_bytes, got {late_base_bytes}")
         pinned_a = arr(pinned, False, bool, "pinned")
         # A pinned output is never dropped, so recomputing it could only add time.
         recomp_a = arr(recomputable, True, bool, "recomputable") & ~pinned_a
@@ -142,6 +165,9 @@ class PlanningProblem:
             copy_overlap=copy_overlap,
             time_unit=time_unit,
             backward=None if backward is None else arr(backward, False, bool, "backward"),
+            in_place=shared_a if shared_a is not None and shared_a.any() else None,
+            late_base_bytes=int(late_base_bytes),
+            kept_bytes=None if kept_a is None or (kept_a == size_a).all() else kept_a,
         )
 
     def with_swap(self, transfer: Sequence[float] | np.ndarray, copy_overlap: bool = True) -> "PlanningProblem":
@@ -234,12 +260,29 @@ class PlanningProblem:
         return need
 
     @cached_property
+    def runtime_need(self) -> np.ndarray:
+        """``step_need`` less what a runtime may hold less than the problem counts: the output
+        bytes that may take over an input's buffer (``in_place``), the base bytes that appear
+        only when made (``late_base_bytes``) and the bytes of pinned nodes that do not stay
+        (``kept_bytes``). The floor's per-step bound."""
+        need = self.step_need - self.late_base_bytes
+        if self.in_place is not None:
+            need = need - self.in_place
+        if self.kept_bytes is not None:
+            gone = np.where(self.pinned, self.size - self.kept_bytes, 0)
+            need = need - np.concatenate([[0], np.cumsum(gone)[:-1]])
+        need.setflags(write=False)
+        return need
+
+    @cached_property
     def memory_floor(self) -> int:
         """A lower bound on the peak of every plan: the most any single step needs, raised where
-        the last input of a step to be computed needs more (:func:`last_input_bound`)."""
+        the last input of a step to be computed needs more (:func:`last_input_bound`); with what
+        a runtime may hold less (:attr:`runtime_need`) left out, so that it bounds the runtime's
+        peak too, not only the problem's."""
         if not self.n:
-            return self.base_bytes
-        return max(int(self.step_need.max()), last_input_bound(self))
+            return self.base_bytes - self.late_base_bytes
+        return max(int(self.runtime_need.max()), last_input_bound(self) - self.late_base_bytes)
 
     def budget_for(self, fraction: float) -> int:
         """Moccasin's budget convention: ceil(unplanned peak * fraction), exactly in integers."""
@@ -372,7 +415,8 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     N = inputs(t) has base + |N u inputs(q)| + scratch(q) resident at once, and the same holds
     again for the set N - {q} + inputs(q) that had to be resident when q ran. The least over q,
     ``depth`` levels down, is a bound for every schedule, whatever it recomputes. A swap-in
-    restores a buffer without its inputs, so a swappable q counts as needing none. Pinned outputs
+    restores a buffer without its inputs, so a swappable q counts as needing none; an output that
+    may take over an input's buffer (``in_place``) counts without those bytes. Pinned outputs
     are left out (step_need counts them). Sets above ``max_set`` buffers are not expanded.
     (RL100 of the remat benchmark: 54.1% of the unplanned peak, where the largest step needs
     43.2%: its 50% budget is infeasible.)
@@ -380,6 +424,9 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     size = [int(x) for x in problem.size]
     swappable = problem.swappable if problem.transfer is not None else np.zeros(problem.n, bool)
     scratch = [0 if swappable[v] else int(x) for v, x in enumerate(problem.scratch)]  # a swap-in has none
+    # q's output may share the buffer of an input read last at q (``PlanningProblem.in_place``)
+    shared = [0] * problem.n if problem.in_place is None else \
+        [0 if swappable[v] else int(x) for v, x in enumerate(problem.in_place)]
     preds = [frozenset() if swappable[v] else frozenset(int(u) for u in problem.pred_lists[v])
              for v in range(problem.n)]
     memo: dict[tuple[frozenset, int], int] = {}
@@ -395,7 +442,7 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
             best = None
             for q in sorted(need):
                 grown = need | preds[q]
-                at_q = sum(size[v] for v in grown) + scratch[q]
+                at_q = sum(size[v] for v in grown) + scratch[q] - shared[q]
                 if best is not None and at_q >= best:
                     continue  # this q cannot lower the least
                 val = max(at_q, least(grown - {q}, d - 1))  # q is not its own input: a DAG

@@ -93,6 +93,8 @@ def permute(problem: PlanningProblem, order: list[int] | tuple[int, ...]) -> Pla
         recomputable=p.recomputable[idx], swappable=p.swappable[idx] if p.transfer is not None else None,
         transfer=None if p.transfer is None else p.transfer[idx], copy_overlap=p.copy_overlap,
         time_unit=p.time_unit, backward=None if p.backward is None else p.backward[idx],
+        in_place=None if p.in_place is None else p.in_place[idx], late_base_bytes=p.late_base_bytes,
+        kept_bytes=None if p.kept_bytes is None else p.kept_bytes[idx],
     )
 
 
