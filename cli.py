@@ -228,6 +228,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if not report.outputs_equal:
         sys.exit(EXIT_FAILED)
 
+
 def _share_of_unplanned(note: str, best: int | None, unplanned: int | None) -> str:
     """``note`` with the lowest plan's peak also given as a share of the model's unplanned peak."""
     if best is None or not unplanned:

@@ -13,7 +13,9 @@ outputs nobody reads, so lowering groups them:
   * a node holding a graph output is pinned; random ops are never recomputed;
   * in-place ops (Relu & co.) count a buffer of their own (see ``lower``); the bytes they may
     write into an input's buffer go to ``PlanningProblem.in_place``, which only the memory floor
-    reads (what memplan claims no plan can go below must hold with ORT's in-place runs too).
+    reads (what memplan claims no plan can go below must hold with ORT's in-place runs too; so
+    do ``kept_bytes`` and ``read_bytes``: a node's outputs that are not graph outputs, or that a
+    reader does not read, may be freed apart from the rest).
 The problem's memory then never under-states the Graph's (see tests/test_lowering.py), and the
 rewritten Graph is analysed again before a plan is returned.
 """
@@ -142,6 +144,20 @@ def lower(
                     p = int(group_of[graph.tensors[t].producer])
                     if p != j:
                         preds[j].add(p)
+    # per group, the least bytes of its buffers any reader in another group reads
+    read = size.copy()
+    counted = {int(lv.buffer_of[t]) for bs in buffers for t in bs}
+    for node in graph.nodes:
+        c = int(group_of[node.id])
+        by_group: dict[int, set[int]] = {}
+        for t in node.inputs:
+            if t == NO_TENSOR or graph.tensors[t].kind is not TensorKind.ACTIVATION:
+                continue
+            j, b = int(group_of[graph.tensors[t].producer]), int(lv.buffer_of[t])
+            if j != c and b in counted:
+                by_group.setdefault(j, set()).add(b)
+        for j, bs in by_group.items():
+            read[j] = min(read[j], sum(int(lv.buffer_size[b]) for b in bs))
     in_place = np.zeros(m, dtype=np.int64)
     sharing = MemoryModel()  # ORT's rule: the floor must allow for every in-place run it may make
     for j, members in enumerate(groups):
@@ -153,6 +169,9 @@ def lower(
         if graph.tensors[src].nbytes == graph.tensors[out].nbytes and int(lv.buffer_of[out]) >= 0 \
                 and int(lv.buffer_of[out]) in read_buffers:
             in_place[j] = min(int(size[j]), graph.tensors[out].nbytes)
+    for j, members in enumerate(groups):  # buffers a later member makes (a view copied into a graph
+        later = [t for t in buffers[j] if graph.tensors[t].producer != members[0]]  # output) wait for it
+        in_place[j] = min(int(size[j]), int(in_place[j]) + sum(graph.tensors[t].nbytes for t in later))
     transfer = None
     if transfer_time is not None:
         transfer = [float(transfer_time(int(s))) for s in size]
@@ -172,6 +191,7 @@ def lower(
         in_place=in_place,
         late_base_bytes=dangling,
         kept_bytes=np.where(pinned, kept, size),
+        read_bytes=read,
     )
     lowering = Lowering(graph, tuple(map(tuple, groups)), tuple(map(tuple, buffers)), tuple(map(tuple, views)),
                         dangling)

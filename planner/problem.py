@@ -53,10 +53,12 @@ class PlanningProblem:
     time_unit: str = ""
     # Nodes of the backward pass (when known); Chen's checkpointing only spaces forward nodes.
     backward: np.ndarray | None = None
-    # Bytes of node i's output that a runtime may write into the buffer of an input it reads last
-    # (ONNX Runtime runs Relu, Add, ScatterElements ... in place: planner/liveness.py). The
-    # problem's own accounting gives every output a buffer of its own (safe for plans); the floor
-    # subtracts these, so that what it claims holds for the runtime too. None: no sharing.
+    # Bytes of node i's output a runtime need not hold on top of its inputs when i starts: those it
+    # may write into the buffer of an input it reads last (ONNX Runtime runs Relu, Add,
+    # ScatterElements ... in place: planner/liveness.py), and those a later member of an ONNX
+    # node group allocates (a view copied into a graph output). The problem's own accounting
+    # holds them all at once (safe for plans); the floor subtracts them, so that what it claims
+    # holds for the runtime too. None: nothing of the kind.
     in_place: np.ndarray | None = None
     # Bytes of ``base_bytes`` a runtime holds only from the step that makes them on (an ONNX
     # model's outputs nobody reads, which ORT keeps to the end): the floor leaves them out.
@@ -65,6 +67,10 @@ class PlanningProblem:
     # node also makes buffers that die (an ONNX node with a graph output and another output).
     # The problem keeps the whole node (safe); the floor counts only these. None: all of them.
     kept_bytes: np.ndarray | None = None
+    # Bytes of node i's output that each of its readers reads (the least over them): an ONNX node
+    # with several outputs may have freed those a reader does not read. The problem moves the
+    # node as one buffer (safe); the floor counts an input with these bytes. None: all of them.
+    read_bytes: np.ndarray | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -89,6 +95,7 @@ class PlanningProblem:
         in_place: Sequence[int] | None = None,
         late_base_bytes: int = 0,
         kept_bytes: Sequence[int] | None = None,
+        read_bytes: Sequence[int] | None = None,
     ) -> "PlanningProblem":
         """Check the arrays and freeze them; ``preds[i]`` lists the nodes whose output i reads."""
         n = len(size)
@@ -124,6 +131,9 @@ class PlanningProblem:
         kept_a = None if kept_bytes is None else arr(kept_bytes, 0, np.int64, "kept_bytes")
         if kept_a is not None and ((kept_a < 0).any() or (kept_a > size_a).any()):
             raise GraphError("kept_bytes must lie between 0 and the node's size")
+        read_a = None if read_bytes is None else arr(read_bytes, 0, np.int64, "read_bytes")
+        if read_a is not None and ((read_a < 0).any() or (read_a > size_a).any()):
+            raise GraphError("read_bytes must lie between 0 and the node's size")
         if not np.isfinite(cost_a).all() or (cost_a < 0).any():
             raise GraphError("costs must be finite and >= 0")
         if base_bytes < 0:
@@ -168,6 +178,7 @@ class PlanningProblem:
             in_place=shared_a if shared_a is not None and shared_a.any() else None,
             late_base_bytes=int(late_base_bytes),
             kept_bytes=None if kept_a is None or (kept_a == size_a).all() else kept_a,
+            read_bytes=None if read_a is None or (read_a == size_a).all() else read_a,
         )
 
     def with_swap(self, transfer: Sequence[float] | np.ndarray, copy_overlap: bool = True) -> "PlanningProblem":
@@ -263,14 +274,18 @@ class PlanningProblem:
     def runtime_need(self) -> np.ndarray:
         """``step_need`` less what a runtime may hold less than the problem counts: the output
         bytes that may take over an input's buffer (``in_place``), the base bytes that appear
-        only when made (``late_base_bytes``) and the bytes of pinned nodes that do not stay
-        (``kept_bytes``). The floor's per-step bound."""
+        only when made (``late_base_bytes``), the bytes of pinned nodes that do not stay
+        (``kept_bytes``) and the outputs of an input's node that no reader needs (``read_bytes``).
+        The floor's per-step bound."""
         need = self.step_need - self.late_base_bytes
         if self.in_place is not None:
             need = need - self.in_place
         if self.kept_bytes is not None:
             gone = np.where(self.pinned, self.size - self.kept_bytes, 0)
             need = need - np.concatenate([[0], np.cumsum(gone)[:-1]])
+        if self.read_bytes is not None:
+            unread = np.where(self.pinned, 0, self.size - self.read_bytes)  # pinned inputs: in pinned_before
+            need = need - np.array([int(unread[list(ps)].sum()) for ps in self.pred_lists], dtype=np.int64)
         need.setflags(write=False)
         return need
 
@@ -416,7 +431,8 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     again for the set N - {q} + inputs(q) that had to be resident when q ran. The least over q,
     ``depth`` levels down, is a bound for every schedule, whatever it recomputes. A swap-in
     restores a buffer without its inputs, so a swappable q counts as needing none; an output that
-    may take over an input's buffer (``in_place``) counts without those bytes. Pinned outputs
+    may take over an input's buffer (``in_place``) counts without those bytes, and an input
+    with the bytes its readers read (``read_bytes``). Pinned outputs
     are left out (step_need counts them). Sets above ``max_set`` buffers are not expanded.
     (RL100 of the remat benchmark: 54.1% of the unplanned peak, where the largest step needs
     43.2%: its 50% budget is infeasible.)
@@ -427,6 +443,8 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     # q's output may share the buffer of an input read last at q (``PlanningProblem.in_place``)
     shared = [0] * problem.n if problem.in_place is None else \
         [0 if swappable[v] else int(x) for v, x in enumerate(problem.in_place)]
+    # an input is resident with at least the bytes its readers read; q, while it runs, with all
+    read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
     preds = [frozenset() if swappable[v] else frozenset(int(u) for u in problem.pred_lists[v])
              for v in range(problem.n)]
     memo: dict[tuple[frozenset, int], int] = {}
@@ -436,13 +454,13 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
         key = (need, d)
         if key in memo:
             return memo[key]
-        here = sum(size[v] for v in need)
+        here = sum(read[v] for v in need)
         best = here
         if d > 0 and 0 < len(need) <= max_set:
             best = None
             for q in sorted(need):
                 grown = need | preds[q]
-                at_q = sum(size[v] for v in grown) + scratch[q] - shared[q]
+                at_q = sum(read[v] for v in grown) - read[q] + size[q] + scratch[q] - shared[q]
                 if best is not None and at_q >= best:
                     continue  # this q cannot lower the least
                 val = max(at_q, least(grown - {q}, d - 1))  # q is not its own input: a DAG
