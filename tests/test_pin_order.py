@@ -183,7 +183,9 @@ def test_a_pinned_model_keeps_the_shape_ort_needs_to_scatter_in_place():
     assert data and data <= shaped and len(shaped) < len(pm.planned.tensors) // 4  # the rest stays hidden
     predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
     got = measure_peak(model, models.example_feeds(export_model(g), seed=0), repeats=1)
-    assert got.peak_bytes == pytest.approx(predicted, rel=0.05)
+    # a copy of the scattered buffer shows as 1.11x; below the plan, the measurement's own
+    # resolution (0.95-0.99x here since the Conv weights are read through views, 0.97-1.00x before)
+    assert 0.9 * predicted <= got.peak_bytes <= 1.05 * predicted
 
 
 def nchwc_nodes(model, tmp_path, name):
