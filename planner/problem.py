@@ -53,10 +53,11 @@ class PlanningProblem:
     time_unit: str = ""
     # Nodes of the backward pass (when known); Chen's checkpointing only spaces forward nodes.
     backward: np.ndarray | None = None
-    # Bytes of node i's output a runtime need not hold on top of its inputs when i starts: those it
-    # may write into the buffer of an input it reads last (ONNX Runtime runs Relu, Add,
-    # ScatterElements ... in place: planner/liveness.py), and those a later member of an ONNX
-    # node group allocates (a view copied into a graph output). The problem's own accounting
+    # Bytes the runtime need not hold of what ``step_need`` counts for node i: its output written
+    # into the buffer of an input it reads last (ONNX Runtime runs Relu, Add, ScatterElements ...
+    # in place: planner/liveness.py), what a later member of an ONNX node group allocates (a view
+    # copied into a graph output), and for a ``two_step`` node the inputs of one op that the
+    # other does not read. The problem's own accounting
     # holds them all at once (safe for plans); the floor subtracts them, so that what it claims
     # holds for the runtime too. None: nothing of the kind.
     in_place: np.ndarray | None = None
@@ -71,6 +72,10 @@ class PlanningProblem:
     # with several outputs may have freed those a reader does not read. The problem moves the
     # node as one buffer (safe); the floor counts an input with these bytes. None: all of them.
     read_bytes: np.ndarray | None = None
+    # Node i is two ops run one after the other (an ONNX op and the op writing in place into its
+    # output): their inputs need not be resident together, so last_input_bound does not expand
+    # it. None: no such node.
+    two_step: np.ndarray | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -96,6 +101,7 @@ class PlanningProblem:
         late_base_bytes: int = 0,
         kept_bytes: Sequence[int] | None = None,
         read_bytes: Sequence[int] | None = None,
+        two_step: Sequence[bool] | None = None,
     ) -> "PlanningProblem":
         """Check the arrays and freeze them; ``preds[i]`` lists the nodes whose output i reads."""
         n = len(size)
@@ -126,8 +132,9 @@ class PlanningProblem:
         if (size_a < 0).any() or (scratch_a < 0).any():
             raise GraphError("sizes and scratch must be >= 0 bytes")
         shared_a = None if in_place is None else arr(in_place, 0, np.int64, "in_place")
-        if shared_a is not None and ((shared_a < 0).any() or (shared_a > size_a).any()):
-            raise GraphError("in_place bytes must lie between 0 and the node's size")
+        if shared_a is not None and (shared_a < 0).any():
+            raise GraphError("in_place bytes must be >= 0")
+        two_a = None if two_step is None else arr(two_step, False, bool, "two_step")
         kept_a = None if kept_bytes is None else arr(kept_bytes, 0, np.int64, "kept_bytes")
         if kept_a is not None and ((kept_a < 0).any() or (kept_a > size_a).any()):
             raise GraphError("kept_bytes must lie between 0 and the node's size")
@@ -179,6 +186,7 @@ class PlanningProblem:
             late_base_bytes=int(late_base_bytes),
             kept_bytes=None if kept_a is None or (kept_a == size_a).all() else kept_a,
             read_bytes=None if read_a is None or (read_a == size_a).all() else read_a,
+            two_step=two_a if two_a is not None and two_a.any() else None,
         )
 
     def with_swap(self, transfer: Sequence[float] | np.ndarray, copy_overlap: bool = True) -> "PlanningProblem":
@@ -431,8 +439,9 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     again for the set N - {q} + inputs(q) that had to be resident when q ran. The least over q,
     ``depth`` levels down, is a bound for every schedule, whatever it recomputes. A swap-in
     restores a buffer without its inputs, so a swappable q counts as needing none; an output that
-    may take over an input's buffer (``in_place``) counts without those bytes, and an input
-    with the bytes its readers read (``read_bytes``). Pinned outputs
+    may take over an input's buffer (``in_place``) counts without those bytes, an input
+    with the bytes its readers read (``read_bytes``), and a ``two_step`` node like a swap-in
+    (its two ops need not hold their inputs at once). Pinned outputs
     are left out (step_need counts them). Sets above ``max_set`` buffers are not expanded.
     (RL100 of the remat benchmark: 54.1% of the unplanned peak, where the largest step needs
     43.2%: its 50% budget is infeasible.)
@@ -445,7 +454,11 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
         [0 if swappable[v] else int(x) for v, x in enumerate(problem.in_place)]
     # an input is resident with at least the bytes its readers read; q, while it runs, with all
     read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
-    preds = [frozenset() if swappable[v] else frozenset(int(u) for u in problem.pred_lists[v])
+    # a two-step node's ops need not hold their inputs together: like a swap-in, not expanded
+    atomic = swappable if problem.two_step is None else swappable | problem.two_step
+    scratch = [0 if atomic[v] else x for v, x in enumerate(scratch)]
+    shared = [0 if atomic[v] else x for v, x in enumerate(shared)]
+    preds = [frozenset() if atomic[v] else frozenset(int(u) for u in problem.pred_lists[v])
              for v in range(problem.n)]
     memo: dict[tuple[frozenset, int], int] = {}
 

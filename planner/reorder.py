@@ -96,6 +96,7 @@ def permute(problem: PlanningProblem, order: list[int] | tuple[int, ...]) -> Pla
         in_place=None if p.in_place is None else p.in_place[idx], late_base_bytes=p.late_base_bytes,
         kept_bytes=None if p.kept_bytes is None else p.kept_bytes[idx],
         read_bytes=None if p.read_bytes is None else p.read_bytes[idx],
+        two_step=None if p.two_step is None else p.two_step[idx],
     )
 
 
