@@ -118,6 +118,15 @@ def test_the_floor_of_an_onnx_model_bounds_what_ort_holds_at_each_step(spec):
     for j, n in scatters:
         assert lowering.taken[j] == lowering.groups[j][:1] and p.two_step[j]
         assert p.size[j] == graph.tensors[graph.nodes[n].outputs[0]].nbytes
+    # swapped out, the node's buffer (the scatter's output) goes to host; the zeros it took over
+    # are freed with its views
+    from planner.plan import Event, Plan
+
+    j, n = scatters[0]
+    events = lowering.onnx_schedule(Plan((Event("swap_out", j),), "test"))
+    zeros = graph.tensors[graph.nodes[lowering.taken[j][0]].outputs[0]].name
+    assert {"op": "swap_out", "tensor": graph.tensors[graph.nodes[n].outputs[0]].name} in events
+    assert {"op": "free", "tensor": zeros} in events
 
 
 def test_zoo_cnn_plans_where_ort_runs_the_scatter_in_place():
