@@ -212,7 +212,7 @@ def _model_bound_note(problem: PlanningProblem, computations: int, best: int | N
     none of its plans fits, and plans outside it were not searched."""
     lowest = "" if best is None else f"; the lowest of those peaks at {best} bytes"
     # an ONNX model's problem gives in-place outputs buffers of their own (planner/lowering.py)
-    apart = "" if problem.in_place is None else ", every output in a buffer of its own"
+    apart = "" if problem.runtime_exact else ", every output in a buffer of its own"
     return (f"no plan within the budget found: none of the plans the solver's model holds (each node computed "
             f"at most {computations} times{apart}) fits, and plans outside it were not searched "
             f"(--max-computations raises that count){lowest}; the least memory any plan reaches is at least "
@@ -386,19 +386,19 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             best = m1.bytes_of_capacity(r1.objective) if r1.objective is not None else None
             # What the model proves holds over its plans only (module docstring of planner.least):
             # only the exact search of a small problem, or the floor, says what every plan reaches.
-            cheapest = cheapest_plan(problem, budget)
+            cheapest = _exact_cheapest(problem, budget)
             if cheapest is not None:  # plans the model does not hold fit; the search gives the cheapest
-                sim = simulate(problem, cheapest[1], budget)
+                sim = cheapest.sim
                 return _empty(problem, budget, "cpsat", status="optimal",
-                              plan=replace(cheapest[1], strategy="cpsat"), peak_bytes=sim.peak_bytes,
+                              plan=replace(cheapest.plan, strategy="cpsat"), peak_bytes=sim.peak_bytes,
                               added_time=sim.added_time, solver=_stats(opt, t0, sim.added_time, 0.0, phases),
                               note="no plan of the solver's model fits; the exact search's cheapest plan "
                                    "(planner/least.py)")
             exact = least_plan(problem)  # none fits, or the search gave up on the cheapest
-            if exact is not None and exact[0] > budget and problem.in_place is None:
-                return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
-            if exact is not None and exact[0] > budget:  # that least counts in-place outputs apart:
-                exact = None  # the runtime may go lower, so it proves nothing
+            if exact is not None and exact[0] > budget:
+                if problem.runtime_exact:
+                    return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
+                exact = None  # that least is the problem's accounting; the runtime may go lower
             if exact is not None:  # the least-peak plan fits: a fallback
                 fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
             else:
@@ -603,16 +603,16 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     """(lower, upper, exact): the least peak any plan reaches is at least ``lower``; the lowest
     plan found peaks at ``upper``; exact when they meet.
 
-    A small problem gets the exact search (planner.least), unless outputs may take over their
-    inputs' buffers (``PlanningProblem.in_place``: that search counts them apart, the runtime
-    does not). Otherwise the floor is the lower bound
-    (the model's bound and optimum hold over its own plans only, see planner.least), and the
+    A small problem gets the exact search (planner.least), unless the runtime may hold less than
+    the problem counts (``PlanningProblem.runtime_exact``: in-place outputs and the like).
+    Otherwise the floor is the lower bound (the model's bound and optimum hold over its own
+    plans only, see planner.least), and the
     upper one is the lowest plan of the baselines at the floor or of CP-SAT minimising the peak
     within ``least_share`` of the time limit.
     """
     floor = problem.memory_floor
-    # the exact search counts every output apart; with in-place outputs the runtime may go lower
-    exact = least_plan(problem) if problem.in_place is None else None
+    # the exact search counts what the problem counts; where the runtime holds less, it proves nothing
+    exact = least_plan(problem) if problem.runtime_exact else None
     if exact is not None:
         return exact[0], exact[0], True
     t0 = clock.now()

@@ -278,6 +278,14 @@ class PlanningProblem:
         need.setflags(write=False)
         return need
 
+    @property
+    def runtime_exact(self) -> bool:
+        """The problem's accounting is what the runtime holds (none of ``in_place``,
+        ``late_base_bytes``, ``kept_bytes``, ``read_bytes``, ``two_step``): only then does a least
+        peak searched over its own accounting (planner/least.py) bound every runtime plan."""
+        return (self.in_place is None and self.late_base_bytes == 0 and self.kept_bytes is None
+                and self.read_bytes is None and self.two_step is None)
+
     @cached_property
     def runtime_need(self) -> np.ndarray:
         """``step_need`` less what a runtime may hold less than the problem counts: the output

@@ -84,7 +84,8 @@ def test_rl100_at_half_its_peak_is_infeasible(benchmarks_dir: Path):
     assert res.least_bytes >= p.memory_floor > budget
 
 
-def _cnn_problem(spec: str = "zoo:cnn?batch=8"):
+def _lowered(spec: str = "zoo:cnn?batch=8"):
+    """(training graph, problem, lowering, the graph's liveness) of zoo model ``spec``."""
     from passes.autodiff import training_graph
     from passes.onnx_import import import_model
     from planner.liveness import analyze
@@ -102,7 +103,7 @@ def test_the_floor_of_an_onnx_model_bounds_what_ort_holds_at_each_step(spec):
     # outputs from the start; ORT does none of that. While each node runs in the model's own
     # order, the floor's per-step need is at most what ORT holds then, and the floor at most the
     # model's own peak (zoo:mlp's was 0.5% above it).
-    graph, p, lowering, lv = _cnn_problem(spec)
+    graph, p, lowering, lv = _lowered(spec)
     step = {nid: s for s, nid in enumerate(lv.order)}
     for j, members in enumerate(lowering.groups):
         held = max(int(lv.memory[step[nid]]) for nid in members)
@@ -139,7 +140,7 @@ def test_zoo_cnn_plans_where_ort_runs_the_scatter_in_place():
 
     import models
 
-    graph, p, _, lv = _cnn_problem()
+    graph, p, _, lv = _lowered()
     budget = -(-lv.peak_bytes * 7 // 10)
     pm = plan_graph(graph, budget, options=PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
     assert pm.ok and p.memory_floor <= pm.peak_bytes <= budget
@@ -161,7 +162,7 @@ def test_the_cli_gives_the_lowest_plan_as_a_share_of_the_models_own_peak():
 
     import cli
 
-    graph, p, _, lv = _cnn_problem("zoo:gpt?batch=2")
+    graph, p, _, lv = _lowered("zoo:gpt?batch=2")
     assert p.unplanned_peak > lv.peak_bytes
     out = CliRunner().invoke(cli.main, ["plan", "zoo:gpt?batch=2", "--budget", "67%", "--time-limit", "2",
                                         "--deterministic", "--workers", "1"])
