@@ -296,6 +296,38 @@ CASES = {
     "dropout_ratio0_training": ([node("Dropout", ["x", "r", "tm"], ["y"])], {"x": rnd(3, 4)},
                                 {"consts": {"r": np.asarray(0.0), "tm": np.asarray(True)}}),
     "dropout_inference": ([node("Dropout", ["x"], ["y"])], {"x": rnd(3, 4)}, {}),
+    # ---- trigonometric and hyperbolic (inputs inside each domain, away from its edges) ----
+    "tan": ([node("Tan", ["a"], ["y"])], {"a": 0.5 * rnd(2, 3)}, {}),
+    "sinh_cosh": ([node("Sinh", ["a"], ["s"]), node("Cosh", ["s"], ["y"])], {"a": rnd(2, 3)}, {}),
+    "asin_acos": ([node("Asin", ["a"], ["s"]), node("Acos", ["b"], ["c"]), node("Add", ["s", "c"], ["y"])],
+                  {"a": 0.8 * np.tanh(rnd(2, 3)), "b": 0.8 * np.tanh(rnd(3, seed=1))}, {}),
+    "atan": ([node("Atan", ["a"], ["y"])], {"a": 2 * rnd(2, 3)}, {}),
+    "asinh_acosh": ([node("Asinh", ["a"], ["s"]), node("Acosh", ["b"], ["c"]), node("Add", ["s", "c"], ["y"])],
+                    {"a": 2 * rnd(2, 3), "b": rnd(3, low=1.2)}, {}),
+    "atanh": ([node("Atanh", ["a"], ["y"])], {"a": 0.8 * np.tanh(rnd(2, 3))}, {}),
+    # ---- selection: top-k, max pooling over the whole map, index tuples, scatters ----
+    "topk_axis1": ([node("TopK", ["x", "k"], ["y", "i"], axis=1)], {"x": rnd(2, 5, 3)},
+                   {"consts": {"k": ints(2)}}),
+    "topk_smallest_last_axis_values_and_indices_used": (
+        [node("TopK", ["x", "k"], ["v", "i"], largest=0), node("Cast", ["i"], ["f"], to=11),
+         node("Mul", ["v", "f"], ["y"])], {"x": rnd(3, 4)}, {"consts": {"k": ints(3)}}),
+    "global_maxpool": ([node("GlobalMaxPool", ["x"], ["y"])], {"x": rnd(2, 3, 3, 2)}, {}),
+    "gather_nd_const_dupes_negative": ([node("GatherND", ["x", "i"], ["y"])], {"x": rnd(3, 4, 2)},
+                                       {"consts": {"i": np.asarray([[0, 1], [2, -1], [0, 1]], I64)}, "opset": 16}),
+    "gather_nd_runtime_slices": ([node("GatherND", ["x", "i"], ["y"])], {"x": rnd(4, 3)},
+                                 {"inputs": {"i": np.asarray([[[-1], [1]], [[0], [-1]]], I64)}, "opset": 16}),
+    "scatter_elements_none_axis0": ([node("ScatterElements", ["d", "i", "u"], ["y"])],
+                                    {"d": rnd(3, 4), "u": rnd(2, 4, seed=1)},
+                                    {"consts": {"i": np.asarray([[1, 0, 2, -2], [2, 1, 0, 0]], I64)}}),
+    "scatter_elements_add_dupes_axis1": ([node("ScatterElements", ["d", "i", "u"], ["y"], axis=1, reduction="add")],
+                                         {"d": rnd(2, 4), "u": rnd(2, 3, seed=1)},
+                                         {"consts": {"i": np.asarray([[1, 1, 3], [0, 2, 0]], I64)}, "opset": 16}),
+    "scatter_nd_none_rows_negative": ([node("ScatterND", ["d", "i", "u"], ["y"])],
+                                      {"d": rnd(4, 3), "u": rnd(2, 3, seed=1)},
+                                      {"consts": {"i": np.asarray([[-1], [1]], I64)}}),
+    "scatter_nd_add_dupes_runtime": ([node("ScatterND", ["d", "i", "u"], ["y"], reduction="add")],
+                                     {"d": rnd(3, 2), "u": rnd(3, seed=1)},
+                                     {"inputs": {"i": np.asarray([[0, 1], [2, 0], [0, 1]], I64)}, "opset": 16}),
     # Hardmax is piecewise constant (STOP_GRADIENT): d(a * hardmax(a)) = hardmax(a) away from ties
     "hardmax_stops_gradient": ([node("Hardmax", ["a"], ["h"]), node("Mul", ["a", "h"], ["y"])], {"a": rnd(3, 4)}, {}),
 }
@@ -336,6 +368,32 @@ def test_gather_elements_before_opset16_says_which_opset():
     nodes = [node("GatherElements", ["x", "i"], ["y"], name="ge")]
     with pytest.raises(ModelImportError, match=r"'ge' \(GatherElements\).*opset >= 16"):
         _training_step(nodes, {"x": rnd(2, 3)}, {"i": np.asarray([[0, 1, 2]], I64)}, opset=15)
+
+
+@pytest.mark.parametrize("nodes, consts, opset, message", [
+    ([node("GatherND", ["x", "i"], ["y"], name="gn")], {"i": np.asarray([[0], [1]], I64)}, 15,
+     r"'gn' \(GatherND\) needs ScatterND.*opset >= 16"),
+    ([node("GatherND", ["x", "i"], ["y"], batch_dims=1, name="gn")], {"i": np.asarray([[0], [1]], I64)}, 16,
+     r"'gn' \(GatherND\) has batch_dims != 0"),
+    ([node("ScatterElements", ["x", "i", "u"], ["y"], reduction="mul", name="se")],
+     {"i": np.asarray([[0, 1, 2]], I64), "u": rnd(1, 3)}, 16, r"'se' \(ScatterElements\) scatters with reduction='mul'"),
+])
+def test_selection_ops_without_a_rule_for_their_form_are_refused_in_one_line(nodes, consts, opset, message):
+    with pytest.raises(ModelImportError, match=message) as err:
+        _training_step(nodes, {"x": rnd(2, 3)}, consts, opset=opset)
+    assert "\n" not in str(err.value)
+
+
+def test_global_max_pool_splits_ties_evenly():
+    """As ReduceMax: each channel's g is shared between its tied maxima (FD cannot check a kink)."""
+    x = np.asarray([[[[1.0, 3.0], [3.0, 0.0]], [[2.0, 2.0], [2.0, 2.0]]]], np.float32)  # ORT: float32 only
+    nodes = [node("GlobalMaxPool", ["x"], ["m"]), node("ReduceSum", ["m"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "tie", [], [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              initializer=[numpy_helper.from_array(x, "x")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _, grads = gradcheck.run_training_step(build_training_graph(import_model(model)), {})
+    np.testing.assert_allclose(grads["x"], [[[[0, 0.5], [0.5, 0]], [[0.25, 0.25], [0.25, 0.25]]]])
 
 
 def test_celu_with_zero_alpha_is_refused_in_one_line():

@@ -226,3 +226,14 @@ def global_average_pool(ctx: BackwardContext) -> dict[int, int]:
     em = ctx.em
     x_shape = ctx.x_shape(0)
     return {0: em.expand(em.scale(ctx.dy(), 1.0 / prod(x_shape[2:])), x_shape)}
+
+
+@register("GlobalMaxPool")
+def global_max_pool(ctx: BackwardContext) -> dict[int, int]:
+    """g goes to the positions equal to each channel's maximum, split evenly between ties (as
+    ReduceMax's rule; the gradient of each channel sums to g)."""
+    em = ctx.em
+    x_shape = ctx.x_shape(0)
+    hit = em.cast(em.binary("Equal", ctx.x(0), ctx.y()), em.dtype(ctx.dy()))
+    spatial = list(range(2, len(x_shape)))
+    return {0: em.mul(hit, em.div(ctx.dy(), em.reduce_sum(hit, spatial)))}

@@ -182,6 +182,38 @@ def tanh(ctx: BackwardContext) -> dict[int, int]:
     return {0: em.mul(ctx.dy(), em.sub(em.scalar(1.0, y), em.mul(y, y)))}
 
 
+# ---- trigonometric and hyperbolic -----------------------------------------------------------
+@register("Tan")
+def tan(ctx: BackwardContext) -> dict[int, int]:
+    """dx = g * (1 + y^2) (reads the output)."""
+    em, y = ctx.em, ctx.y()
+    return {0: em.mul(ctx.dy(), em.add(em.scalar(1.0, y), em.mul(y, y)))}
+
+
+@register("Sinh", "Cosh")
+def sinh_cosh(ctx: BackwardContext) -> dict[int, int]:
+    """sinh' = cosh, cosh' = sinh."""
+    other = "Cosh" if ctx.node.op_type == "Sinh" else "Sinh"
+    return {0: ctx.em.mul(ctx.dy(), ctx.em.unary(other, ctx.x(0)))}
+
+
+@register("Asin", "Acos", "Atan", "Asinh", "Acosh", "Atanh")
+def inverse_trig(ctx: BackwardContext) -> dict[int, int]:
+    """asin' = 1/sqrt(1 - x^2), acos' = -asin', atan' = 1/(1 + x^2), asinh' = 1/sqrt(x^2 + 1),
+    acosh' = 1/sqrt(x^2 - 1), atanh' = 1/(1 - x^2): infinite at the domain's edge, as in PyTorch."""
+    em, x, g, op = ctx.em, ctx.x(0), ctx.dy(), ctx.node.op_type
+    x2 = em.mul(x, x)
+    one = em.scalar(1.0, x)
+    if op in ("Asin", "Acos"):
+        d = em.div(g, em.unary("Sqrt", em.sub(one, x2)))
+        return {0: em.neg(d) if op == "Acos" else d}
+    if op == "Atan":
+        return {0: em.div(g, em.add(one, x2))}
+    if op == "Atanh":
+        return {0: em.div(g, em.sub(one, x2))}
+    return {0: em.div(g, em.unary("Sqrt", em.add(x2, one) if op == "Asinh" else em.sub(x2, one)))}
+
+
 @register("Erf")
 def erf(ctx: BackwardContext) -> dict[int, int]:
     """dx = g * 2/sqrt(pi) * exp(-x^2)."""

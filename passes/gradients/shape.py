@@ -172,6 +172,14 @@ def pad(ctx: BackwardContext) -> dict[int, int]:
     return {0: g}
 
 
+def _require_opset16(ctx: BackwardContext, needed: str) -> None:
+    if ctx.opset < 16:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} ({ctx.node.op_type}) needs {needed} with reduction='add' (opset 16) "
+            "for its gradient; export the model with opset >= 16"
+        )
+
+
 @register("Gather")
 def gather(ctx: BackwardContext) -> dict[int, int]:
     """Scatter-add g back along ``axis`` (ScatterND with reduction='add', opset 16+)."""
@@ -179,11 +187,7 @@ def gather(ctx: BackwardContext) -> dict[int, int]:
     x_shape = ctx.x_shape(0)
     rank = len(x_shape)
     axis = int(ctx.attr("axis", 0)) % rank
-    if ctx.opset < 16:
-        raise ModelImportError(
-            f"node {ctx.node.name!r} (Gather) needs ScatterND with reduction='add' (opset 16) for its "
-            "gradient; export the model with opset >= 16"
-        )
+    _require_opset16(ctx, "ScatterND")
     i_shape = ctx.x_shape(1)
     const_idx = ctx.const_input(1)
     if const_idx is not None:
@@ -210,15 +214,99 @@ def gather_elements(ctx: BackwardContext) -> dict[int, int]:
     """Scatter-add g into zeros at the same positions (ScatterElements with reduction='add', opset
     16+; it takes negative indices as GatherElements does)."""
     em, g = ctx.em, ctx.dy()
-    if ctx.opset < 16:
-        raise ModelImportError(
-            f"node {ctx.node.name!r} (GatherElements) needs ScatterElements with reduction='add' (opset 16) "
-            "for its gradient; export the model with opset >= 16"
-        )
+    _require_opset16(ctx, "ScatterElements")
     x_shape = ctx.x_shape(0)
     axis = int(ctx.attr("axis", 0)) % len(x_shape)
     zeros = em.zeros(x_shape, em.dtype(g))
     return {0: em.op("ScatterElements", [zeros, ctx.x(1), g], x_shape, em.dtype(g), axis=axis, reduction="add")}
+
+
+def _topk_indices(node, tensor_of, value_of):
+    return {1: ("indices", "int64", tensor_of(node.outputs[0]).shape)}
+
+
+@register("TopK", extra_outputs=_topk_indices)
+def top_k(ctx: BackwardContext) -> dict[int, int]:
+    """Scatter g into zeros at the forward's Indices along ``axis``. The k indices of a row are
+    distinct, so no reduction is needed (any opset with TopK's k as an input)."""
+    em, g = ctx.em, ctx.dy()
+    x_shape = ctx.x_shape(0)
+    axis = int(ctx.attr("axis", -1)) % len(x_shape)
+    zeros = em.zeros(x_shape, em.dtype(g))
+    return {0: em.op("ScatterElements", [zeros, ctx.y(1), g], x_shape, em.dtype(g), axis=axis)}
+
+
+def _nd_indices(ctx: BackwardContext, slot: int, dims: Sequence[int]) -> int:
+    """Input ``slot``'s GatherND/ScatterND index tuples with negative entries made positive
+    (entry j counts from the end of ``dims[j]``)."""
+    em = ctx.em
+    dims_arr = np.asarray(dims[:ctx.x_shape(slot)[-1]], dtype=np.int64)
+    const = ctx.const_input(slot)
+    if const is not None:
+        return em.const(np.where(const < 0, const + dims_arr, const).astype(np.int64))
+    raw = ctx.x(slot)
+    negative = em.binary("Less", raw, em.const(np.asarray(0, dtype=np.int64)))
+    return em.where(negative, em.add(raw, em.const(dims_arr)), raw)
+
+
+@register("GatherND")
+def gather_nd(ctx: BackwardContext) -> dict[int, int]:
+    """Scatter-add g back at the gathered index tuples (ScatterND with reduction='add')."""
+    em, g = ctx.em, ctx.dy()
+    if int(ctx.attr("batch_dims", 0)) != 0:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (GatherND) has batch_dims != 0, which memplan cannot differentiate "
+            "yet; express the batch dims in the indices (batch_dims=0)"
+        )
+    _require_opset16(ctx, "ScatterND")
+    x_shape = ctx.x_shape(0)
+    idx = _nd_indices(ctx, 1, x_shape)
+    return {0: em.op("ScatterND", [em.zeros(x_shape, em.dtype(g)), idx, g], x_shape, em.dtype(g), reduction="add")}
+
+
+def _scatter_reduction(ctx: BackwardContext) -> str:
+    reduction = ctx.attr("reduction", "none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    if reduction not in ("none", "add"):
+        raise ModelImportError(
+            f"node {ctx.node.name!r} ({ctx.node.op_type}) scatters with reduction={reduction!r}, whose "
+            "gradient memplan does not have; use reduction 'none' or 'add', or freeze the weights before it"
+        )
+    return reduction
+
+
+@register("ScatterElements", inputs=(0, 2))
+def scatter_elements(ctx: BackwardContext) -> dict[int, int]:
+    """data gets g, zeroed where an update overwrote it (reduction 'none'); the updates get g at
+    their positions (GatherElements)."""
+    em, g = ctx.em, ctx.dy()
+    reduction = _scatter_reduction(ctx)
+    axis = int(ctx.attr("axis", 0)) % len(ctx.x_shape(0))
+    u_shape = ctx.x_shape(2)
+    out = {}
+    if ctx.needs(0):
+        out[0] = g if reduction == "add" else em.op(
+            "ScatterElements", [g, ctx.x(1), em.zeros(u_shape, em.dtype(g))], em.shape(g), em.dtype(g), axis=axis)
+    if ctx.needs(2):
+        out[2] = em.op("GatherElements", [g, ctx.x(1)], u_shape, em.dtype(g), axis=axis)
+    return out
+
+
+@register("ScatterND", inputs=(0, 2))
+def scatter_nd(ctx: BackwardContext) -> dict[int, int]:
+    """As ScatterElements, with index tuples: data gets g zeroed at the written tuples
+    (reduction 'none'), the updates get g gathered there (GatherND)."""
+    em, g = ctx.em, ctx.dy()
+    reduction = _scatter_reduction(ctx)
+    idx = _nd_indices(ctx, 1, ctx.x_shape(0))
+    u_shape = ctx.x_shape(2)
+    out = {}
+    if ctx.needs(0):
+        out[0] = g if reduction == "add" else em.op(
+            "ScatterND", [g, idx, em.zeros(u_shape, em.dtype(g))], em.shape(g), em.dtype(g))
+    if ctx.needs(2):
+        out[2] = em.op("GatherND", [g, idx], u_shape, em.dtype(g))
+    return out
 
 
 # ---- scans and masks --------------------------------------------------------------------------
