@@ -24,6 +24,7 @@ EXPECTED = {
     "gpt2": (18, {"batch", "seq"}, False),
     "bert": (17, {"batch", "seq"}, False),
     "vit": (18, {"batch"}, False),
+    "moe": (17, {"batch", "seq"}, False),
 }
 MAX_IR_VERSION = 10
 
