@@ -234,3 +234,21 @@ def test_a_pinned_model_whose_shapes_fold_in_many_rounds_imports_again(tmp_path)
     rc, stdout, err = memplan("verify", fixture, out, *dims, "--json")
     assert rc == 0, err
     assert json.loads(stdout)["outputs_equal"] is True
+
+
+def test_verify_compares_a_pinned_model_with_the_kernels_it_runs(tmp_path):
+    """A pinned file reads its Conv weights through views, and ORT then runs those Convs with other
+    kernels (mobilenetv2's depthwise ones round differently, by about 5e-6): verify compares the
+    plan bit for bit with the model read the same way, and reports the difference from the model's
+    own outputs apart. It used to report the outputs as differing and exit 1."""
+    fixture, out = ROOT / "tests" / "fixtures" / "mobilenetv2.onnx", tmp_path / "m.onnx"
+    rc, _, err = memplan("plan", fixture, "--dim", "batch=4", "--budget", "70%", "--strategy", "greedy",
+                         "--workers", "1", "--emit", out, "--pin-order")
+    assert rc == 0, err
+    rc, stdout, err = memplan("verify", fixture, out, "--json")
+    assert rc == 0, err
+    rep = json.loads(stdout)
+    assert rep["outputs_equal"] is True and rep["tolerance"] == {"rtol": 0.0, "atol": 0.0}
+    assert all(o["max_abs_diff"] == 0 for o in rep["outputs"])
+    assert "Conv weights read through views" in rep["compared_with"]
+    assert 0 <= rep["reference_max_abs_diff"] < 1e-4
