@@ -328,6 +328,10 @@ CASES = {
     "scatter_nd_add_dupes_runtime": ([node("ScatterND", ["d", "i", "u"], ["y"], reduction="add")],
                                      {"d": rnd(3, 2), "u": rnd(3, seed=1)},
                                      {"inputs": {"i": np.asarray([[0, 1], [2, 0], [0, 1]], I64)}, "opset": 16}),
+    "mod_fmod_broadcast": ([node("Mod", ["a", "b"], ["y"], fmod=1)],
+                           {"a": 3 * rnd(2, 3), "b": rnd(3, low=0.7)}, {}),
+    "lp_normalization_l2_axis1": ([node("LpNormalization", ["x"], ["y"], axis=1)], {"x": rnd(2, 3, 4)}, {}),
+    "lp_normalization_l1_last": ([node("LpNormalization", ["x"], ["y"], p=1)], {"x": rnd(3, 4)}, {}),
     # Hardmax is piecewise constant (STOP_GRADIENT): d(a * hardmax(a)) = hardmax(a) away from ties
     "hardmax_stops_gradient": ([node("Hardmax", ["a"], ["h"]), node("Mul", ["a", "h"], ["y"])], {"a": rnd(3, 4)}, {}),
 }

@@ -148,6 +148,21 @@ def _mask(ctx: BackwardContext, cond: int) -> int:
     return em.where(cond, g, em.scalar(0.0, g))
 
 
+@register("Mod", inputs=(0, 1))
+def mod(ctx: BackwardContext) -> dict[int, int]:
+    """fmod: y = a - trunc(a / b) * b, so da = g and db = -g * trunc(a / b) (PyTorch's fmod
+    gradient; the quotient is piecewise constant). Integer Mod carries no gradient."""
+    em, g = ctx.em, ctx.dy()
+    out = {}
+    if ctx.needs(0):
+        out[0] = em.unbroadcast(g, ctx.x_shape(0))
+    if ctx.needs(1):
+        q = em.div(ctx.x(0), ctx.x(1))
+        trunc = em.where(em.binary("Less", q, em.scalar(0.0, q)), em.unary("Ceil", q), em.unary("Floor", q))
+        out[1] = em.neg(em.unbroadcast(em.mul(g, trunc), ctx.x_shape(1)))
+    return out
+
+
 @register("Relu")
 def relu(ctx: BackwardContext) -> dict[int, int]:
     """dx = g * Sign(y): y = relu(x) >= 0, so Sign(y) is exactly the 0/1 mask. One temporary of y's

@@ -11,6 +11,7 @@ import numpy as np
 
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import prod
+from planner.errors import ModelImportError
 
 
 def _softmax_axes(ctx: BackwardContext) -> list[int]:
@@ -90,6 +91,20 @@ def _normalize_backward(ctx: BackwardContext, stat_axes: list[int], eps: float) 
         centered = em.sub(g, em.scale(sum_g, 1.0 / count))
         out[0] = em.mul(k, em.sub(centered, em.mul(xhat, em.scale(sum_gx, 1.0 / count))))
     return out
+
+
+@register("LpNormalization")
+def lp_normalization(ctx: BackwardContext) -> dict[int, int]:
+    """y = x / n along ``axis``, n the L2 (p=2) or L1 (p=1) norm: dx = (g - d * sum(g * y)) / n with
+    d = y for p=2 and sign(x) for p=1 (the norm's own derivative times n). Reads x and y."""
+    em, g, x, y = ctx.em, ctx.dy(), ctx.x(0), ctx.y()
+    axis = int(ctx.attr("axis", -1)) % len(ctx.x_shape(0))
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        raise ModelImportError(f"node {ctx.node.name!r} (LpNormalization) has p={p}; ONNX allows 1 or 2")
+    norm = em.reduce("ReduceL2" if p == 2 else "ReduceL1", x, [axis])
+    d = y if p == 2 else em.unary("Sign", x)
+    return {0: em.div(em.sub(g, em.mul(d, em.reduce_sum(em.mul(g, y), [axis]))), norm)}
 
 
 @register("BatchNormalization", inputs=(0, 1, 2))

@@ -278,7 +278,8 @@ def _scatter_reduction(ctx: BackwardContext) -> str:
 @register("ScatterElements", inputs=(0, 2))
 def scatter_elements(ctx: BackwardContext) -> dict[int, int]:
     """data gets g, zeroed where an update overwrote it (reduction 'none'); the updates get g at
-    their positions (GatherElements)."""
+    their positions (GatherElements). Duplicate indices under 'none' leave which update lands
+    undefined (ONNX); each of them then gets g, as PyTorch's scatter backward gives."""
     em, g = ctx.em, ctx.dy()
     reduction = _scatter_reduction(ctx)
     axis = int(ctx.attr("axis", 0)) % len(ctx.x_shape(0))
