@@ -39,13 +39,13 @@ ZOO = {name: f"zoo:{name}?batch={b}" for name, b in
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-def cases(fixture_scale: int = 16):
+def cases(fixture_scale: int = 16, seq_scale: int = 1):
     for name, spec in ZOO.items():
         yield name, spec, {}
     for path in sorted(FIXTURES.glob("*.onnx")):
         z = np.load(path.with_suffix(".npz"))
         dims = {k[4:]: int(z[k]) * fixture_scale for k in z.files if k.startswith("dim:") and k != "dim:seq"}
-        dims.update({k[4:]: int(z[k]) for k in z.files if k == "dim:seq"})
+        dims.update({k[4:]: int(z[k]) * seq_scale for k in z.files if k == "dim:seq"})
         yield path.stem, str(path), dims
 
 
@@ -60,13 +60,15 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--fixture-scale", type=int, default=16,
                     help="fixtures' batch = their saved batch (2) times this; larger peaks measure more exactly")
+    ap.add_argument("--seq-scale", type=int, default=1,
+                    help="fixtures' seq = their saved seq times this (gpt2 and bert allow 32 positions: at most 2)")
     args = ap.parse_args()
     _, node_time, _, _ = _device_costs(args.device)
     rows = []
     hdr = f"{'model':12s} {'budget':>6s} {'plan':>8s} {'pred MiB':>9s} {'meas MiB':>9s} {'meas/pred':>9s} " \
           f"{'meas/budget':>11s} {'equal':>5s} {'dflt/pred':>9s} {'noarena/pred':>12s} {'pred +t%':>8s} {'meas +t%':>8s}"
     print(hdr)
-    for name, spec, dims in cases(args.fixture_scale):
+    for name, spec, dims in cases(args.fixture_scale, args.seq_scale):
         if args.only and name not in args.only:
             continue
         graph = training_graph(import_model(spec, dims))
