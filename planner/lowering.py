@@ -97,6 +97,8 @@ def lower(
     groups: list[list[int]] = []
     views: list[list[int]] = []
     taken: list[list[int]] = []  # per group: the node whose buffer its in-place member takes over
+    # ORT's own in-place rule, whatever ``memory`` counts: the groups below and the floor follow it
+    ort_rule = MemoryModel()
     for node in graph.nodes:
         src = memory.view_source(graph, node)
         others_constant = all(
@@ -108,7 +110,7 @@ def lower(
             views[j].append(node.id)
             group_of[node.id] = j
             continue
-        j = _in_place_group(graph, node, groups, group_of)
+        j = _in_place_group(graph, node, groups, group_of, ort_rule)
         if j >= 0:
             groups[j].append(node.id)
             taken[j].append(groups[j][0])
@@ -174,10 +176,9 @@ def lower(
         for j, bs in by_group.items():
             read[j] = min(read[j], sum(int(lv.buffer_size[b]) for b in bs))
     in_place = np.zeros(m, dtype=np.int64)
-    sharing = MemoryModel()  # ORT's rule: the floor must allow for every in-place run it may make
     for j, members in enumerate(groups):
         node = graph.nodes[members[0]]
-        src = sharing.in_place_source(node)
+        src = ort_rule.in_place_source(node)  # the floor allows for every in-place run ORT may make
         out = node.outputs[0] if node.outputs else NO_TENSOR
         if src == NO_TENSOR or out == NO_TENSOR or out in outputs or graph.tensors[src].kind is not TensorKind.ACTIVATION:
             continue
@@ -238,7 +239,8 @@ def group_table(lowering: Lowering) -> Mapping[str, Sequence[str]]:
     return {g.nodes[grp[0]].name: names_of(g, grp) for grp in lowering.groups}
 
 
-def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], group_of: np.ndarray) -> int:
+def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], group_of: np.ndarray,
+                    ort_rule: MemoryModel) -> int:
     """The group ``node`` joins as its in-place member, or -1.
 
     ORT writes an in-place op's output into its input's buffer when that input dies there
@@ -247,7 +249,7 @@ def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], group_of:
     and swapped together, as one buffer (``node``'s output; the producer's is handed over).
     Counting both, zoo:cnn's max-pool backward (a 2 MiB zeros tensor scattered into) needed 74%
     of the peak where ORT needs 65%, and at 70% memplan found no plan (now +5.0%, at 64.6%)."""
-    t = MemoryModel().in_place_source(node)
+    t = ort_rule.in_place_source(node)
     if t == NO_TENSOR or not node.outputs or node.outputs[0] == NO_TENSOR or node.outputs[0] in graph.output_set:
         return -1
     x, y = graph.tensors[t], graph.tensors[node.outputs[0]]

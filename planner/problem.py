@@ -456,16 +456,15 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     """
     size = [int(x) for x in problem.size]
     swappable = problem.swappable if problem.transfer is not None else np.zeros(problem.n, bool)
-    scratch = [0 if swappable[v] else int(x) for v, x in enumerate(problem.scratch)]  # a swap-in has none
+    # a swap-in restores q without its inputs or scratch; a two-step node's ops need not hold
+    # their inputs together: like a swap-in, not expanded
+    atomic = swappable if problem.two_step is None else swappable | problem.two_step
+    scratch = [0 if atomic[v] else int(x) for v, x in enumerate(problem.scratch)]
     # q's output may share the buffer of an input read last at q (``PlanningProblem.in_place``)
     shared = [0] * problem.n if problem.in_place is None else \
-        [0 if swappable[v] else int(x) for v, x in enumerate(problem.in_place)]
+        [0 if atomic[v] else int(x) for v, x in enumerate(problem.in_place)]
     # an input is resident with at least the bytes its readers read; q, while it runs, with all
     read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
-    # a two-step node's ops need not hold their inputs together: like a swap-in, not expanded
-    atomic = swappable if problem.two_step is None else swappable | problem.two_step
-    scratch = [0 if atomic[v] else x for v, x in enumerate(scratch)]
-    shared = [0 if atomic[v] else x for v, x in enumerate(shared)]
     preds = [frozenset() if atomic[v] else frozenset(int(u) for u in problem.pred_lists[v])
              for v in range(problem.n)]
     memo: dict[tuple[frozenset, int], int] = {}
