@@ -583,6 +583,11 @@ class RematModel:
         """This model with recomputes only of ``nodes`` and an objective below ``below``: a copy
         (same variables, so its solutions decode and hint this model) for ``solve(model=...)``."""
         sub = self.m.Clone()
+        # The hint (this model's incumbent) breaks the objective cut below, and CP-SAT 9.15's deterministic
+        # parallel search aborts the process on a complete infeasible hint ("Check failed:
+        # heuristics.fixed_search != nullptr"; zoo:gpt?batch=64 at 5826738 bytes, --device cpu
+        # --deterministic): the copy goes without it.
+        sub.ClearHints()
         keep = set(nodes)
         for x in self.inst:
             if x.kind == RECOMPUTE and x.node not in keep:

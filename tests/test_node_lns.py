@@ -100,3 +100,28 @@ def test_it_hands_back_after_patience_steps_without_a_cheaper_plan(rl100_70, mon
     # three steps, each capped at the step's deterministic seconds, then the best plan comes back
     assert len(calls) == 3 and all(work == 0.25 for _, work in calls)
     assert found.plan is r2.plan and found.status == "UNKNOWN" and found.bound is None
+
+
+def test_a_restricted_copy_carries_no_hint(rl100_70):
+    """The incumbent breaks a restricted copy's objective cut; with it as a complete hint, CP-SAT
+    9.15's deterministic parallel search aborts the process (the next test)."""
+    q, budget, start, _ = rl100_70
+    m2 = model(q, budget, start.plan)
+    assert len(m2.m.Proto().solution_hint.vars) > 0
+    sub = m2.restricted(start.plan.recomputed(q.n)[:3], 10**9)
+    assert len(sub.Proto().solution_hint.vars) == 0
+    assert len(m2.m.Proto().solution_hint.vars) > 0  # the model itself keeps its hint
+
+
+def test_a_deterministic_two_worker_plan_whose_neighbourhood_is_infeasible_does_not_abort():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    # before the fix: "Check failed: heuristics.fixed_search != nullptr", SIGABRT, in node-lns
+    proc = subprocess.run([sys.executable, "-m", "cli", "plan", "zoo:gpt?batch=64", "--budget", "5826738",
+                           "--device", "cpu", "--deterministic", "--time-limit", "5", "--workers", "2"],
+                          cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert "cpsat optimal" in proc.stdout
