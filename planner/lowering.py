@@ -55,21 +55,34 @@ class Lowering:
         g = self.graph
         out: list[dict[str, Any]] = []
         outputs = g.output_set
+        gone: set[int] = set()  # tensors freed and not made again since: a later free skips them
+
+        def made(nodes) -> None:
+            gone.difference_update(t for n in nodes for t in g.nodes[n].outputs)
+
+        def free(tensors) -> None:
+            for t in tensors:
+                if t not in gone:
+                    out.append({"op": "free", "tensor": g.tensors[t].name})
+                    gone.add(t)
+
         for e in plan.events:
             nodes = self.groups[e.node]
             if e.op == "compute":
                 out.extend({"op": "compute", "node": g.nodes[n].name} for n in nodes)
+                made(nodes)
             elif e.op == "free":
-                out.extend({"op": "free", "tensor": g.tensors[t].name}
-                           for n in nodes for t in g.nodes[n].outputs if t != NO_TENSOR and t not in outputs)
+                free(t for n in nodes for t in g.nodes[n].outputs if t != NO_TENSOR and t not in outputs)
             elif e.op == "swap_out":
                 out.extend({"op": "swap_out", "tensor": g.tensors[t].name} for t in self.buffers[e.node])
-                gone = self.views[e.node] + (self.taken[e.node] if self.taken else ())
-                out.extend({"op": "free", "tensor": g.tensors[g.nodes[v].outputs[0]].name} for v in gone)
+                # the group's views and the input buffer its in-place member took over go with it
+                # (not swapped back in: a later free of the group must not free them again)
+                free(g.nodes[v].outputs[0] for v in self.views[e.node] + (self.taken[e.node] if self.taken else ()))
             elif e.op == "swap_in":
                 out.extend({"op": "swap_in", "tensor": g.tensors[t].name} for t in self.buffers[e.node])
                 # the views are re-made on the swapped-in copy (zero-copy, no time)
                 out.extend({"op": "compute", "node": g.nodes[v].name} for v in self.views[e.node])
+                made(self.views[e.node])
         return out
 
 
