@@ -194,6 +194,15 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                            predicted_device=made_with.get("costs") or (
                                f"device profile {made_with['device']}" if made_with.get("device") else None))
     info = report.as_dict()
+    # what a memory limit on ORT's arena (gpu_mem_limit, a CPU arena's max_mem) must be for these two
+    # files on this CPU provider: planner/arena.py's replay of ORT's BFC arena, per extend strategy
+    from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
+
+    run_lv = {"reference": analyze(import_model(reference), model=MemoryModel(host_copies_resident=True)),
+              "planned": analyze(planned_graph, model=MemoryModel(host_copies_resident=True))}
+    info["ort_arena_limit_bytes"] = {
+        name: {"kNextPowerOfTwo": arena_need(lv, strategy=NEXT_POWER_OF_TWO),
+               "kSameAsRequested": arena_need(lv, strategy=SAME_AS_REQUESTED)} for name, lv in run_lv.items()}
     if as_json:
         emit_json(info)
     else:
@@ -233,6 +242,12 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                        f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
                        f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
                        f"({d['arena_off_over_predicted']:.2f} x); {advice}")
+        lim = info["ort_arena_limit_bytes"]
+        click.echo(f"arena limit  the least ORT arena limit (gpu_mem_limit, max_mem) each runs under, predicted: "
+                   f"planned {format_bytes(lim['planned']['kNextPowerOfTwo'])} (kNextPowerOfTwo), "
+                   f"{format_bytes(lim['planned']['kSameAsRequested'])} (kSameAsRequested); reference "
+                   f"{format_bytes(lim['reference']['kNextPowerOfTwo'])}, "
+                   f"{format_bytes(lim['reference']['kSameAsRequested'])}; plan with --ort-arena to fit a limit")
         pred_t = info["predicted_time_overhead"]
         pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}%, op times: {info['predicted_time_device']}"
         click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
@@ -575,6 +590,10 @@ FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default 
                     "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
 DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
                       "the same plan comes back on any machine and under any load (the wall time then varies).")
+ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runtime's arena (gpu_mem_limit on CUDA, "
+                  "an arena's max_mem on CPU) with this arena_extend_strategy: keep only a plan that the arena's "
+                  "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak; --device "
+                  "cpu: fed inputs are the caller's arrays, otherwise copied into the arena).")
 PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
                   "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
                   "off, so the model keeps its plan under ORT's default session options too.")
@@ -613,6 +632,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--explain", is_flag=True, help="Say per tensor what was decided and why.")
 @click.option("--arena", is_flag=True, help="ONNX models: place every buffer at a fixed offset in one arena and "
               "check the budget against the arena height.")
+@click.option("--ort-arena", "ort_arena", type=click.Choice(["next-power-of-two", "same-as-requested"]), default=None,
+              help=ORT_ARENA_HELP)
 @click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits, unplanned and planned.")
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen; --budget is ignored.")
@@ -621,8 +642,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, time_limit, seed,
-         workers, max_computations, fixed_order, deterministic, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, max_batch,
-         batch_dim, sweep_png, max_added_pct) -> None:
+         workers, max_computations, fixed_order, deterministic, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, ort_arena,
+         max_batch, batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
     MODEL is an ONNX model (planned as a training step unless --forward or it already is one),
@@ -640,6 +661,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model])
     if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
+    if ort_arena and (is_remat_json(model) or sweep_png):
+        raise UsageError("--ort-arena applies to ONNX models planned at one budget (or with --max-batch); "
+                         "JSON graphs have no runtime arena, and --sweep does not check it")
     if costs != "device" and max_batch:
         raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
                          "(or plan one batch with --dim batch=N --costs ...)")
@@ -648,7 +672,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                       swap_bandwidth, swap_overlap, as_json, costs)
     if max_batch:
         return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
-                          optimizer, lr, batch_dim, as_json, max_added_pct)
+                          optimizer, lr, batch_dim, as_json, max_added_pct, ort_arena)
     if is_remat_json(model):
         if emit:
             raise UsageError("--emit writes ONNX models; MODEL is a JSON graph (use -o for the plan)")
@@ -662,7 +686,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     else:
         problem, result, obj, planned, budget = _plan_onnx(model, budget_spec, strategy, options, device_name, swap,
                                                             parse_dims(dims), forward, optimizer, lr, arena, pin_order,
-                                                            costs)
+                                                            costs, ort_arena)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
     if as_json:
@@ -696,6 +720,10 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                    f", {len(obj['recomputed'])} recomputed, {len(obj['swapped'])} swapped")
         if result.note:
             click.echo(f"  note          {result.note}")
+        if obj.get("ort_arena", {}).get("need_bytes") is not None:
+            a = obj["ort_arena"]
+            click.echo(f"  ORT arena     runs under a limit of {format_bytes(a['need_bytes'])} "
+                       f"({a['extend_strategy']}; the budget is its limit)")
         if "arena" in obj:
             a = obj["arena"]
             click.echo(f"  arena         {format_bytes(a['height_bytes'])} ({a['height_bytes'] / max(1, a['lower_bound_bytes']):.4f}"
@@ -709,7 +737,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
 
 
 def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, batch_dim,
-               as_json, max_added_pct=None) -> None:
+               as_json, max_added_pct=None, ort_arena=None) -> None:
     """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget."""
     import models
     from passes.plan_model import added_fraction, max_batch, plan_graph
@@ -734,9 +762,12 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         spec, d = spec_at(b)
         return _graph_to_plan(spec, d, forward, optimizer, lr)[0]
 
+    bfc = _ort_arena(ort_arena, device_name)
+
     def plan_at(graph, limit):
         return plan_graph(graph, limit, strategy=strategy, options=options, node_time=node_time,
-                          transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
+                          transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s",
+                          ort_arena=bfc)
 
     cap = None if max_added_pct is None else max_added_pct / 100
     result = max_batch(build, budget, plan_at, max_added=cap)
@@ -786,6 +817,17 @@ def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr,
     click.echo(f"wrote {png}")
 
 
+def _ort_arena(choice: str | None, device_name: str):
+    """--ort-arena CHOICE on --device DEVICE -> passes.plan_model.OrtArena (None without the flag)."""
+    from passes.plan_model import OrtArena
+    from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED
+
+    if choice is None:
+        return None
+    return OrtArena(NEXT_POWER_OF_TWO if choice == "next-power-of-two" else SAME_AS_REQUESTED,
+                    device_name.lower() != "cpu")
+
+
 def _arena_report(graph, budget: int, time_limit: float) -> dict:
     """Offsets for every dynamic buffer of ``graph``'s run; the budget checked against the arena."""
     from planner.alloc import liveness_buffers, solve
@@ -805,7 +847,7 @@ def _arena_report(graph, budget: int, time_limit: float) -> dict:
 
 
 def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False,
-               pin=False, costs="device"):
+               pin=False, costs="device", ort_arena=None):
     """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
     import math
 
@@ -817,8 +859,10 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs)
     unplanned = analyze(graph).peak_bytes
     budget = budget_spec.bytes if budget_spec.bytes is not None else math.ceil(unplanned * budget_spec.fraction)
+    bfc = _ort_arena(ort_arena, dev.name)
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
-                    transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s", pin=pin)
+                    transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s", pin=pin,
+                    ort_arena=bfc)
     result, problem = pm.result, pm.problem
     obj = result.to_json(problem)
     made = {"source": model, "dims": dims, "train": train, "device": dev.name, "costs": cost_source, "budget_bytes": budget,
@@ -833,6 +877,9 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
         obj["schedule"] = list(pm.events)
     if arena and pm.planned is not None:
         obj["arena"] = _arena_report(pm.planned, budget, options.time_limit)
+    if bfc is not None:
+        obj["ort_arena"] = {"extend_strategy": bfc.label, "inputs_in_arena": bfc.device_inputs,
+                            "limit_bytes": budget, "need_bytes": pm.arena_need}
     planned = None
     if pm.planned is not None:
         made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)

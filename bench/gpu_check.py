@@ -18,6 +18,10 @@ meant to keep their plan there), and reports:
   k-ary search (``--probes`` fresh processes per round, so one out-of-memory failure cannot poison
   the next, and a round costs one CUDA start-up).
 
+A plan's peak counts live bytes, the arena also wastes some (planner/arena.py): for the planned model
+to pass at ``gpu_mem_limit`` = its budget, plan it with ``memplan plan ... --ort-arena
+same-as-requested`` (the strategy this check runs the planned session with) and a GPU ``--device``.
+
 Needs a CUDA machine with onnxruntime-gpu; exits 2 with one line where CUDA is unavailable.
 """
 from __future__ import annotations

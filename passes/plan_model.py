@@ -6,7 +6,8 @@ Post: a :class:`PlannedModel` whose ``planned`` Graph runs the plan's schedule a
 peak (the model of what ORT holds) is at most the budget; if rewriting adds bytes the problem did
 not see (ordering edges, recompute copies of unread outputs), the solve is repeated with the
 budget lowered by the excess (doubling), so a returned plan's peak is never over budget; when no
-attempt fits, no plan is returned.
+attempt fits, no plan is returned. With ``ort_arena`` a plan must also run under ORT's BFC arena
+with the budget as its limit (planner/arena.py's replay), re-solving tighter where it does not.
 """
 from __future__ import annotations
 
@@ -19,13 +20,38 @@ from passes.pin_order import pin_order
 from passes.rewrite import apply_schedule
 from planner.cpsat import PlannerOptions
 from planner.graph import Graph
-from planner.liveness import analyze
+from planner.arena import NEXT_POWER_OF_TWO, arena_need
+from planner.liveness import MemoryModel, analyze
 from planner.lowering import Lowering, lower
 from planner.plan import SolveResult
 from planner.planning import solve
 from planner.problem import PlanningProblem
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OrtArena:
+    """ORT's BFC arena with its limit at the budget (planner/arena.py): ``strategy`` is its
+    arena_extend_strategy; ``device_inputs``: fed inputs are copied into it (CUDA), not read in place (CPU),
+    and host copies (swaps) are not in it."""
+
+    strategy: int
+    device_inputs: bool
+
+    @property
+    def label(self) -> str:
+        return "kNextPowerOfTwo" if self.strategy == NEXT_POWER_OF_TWO else "kSameAsRequested"
+
+    def need(self, planned: Graph) -> int:
+        """The arena need of ``planned`` as ORT reads it: exported and read back, since the file writes
+        some ops as their function bodies (passes/onnx_export.py), which allocate other buffers."""
+        from passes.onnx_export import export_model
+        from passes.onnx_import import import_model
+
+        as_run = import_model(export_model(planned, value_info=False))
+        lv = analyze(as_run, model=MemoryModel(host_copies_resident=not self.device_inputs))
+        return arena_need(lv, strategy=self.strategy, on_cpu=not self.device_inputs)
 
 #: Re-solves allowed when the rewritten graph holds a few bytes more than the problem said.
 MAX_TIGHTENING = 6
@@ -42,6 +68,8 @@ class PlannedModel:
     planned: Graph | None  # the rewritten graph; None when no plan
     peak_bytes: int | None  # liveness peak of ``planned`` (base included)
     unplanned_peak: int  # liveness peak of ``graph`` as it is (base included)
+    # with ``ort_arena``: the least limit ORT's BFC arena runs ``planned`` under (planner/arena.py)
+    arena_need: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,11 +98,17 @@ def plan_graph(
     copy_overlap: bool = True,
     time_unit: str = "",
     pin: bool = False,
+    ort_arena: OrtArena | None = None,
 ) -> PlannedModel:
     """Lower, solve, rewrite and re-check (see module docstring).
 
     ``pin``: add passes.pin_order's ordering edges, so ORT's default execution order runs the plan
     too; the budget check then counts their few bytes.
+    ``ort_arena``: the budget is also the limit of ORT's BFC arena (``gpu_mem_limit``): a plan is
+    returned only when the arena's replay (planner/arena.py) runs it under the budget; where it does
+    not, the solve is repeated for the budget scaled down by the arena's overshoot, then bisected
+    between the highest target whose plan fit and the lowest above it whose plan did not (the
+    replay's overshoot jumps from plan to plan), and the cheapest plan that fit is returned.
     """
     problem, lowering = lower(graph, node_time=node_time, transfer_time=transfer_time,
                               copy_overlap=copy_overlap, time_unit=time_unit)
@@ -87,19 +121,47 @@ def plan_graph(
         # graph's peak is checked against the budget below as always.
         target = problem.unplanned_peak
     result = None
+    arena_over = None  # the least arena need of a plan that fit the budget but not the arena
+    best: PlannedModel | None = None  # with ort_arena: the cheapest plan that fits the arena
+    fits_at = fails_at = None  # with ort_arena: the highest target that fit it, the lowest above that did not
     for attempt in range(MAX_TIGHTENING + 1):
         result = solve(problem, target, strategy, options)
         if result.plan is None:
+            if best is None:
+                break
+            fails_at = target  # between a fitting target and a failing one: keep halving
+        else:
+            events = tuple(lowering.onnx_schedule(result.plan))
+            planned = apply_schedule(graph, events)
+            if pin:
+                planned = pin_order(planned)
+            peak = analyze(planned).peak_bytes
+            if peak > budget:
+                log.info("rewritten graph peaks %d bytes over the budget; re-solving tighter", peak - budget)
+                target -= (peak - budget) << attempt  # doubling: a heuristic's plan may not move for a small step
+                continue
+            need = None if ort_arena is None else ort_arena.need(planned)
+            if need is None:
+                return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own)
+            if need <= budget:
+                fit = PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own, need)
+                if best is None or fit.result.added_time < best.result.added_time:
+                    best = fit
+                fits_at = target if fits_at is None else max(fits_at, target)
+            else:
+                log.info("ORT's arena needs %d bytes for the plan, over the budget; re-solving tighter", need)
+                arena_over = need if arena_over is None else min(arena_over, need)
+                fails_at = target
+                if fits_at is None:
+                    # the arena's overshoot scales with what is live; never less than a 1% step
+                    target = min(int(target * budget / need), target - max(1, budget // 100))
+                    continue
+        # a plan fits the arena at fits_at: the cheapest lies between it and the lowest target above that failed
+        if fails_at is None or fails_at <= fits_at or fails_at - fits_at <= max(1, budget // 100):
             break
-        events = tuple(lowering.onnx_schedule(result.plan))
-        planned = apply_schedule(graph, events)
-        if pin:
-            planned = pin_order(planned)
-        peak = analyze(planned).peak_bytes
-        if peak <= budget:
-            return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own)
-        log.info("rewritten graph peaks %d bytes over the budget; re-solving tighter", peak - budget)
-        target -= (peak - budget) << attempt  # doubling: a heuristic's plan may not move for a small step
+        target = (fits_at + fails_at) // 2
+    if best is not None:
+        return best
     if attempt == 0:  # the solver itself found no plan: its status and least memory stand
         failed = replace(result, budget_bytes=budget)
         if failed.least_bytes is not None and failed.least_bytes >= own:
@@ -107,6 +169,11 @@ def plan_graph(
             # peak (zoo:mlp: 349052 against 347476 bytes); the model as it is reaches that peak
             failed = replace(failed, least_bytes=own, least_exact=False,
                              note=f"memplan finds no plan below the unplanned peak {own} bytes")
+    elif arena_over is not None:
+        failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
+                         note=f"the plans found fit the budget but not ORT's arena under it: the least arena "
+                              f"any needed was {arena_over} bytes ({ort_arena.label}), and tighter solves fit no "
+                              "better; try a larger budget")
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
                          note="the plans found overshoot the budget once rewritten into the model, and tighter "

@@ -363,3 +363,47 @@ def verify_models(
                         max(0, default.cold_peak_bytes - first_run_state), no_arena.peak_bytes,
                         predicted_planned_peak, ref_s, got_s, predicted_time_overhead, predicted_device,
                         compared_with, reference_diff)
+
+
+_ARENA_CHILD = r"""
+import json, sys
+import numpy as np
+import onnxruntime as ort
+sys.path.insert(0, {root!r})
+from passes.verify import PLANNED
+args = json.loads(sys.argv[1])
+cfg = ort.OrtArenaCfg({{"max_mem": args["limit"], "arena_extend_strategy": args["strategy"]}})
+info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+ort.create_and_register_allocator(info, cfg)
+so = PLANNED.session_options()
+so.enable_cpu_mem_arena = True
+so.add_session_config_entry("session.use_env_allocators", "1")
+so.intra_op_num_threads = 1
+try:
+    sess = ort.InferenceSession(args["model"], so, providers=["CPUExecutionProvider"])
+    sess.run(None, dict(np.load(args["feeds"])))
+    print(json.dumps({{"ok": True, "error": ""}}))
+except Exception as err:  # the arena's out-of-memory surfaces as a RuntimeException
+    print(json.dumps({{"ok": False, "error": str(err).splitlines()[0]}}))
+"""
+
+
+def runs_under_arena(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[str, np.ndarray], limit: int,
+                     strategy: int, timeout: float = 600.0) -> tuple[bool, str]:
+    """Does ``model`` run once, with the planned session options, on the CPU provider with its arena
+    capped at ``limit`` bytes (``max_mem``; ``strategy``: 0 kNextPowerOfTwo, 1 kSameAsRequested)?
+    (ran, ORT's error line). The CPU arena is the BFCArena the CUDA provider puts under
+    ``gpu_mem_limit``: this is the CPU check of ``memplan plan --ort-arena`` (planner/arena.py).
+    A fresh process with glibc's own malloc settings, which decide where the arena's regions lie."""
+    root = str(Path(__file__).resolve().parents[1])
+    with tempfile.TemporaryDirectory(prefix="memplan-arena-") as tmp:
+        (path,), feeds_path = _stage(tmp, [model], feeds)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        args = {"model": path, "feeds": feeds_path, "limit": int(limit), "strategy": int(strategy)}
+        proc = subprocess.run([sys.executable, "-c", _ARENA_CHILD.format(root=root), json.dumps(args)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise PlannerError(f"running the model in onnxruntime failed: {tail}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return bool(got["ok"]), got["error"]

@@ -1,0 +1,327 @@
+"""ONNX Runtime's BFC arena, replayed: does a run's allocation sequence fit under a memory limit?
+
+A plan's peak is the most bytes live at once. ORT does not hand out bytes but chunks of an arena
+(``BFCArena``, the allocator behind the CPU provider's arena and the CUDA provider's device memory,
+where ``gpu_mem_limit`` is its limit). The arena rounds each request to 256 bytes, takes the
+smallest free chunk that holds it, keeps the whole chunk unless it is at least twice the request,
+merges a freed chunk only with its free neighbours in the same region, and when nothing fits adds a
+region (the request, or the next size of a doubling ladder), counted against the limit for good.
+So a run whose live bytes never pass the limit can still fail under it: zoo:gpt?batch=64 planned
+at 70% (5.17 MB peak with its weights) runs only from a CPU arena limit of 5.97 MB
+(kSameAsRequested) or 6.24 MB (kNextPowerOfTwo), and it failed on an H200 under ``gpu_mem_limit``
+5.45 MB (bench/results/arena_limit.md, bench/results/gpu_check_h200_gpt_batch64.json).
+
+This module replays the rules of ``onnxruntime/core/framework/bfc_arena.cc`` (ORT 1.31; our own
+code, written from reading it) on a sequence of allocations and frees:
+
+* ``Arena``: one arena (limit, extend strategy, first region size); ``alloc`` returns a chunk or
+  None where ORT would fail; ``free`` returns it.
+* ``run_events(liveness)``: the allocation sequence of a Liveness timeline as ORT runs it with the
+  planned session options (no memory pattern, no reuse of dead buffers): at each step the step's
+  new buffers in output order, then the kernel's scratch, scratch freed, then the buffers read
+  for the last time.
+* ``replay`` / ``least_limit``: does a sequence run under a limit; the least limit it runs under.
+* ``arena_need(liveness)``: ``least_limit`` of a run with what the session holds before it: the
+  initializers and MLAS's packed Gemm/MatMul weights as reservations (``reserved_bytes``), a
+  ConvTranspose's transposed weight from the arena (``session_allocations``), and off the CPU the
+  fed inputs. Each was found by matching ORT's log of arena extensions request by request; on the
+  zoo the result is within 5% of the least limit ORT runs under (bench/results/arena_limit.md).
+
+Pure: no ONNX.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+from planner.graph import NO_TENSOR, Graph
+
+#: BFCArena's constants.
+MIN_ALLOCATION = 256
+NUM_BINS = 21
+FIRST_REGION = 1 << 20  # initial_chunk_size_bytes default
+MAX_DEAD_BYTES = 128 << 20  # max_dead_bytes_per_chunk default
+NEXT_POWER_OF_TWO, SAME_AS_REQUESTED = 0, 1
+#: glibc's default M_MMAP_THRESHOLD: a region at least this large is a fresh mapping, placed below
+#: the mappings before it; a smaller one comes from the heap, above the regions before it. Where equal
+#: free chunks tie, the arena takes the lower address, so this decides which one is reused.
+MMAP_THRESHOLD = 128 << 10
+
+
+def rounded(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+def bin_of(nbytes: int) -> int:
+    return min(NUM_BINS - 1, (max(nbytes, MIN_ALLOCATION) >> 8).bit_length() - 1)
+
+
+@dataclass
+class _Chunk:
+    addr: int
+    size: int
+    region: int
+    used: bool = False
+    prev: "_Chunk | None" = None
+    next: "_Chunk | None" = None
+
+
+class Arena:
+    """A BFC arena of ``limit`` bytes (module docstring). Addresses are virtual: each region starts
+    above the last, which only breaks ties between equal free chunks."""
+
+    def __init__(self, limit: int, strategy: int = NEXT_POWER_OF_TWO, first_region: int = FIRST_REGION,
+                 max_dead_bytes: int = MAX_DEAD_BYTES, mmap_threshold: int = MMAP_THRESHOLD):
+        self.limit = limit
+        self.strategy = strategy
+        self.max_dead = max_dead_bytes
+        self.grow = rounded(min(limit, first_region))  # curr_region_allocation_bytes_
+        self.total = 0  # bytes of regions and reservations, what the limit counts
+        self.in_use = 0  # bytes of chunks handed out (whole chunks, as ORT's stats count them)
+        self.regions = 0
+        self.mmap_threshold = mmap_threshold
+        self._top = 1 << 62  # mapped regions go down from here
+        self._bottom = 0  # heap regions go up from here
+        self._bins: list[list[tuple[int, int]]] = [[] for _ in range(NUM_BINS)]  # (size, addr), sorted
+        self._free: dict[int, _Chunk] = {}  # addr -> free chunk
+
+    def reserve(self, nbytes: int) -> bool:
+        """A reservation outside the regions (ORT reserves initializers this way); counted against the limit."""
+        if nbytes <= 0:
+            return True
+        if self.total + nbytes > self.limit:
+            return False
+        self.total += nbytes
+        self.in_use += nbytes
+        return True
+
+    def alloc(self, nbytes: int) -> _Chunk | None:
+        """A chunk for ``nbytes`` (None: ORT fails this request under the limit); 0 bytes: no chunk."""
+        want = rounded(nbytes)
+        chunk = self._find(want)
+        if chunk is None:
+            if not self._extend(want):
+                return None
+            chunk = self._find(want)
+        assert chunk is not None
+        return chunk
+
+    def free(self, chunk: _Chunk) -> None:
+        """Return ``chunk``; it merges with a free neighbour on either side (same region only)."""
+        chunk.used = False
+        self.in_use -= chunk.size
+        if chunk.next is not None and not chunk.next.used:
+            self._merge(chunk, chunk.next)
+        if chunk.prev is not None and not chunk.prev.used:
+            chunk = self._merge(chunk.prev, chunk)
+        self._bin(chunk)
+
+    # -- BFCArena internals --------------------------------------------------------------------
+    def _find(self, want: int) -> _Chunk | None:
+        for b in range(bin_of(want), NUM_BINS):
+            entries = self._bins[b]
+            i = bisect.bisect_left(entries, (want, -1))
+            if i < len(entries):
+                chunk = self._free[entries[i][1]]
+                self._unbin(chunk)
+                if chunk.size >= 2 * want or chunk.size - want >= self.max_dead:
+                    rest = _Chunk(chunk.addr + want, chunk.size - want, chunk.region, prev=chunk, next=chunk.next)
+                    if chunk.next is not None:
+                        chunk.next.prev = rest
+                    chunk.next = rest
+                    chunk.size = want
+                    self._bin(rest)
+                chunk.used = True
+                self.in_use += chunk.size
+                return chunk
+        return None
+
+    def _extend(self, want: int) -> bool:
+        available = (self.limit - self.total) // MIN_ALLOCATION * MIN_ALLOCATION
+        if want > available:
+            return False
+        if self.strategy == NEXT_POWER_OF_TWO:
+            increased = False
+            while want > self.grow:
+                self.grow *= 2
+                increased = True
+            size = min(self.grow, available)
+            if not increased:
+                self.grow *= 2
+        else:
+            size = want
+        self.total += size
+        if size >= self.mmap_threshold:  # glibc maps it: below the last mapping
+            self._top -= size + (1 << 40)
+            region = _Chunk(self._top, size, self.regions)
+        else:  # from the heap: above the last heap region
+            region = _Chunk(self._bottom, size, self.regions)
+            self._bottom += size + (1 << 40)
+        self.regions += 1
+        self._bin(region)
+        return True
+
+    def _merge(self, low: _Chunk, high: _Chunk) -> _Chunk:
+        """``high`` (its right neighbour) folded into ``low``; whichever of them was free leaves its bin."""
+        for c in (low, high):
+            if c.addr in self._free:
+                self._unbin(c)
+        low.size += high.size
+        low.next = high.next
+        if high.next is not None:
+            high.next.prev = low
+        return low
+
+    def _bin(self, chunk: _Chunk) -> None:
+        bisect.insort(self._bins[bin_of(chunk.size)], (chunk.size, chunk.addr))
+        self._free[chunk.addr] = chunk
+
+    def _unbin(self, chunk: _Chunk) -> None:
+        entries = self._bins[bin_of(chunk.size)]
+        i = bisect.bisect_left(entries, (chunk.size, chunk.addr))
+        del entries[i]
+        del self._free[chunk.addr]
+
+
+#: One event: (+1, key, bytes) allocates ``bytes`` under ``key``; (-1, key, 0) frees it.
+Event = tuple[int, object, int]
+
+
+def run_events(liveness) -> list[Event]:
+    """The allocation sequence ORT makes for ``liveness`` (a planner.liveness.Liveness) with the
+    planned session options: per step, its new buffers in the order their tensors were made, the
+    kernel's scratch (allocated and freed inside the kernel), then the buffers last read there."""
+    lv = liveness
+    n = len(lv.order)
+    made: list[list[int]] = [[] for _ in range(n)]
+    gone: list[list[int]] = [[] for _ in range(n)]
+    for b in range(len(lv.buffer_size)):
+        made[int(lv.alloc_step[b])].append(b)
+        gone[int(lv.free_step[b])].append(b)
+    events: list[Event] = []
+    for s in range(n):
+        events.extend((1, b, int(lv.buffer_size[b])) for b in made[s])
+        if lv.scratch[s] > 0:
+            events.append((1, ("scratch", s), int(lv.scratch[s])))
+            events.append((-1, ("scratch", s), 0))
+        events.extend((-1, b, 0) for b in gone[s])
+    return events
+
+
+def replay(events: Iterable[Event], limit: int, *, base: int = 0, strategy: int = NEXT_POWER_OF_TWO,
+           first_region: int = FIRST_REGION) -> tuple[bool, Arena]:
+    """Run ``events`` on a fresh arena with ``base`` reserved first: (every request was met, the arena)."""
+    arena = Arena(limit, strategy, first_region)
+    if not arena.reserve(base):
+        return False, arena
+    held: dict[object, _Chunk] = {}
+    for sign, key, nbytes in events:
+        if sign > 0:
+            if nbytes <= 0:
+                continue
+            chunk = arena.alloc(nbytes)
+            if chunk is None:
+                return False, arena
+            held[key] = chunk
+        elif key in held:
+            arena.free(held.pop(key))
+    return True, arena
+
+
+def least_limit(events: Sequence[Event], *, base: int = 0, strategy: int = NEXT_POWER_OF_TWO,
+                first_region: int = FIRST_REGION, resolution: int = 1) -> int:
+    """The least limit (to ``resolution`` bytes) under which ``events`` run, by bisection between
+    the live-bytes peak (nothing runs below it) and what an unlimited arena takes.
+
+    Whether a sequence fits is not monotone in the limit in every case (a limit changes the size of
+    the region that reaches it); the result is a limit that fits, with one ``resolution`` below it
+    that does not."""
+    ok, free_arena = replay(events, 1 << 62, base=base, strategy=strategy, first_region=first_region)
+    assert ok
+    hi = free_arena.total
+    lo = base + _live_peak(events) - 1
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        if replay(events, mid, base=base, strategy=strategy, first_region=first_region)[0]:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _live_peak(events: Iterable[Event]) -> int:
+    live, peak, sizes = 0, 0, {}
+    for sign, key, nbytes in events:
+        if sign > 0:
+            sizes[key] = rounded(nbytes) if nbytes > 0 else 0
+            live += sizes[key]
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(key, 0)
+    return peak
+
+
+def reserved_bytes(graph: Graph, prepack: bool) -> int:
+    """What a session reserves in the arena before the first run: every initializer, except that with
+    ``prepack`` (the CPU provider) a float Gemm/MatMul whose B is an initializer keeps its own copy
+    of B in MLAS's packed layout, and B itself goes once every reader packed it (measured on ORT 1.31:
+    the session's ``Reserve`` calls are these sizes, bench/results/arena_limit.md)."""
+    packs: dict[int, list[tuple[int, bool]]] = {}  # initializer -> (bytes, reserved) per reader packing it
+    if prepack:
+        for node in graph.nodes:
+            packed = _prepacked(graph, node)
+            if packed is not None:
+                packs.setdefault(node.inputs[1], []).append(packed)
+    total = 0
+    for t in graph.initializers():
+        readers = graph.consumers[t.id]
+        packed = packs.get(t.id, [])
+        total += sum(size for size, reserved in packed if reserved)
+        if len(packed) < len(readers) or not readers or t.id in graph.output_set:
+            total += t.nbytes
+    return total
+
+
+def session_allocations(graph: Graph) -> list[Event]:
+    """The CPU provider's packed weights that come from the arena itself (not reserved), made at
+    session creation in node order and held: a ConvTranspose with a constant weight keeps it
+    transposed (measured: zoo:cnn's first arena request, 4608 bytes, comes before the first run)."""
+    out: list[Event] = []
+    for node in graph.nodes:
+        packed = _prepacked(graph, node)
+        if packed is not None and not packed[1]:
+            out.append((1, ("packed", node.id), packed[0]))
+    return out
+
+
+def _prepacked(graph: Graph, node) -> tuple[int, bool] | None:
+    """(bytes, reserved) of the CPU provider's packed copy of ``node``'s constant weight (input 1), or
+    None: MLAS's packed B of a float Gemm/MatMul (MlasGemmPackBSize; reserved), a ConvTranspose's
+    transposed filter (the weight's size, from the arena)."""
+    if node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return None
+    w = node.inputs[1]
+    if w == NO_TENSOR or w not in graph.values or graph.tensors[w].dtype != "float32":
+        return None
+    shape = graph.tensors[w].shape
+    if node.op_type == "ConvTranspose":
+        return graph.tensors[w].nbytes, False
+    if node.op_type not in ("Gemm", "MatMul") or len(shape) != 2:
+        return None
+    k, n = shape
+    if node.op_type == "Gemm" and node.attr("transB"):
+        k, n = n, k
+    return -(-(-(-n // 16) * 16 * k * 4) // 64) * 64, True
+
+
+def arena_need(liveness, *, strategy: int = NEXT_POWER_OF_TWO, on_cpu: bool = True) -> int:
+    """The least arena limit ``liveness``'s run needs (``least_limit``): the session's reservations
+    first (``reserved_bytes``), on the CPU its packed weights from the arena (``session_allocations``),
+    off the CPU the fed inputs (the CUDA provider copies them into the arena; the CPU provider reads
+    the caller's arrays), then the run."""
+    g = liveness.graph
+    events = session_allocations(g) if on_cpu else [(1, ("input", t), g.tensors[t].nbytes) for t in g.inputs]
+    events += run_events(liveness)
+    return least_limit(events, base=reserved_bytes(g, prepack=on_cpu), strategy=strategy)

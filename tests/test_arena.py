@@ -1,0 +1,239 @@
+"""planner/arena.py: the replay of ORT's BFC arena, rule by rule, and plans kept under its limit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.arena import (
+    NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, Arena, arena_need, bin_of, least_limit, replay, reserved_bytes, rounded,
+    run_events, session_allocations,
+)
+from planner.graph import GraphBuilder
+from planner.liveness import analyze
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def test_requests_round_to_256_bytes_and_bins_double():
+    assert [rounded(n) for n in (1, 256, 257, 1000)] == [256, 256, 512, 1024]
+    assert [bin_of(n) for n in (256, 511, 512, 1023, 1024, 1 << 40)] == [0, 0, 1, 1, 2, 20]
+
+
+def test_the_smallest_free_chunk_that_fits_is_taken():
+    arena = Arena(1 << 40, SAME_AS_REQUESTED)
+    big, small = arena.alloc(4 * KIB), arena.alloc(1 * KIB)
+    arena.free(big)
+    arena.free(small)
+    got = arena.alloc(900)
+    assert got.size == KIB and got.addr == small.addr  # the 1 KiB region, not the 4 KiB one
+    assert arena.regions == 2
+
+
+def test_a_chunk_under_twice_the_request_is_handed_out_whole():
+    arena = Arena(1 << 40, SAME_AS_REQUESTED)
+    arena.free(arena.alloc(1536))
+    whole = arena.alloc(1024)
+    assert whole.size == 1536 and arena.in_use == 1536  # 512 bytes ride along, unusable
+    arena.free(arena.alloc(2048))  # a new region; freed
+    split = arena.alloc(1024)  # 2048 >= 2 x 1024: split, the rest stays free
+    assert split.size == 1024 and arena.in_use == 1536 + 1024
+    assert arena.alloc(1024).size == 1024 and arena.regions == 2  # the rest of the split
+
+
+def test_freed_neighbours_merge_within_a_region_only():
+    one = Arena(1 << 40, NEXT_POWER_OF_TWO)  # one 1 MiB region
+    a, b = one.alloc(256 * KIB), one.alloc(256 * KIB)
+    one.free(a)
+    one.free(b)
+    one.alloc(768 * KIB)
+    assert one.regions == 1 and one.total == MIB
+    two = Arena(1 << 40, SAME_AS_REQUESTED)  # one region per request
+    a, b = two.alloc(256 * KIB), two.alloc(256 * KIB)
+    two.free(a)
+    two.free(b)
+    two.alloc(512 * KIB)  # the two free 256 KiB regions do not merge
+    assert two.regions == 3 and two.total == MIB
+
+
+def test_regions_follow_the_power_of_two_ladder():
+    arena = Arena(1 << 40, NEXT_POWER_OF_TWO)
+    arena.alloc(KIB)  # first region: 1 MiB; the next will be 2 MiB
+    arena.alloc(1536 * KIB)  # does not fit what is left: 2 MiB region
+    arena.alloc(1536 * KIB)  # 4 MiB region (doubled again after a region made without doubling)
+    assert arena.regions == 3 and arena.total == 7 * MIB
+    arena.alloc(6 * MIB)  # doubles until it holds the request: 8 MiB
+    assert arena.total == 15 * MIB
+
+
+def test_a_region_is_clamped_to_the_limit_and_a_request_past_it_fails():
+    arena = Arena(1536 * KIB, NEXT_POWER_OF_TWO)
+    assert arena.alloc(KIB) is not None and arena.total == MIB
+    assert arena.alloc(700 * KIB) is not None  # in the first region
+    assert arena.alloc(400 * KIB) is not None  # new region: 2 MiB clamped to the 512 KiB left
+    assert arena.total == 1536 * KIB
+    assert arena.alloc(256) is None  # nothing free fits and nothing is left to extend by
+
+
+def test_least_limit_counts_regions_that_never_merge():
+    # one region each (same-as-requested): 1 KiB, 1 KiB, free the first, 2 KiB: 4 KiB in all
+    events = [(1, "a", KIB), (1, "b", KIB), (-1, "a", 0), (1, "c", 2 * KIB)]
+    assert least_limit(events, strategy=SAME_AS_REQUESTED) == 4 * KIB
+    assert least_limit(events, base=1000, strategy=SAME_AS_REQUESTED) == 4 * KIB + 1000
+    assert not replay(events, 4 * KIB - 256, strategy=SAME_AS_REQUESTED)[0]
+    # power of two under a limit below 1 MiB: one region of the whole limit; a's freed 1 KiB (at its
+    # start) and the free tail lie apart, so c needs a 2 KiB tail: 4 KiB, not the 3 KiB live at once
+    assert least_limit(events, strategy=NEXT_POWER_OF_TWO) == 4 * KIB
+    assert least_limit([(1, "a", KIB), (-1, "a", 0), (1, "c", 2 * KIB)], strategy=NEXT_POWER_OF_TWO) == 2 * KIB
+
+
+def _matmul_graph(extra_reader: bool):
+    b = GraphBuilder()
+    x = b.input("x", "float32", (8, 32))
+    w = b.initializer("w", np.ones((32, 96), np.float32))
+    (y,) = b.node("MatMul", [x, w], [("y", "float32", (8, 96))])
+    outs = [y]
+    if extra_reader:
+        (z,) = b.node("Add", [w, w], [("z", "float32", (32, 96))])
+        outs.append(z)
+    for t in outs:
+        b.output(t)
+    return b.build()
+
+
+def test_the_cpu_provider_reserves_packed_weights_for_gemm_and_matmul():
+    only_matmul = _matmul_graph(extra_reader=False)
+    # MLAS packs B (K=32, N=96): N rounded up to 16, times K floats; B itself goes once its readers packed it
+    assert reserved_bytes(only_matmul, prepack=True) == 96 * 32 * 4
+    assert reserved_bytes(_matmul_graph(extra_reader=True), prepack=True) == 2 * 96 * 32 * 4
+    assert reserved_bytes(only_matmul, prepack=False) == 32 * 96 * 4  # CUDA: the weight as it is
+
+
+def test_a_conv_transpose_keeps_its_weight_transposed_in_the_arena_on_cpu():
+    b = GraphBuilder()
+    x = b.input("x", "float32", (1, 4, 8, 8))
+    w = b.initializer("w", np.ones((4, 2, 3, 3), np.float32))
+    (y,) = b.node("ConvTranspose", [x, w], [("y", "float32", (1, 2, 10, 10))])
+    b.output(y)
+    g = b.build()
+    (event,) = session_allocations(g)
+    assert event[0] == 1 and event[2] == 4 * 2 * 3 * 3 * 4  # from the arena, held from session creation
+    assert reserved_bytes(g, prepack=True) == 0  # its only reader packed it: the original goes
+    assert reserved_bytes(g, prepack=False) == 4 * 2 * 3 * 3 * 4
+    lv = analyze(g)
+    assert arena_need(lv, strategy=SAME_AS_REQUESTED) == 512 + rounded(lv.dynamic_peak)  # two regions
+
+
+def test_arena_need_is_at_least_the_live_peak_and_inputs_count_off_the_cpu():
+    g = _matmul_graph(extra_reader=True)
+    lv = analyze(g)
+    on_cpu = arena_need(lv, strategy=SAME_AS_REQUESTED)
+    assert on_cpu >= lv.dynamic_peak
+    off_cpu = arena_need(lv, strategy=SAME_AS_REQUESTED, on_cpu=False)
+    x_bytes = 8 * 32 * 4
+    assert off_cpu == on_cpu - 32 * 96 * 4 + x_bytes  # no packed copy; the fed input is copied in
+    events = run_events(lv)
+    assert [e[0] for e in events].count(1) == len(lv.buffer_size) + int(np.count_nonzero(lv.scratch))
+
+
+@pytest.mark.parametrize("strategy", [NEXT_POWER_OF_TWO, SAME_AS_REQUESTED])
+def test_least_limit_runs_and_one_step_below_does_not(strategy):
+    rng = np.random.default_rng(0)
+    events, live = [], []
+    for i in range(200):
+        if live and rng.random() < 0.45:
+            events.append((-1, live.pop(int(rng.integers(len(live)))), 0))
+        else:
+            events.append((1, i, int(rng.integers(1, 300 * KIB))))
+            live.append(i)
+    need = least_limit(events, strategy=strategy)
+    assert replay(events, need, strategy=strategy)[0]
+    assert not replay(events, need - 256, strategy=strategy)[0]
+
+
+# ---- end to end: memplan plan --ort-arena, ORT's own arena as the oracle --------------------------------
+def _memplan(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=root, capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_an_ort_arena_plan_runs_under_its_budget_where_a_plain_plan_does_not(tmp_path):
+    import json
+
+    import onnx
+
+    import models
+    from passes.onnx_import import import_model
+    from passes.verify import runs_under_arena
+
+    spec = "zoo:gpt?batch=16"
+    common = ["--budget", "70%", "--device", "cpu", "--deterministic", "--time-limit", "1"]
+    plain, fitted = tmp_path / "plain.onnx", tmp_path / "fitted.onnx"
+    rc, _, err = _memplan("plan", spec, *common, "--emit", plain, "-o", tmp_path / "plain.json")
+    assert rc == 0, err
+    rc, out, err = _memplan("plan", spec, *common, "--ort-arena", "same-as-requested", "--emit", fitted,
+                            "-o", tmp_path / "fitted.json")
+    assert rc == 0, err
+    assert "ORT arena     runs under a limit of" in out
+    made = json.loads((tmp_path / "fitted.json").read_text())
+    budget = made["budget_bytes"]
+    assert made["ort_arena"]["extend_strategy"] == "kSameAsRequested"
+    assert made["peak_bytes"] <= made["ort_arena"]["need_bytes"] <= budget
+    assert json.loads((tmp_path / "plain.json").read_text())["peak_bytes"] <= budget
+    feeds = models.example_feeds(onnx.load(plain), seed=0)
+    # the plain plan's peak fits, its arena does not: the replay says so, and so does ORT
+    plain_need = arena_need(analyze(import_model(str(plain))), strategy=SAME_AS_REQUESTED)
+    assert plain_need > budget
+    ok, error = runs_under_arena(plain, feeds, budget, SAME_AS_REQUESTED)
+    assert not ok and "BFCArena" in error
+    assert runs_under_arena(fitted, feeds, budget, SAME_AS_REQUESTED) == (True, "")
+
+
+def test_ort_arena_is_refused_for_json_graphs(benchmarks_dir):
+    graph = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"), None)
+    if graph is None:
+        pytest.skip("shared remat benchmarks not present")
+    rc, out, err = _memplan("plan", graph, "--budget", "80%", "--ort-arena", "same-as-requested")
+    assert rc != 0 and not out
+    assert err.strip().splitlines()[-1].startswith("memplan: error: --ort-arena applies to ONNX models")
+    assert "Traceback" not in err
+
+
+class _ScaledArena:
+    """Stands in for passes.plan_model.OrtArena: the arena needs ``factor`` x the planned peak."""
+
+    label = "scaled"
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.needs: list[int] = []
+
+    def need(self, planned) -> int:
+        self.needs.append(int(analyze(planned).peak_bytes * self.factor))
+        return self.needs[-1]
+
+
+def test_plan_graph_tightens_until_the_arena_fits_and_keeps_the_cheapest_fitting_plan():
+    import math
+
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+    from passes.plan_model import plan_graph
+
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    budget = math.ceil(analyze(g).peak_bytes * 0.8)
+    arena = _ScaledArena(1.15)
+    pm = plan_graph(g, budget, strategy="greedy", ort_arena=arena)
+    assert pm.ok and pm.arena_need is not None
+    assert pm.arena_need <= budget and pm.peak_bytes <= budget / 1.15
+    assert arena.needs[0] > budget  # the first plan fit the budget, not the arena
+    fitting = [n for n in arena.needs if n <= budget]
+    assert pm.arena_need in fitting
+    hopeless = _ScaledArena(10.0)
+    failed = plan_graph(g, budget, strategy="greedy", ort_arena=hopeless)
+    assert not failed.ok and "not ORT's arena" in failed.result.note
+    assert f"the least arena any needed was {min(hopeless.needs)} bytes" in failed.result.note
