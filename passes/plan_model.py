@@ -53,6 +53,7 @@ class OrtArena:
         lv = analyze(as_run, model=MemoryModel(host_copies_resident=not self.device_inputs))
         return arena_need(lv, strategy=self.strategy, on_cpu=not self.device_inputs)
 
+
 #: Re-solves allowed when the rewritten graph holds a few bytes more than the problem said.
 MAX_TIGHTENING = 6
 
