@@ -163,6 +163,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from passes.onnx_import import import_model, load_proto
     from passes.plan_model import fingerprint
     from passes.verify import verify_models
+    from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
 
@@ -178,7 +179,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     reference = export_model(graph)
     planned_graph = import_model(planned_proto)
     # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
-    predicted = analyze(planned_graph, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+    planned_lv = analyze(planned_graph, model=MemoryModel(host_copies_resident=True))
+    predicted = planned_lv.dynamic_peak
     feeds = models.example_feeds(reference, seed=seed)
     numerics = None
     if made_with.get("pin_order"):  # its Conv weights are read through views: other kernels
@@ -196,10 +198,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     info = report.as_dict()
     # what a memory limit on ORT's arena (gpu_mem_limit, a CPU arena's max_mem) must be for these two
     # files on this CPU provider: planner/arena.py's replay of ORT's BFC arena, per extend strategy
-    from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
-
     run_lv = {"reference": analyze(import_model(reference), model=MemoryModel(host_copies_resident=True)),
-              "planned": analyze(planned_graph, model=MemoryModel(host_copies_resident=True))}
+              "planned": planned_lv}
     info["ort_arena_limit_bytes"] = {
         name: {"kNextPowerOfTwo": arena_need(lv, strategy=NEXT_POWER_OF_TWO),
                "kSameAsRequested": arena_need(lv, strategy=SAME_AS_REQUESTED)} for name, lv in run_lv.items()}

@@ -35,7 +35,6 @@ import bisect
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-
 from planner.graph import NO_TENSOR, Graph
 
 #: BFCArena's constants.
@@ -62,15 +61,15 @@ def bin_of(nbytes: int) -> int:
 class _Chunk:
     addr: int
     size: int
-    region: int
     used: bool = False
     prev: "_Chunk | None" = None
     next: "_Chunk | None" = None
 
 
 class Arena:
-    """A BFC arena of ``limit`` bytes (module docstring). Addresses are virtual: each region starts
-    above the last, which only breaks ties between equal free chunks."""
+    """A BFC arena of ``limit`` bytes (module docstring). Addresses are virtual and only break ties
+    between equal free chunks: a region of at least ``mmap_threshold`` bytes lies below the mapped
+    regions before it, a smaller one above the heap regions before it (``MMAP_THRESHOLD``)."""
 
     def __init__(self, limit: int, strategy: int = NEXT_POWER_OF_TWO, first_region: int = FIRST_REGION,
                  max_dead_bytes: int = MAX_DEAD_BYTES, mmap_threshold: int = MMAP_THRESHOLD):
@@ -127,7 +126,7 @@ class Arena:
                 chunk = self._free[entries[i][1]]
                 self._unbin(chunk)
                 if chunk.size >= 2 * want or chunk.size - want >= self.max_dead:
-                    rest = _Chunk(chunk.addr + want, chunk.size - want, chunk.region, prev=chunk, next=chunk.next)
+                    rest = _Chunk(chunk.addr + want, chunk.size - want, prev=chunk, next=chunk.next)
                     if chunk.next is not None:
                         chunk.next.prev = rest
                     chunk.next = rest
@@ -155,9 +154,9 @@ class Arena:
         self.total += size
         if size >= self.mmap_threshold:  # glibc maps it: below the last mapping
             self._top -= size + (1 << 40)
-            region = _Chunk(self._top, size, self.regions)
+            region = _Chunk(self._top, size)
         else:  # from the heap: above the last heap region
-            region = _Chunk(self._bottom, size, self.regions)
+            region = _Chunk(self._bottom, size)
             self._bottom += size + (1 << 40)
         self.regions += 1
         self._bin(region)
