@@ -297,7 +297,8 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
 
 
 # ---- check -----------------------------------------------------------------------------------
-def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, deterministic: bool = False):
+def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, deterministic: bool = False,
+                  ort_arena: str | None = None):
     """The gate's one door to the planner: ``-> planner.gate.PlanOutcome``."""
     from passes.plan_model import plan_graph
     from planner.cpsat import PlannerOptions
@@ -307,15 +308,22 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, dete
     # recompute only, like `memplan plan` by default (swap is opt-in there)
     options = PlannerOptions(time_limit=time_limit, work_limit=deterministic)
     pm = plan_graph(graph, budget_bytes, options=options, node_time=node_time,
-                    transfer_time=None, copy_overlap=overlap, time_unit="s")
+                    transfer_time=None, copy_overlap=overlap, time_unit="s",
+                    ort_arena=_ort_arena(ort_arena, device))
     r = pm.result
     if not pm.ok:
         if r.status == "infeasible" and r.least_bytes is not None:
             raise _infeasible_error(r, budget_bytes, pm.unplanned_peak)
         if r.status == "timeout":
             raise SolverTimeoutError(r.note or "no plan within the time limit")
-        return PlanOutcome(False, 0, 0.0, r.status)
-    return PlanOutcome(True, int(pm.peak_bytes), float(r.added_time / max(r.compute_time, 1e-300)), r.status)
+        return PlanOutcome(False, 0, 0.0, r.status, arena_bytes=pm.arena_least)
+    return PlanOutcome(True, int(pm.peak_bytes), float(r.added_time / max(r.compute_time, 1e-300)), r.status,
+                       arena_bytes=pm.arena_need)
+
+
+def check_arena_fn(graph, item) -> int:
+    """The gate's arena replay: the least limit ORT's arena runs ``graph`` under, as is."""
+    return _ort_arena(item.ort_arena, item.device).need(graph)
 
 
 def _load_for_check(item):
@@ -362,6 +370,9 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
 @click.option("--no-plan", is_flag=True, help="Only 'fits as is' counts; do not try to plan.")
 @click.option("--deterministic", is_flag=True, help="Count --time-limit in CP-SAT's deterministic seconds: "
               "the same verdict on any machine and under any load (the wall time then varies).")
+@click.option("--ort-arena", "ort_arena", type=click.Choice(["same-as-requested", "next-power-of-two"]),
+              default=None, help="Judge the least limit ONNX Runtime's arena (this arena_extend_strategy) runs "
+              "the step under, not the liveness peak; plans must fit it too (as memplan plan --ort-arena).")
 @click.option("--config", "config", type=click.Path(dir_okay=False),
               help="Config file (pyproject.toml with [tool.memplan], or memplan.toml). Default: found upward.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
@@ -370,8 +381,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
               help="Write a Markdown table (for $GITHUB_STEP_SUMMARY); '-' prints it instead of the table.")
 @handles_errors
 def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device: str | None,
-          dims: tuple[str, ...], time_limit: float | None, no_plan: bool, deterministic: bool, config: str | None,
-          as_json: bool,
+          dims: tuple[str, ...], time_limit: float | None, no_plan: bool, deterministic: bool,
+          ort_arena: str | None, config: str | None, as_json: bool,
           junit: str | None, markdown: str | None) -> None:
     """CI gate: does each MODEL fit its budget, as is or with a plan?
 
@@ -388,7 +399,7 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device
     if as_json and markdown == "-":
         raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
     cli = Overrides(budgets=budgets, train=train, dims=parse_dims(dims), device=device, time_limit=time_limit,
-                    no_plan=no_plan, deterministic=deterministic)
+                    no_plan=no_plan, deterministic=deterministic, ort_arena=ort_arena)
     items, config_path = collect_items(models, cli, config, Path.cwd())
     if any(item.train for item in items) and not _training_available():
         raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
@@ -396,7 +407,7 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device
     _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs)
 
     verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
-                               progress=lambda line: click.echo(f"memplan: {line}", err=True))
+                               progress=lambda line: click.echo(f"memplan: {line}", err=True), arena=check_arena_fn)
     for message in gate.model_errors(verdicts):
         click.echo(f"memplan: error: {message}", err=True)
     if junit:

@@ -71,6 +71,8 @@ class PlannedModel:
     unplanned_peak: int  # liveness peak of ``graph`` as it is (base included)
     # with ``ort_arena``: the least limit ORT's BFC arena runs ``planned`` under (planner/arena.py)
     arena_need: int | None = None
+    # with ``ort_arena`` and no plan returned: the least arena need of the plans that fit the budget
+    arena_least: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -179,7 +181,7 @@ def plan_graph(
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
                          note="the plans found overshoot the budget once rewritten into the model, and tighter "
                               "solves found none; try a slightly larger budget")
-    return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own)
+    return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over)
 
 
 # ---- max batch -----------------------------------------------------------------------------------

@@ -4,8 +4,10 @@ Pure: models arrive through an injected ``load`` function and plans through an i
 :data:`PlanFn`, so this module never touches ONNX and never imports a solver. One
 :class:`CheckItem` (a model with its options and one or more budgets) yields one :class:`Verdict`
 per budget. A verdict passes when the unplanned peak fits the budget, or, with planning allowed,
-when the plan's peak does. :func:`exit_code` folds the verdicts into the command's exit status:
-3 if any model could not be loaded (the gate cannot vouch for it), else 1 if any budget is not met,
+when the plan's peak does. With ``ort_arena`` the figure judged is not the liveness peak but the
+least limit ORT's BFC arena runs the step under (an injected ``arena`` function; the CLI replays
+the arena, planner/arena.py), for the graph as is and for the plan. :func:`exit_code` folds the
+verdicts into the command's exit status: 3 if any model could not be loaded (the gate cannot vouch for it), else 1 if any budget is not met,
 else 0. Usage errors (exit 2) are raised before any model is loaded, by whoever builds the items.
 """
 from __future__ import annotations
@@ -22,6 +24,8 @@ from planner.units import Budget, format_bytes, parse_budget
 
 log = logging.getLogger(__name__)
 
+#: --ort-arena / ort_arena values: ORT's arena_extend_strategy, in the words of its docs.
+ORT_ARENA_CHOICES = ("same-as-requested", "next-power-of-two")
 #: Device profile used to price recompute and swap when neither the command line nor the config names one.
 DEFAULT_DEVICE = "h100"
 #: Seconds one plan may take; CI wants a bounded gate, and a feasible plan usually comes early.
@@ -38,10 +42,12 @@ class PlanOutcome:
     peak_bytes: int  # the plan's simulated peak; 0 when no plan was produced
     added_time_fraction: float  # added time / compute time of the unplanned step (0.125 = +12.5%)
     status: str  # optimal | feasible | infeasible | timeout | no-planner | ...
+    # with ort_arena: the least arena limit the plan runs under (not fitting: the least of those tried)
+    arena_bytes: int | None = None
 
 
 #: ``plan_fn(graph, budget_bytes, device, time_limit) -> PlanOutcome``, called with
-#: ``deterministic=True`` as well for items that ask for it. It may also raise
+#: ``deterministic=True`` and ``ort_arena=CHOICE`` as well for items that ask for them. It may also raise
 #: BudgetInfeasibleError or SolverTimeoutError; the gate turns those into a not-fitting outcome.
 PlanFn = Callable[[Graph, int, str, float], PlanOutcome]
 
@@ -64,6 +70,8 @@ class CheckItem:
     time_limit: float = DEFAULT_TIME_LIMIT  # seconds per plan
     plan: bool = True  # False (--no-plan): only "fits as is" counts
     deterministic: bool = False  # time_limit counts CP-SAT's deterministic seconds (planner/clock.py)
+    # judge ORT's arena need under this arena_extend_strategy, not the liveness peak (ORT_ARENA_CHOICES)
+    ort_arena: str | None = None
 
     @property
     def name(self) -> str:
@@ -90,6 +98,9 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
                 "plan; drop --no-plan (plan = false) or give an absolute size such as 8GiB"
             )
         parsed.append((str(text), budget))
+    arena = options.get("ort_arena")
+    if arena is not None and arena not in ORT_ARENA_CHOICES:
+        raise UsageError(f"{prefix}ort_arena must be one of {', '.join(ORT_ARENA_CHOICES)}, got {arena!r}")
     dims = tuple(sorted(dict(options.pop("dims", {}) or {}).items()))
     return CheckItem(model=model, budgets=tuple(parsed), dims=dims, **options)
 
@@ -105,12 +116,14 @@ class Verdict:
     plan: PlanOutcome | None  # None when no plan was attempted (fits as is, --no-plan, error)
     error: str | None = None  # why the model could not be loaded
     wall_s: float = 0.0  # seconds spent on this verdict (load + liveness + plan)
+    unplanned_arena: int | None = None  # with ort_arena: the least arena limit the graph as is runs under
 
     @property
     def fits_as_is(self) -> bool | None:
-        if self.unplanned_peak is None or self.budget_bytes is None:
+        need = self.unplanned_arena if self.item.ort_arena else self.unplanned_peak
+        if need is None or self.budget_bytes is None:
             return None
-        return self.unplanned_peak <= self.budget_bytes
+        return need <= self.budget_bytes
 
     @property
     def fits_with_plan(self) -> bool | None:
@@ -127,7 +140,12 @@ class Verdict:
 
     @property
     def peak(self) -> int | None:
-        """The peak that counts: the plan's when a plan was made, else the unplanned one."""
+        """The peak that counts: the plan's when a plan was made, else the unplanned one; with
+        ort_arena, the arena's least limit instead of the liveness peak."""
+        if self.item.ort_arena:
+            if self.plan is not None and self.plan.arena_bytes is not None:
+                return self.plan.arena_bytes
+            return self.unplanned_arena
         if self.plan is not None and self.plan.peak_bytes > 0:
             return self.plan.peak_bytes
         return self.unplanned_peak
@@ -151,7 +169,10 @@ class Verdict:
             return f"yes, +{p.added_time_fraction * 100:.1f}% time ({p.status})"
         if p.status == "no-planner":
             return "unknown: no planner in this build"
-        best = f", best {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
+        if self.item.ort_arena:
+            best = f", best arena {format_bytes(p.arena_bytes)}" if p.arena_bytes is not None else ""
+        else:
+            best = f", best {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
         return f"no ({p.status}{best})"
 
 
@@ -160,13 +181,17 @@ def run_checks(
     load: Callable[[CheckItem], Graph],
     plan_fn: PlanFn = no_planner,
     progress: Callable[[str], None] | None = None,
+    arena: Callable[[Graph, CheckItem], int] | None = None,
 ) -> list[Verdict]:
     """Judge every item against each of its budgets, in the given order.
 
     ``load`` turns an item into the graph to judge (forward or training step) and raises
     ModelImportError for a bad model; such an item yields error verdicts and the others still
-    run. ``progress`` hears one line before each plan (plans are the slow part).
+    run. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
+    item)``: the least limit ORT's arena runs ``graph`` under, for items with ``ort_arena``.
     """
+    if arena is None and any(item.ort_arena for item in items):
+        raise UsageError("ort_arena needs an arena replay, which this build does not have")
     verdicts: list[Verdict] = []
     total = sum(len(item.budgets) for item in items)
     for item in items:
@@ -174,6 +199,7 @@ def run_checks(
         try:
             graph = load(item)
             peak = analyze(graph).peak_bytes
+            need = arena(graph, item) if item.ort_arena else None
         except ModelImportError as err:
             elapsed = time.perf_counter() - start
             verdicts.extend(
@@ -182,9 +208,9 @@ def run_checks(
             continue
         log.info("%s: unplanned peak %s", item.name, format_bytes(peak))
         for text, budget in item.budgets:
-            budget_bytes = budget.resolve(peak)
+            budget_bytes = budget.resolve(peak)  # a share is of the liveness peak, with ort_arena too
             plan = None
-            if peak > budget_bytes and item.plan:
+            if (need if item.ort_arena else peak) > budget_bytes and item.plan:
                 if progress is not None:
                     progress(
                         f"[{len(verdicts) + 1}/{total}] {item.name} @ {text}: planning for "
@@ -192,7 +218,8 @@ def run_checks(
                         f"{' deterministic' if item.deterministic else ''} s)"
                     )
                 plan = _plan(plan_fn, graph, budget_bytes, item)
-            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, wall_s=time.perf_counter() - start))
+            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, wall_s=time.perf_counter() - start,
+                                    unplanned_arena=need))
             start = time.perf_counter()
     return verdicts
 
@@ -201,14 +228,18 @@ def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> 
     """Call the planner; infeasible and timed-out solves are answers (does not fit), not crashes."""
     try:
         extra = {"deterministic": True} if item.deterministic else {}
+        if item.ort_arena:
+            extra["ort_arena"] = item.ort_arena
         outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit, **extra)
     except BudgetInfeasibleError as err:
         return PlanOutcome(False, err.least_bytes or 0, 0.0, "infeasible")
     except SolverTimeoutError:
         return PlanOutcome(False, 0, 0.0, "timeout")
-    if outcome.fits and outcome.peak_bytes > budget_bytes:
+    judged = outcome.arena_bytes if item.ort_arena else outcome.peak_bytes
+    if outcome.fits and (judged is None or judged > budget_bytes):
         raise GraphError(
-            f"{item.name}: the planner reported a fit at {outcome.peak_bytes} bytes, over the budget of "
+            f"{item.name}: the planner reported a fit at {judged} bytes"
+            f"{' of arena' if item.ort_arena else ''}, over the budget of "
             f"{budget_bytes} bytes; this is a planner bug, please report it"
         )
     return outcome

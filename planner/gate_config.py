@@ -10,6 +10,7 @@ is passed over. Defaults sit at the top; each ``[[...check]]`` entry names one m
     device = "h100"          # default device profile
     time_limit = 30          # seconds per plan
     deterministic = true     # count time_limit in CP-SAT's deterministic seconds: same verdict anywhere
+    ort_arena = "next-power-of-two"  # judge what ORT's arena needs (or "same-as-requested")
     budget = "8GiB"          # default budget(s) of entries that give none
     [[tool.memplan.check]]
     model = "zoo:gpt?layers=4"      # or a path, relative to the config file's folder
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import UsageError
-from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, CheckItem, make_item
+from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, ORT_ARENA_CHOICES, CheckItem, make_item
 
 try:
     import tomllib
@@ -39,8 +40,9 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 CONFIG_NAMES = ("memplan.toml", "pyproject.toml")
 #: Keys an entry may set; the top level may set them all (as defaults) except model and name.
-ENTRY_KEYS = ("model", "name", "budget", "train", "dims", "device", "time_limit", "plan", "deterministic")
-DEFAULT_KEYS = ("budget", "train", "dims", "device", "time_limit", "plan", "deterministic")
+ENTRY_KEYS = ("model", "name", "budget", "train", "dims", "device", "time_limit", "plan", "deterministic",
+              "ort_arena")
+DEFAULT_KEYS = ("budget", "train", "dims", "device", "time_limit", "plan", "deterministic", "ort_arena")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Overrides:
     time_limit: float | None = None
     no_plan: bool = False
     deterministic: bool = False
+    ort_arena: str | None = None
 
 
 def collect_items(
@@ -65,7 +68,7 @@ def collect_items(
             raise UsageError("give MODEL arguments or --config, not both; the config lists its own models")
         options = {"train": cli.train, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
                    "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan,
-                   "deterministic": cli.deterministic}
+                   "deterministic": cli.deterministic, "ort_arena": cli.ort_arena}
         return tuple(make_item(m, cli.budgets, **options) for m in models), None
     path = Path(config) if config else find_config(cwd)
     if path is None:
@@ -157,6 +160,7 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
             plan=not cli.no_plan and value["plan"] is not False,
             deterministic=cli.deterministic or value["deterministic"] is True,
+            ort_arena=cli.ort_arena or value["ort_arena"],
         ))
     return tuple(items)
 
@@ -209,5 +213,6 @@ _CHECKS = {
     "dims": lambda v: (isinstance(v, dict) and all(
         isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v.values()),
         "a table of positive integers, e.g. { batch = 32 }"),
+    "ort_arena": lambda v: (v in ORT_ARENA_CHOICES, " or ".join(f'"{c}"' for c in ORT_ARENA_CHOICES)),
     "check": lambda v: (True, ""),
 }

@@ -30,8 +30,10 @@ def cells(v: Verdict) -> tuple[str, ...]:
     """One verdict as the report columns (HEADER order), in words."""
     share = v.budget.strip().endswith("%") and v.budget_bytes is not None
     budget = f"{v.budget} ({_size(v.budget_bytes)})" if share else v.budget
-    return (v.item.name, budget, _size(v.unplanned_peak), _yes_no(v.fits_as_is), v.plan_note,
-            _size(v.headroom), v.outcome.upper())
+    peak = _size(v.unplanned_peak)
+    if v.item.ort_arena and v.unplanned_arena is not None:
+        peak += f" (arena {_size(v.unplanned_arena)})"
+    return (v.item.name, budget, peak, _yes_no(v.fits_as_is), v.plan_note, _size(v.headroom), v.outcome.upper())
 
 
 def counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
@@ -57,11 +59,13 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
         "train": v.item.train,
         "dims": dict(v.item.dims),
         "device": v.item.device,
+        "ort_arena": v.item.ort_arena,
         "unplanned_peak_bytes": v.unplanned_peak,
+        "unplanned_arena_bytes": v.unplanned_arena,
         "fits_as_is": v.fits_as_is,
         "fits_with_plan": v.fits_with_plan,
         "plan": None if p is None else {
-            "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes,
+            "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes, "arena_bytes": p.arena_bytes,
             "added_time_fraction": p.added_time_fraction,
         },
         "peak_bytes": v.peak,
@@ -120,12 +124,16 @@ def _details(v: Verdict) -> str:
         f"model: {v.item.name}",
         f"budget: {v.budget} = {v.budget_bytes} bytes ({_size(v.budget_bytes)})",
         f"unplanned peak: {v.unplanned_peak} bytes ({_size(v.unplanned_peak)})",
-        f"fits as is: {_yes_no(v.fits_as_is)}",
-        f"fits with plan: {v.plan_note}",
     ]
+    if v.item.ort_arena:
+        lines.append(f"ORT arena ({v.item.ort_arena}): the unplanned step runs under a limit of {v.unplanned_arena} "
+                     f"bytes ({_size(v.unplanned_arena)})")
+    lines += [f"fits as is: {_yes_no(v.fits_as_is)}", f"fits with plan: {v.plan_note}"]
     if v.plan is not None and v.plan.peak_bytes > 0:
         lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}, "
                      f"added time {v.plan.added_time_fraction * 100:.1f}%")
+    if v.plan is not None and v.plan.arena_bytes is not None:
+        lines.append(f"plan arena: runs under a limit of {v.plan.arena_bytes} bytes ({_size(v.plan.arena_bytes)})")
     lines.append(f"headroom: {v.headroom} bytes ({_size(v.headroom)})")
     lines.append(f"device: {v.item.device}, time limit {v.item.time_limit:g} s, train: {v.item.train}")
     return "\n".join(lines)
@@ -133,7 +141,8 @@ def _details(v: Verdict) -> str:
 
 def _failure_message(v: Verdict) -> str:
     over = -(v.headroom or 0)
-    return (f"peak {_size(v.peak)} ({v.peak} bytes) is over the budget {v.budget} = {_size(v.budget_bytes)} "
+    what = "arena need" if v.item.ort_arena else "peak"
+    return (f"{what} {_size(v.peak)} ({v.peak} bytes) is over the budget {v.budget} = {_size(v.budget_bytes)} "
             f"({v.budget_bytes} bytes) by {_size(over)}; unplanned peak {_size(v.unplanned_peak)}, "
             f"with a plan: {v.plan_note}")
 

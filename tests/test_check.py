@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 import cli
-from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError
+from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError, UsageError
 from planner.gate import CheckItem, PlanOutcome, Verdict, exit_code, make_item, run_checks
 from planner.gate_report import HEADER, to_json
 from planner.graph import GraphBuilder
@@ -72,8 +72,8 @@ class FakePlanner:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, graph, budget_bytes, device, time_limit):
-        self.calls.append((budget_bytes, device, time_limit))
+    def __call__(self, graph, budget_bytes, device, time_limit, **kw):
+        self.calls.append((budget_bytes, device, time_limit, *kw.values()))
         best = int(analyze(graph).peak_bytes * 0.7)
         if budget_bytes < best:
             raise BudgetInfeasibleError("cannot reach the budget", least_bytes=best)
@@ -107,8 +107,9 @@ def one_error_line(err: str) -> str:
 
 # ---- exit 0 and 1 -----------------------------------------------------------------------------
 JSON_KEYS = {"schema", "ok", "exit_code", "checked", "passed", "failed", "errors", "results"}
-RESULT_KEYS = {"model", "name", "budget", "budget_bytes", "train", "dims", "device", "unplanned_peak_bytes",
-               "fits_as_is", "fits_with_plan", "plan", "peak_bytes", "headroom_bytes", "result", "error", "wall_s"}
+RESULT_KEYS = {"model", "name", "budget", "budget_bytes", "train", "dims", "device", "ort_arena",
+               "unplanned_peak_bytes", "unplanned_arena_bytes", "fits_as_is", "fits_with_plan", "plan", "peak_bytes",
+               "headroom_bytes", "result", "error", "wall_s"}
 
 
 def test_fits_as_is_exit_0_and_json_keys(mlp):
@@ -133,7 +134,7 @@ def test_fits_with_plan_exit_0(mlp, monkeypatch):
     (r,) = json.loads(out)["results"]
     assert r["fits_as_is"] is False and r["fits_with_plan"] is True
     assert r["plan"] == {"status": "optimal", "fits": True, "peak_bytes": int(MLP_PEAK * 0.7),
-                         "added_time_fraction": 0.2}
+                         "arena_bytes": None, "added_time_fraction": 0.2}
     # headroom counts against the planned peak, not the unplanned one
     assert r["headroom_bytes"] == 64 * KiB - int(MLP_PEAK * 0.7)
     assert "planning for 64.00 KiB" in err  # the progress line
@@ -479,3 +480,90 @@ def test_load_failure_becomes_error_verdicts():
                           lambda it: broken(it) if it.model == "a.onnx" else _tiny_graph())
     assert [v.outcome for v in verdicts] == ["error", "error", "pass"]
     assert verdicts[0].error == "a.onnx: not an ONNX model"
+
+
+# ---- --ort-arena: ORT's arena need is what counts ----------------------------------------------------
+def test_ort_arena_judges_the_arena_need_and_ort_agrees(mlp):
+    """At a budget of exactly the liveness peak the MLP fits as is; ORT's BFC arena (kNextPowerOfTwo,
+    regions doubling from 1 MiB, clamped to the limit) needs more, so with --ort-arena the same budget
+    fails. ORT itself, with its CPU arena capped, is the oracle for both figures."""
+    from passes.onnx_import import import_model
+    from passes.plan_model import OrtArena
+    from passes.verify import runs_under_arena
+    from planner.arena import NEXT_POWER_OF_TWO
+
+    base = [mlp, "--budget", f"{MLP_PEAK}B", "--dim", "batch=32", "--device", "cpu", "--no-plan", "--json"]
+    rc, out, _ = run(base)
+    assert rc == 0 and json.loads(out)["results"][0]["fits_as_is"] is True
+    rc, out, _ = run([*base, "--ort-arena", "next-power-of-two"])
+    assert rc == 1
+    (r,) = json.loads(out)["results"]
+    assert r["ort_arena"] == "next-power-of-two" and r["unplanned_peak_bytes"] == MLP_PEAK
+    need = r["unplanned_arena_bytes"]
+    graph = import_model(str(mlp), {"batch": 32})
+    assert need == OrtArena(NEXT_POWER_OF_TWO, device_inputs=False).need(graph) > MLP_PEAK
+    assert r["fits_as_is"] is False and r["peak_bytes"] == need and r["headroom_bytes"] == MLP_PEAK - need
+    feeds = {"x": np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)}
+    fixed = onnx.load(mlp)
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 32
+    ok, error = runs_under_arena(fixed, feeds, MLP_PEAK, NEXT_POWER_OF_TWO)
+    assert not ok and "BFCArena" in error
+    assert runs_under_arena(fixed, feeds, need, NEXT_POWER_OF_TWO) == (True, "")
+
+
+def test_ort_arena_plans_when_the_arena_is_over_and_counts_the_plans_arena(mlp, monkeypatch):
+    """A budget the liveness peak meets but the arena does not asks the planner, with the strategy;
+    the plan's arena need is the figure that counts, and the table says so."""
+    fake = FakePlanner()
+
+    def planner(graph, budget_bytes, device, time_limit, **kw):
+        out = fake(graph, budget_bytes, device, time_limit, **kw)
+        return PlanOutcome(out.fits, out.peak_bytes, out.added_time_fraction, out.status,
+                           arena_bytes=int(out.peak_bytes * 1.25))
+
+    monkeypatch.setattr(cli, "check_arena_fn", lambda graph, item: int(analyze(graph).peak_bytes * 1.5))
+    rc, out, _ = run([mlp, "--budget", "70KiB", "--dim", "batch=32", "--ort-arena", "next-power-of-two", "--json"],
+                     monkeypatch, planner)
+    assert rc == 0
+    assert fake.calls == [(70 * KiB, "h100", 30.0, "next-power-of-two")]
+    (r,) = json.loads(out)["results"]
+    assert r["unplanned_arena_bytes"] == int(MLP_PEAK * 1.5) and r["fits_as_is"] is False
+    arena = int(int(MLP_PEAK * 0.7) * 1.25)
+    assert r["plan"]["arena_bytes"] == arena and r["peak_bytes"] == arena
+    assert r["headroom_bytes"] == 70 * KiB - arena
+    rc, out, _ = run([mlp, "--budget", "70KiB", "--dim", "batch=32", "--ort-arena", "next-power-of-two"],
+                     monkeypatch, planner)
+    assert "66.00 KiB (arena 99.00 KiB)" in out
+
+
+def test_a_plan_reported_to_fit_over_its_arena_is_a_planner_bug():
+    item = make_item("m", ["100B"], ort_arena="same-as-requested")
+    g = _tiny_graph()
+
+    def liar(graph, budget, device, time_limit, **kw):
+        return PlanOutcome(True, 90, 0.1, "optimal", arena_bytes=120)
+
+    with pytest.raises(GraphError, match="120 bytes of arena, over the budget of 100"):
+        run_checks([item], lambda _: g, liar, arena=lambda graph, item: 400)
+    with pytest.raises(UsageError, match="arena replay"):
+        run_checks([item], lambda _: g, liar)
+
+
+@pytest.mark.parametrize("value", ["same_as_requested", 1, True])
+def test_ort_arena_in_the_config_is_checked(value, tmp_path, mlp):
+    cfg = tmp_path / "memplan.toml"
+    cfg.write_text(f'ort_arena = {json.dumps(value)}\n[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\n')
+    rc, _, err = run(["--config", cfg])
+    assert rc == 2
+    assert "ort_arena must be \"same-as-requested\" or \"next-power-of-two\"" in one_error_line(err)
+
+
+def test_ort_arena_from_the_config_and_the_command_line(tmp_path, mlp):
+    from planner.gate_config import Overrides, load_config
+
+    cfg = tmp_path / "memplan.toml"
+    cfg.write_text(f'ort_arena = "next-power-of-two"\n[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\n'
+                   f'[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\nort_arena = "same-as-requested"\n')
+    assert [i.ort_arena for i in load_config(cfg)] == ["next-power-of-two", "same-as-requested"]
+    forced = load_config(cfg, Overrides(ort_arena="same-as-requested"))
+    assert [i.ort_arena for i in forced] == ["same-as-requested"] * 2
