@@ -216,11 +216,39 @@ def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
     static = [vi for vi in g.value_info if _is_static(vi)]
     del g.value_info[:]
     g.value_info.extend(static)
-    try:
-        return shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelImportError(f"{display}: ONNX shape inference failed: {first}") from None
+    for _ in range(len(g.node) + 1):
+        try:
+            model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelImportError(f"{display}: ONNX shape inference failed: {first}") from None
+        if not _shape_like_input(model):
+            return model
+    return model
+
+
+#: Ops whose output has their first input's shape and type, for which onnx infers no shape (function
+#: ops without an inference function: GroupNormalization in onnx 1.23).
+SHAPE_OF_INPUT = frozenset({"GroupNormalization"})
+
+
+def _shape_like_input(model: onnx.ModelProto) -> bool:
+    """Give an unshaped output of a SHAPE_OF_INPUT op its input's shape as value_info; whether any
+    was given (then inference runs again, for what reads it)."""
+    g = model.graph
+    known = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output) if _is_static(vi)}
+    added = False
+    for node in g.node:
+        if node.op_type in SHAPE_OF_INPUT and node.input and node.input[0] in known and node.output \
+                and node.output[0] and node.output[0] not in known:
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(known[node.input[0]])
+            vi.name = node.output[0]
+            vi.doc_string = ""
+            g.value_info.append(vi)
+            known[vi.name] = vi
+            added = True
+    return added
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:

@@ -105,22 +105,22 @@ def test_int_subgraph_and_forward_untouched():
 
 
 def test_unsupported_op_on_path_names_node_op_and_supported_ops():
-    shrink = helper.make_node("Shrink", ["logits0"], ["logits"], name="the_shrink")
+    cast_like = helper.make_node("CastLike", ["logits0", "logits0"], ["logits"], name="the_cast_like")
     model, _ = _mlp()
     for node in model.graph.node:
         if node.op_type == "Mul":
             node.output[0] = "logits0"
-    model.graph.node.insert(len(model.graph.node) - 1, shrink)
+    model.graph.node.insert(len(model.graph.node) - 1, cast_like)
     with pytest.raises(ModelImportError) as err:
         build_training_graph(import_model(model))
     message = str(err.value)
-    assert "'the_shrink' (Shrink)" in message and "supported ops: Abs, Acos, Acosh, Add," in message and "\n" not in message
+    assert "'the_cast_like' (CastLike)" in message and "supported ops: Abs, Acos, Acosh, Add," in message and "\n" not in message
 
 
 def test_unsupported_op_off_path_and_freeze(tmp_path):
-    """Shrink (no rule) on a frozen weight is fine: nothing trainable flows through it."""
+    """CastLike (no rule) on a frozen weight is fine: nothing trainable flows through it."""
     n = helper.make_node
-    model, feeds = _mlp(extra_nodes=[n("Shrink", ["c"], ["cc"]), n("Add", ["logits0", "cc"], ["logits"])],
+    model, feeds = _mlp(extra_nodes=[n("CastLike", ["c", "c"], ["cc"]), n("Add", ["logits0", "cc"], ["logits"])],
                         extra_inits={"c": np.ones(3)})
     for node in model.graph.node:
         if node.op_type == "Mul":
@@ -248,7 +248,7 @@ def test_cli_train_graph_writes_checked_model_that_runs(tmp_path):
 
 
 def test_cli_unsupported_op_exits_3_without_output(tmp_path):
-    model, _ = _mlp(extra_nodes=[helper.make_node("Shrink", ["logits0"], ["logits"], name="the_shrink")])
+    model, _ = _mlp(extra_nodes=[helper.make_node("CastLike", ["logits0", "logits0"], ["logits"], name="the_cast_like")])
     for node in model.graph.node:
         if node.op_type == "Mul":
             node.output[0] = "logits0"
@@ -256,7 +256,7 @@ def test_cli_unsupported_op_exits_3_without_output(tmp_path):
     onnx.save(model, src)
     result = CliRunner().invoke(cli.main, ["train-graph", str(src), "-o", str(out)])
     assert result.exit_code == 3
-    assert result.output.count("\n") == 1 and "'the_shrink' (Shrink)" in result.output
+    assert result.output.count("\n") == 1 and "'the_cast_like' (CastLike)" in result.output
     assert not out.exists()
 
 

@@ -126,3 +126,29 @@ def test_dtype_byte_sizes():
     """)
     g = import_model(model)
     assert [g.tensor(n).nbytes for n in "xyzw"] == [30, 120, 15, 15]
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_output_gets_its_input_shape(opset):
+    """onnx infers no shape for GroupNormalization (a function op without an inference function in
+    onnx 1.23); import gives its output the input's shape, and what reads it is inferred from that.
+    ORT runs the exported graph with the same output."""
+    import onnxruntime as ort
+
+    scale_shape = (2,) if opset < 21 else (4,)
+    nodes = [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2),
+             helper.make_node("ReduceSum", ["y"], ["z"], keepdims=0)]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(scale_shape).astype(np.float32), "s"),
+             numpy_helper.from_array(rng.standard_normal(scale_shape).astype(np.float32), "b")]
+    graph = helper.make_graph(nodes, "gn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4, 3, 3])],
+                              [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    g = import_model(model)
+    assert g.tensors[g.by_name["y"]].shape == (2, 4, 3, 3) and g.tensors[g.by_name["z"]].shape == ()
+    x = rng.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    np.testing.assert_array_equal(got[0], want[0])

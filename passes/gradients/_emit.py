@@ -177,7 +177,11 @@ class Emitter:
 
     def zeros(self, shape: Sequence[int], dtype: str) -> int:
         """A zero tensor made at run time (ConstantOfShape), not stored in the model."""
-        return self.op("ConstantOfShape", [self.ints(shape)], shape, dtype, value=np.zeros(1, dtype=dtype))
+        return self.fill(shape, 0.0, dtype)
+
+    def fill(self, shape: Sequence[int], value: float, dtype: str) -> int:
+        """A tensor of ``value`` made at run time (ConstantOfShape), not stored in the model."""
+        return self.op("ConstantOfShape", [self.ints(shape)], shape, dtype, value=np.full(1, value, dtype=dtype))
 
     # ---- reductions --------------------------------------------------------------------------
     def reduce(self, op_type: str, x: int, axes: Sequence[int], keepdims: bool = True) -> int:

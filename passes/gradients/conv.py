@@ -208,8 +208,19 @@ def average_pool(ctx: BackwardContext) -> dict[int, int]:
         scaled = em.scale(g, float(inv.flat[0]))
     else:
         scaled = em.mul(g, em.const(inv.astype(em.dtype(g))))
+    return {0: _spread_windows(em, scaled, x_shape, kernel, strides, dilations, begin)}
+
+
+def _spread_windows(
+    em: Emitter, g: int, x_shape: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+    dilations: Sequence[int], begin: Sequence[int],
+) -> int:
+    """Adjoint of summing each pooling window: each input position gets the sum of ``g`` over the
+    windows that cover it (a ones-kernel ConvTranspose per channel, cropped to the input)."""
+    y_shape = em.shape(g)
+    sp = len(kernel)
     nc = x_shape[0] * x_shape[1]
-    col = em.reshape(scaled, [nc, 1, *y_shape[2:]])
+    col = em.reshape(g, [nc, 1, *y_shape[2:]])
     full = [s * (o - 1) + (k - 1) * d + 1 for s, o, k, d in zip(strides, y_shape[2:], kernel, dilations)]
     ones = em.const(np.ones([1, 1, *kernel], dtype=em.dtype(g)))
     spread = em.op("ConvTranspose", [col, ones], [nc, 1, *full], em.dtype(g), strides=strides, dilations=dilations)
@@ -218,7 +229,32 @@ def average_pool(ctx: BackwardContext) -> dict[int, int]:
     spread = em.pad_zeros(spread, [0] * (2 + sp), [0, 0, *short])
     spatial = list(range(2, 2 + sp))
     cropped = em.slice(spread, begin, [b + n for b, n in zip(begin, x_shape[2:])], spatial)
-    return {0: em.reshape(cropped, x_shape)}
+    return em.reshape(cropped, x_shape)
+
+
+@register("LpPool")
+def lp_pool(ctx: BackwardContext) -> dict[int, int]:
+    """y = (sum over the window of |x|^p)^(1/p) (zero pads add nothing): each window passes
+    g * y^(1-p) back to its taps, times |x|^(p-1) sign(x). p = 1: sign(x) * spread(g); p = 2:
+    x * spread(g / y). A window with y = 0 has only zero taps (where the factor is 0; for p = 1 the
+    subgradient sign(0) = 0), so y = 0 is replaced by 1 rather than dividing by it."""
+    em, g = ctx.em, ctx.dy()
+    x_shape = ctx.x_shape(0)
+    p = int(ctx.attr("p", 2))
+    if p < 1:
+        raise ModelImportError(f"node {ctx.node.name!r} (LpPool) has p={p}; memplan differentiates LpPool "
+                               "for p >= 1")
+    kernel = _ints(ctx, "kernel_shape", [])
+    strides, dilations, begin, _ = _conv_geometry(ctx, x_shape, kernel)
+    x = ctx.x(0)
+    if p == 1:
+        return {0: em.mul(em.unary("Sign", x), _spread_windows(em, g, x_shape, kernel, strides, dilations, begin))}
+    y = ctx.y()
+    safe_y = em.where(em.binary("Equal", y, em.scalar(0.0, y)), em.scalar(1.0, y), y)
+    per_window = em.div(g, safe_y if p == 2 else em.binary("Pow", safe_y, em.scalar(p - 1.0, y)))
+    spread = _spread_windows(em, per_window, x_shape, kernel, strides, dilations, begin)
+    taps = x if p == 2 else em.mul(x, em.binary("Pow", em.unary("Abs", x), em.scalar(p - 2.0, x)))
+    return {0: em.mul(taps, spread)}
 
 
 @register("GlobalAveragePool")

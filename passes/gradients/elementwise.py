@@ -27,9 +27,13 @@ def add_sub(ctx: BackwardContext) -> dict[int, int]:
     return out
 
 
-@register("Sum", inputs=None)
-def sum_(ctx: BackwardContext) -> dict[int, int]:
-    return {i: ctx.em.unbroadcast(ctx.dy(), ctx.x_shape(i)) for i in sorted(ctx.need)}
+@register("Sum", "Mean", inputs=None)
+def sum_mean(ctx: BackwardContext) -> dict[int, int]:
+    """Each input gets g (divided by the input count for Mean), summed over its broadcast axes."""
+    g = ctx.dy()
+    if ctx.node.op_type == "Mean":
+        g = ctx.em.scale(g, 1.0 / len(ctx.node.inputs))
+    return {i: ctx.em.unbroadcast(g, ctx.x_shape(i)) for i in sorted(ctx.need)}
 
 
 @register("Mul", inputs=(0, 1))
@@ -181,6 +185,19 @@ def leaky_relu(ctx: BackwardContext) -> dict[int, int]:
     t = ctx.y() if alpha > 0 else ctx.x(0)
     positive = em.binary("Greater", t, em.scalar(0.0, t))
     return {0: em.where(positive, g, em.scale(g, alpha))}
+
+
+@register("Shrink")
+def shrink(ctx: BackwardContext) -> dict[int, int]:
+    """y = x - bias (x > lambd), x + bias (x < -lambd), else 0: slope 1 where |x| > lambd. When
+    bias < lambd the output is non-zero exactly there (|y| > lambd - bias > 0), so only the output is
+    kept and |Sign(y)| is the 0/1 mask (as for Relu); otherwise (or for lambd < 0) the input is kept."""
+    em, g = ctx.em, ctx.dy()
+    bias, lambd = float(ctx.attr("bias", 0.0)), float(ctx.attr("lambd", 0.5))
+    if 0 <= lambd and bias < lambd:
+        return {0: em.mul(g, em.unary("Abs", em.unary("Sign", ctx.y())))}
+    x = ctx.x(0)
+    return {0: _mask(ctx, em.binary("Greater", em.unary("Abs", x), em.scalar(lambd, x)))}
 
 
 @register("Sigmoid")

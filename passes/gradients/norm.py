@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from passes.gradients import BackwardContext, register
-from passes.gradients._emit import prod
+from passes.gradients._emit import Emitter, prod
 from planner.errors import ModelImportError
 
 
@@ -59,10 +59,22 @@ def layer_norm(ctx: BackwardContext) -> dict[int, int]:
     if ctx.needs(1):
         out[1] = em.unbroadcast(em.mul(g, xhat), ctx.x_shape(1))
     if ctx.needs(0):
-        gs = em.mul(g, ctx.x(1))
-        centered = em.sub(gs, em.reduce_mean(gs, axes))
-        out[0] = em.mul(inv, em.sub(centered, em.mul(xhat, em.reduce_mean(em.mul(gs, xhat), axes))))
+        out[0] = _standardized_grad(em, em.mul(g, ctx.x(1)), xhat, inv, axes)
     return out
+
+
+def _standardize(em: Emitter, x: int, axes: list[int], eps: float) -> tuple[int, int]:
+    """(xhat, inv): x standardized over ``axes`` with its biased variance, and 1 / sqrt(var + eps)."""
+    xc = em.sub(x, em.reduce_mean(x, axes))
+    inv = em.unary("Reciprocal", em.unary("Sqrt", em.add(em.reduce_mean(em.mul(xc, xc), axes), em.scalar(eps, x))))
+    return em.mul(xc, inv), inv
+
+
+def _standardized_grad(em: Emitter, gs: int, xhat: int, inv: int, axes: list[int]) -> int:
+    """dx of xhat = (x - mean) * inv over ``axes`` given gs = d loss / d xhat:
+    inv * (gs - mean(gs) - xhat * mean(gs * xhat))."""
+    centered = em.sub(gs, em.reduce_mean(gs, axes))
+    return em.mul(inv, em.sub(centered, em.mul(xhat, em.reduce_mean(em.mul(gs, xhat), axes))))
 
 
 def _normalize_backward(ctx: BackwardContext, stat_axes: list[int], eps: float) -> dict[int, int]:
@@ -73,11 +85,7 @@ def _normalize_backward(ctx: BackwardContext, stat_axes: list[int], eps: float) 
     rank, channels = len(x_shape), x_shape[1]
     param_axes = [0, *range(2, rank)]
     count = prod(x_shape[a] for a in stat_axes)
-    mean = em.reduce_mean(x, stat_axes)
-    xc = em.sub(x, mean)
-    inv = em.unary("Reciprocal", em.unary("Sqrt", em.add(em.reduce_mean(em.mul(xc, xc), stat_axes),
-                                                            em.scalar(eps, x))))
-    xhat = em.mul(xc, inv)
+    xhat, inv = _standardize(em, x, stat_axes, eps)
     sum_g = em.reduce_sum(g, stat_axes)
     sum_gx = em.reduce_sum(em.mul(g, xhat), stat_axes)
     rest = [a for a in param_axes if a not in stat_axes]
@@ -135,6 +143,59 @@ def batch_norm(ctx: BackwardContext) -> dict[int, int]:
 @register("InstanceNormalization", inputs=(0, 1, 2))
 def instance_norm(ctx: BackwardContext) -> dict[int, int]:
     return _normalize_backward(ctx, list(range(2, len(ctx.x_shape(0)))), float(ctx.attr("epsilon", 1e-5)))
+
+
+@register("GroupNormalization", inputs=(0, 1, 2))
+def group_norm(ctx: BackwardContext) -> dict[int, int]:
+    """Statistics per sample and group of C / num_groups channels (over those channels and all spatial
+    positions), recomputed from x viewed as [N, G, C/G, spatial]. Scale and bias are per group in
+    opset 18-20 and per channel from opset 21 (stash_type only sets the forward's precision)."""
+    em, g = ctx.em, ctx.dy()
+    x_shape = ctx.x_shape(0)
+    n, c = x_shape[:2]
+    groups = int(ctx.attr("num_groups"))
+    per_channel = ctx.opset >= 21
+    want = c if per_channel else groups
+    if c % groups or any(ctx.x_shape(i) != (want,) for i in (1, 2)):
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (GroupNormalization, opset {ctx.opset}) has {c} channels, num_groups={groups} "
+            f"and scale/bias shapes {ctx.x_shape(1)}/{ctx.x_shape(2)}; opset {ctx.opset} needs num_groups to "
+            f"divide C and scale/bias of shape ({want},) ({'per channel' if per_channel else 'per group'})"
+        )
+    grouped = [n, groups, c // groups, prod(x_shape[2:])]
+    param_shape = [1, groups, c // groups if per_channel else 1, 1]
+    g4 = em.reshape(g, grouped)
+    xhat, inv = _standardize(em, em.reshape(ctx.x(0), grouped), [2, 3], float(ctx.attr("epsilon", 1e-5)))
+    out = {}
+    if ctx.needs(2):
+        out[2] = em.reshape(em.unbroadcast(g4, param_shape), [want])
+    if ctx.needs(1):
+        out[1] = em.reshape(em.unbroadcast(em.mul(g4, xhat), param_shape), [want])
+    if ctx.needs(0):
+        gs = em.mul(g4, em.reshape(ctx.x(1), param_shape))
+        out[0] = em.reshape(_standardized_grad(em, gs, xhat, inv, [2, 3]), x_shape)
+    return out
+
+
+#: MeanVarianceNormalization's epsilon, fixed in its ONNX function body (added to the std).
+_MVN_EPSILON = 1e-9
+
+
+@register("MeanVarianceNormalization")
+def mean_variance_norm(ctx: BackwardContext) -> dict[int, int]:
+    """y = (x - m) / d over ``axes`` (default [0, 2, 3]), d = s + 1e-9 with s the biased std (the spec
+    adds epsilon to the std, not the variance). dx = (g - mean(g)) / d - y * mean(g * y) / s; where
+    s = 0 the slice is constant, y = 0 and the second term is 0. Reads x only."""
+    em, g, x = ctx.em, ctx.dy(), ctx.x(0)
+    rank = len(ctx.x_shape(0))
+    axes = sorted({int(a) % rank for a in ctx.attr("axes", [0, 2, 3])})
+    xc = em.sub(x, em.reduce_mean(x, axes))
+    std = em.unary("Sqrt", em.reduce_mean(em.mul(xc, xc), axes))
+    d = em.add(std, em.scalar(_MVN_EPSILON, x))
+    y = em.div(xc, d)
+    safe_std = em.where(em.binary("Equal", std, em.scalar(0.0, std)), em.scalar(1.0, std), std)
+    first = em.div(em.sub(g, em.reduce_mean(g, axes)), d)
+    return {0: em.sub(first, em.div(em.mul(y, em.reduce_mean(em.mul(g, y), axes)), safe_std))}
 
 
 # ---- losses -----------------------------------------------------------------------------------

@@ -7,12 +7,12 @@ constant matrices and their adjoints applied with one MatMul per axis.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from passes.gradients import BackwardContext, register
-from passes.gradients._emit import axes_input_since, prod
+from passes.gradients._emit import Emitter, axes_input_since, prod
 from planner.errors import ModelImportError
 
 
@@ -251,63 +251,130 @@ def _nd_indices(ctx: BackwardContext, slot: int, dims: Sequence[int]) -> int:
 
 @register("GatherND")
 def gather_nd(ctx: BackwardContext) -> dict[int, int]:
-    """Scatter-add g back at the gathered index tuples (ScatterND with reduction='add')."""
+    """Scatter-add g back at the gathered index tuples (ScatterND with reduction='add'). With
+    batch_dims = b the tuples index each batch entry; prefixing them with the batch coordinates (a
+    constant grid, shapes being static) gives the same gather with batch_dims = 0."""
     em, g = ctx.em, ctx.dy()
-    if int(ctx.attr("batch_dims", 0)) != 0:
-        raise ModelImportError(
-            f"node {ctx.node.name!r} (GatherND) has batch_dims != 0, which memplan cannot differentiate "
-            "yet; express the batch dims in the indices (batch_dims=0)"
-        )
     _require_opset16(ctx, "ScatterND")
     x_shape = ctx.x_shape(0)
-    idx = _nd_indices(ctx, 1, x_shape)
+    b = int(ctx.attr("batch_dims", 0))
+    idx = _nd_indices(ctx, 1, x_shape[b:])
+    if b:
+        i_shape = ctx.x_shape(1)
+        grid = np.indices(i_shape[:b], dtype=np.int64)  # [b, *batch]
+        grid = np.moveaxis(grid, 0, -1).reshape([*i_shape[:b], *[1] * (len(i_shape) - 1 - b), b])
+        grid = em.const(np.broadcast_to(grid, [*i_shape[:-1], b]))
+        idx = em.concat([grid, idx], len(i_shape) - 1)
     return {0: em.op("ScatterND", [em.zeros(x_shape, em.dtype(g)), idx, g], x_shape, em.dtype(g), reduction="add")}
 
 
 def _scatter_reduction(ctx: BackwardContext) -> str:
     reduction = ctx.attr("reduction", "none")
     reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
-    if reduction not in ("none", "add"):
+    if reduction not in ("none", "add", "mul", "max", "min"):
         raise ModelImportError(
             f"node {ctx.node.name!r} ({ctx.node.op_type}) scatters with reduction={reduction!r}, whose "
-            "gradient memplan does not have; use reduction 'none' or 'add', or freeze the weights before it"
+            "gradient memplan does not have; use reduction 'none', 'add', 'mul', 'max' or 'min', or freeze "
+            "the weights before it"
         )
     return reduction
 
 
+def _is_zero(em: Emitter, x: int) -> tuple[int, int]:
+    """(1.0 where x == 0 else 0.0, x with its zeros replaced by 1), both of x's type."""
+    zero = em.binary("Equal", x, em.scalar(0.0, x))
+    return em.cast(zero, em.dtype(x)), em.where(zero, em.scalar(1.0, x), x)
+
+
+def _product_of_others(em: Emitter, x_safe: int, x_zero: int, nonzero_prod: int, zeros: int) -> int:
+    """For each factor x_i of a product: the product of the other factors, exact with zeros.
+
+    ``nonzero_prod`` and ``zeros`` are, broadcast against x, the product of the non-zero factors and the
+    number of zero factors of x_i's product; ``x_safe``/``x_zero`` come from ``_is_zero(x)``. Where no
+    other factor is zero the result is nonzero_prod / x_safe (nonzero_prod itself when x_i is the zero);
+    else it is exactly 0. Unlike y / x or exp(sum log |x|) this never divides by a zero nor gives 0/0:
+    one zero factor leaves the product of the others, two or more leave 0."""
+    none_other = em.binary("Equal", em.sub(zeros, x_zero), em.scalar(0.0, zeros))
+    return em.mul(em.div(nonzero_prod, x_safe), em.cast(none_other, em.dtype(x_safe)))
+
+
+def _scatter_backward(
+    ctx: BackwardContext, reduction: str, scatter: Callable[[int, int, str], int], gather: Callable[[int], int],
+) -> dict[int, int]:
+    """Gradients of a scatter into data (slot 0) of the updates (slot 2), given ``scatter(base, updates,
+    reduction)`` and ``gather(t)`` (the positions the updates land on) of the node's own indices.
+
+    none: data gets g zeroed where written, an update g at its position (duplicates under 'none' leave
+    which update lands undefined (ONNX); each then gets g, as PyTorch's scatter backward gives).
+    add: data gets g, an update g at its position. mul: y = data * prod(updates at the position), so
+    data gets g times the product of its updates, an update g times the product of the others (data
+    included, exact with zeros). max/min: g goes to the factors equal to the output, split evenly
+    between ties (as ReduceMax)."""
+    em, g = ctx.em, ctx.dy()
+    d_shape, dtype = ctx.x_shape(0), em.dtype(g)
+    out = {}
+    if reduction in ("none", "add"):
+        if ctx.needs(0):
+            out[0] = g if reduction == "add" else scatter(g, em.zeros(ctx.x_shape(2), dtype), "none")
+        if ctx.needs(2):
+            out[2] = gather(g)
+    elif reduction == "mul":
+        u = ctx.x(2)
+        if ctx.needs(0):
+            out[0] = em.mul(g, scatter(em.fill(d_shape, 1.0, dtype), u, "mul"))
+        if ctx.needs(2):
+            d_zero, d_safe = _is_zero(em, ctx.x(0))
+            u_zero, u_safe = _is_zero(em, u)
+            nonzero_prod = em.mul(d_safe, scatter(em.fill(d_shape, 1.0, dtype), u_safe, "mul"))
+            zeros = em.add(d_zero, scatter(em.zeros(d_shape, dtype), u_zero, "add"))
+            others = _product_of_others(em, u_safe, u_zero, gather(nonzero_prod), gather(zeros))
+            out[2] = em.mul(gather(g), others)
+    else:
+        y = ctx.y()
+        d_hit = em.cast(em.binary("Equal", ctx.x(0), y), dtype)
+        u_hit = em.cast(em.binary("Equal", ctx.x(2), gather(y)), dtype)
+        share = em.div(g, em.add(d_hit, scatter(em.zeros(d_shape, dtype), u_hit, "add")))
+        if ctx.needs(0):
+            out[0] = em.mul(d_hit, share)
+        if ctx.needs(2):
+            out[2] = em.mul(u_hit, gather(share))
+    return out
+
+
 @register("ScatterElements", inputs=(0, 2))
 def scatter_elements(ctx: BackwardContext) -> dict[int, int]:
-    """data gets g, zeroed where an update overwrote it (reduction 'none'); the updates get g at
-    their positions (GatherElements). Duplicate indices under 'none' leave which update lands
-    undefined (ONNX); each of them then gets g, as PyTorch's scatter backward gives."""
-    em, g = ctx.em, ctx.dy()
+    """The updates' positions are GatherElements of the same indices (see ``_scatter_backward``)."""
+    em = ctx.em
     reduction = _scatter_reduction(ctx)
-    axis = int(ctx.attr("axis", 0)) % len(ctx.x_shape(0))
-    u_shape = ctx.x_shape(2)
-    out = {}
-    if ctx.needs(0):
-        out[0] = g if reduction == "add" else em.op(
-            "ScatterElements", [g, ctx.x(1), em.zeros(u_shape, em.dtype(g))], em.shape(g), em.dtype(g), axis=axis)
-    if ctx.needs(2):
-        out[2] = em.op("GatherElements", [g, ctx.x(1)], u_shape, em.dtype(g), axis=axis)
-    return out
+    d_shape, u_shape = ctx.x_shape(0), ctx.x_shape(2)
+    axis = int(ctx.attr("axis", 0)) % len(d_shape)
+
+    def scatter(base: int, updates: int, how: str) -> int:
+        attrs = {} if how == "none" else {"reduction": how}
+        return em.op("ScatterElements", [base, ctx.x(1), updates], d_shape, em.dtype(base), axis=axis, **attrs)
+
+    def gather(t: int) -> int:
+        return em.op("GatherElements", [t, ctx.x(1)], u_shape, em.dtype(t), axis=axis)
+
+    return _scatter_backward(ctx, reduction, scatter, gather)
 
 
 @register("ScatterND", inputs=(0, 2))
 def scatter_nd(ctx: BackwardContext) -> dict[int, int]:
-    """As ScatterElements, with index tuples: data gets g zeroed at the written tuples
-    (reduction 'none'), the updates get g gathered there (GatherND)."""
-    em, g = ctx.em, ctx.dy()
+    """As ScatterElements, with index tuples: ScatterND/GatherND at the same tuples."""
+    em = ctx.em
     reduction = _scatter_reduction(ctx)
-    idx = _nd_indices(ctx, 1, ctx.x_shape(0))
-    u_shape = ctx.x_shape(2)
-    out = {}
-    if ctx.needs(0):
-        out[0] = g if reduction == "add" else em.op(
-            "ScatterND", [g, idx, em.zeros(u_shape, em.dtype(g))], em.shape(g), em.dtype(g))
-    if ctx.needs(2):
-        out[2] = em.op("GatherND", [g, idx], u_shape, em.dtype(g))
-    return out
+    d_shape, u_shape = ctx.x_shape(0), ctx.x_shape(2)
+    idx = _nd_indices(ctx, 1, d_shape)
+
+    def scatter(base: int, updates: int, how: str) -> int:
+        attrs = {} if how == "none" else {"reduction": how}
+        return em.op("ScatterND", [base, idx, updates], d_shape, em.dtype(base), **attrs)
+
+    def gather(t: int) -> int:
+        return em.op("GatherND", [t, idx], u_shape, em.dtype(t))
+
+    return _scatter_backward(ctx, reduction, scatter, gather)
 
 
 # ---- scans and masks --------------------------------------------------------------------------
@@ -326,6 +393,26 @@ def trilu(ctx: BackwardContext) -> dict[int, int]:
     em, g = ctx.em, ctx.dy()
     inputs = [g, ctx.x(1)] if ctx.has_input(1) else [g]
     return {0: em.op("Trilu", inputs, em.shape(g), em.dtype(g), upper=int(ctx.attr("upper", 1)))}
+
+
+# ---- depth <-> space ----------------------------------------------------------------------------
+@register("DepthToSpace", "SpaceToDepth")
+def depth_space(ctx: BackwardContext) -> dict[int, int]:
+    """Both are permutations of the elements, so the adjoint is the inverse permutation. SpaceToDepth
+    and DepthToSpace in DCR mode undo each other; CRD mode is undone by reshape, transpose, reshape:
+    y[n, c, h*b + i, w*b + j] = x[n, c*b*b + i*b + j, h, w]."""
+    em, g = ctx.em, ctx.dy()
+    b = int(ctx.attr("blocksize"))
+    x_shape, dtype = ctx.x_shape(0), em.dtype(g)
+    if ctx.node.op_type == "SpaceToDepth":
+        return {0: em.op("DepthToSpace", [g], x_shape, dtype, blocksize=b, mode="DCR")}
+    mode = ctx.attr("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode == "DCR":
+        return {0: em.op("SpaceToDepth", [g], x_shape, dtype, blocksize=b)}
+    n, c, h, w = x_shape
+    blocks = em.reshape(g, [n, c // (b * b), h, b, w, b])  # (n, c, h, i, w, j)
+    return {0: em.reshape(em.transpose(blocks, [0, 1, 3, 5, 2, 4]), x_shape)}
 
 
 # ---- resize -----------------------------------------------------------------------------------
@@ -479,3 +566,20 @@ def reduce_max_min(ctx: BackwardContext) -> dict[int, int]:
     g = _kept(ctx, ctx.dy(), axes)
     hit = em.cast(em.binary("Equal", ctx.x(0), _kept(ctx, ctx.y(), axes)), em.dtype(g))
     return {0: em.mul(hit, em.div(g, em.reduce_sum(hit, axes)))}
+
+
+@register("ReduceProd")
+def reduce_prod(ctx: BackwardContext) -> dict[int, int]:
+    """dx_i = g * (product of the other elements of x_i's slice), computed exactly with zeros: the
+    product of the slice's non-zero elements and the count of its zeros give it (``_product_of_others``;
+    one zero in a slice leaves the product of the others at the zero and 0 elsewhere, two leave 0).
+    Reads only x: the products are recomputed from it."""
+    em = ctx.em
+    axes = _reduced_axes(ctx)
+    g = _kept(ctx, ctx.dy(), axes)
+    if not axes:  # noop_with_empty_axes: y = x
+        return {0: g}
+    x_zero, x_safe = _is_zero(em, ctx.x(0))
+    others = _product_of_others(em, x_safe, x_zero, em.reduce("ReduceProd", x_safe, axes),
+                                em.reduce_sum(x_zero, axes))
+    return {0: em.mul(g, others)}
