@@ -10,7 +10,8 @@ each parameter's update is emitted as soon as its gradient is complete, so it di
 
 Trainable = TRAINABLE initializers (float, not BatchNormalization running stats) minus ``freeze``
 patterns, restricted to those the loss depends on through differentiable inputs of ops with a
-rule. Int/bool subgraphs and ops on constants pass through untouched. An op with no rule between a
+rule; LSTM/GRU/RNN nodes on such a path are first unrolled into primitive ops (passes/rnn.py).
+Int/bool subgraphs and ops on constants pass through untouched. An op with no rule between a
 trainable initializer and the loss is an error naming the node, the op and the supported ops;
 nothing is built. Fan-out is summed with Add as each contribution arrives.
 """
@@ -28,6 +29,7 @@ from passes.gradients import RULES, STOP_GRADIENT, BackwardContext, GradRule, su
 from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
 from passes.portable import portable_batchnorm
+from passes.rnn import is_recurrent, unroll_recurrent
 from planner.errors import GraphError, ModelImportError, UsageError
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
@@ -84,6 +86,9 @@ def build_training_graph(forward: Graph, options: TrainOptions | None = None) ->
     loss = _pick_loss(forward, options.loss)
     candidates = [t.id for t in forward.tensors if t.kind is TensorKind.TRAINABLE
                   and not any(fnmatch.fnmatchcase(t.name, p) for p in options.freeze)]
+    # LSTM/GRU/RNN have no rule: the ones gradients flow through are unrolled into primitive ops
+    # (tensor ids are kept, so ``loss`` and ``candidates`` stay valid).
+    forward = unroll_recurrent(forward, _recurrent_to_unroll(forward, loss, candidates))
     active = _forward_activity(forward, candidates)
     on_path, useful = _backward_reach(forward, loss, active)
     params = [t for t in candidates if useful[t]]
@@ -179,6 +184,14 @@ def _backward_reach(graph: Graph, loss: int, active: list[bool]) -> tuple[list[i
         for t in wanted:
             useful[t] = True
     return on_path[::-1], useful
+
+
+def _recurrent_to_unroll(graph: Graph, loss: int, params: Sequence[int]) -> list[int]:
+    """Recurrent nodes the loss depends on that read a tensor depending on a trainable one."""
+    active = _forward_activity(graph, params)
+    ancestors = _loss_ancestors(graph, loss)
+    return [n.id for n in graph.nodes if is_recurrent(n) and n.id in ancestors
+            and any(active[t] for t in n.inputs if t != NO_TENSOR)]
 
 
 def _stops_gradient(node: Node) -> bool:
