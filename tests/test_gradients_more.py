@@ -21,7 +21,7 @@ from planner.errors import ModelImportError
 
 I64 = np.int64
 NEW_OPS = {"ReduceProd", "Shrink", "DepthToSpace", "SpaceToDepth", "Mean", "GroupNormalization",
-           "MeanVarianceNormalization", "ScatterElements", "ScatterND", "GatherND", "LpPool"}
+           "MeanVarianceNormalization", "ScatterElements", "ScatterND", "GatherND", "LpPool", "GlobalLpPool"}
 
 
 def rnd(*shape, seed=0, low=None):
@@ -140,6 +140,13 @@ CASES = {
     "lp_pool_p1_stride2": ([node("LpPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], p=1)],
                            {"x": rnd(2, 1, 4, 4)}, {}),
     "lp_pool_p3_overlap_1d": ([node("LpPool", ["x"], ["y"], kernel_shape=[3], p=3)], {"x": rnd(2, 2, 5)}, {}),
+    # ORT runs GlobalLpPool in float32 only and onnx's reference evaluator has none: float32 through ORT
+    "global_lp_pool_p2": ([node("GlobalLpPool", ["x"], ["y"])], {"x": rnd(2, 3, 3, 4)},
+                          {"float64": False, "eps": 1e-2}),
+    "global_lp_pool_p1": ([node("GlobalLpPool", ["x"], ["y"], p=1)], {"x": rnd(2, 2, 5)},
+                          {"float64": False, "eps": 1e-2}),
+    "global_lp_pool_p3": ([node("GlobalLpPool", ["x"], ["y"], p=3)], {"x": rnd(1, 2, 3, 3)},
+                          {"float64": False, "eps": 1e-2}),
     # onnx's reference LpPool rescales padded windows (off-spec), so padded cases run in ORT, in float32
     "lp_pool_p2_pads_stride2_ceil": ([node("LpPool", ["x"], ["y"], kernel_shape=[3, 2], strides=[2, 2],
                                            pads=[1, 0, 1, 1], ceil_mode=1)], {"x": rnd(1, 2, 4, 5)},

@@ -9,7 +9,7 @@ forward divided by (computed at build time: shapes are static).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -238,23 +238,33 @@ def lp_pool(ctx: BackwardContext) -> dict[int, int]:
     g * y^(1-p) back to its taps, times |x|^(p-1) sign(x). p = 1: sign(x) * spread(g); p = 2:
     x * spread(g / y). A window with y = 0 has only zero taps (where the factor is 0; for p = 1 the
     subgradient sign(0) = 0), so y = 0 is replaced by 1 rather than dividing by it."""
-    em, g = ctx.em, ctx.dy()
     x_shape = ctx.x_shape(0)
-    p = int(ctx.attr("p", 2))
-    if p < 1:
-        raise ModelImportError(f"node {ctx.node.name!r} (LpPool) has p={p}; memplan differentiates LpPool "
-                               "for p >= 1")
     kernel = _ints(ctx, "kernel_shape", [])
     strides, dilations, begin, _ = _conv_geometry(ctx, x_shape, kernel)
+    return _lp_pool_grad(ctx, lambda t: _spread_windows(ctx.em, t, x_shape, kernel, strides, dilations, begin))
+
+
+@register("GlobalLpPool")
+def global_lp_pool(ctx: BackwardContext) -> dict[int, int]:
+    """LpPool with one window over all spatial dims: the per-window factor broadcasts to every tap."""
+    return _lp_pool_grad(ctx, lambda t: ctx.em.expand(t, ctx.x_shape(0)))
+
+
+def _lp_pool_grad(ctx: BackwardContext, spread: Callable[[int], int]) -> dict[int, int]:
+    """LpPool's and GlobalLpPool's rule; ``spread`` sums a per-window tensor back onto the taps."""
+    em, g = ctx.em, ctx.dy()
+    p = int(ctx.attr("p", 2))
+    if p < 1:
+        raise ModelImportError(f"node {ctx.node.name!r} ({ctx.node.op_type}) has p={p}; memplan "
+                               f"differentiates {ctx.node.op_type} for p >= 1")
     x = ctx.x(0)
     if p == 1:
-        return {0: em.mul(em.unary("Sign", x), _spread_windows(em, g, x_shape, kernel, strides, dilations, begin))}
+        return {0: em.mul(em.unary("Sign", x), spread(g))}
     y = ctx.y()
     safe_y = em.where(em.binary("Equal", y, em.scalar(0.0, y)), em.scalar(1.0, y), y)
     per_window = em.div(g, safe_y if p == 2 else em.binary("Pow", safe_y, em.scalar(p - 1.0, y)))
-    spread = _spread_windows(em, per_window, x_shape, kernel, strides, dilations, begin)
     taps = x if p == 2 else em.mul(x, em.binary("Pow", em.unary("Abs", x), em.scalar(p - 2.0, x)))
-    return {0: em.mul(taps, spread)}
+    return {0: em.mul(taps, spread(per_window))}
 
 
 @register("GlobalAveragePool")
