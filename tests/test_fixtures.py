@@ -25,6 +25,7 @@ EXPECTED = {
     "bert": (17, {"batch", "seq"}, False),
     "vit": (18, {"batch"}, False),
     "moe": (17, {"batch", "seq"}, False),
+    "lstm": (17, {"batch", "seq"}, False),
 }
 MAX_IR_VERSION = 10
 
