@@ -77,6 +77,29 @@ def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool
     post_order(v, lambda x: [u for u in preds[x] if not resident[u]], memo, combine)
 
 
+def needed_later(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_now: int, dead: set[int]) -> bool:
+    """Whether :func:`next_need` of v is not None, without its minimum: v, or a freed reader
+    reached through freed readers, is read at or after ``t_now``. Stops at the first such read
+    (next_need walks every freed reader first, which made the greedies quadratic on long unrolled
+    graphs). ``dead`` caches the nodes found to have no later need, for one ``t_now``; freeing one
+    of them keeps the others dead (what reaches it gains no need)."""
+    if v in dead:
+        return False
+    seen = {v}
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        rs = reads[x]
+        if rs and rs[-1] >= t_now:  # reads are sorted
+            return True
+        for w in rs:
+            if gone[w] and w not in seen and w not in dead:
+                seen.add(w)
+                stack.append(w)
+    dead.update(seen)
+    return False
+
+
 def next_need(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_now: int,
               memo: dict[int, int | None]) -> int | None:
     """v's next read at or after ``t_now``, or the next need of a freed reader of it (``gone``:

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from planner import clock
-from planner.chain_greedy import next_need
+from planner.chain_greedy import needed_later, next_need
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
@@ -230,9 +230,9 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
 
     def release_dead(nodes) -> None:
         nonlocal mem
-        needs: dict[int, int | None] = {}
+        dead: set[int] = set()
         for u in nodes:
-            if resident[u] and lock[u] == 0 and not p.pinned[u] and next_need(u, reads, gone, t_now, needs) is None:
+            if resident[u] and lock[u] == 0 and not p.pinned[u] and not needed_later(u, reads, gone, t_now, dead):
                 events.append(Event("free", u))
                 resident[u] = False
                 gone[u] = True

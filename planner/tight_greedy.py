@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 
 from planner import clock
-from planner.chain_greedy import missing_closure, next_need, over_missing
+from planner.chain_greedy import missing_closure, needed_later, next_need, over_missing
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
@@ -158,9 +158,10 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
         return False
 
     def release_dead(nodes) -> None:
-        needs: dict[int, int | None] = {}
+        dead: set[int] = set()
         for u in nodes:
-            if resident[u] and lock[u] == 0 and not held[u] and not pinned[u] and next_need(u, reads, gone, t_now, needs) is None:
+            if resident[u] and lock[u] == 0 and not held[u] and not pinned[u] \
+                    and not needed_later(u, reads, gone, t_now, dead):
                 free(u)
 
     def fetch(q: int, depth: int) -> bool:

@@ -106,3 +106,22 @@ def test_a_recompute_heavy_greedy_plan_does_not_replace_the_search(benchmarks_di
     # (phase 2 may search on after the closure bound, from its own plan: a second "optimize")
     assert res.plan is not None and [ph["name"] for ph in res.solver.phases][:2] == ["feasibility", "optimize"]
     assert simulate(p, res.plan, budget).added_time == res.added_time < 0.5 * g.sim.added_time
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layered(max_n=30), st.data())
+def test_needed_later_agrees_with_next_need(p, data):
+    """The greedies' release step asks only whether a buffer is needed again: needed_later must say
+    exactly when next_need finds a need, with its dead cache shared across the queries of one step
+    and buffers freed in between (as release_dead does)."""
+    from planner.chain_greedy import needed_later, next_need
+
+    reads = p.succ_lists
+    gone = data.draw(st.lists(st.booleans(), min_size=p.n, max_size=p.n))
+    t_now = data.draw(st.integers(0, p.n))
+    dead: set[int] = set()
+    for v in data.draw(st.permutations(range(p.n))):
+        expected = next_need(v, reads, gone, t_now, {}) is not None
+        assert needed_later(v, reads, gone, t_now, dead) == expected
+        if not expected:
+            gone[v] = True  # freed: what reaches it gains no need
