@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
 from planner.errors import ModelImportError, PlannerError
-from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, GraphBuilder, TensorKind
+from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, GraphBuilder
 
 log = logging.getLogger(__name__)
 

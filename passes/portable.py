@@ -21,12 +21,11 @@ schedule positions.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable
 
 import numpy as np
 
-from planner.graph import NO_TENSOR, Graph, Node, Tensor, TensorKind, fresh_name
+from planner.graph import NO_TENSOR, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
 
 #: The ONNX opset from which Reduce* take their axes as an input instead of an attribute.
 _AXES_AS_INPUT = 18
@@ -48,15 +47,7 @@ def portable_batchnorm(graph: Graph) -> Graph:
     return _Splitter(graph).run()
 
 
-class _Splitter:
-    def __init__(self, graph: Graph):
-        self.g = graph
-        self.tensors: list[Tensor] = list(graph.tensors)
-        self.values = dict(graph.values)
-        self.names = {t.name for t in graph.tensors}
-        self.node_names = {n.name for n in graph.nodes}
-        self.nodes: list[Node] = []  # ids fixed at the end
-        self.opset = graph.opsets.get("", 17)
+class _Splitter(GraphAppender):
 
     # -- helpers -----------------------------------------------------------------------------
     def _tensor(self, base: str, dtype: str, shape: Iterable[int], kind: TensorKind = TensorKind.ACTIVATION) -> int:
@@ -88,11 +79,7 @@ class _Splitter:
                 self._split(node)
             else:
                 self.nodes.append(node)
-        nodes = tuple(dataclasses.replace(n, id=i) for i, n in enumerate(self.nodes))
-        producer = {t: n.id for n in nodes for t in n.outputs if t != NO_TENSOR}
-        tensors = tuple(dataclasses.replace(t, producer=producer.get(t.id, NO_TENSOR))
-                        if t.kind is TensorKind.ACTIVATION else t for t in self.tensors)
-        return dataclasses.replace(self.g, tensors=tensors, nodes=nodes, values=dict(self.values)).validate()
+        return self.finish()
 
     def _split(self, node: Node) -> None:
         x, scale, bias = node.inputs[0], node.inputs[1], node.inputs[2]

@@ -30,14 +30,13 @@ Post: a validated Graph where the chosen nodes are gone. Tensor ids of the input
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from planner.errors import GraphError, ModelImportError
-from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, Node, Tensor, TensorKind, fresh_name
+from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
 
 #: Op types this pass unrolls (default ONNX domain).
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
@@ -190,17 +189,11 @@ def _activations(node: Node, nd: int) -> tuple[tuple[_Act, ...], ...]:
 
 
 # ---- the rewrite -----------------------------------------------------------------------------------
-class _Unroller:
+class _Unroller(GraphAppender):
     """Appends tensors and nodes; every helper returns a tensor id and writes into ``out`` if given."""
 
     def __init__(self, graph: Graph):
-        self.g = graph
-        self.tensors: list[Tensor] = list(graph.tensors)
-        self.values = dict(graph.values)
-        self.names = {t.name for t in graph.tensors}
-        self.node_names = {n.name for n in graph.nodes}
-        self.nodes: list[Node] = []  # ids fixed at the end
-        self.opset = int(graph.opsets.get("", graph.opsets.get("ai.onnx", 17)))
+        super().__init__(graph)
         self.stem = "rnn"
         self._consts: dict[tuple[str, tuple[int, ...], bytes], int] = {}
         self._parts: dict[tuple[int, int], list[int]] = {}
@@ -214,11 +207,7 @@ class _Unroller:
                 _EXPAND[node.op_type](self, _parse(self.g, node))
             else:
                 self.nodes.append(node)
-        nodes = tuple(dataclasses.replace(n, id=i) for i, n in enumerate(self.nodes))
-        producer = {t: n.id for n in nodes for t in n.outputs if t != NO_TENSOR}
-        tensors = tuple(dataclasses.replace(t, producer=producer.get(t.id, NO_TENSOR))
-                        if t.kind is TensorKind.ACTIVATION else t for t in self.tensors)
-        return dataclasses.replace(self.g, tensors=tensors, nodes=nodes, values=dict(self.values)).validate()
+        return self.finish()
 
     # -- tensors and nodes ---------------------------------------------------------------------------
     def shape(self, t: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ Invariants checked by :meth:`Graph.validate`:
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -263,6 +264,28 @@ class GraphBuilder:
             name=self.name,
         )
         return graph.validate()
+
+
+class GraphAppender:
+    """Base of the passes that rewrite a graph by appending: the input graph's tensors keep their
+    ids (new ones are appended), nodes are re-listed in ``nodes`` (kept ones as they are, new ones
+    added), and :meth:`finish` renumbers the nodes and points each activation at its producer."""
+
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.tensors: list[Tensor] = list(graph.tensors)
+        self.values = dict(graph.values)
+        self.names = {t.name for t in graph.tensors}
+        self.node_names = {n.name for n in graph.nodes}
+        self.nodes: list[Node] = []  # ids fixed by finish()
+        self.opset = int(graph.opsets.get("", graph.opsets.get("ai.onnx", 17)))
+
+    def finish(self) -> Graph:
+        nodes = tuple(dataclasses.replace(n, id=i) for i, n in enumerate(self.nodes))
+        producer = {t: n.id for n in nodes for t in n.outputs if t != NO_TENSOR}
+        tensors = tuple(dataclasses.replace(t, producer=producer.get(t.id, NO_TENSOR))
+                        if t.kind is TensorKind.ACTIVATION else t for t in self.tensors)
+        return dataclasses.replace(self.g, tensors=tensors, nodes=nodes, values=dict(self.values)).validate()
 
 
 def fresh_name(stem: str, taken: set[str]) -> str:
