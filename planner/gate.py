@@ -8,7 +8,8 @@ when the plan's peak does. With ``ort_arena`` the figure judged is not the liven
 least limit ORT's BFC arena runs the step under (an injected ``arena`` function; the CLI replays
 the arena, planner/arena.py), for the graph as is and for the plan. :func:`exit_code` folds the
 verdicts into the command's exit status: 3 if any model could not be loaded (the gate cannot
-vouch for it), else 1 if any budget is not met, else 0. Usage errors (exit 2) are raised before any model is loaded, by whoever builds the items.
+vouch for it), else 1 if any budget is not met, else 0. Usage errors (exit 2) are raised before
+any model is loaded, by whoever builds the items.
 """
 from __future__ import annotations
 
