@@ -37,8 +37,14 @@ def _assert_measured_within_5_percent(graph: Graph, least: int) -> None:
     predicted = analyze(graph).dynamic_peak
     assert predicted >= least, "test size too small to measure"
     model = export_model(graph)
-    measured = measure_peak(model, models.example_feeds(model, seed=0), repeats=1).peak_bytes
-    assert measured == pytest.approx(predicted, rel=0.05)
+    feeds = models.example_feeds(model, seed=0)
+    measured = measure_peak(model, feeds, repeats=1).peak_bytes
+    if measured != pytest.approx(predicted, rel=0.05):
+        # The high-water mark is read in pages from a fresh process; once in a CI run zoo:cnn's
+        # forward read 0.907 of its prediction and 1.00 in every rerun. A second fresh process
+        # tells such a one-off from a model error, which both would show.
+        first, measured = measured, measure_peak(model, feeds, repeats=1).peak_bytes
+        assert measured == pytest.approx(predicted, rel=0.05), f"measured {first} and {measured}, predicted {predicted}"
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
