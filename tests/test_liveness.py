@@ -301,4 +301,6 @@ def test_full_im2col_conv_peak_matches_ort():
     assert predicted == 4 * 512 * 32 * 32 * 4 + 8 * 4 * 4
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 512, 33, 33)).astype(np.float32)}
     measured = measure_peak(export_model(g), feeds, repeats=1).peak_bytes
-    assert predicted == pytest.approx(measured, rel=0.03)
+    # 5%, the planner's bar: eight fresh processes read 0.957-0.974 of the prediction on the 2-core
+    # machine, the CI simulation once 0.969: at 3% it failed 5 of 12 runs. One panel would read 0.008.
+    assert predicted == pytest.approx(measured, rel=0.05)
