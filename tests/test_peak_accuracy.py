@@ -9,10 +9,12 @@ from passes.verify import measure_peak
 from planner.graph import Graph
 from planner.liveness import analyze
 
-# Sizes whose dynamic peak is a few MiB: large enough for VmHWM, small enough for CI.
+# Sizes whose dynamic peak is a few MiB: large enough for VmHWM, small enough for CI. The high-water
+# mark can read up to about 330 KiB short (memory the session had mapped before the run): zoo:cnn at
+# batch 64 (4 MiB) read 0.907-0.935 in CI simulations, so it runs at 256 (16 MiB: 0.989-0.998).
 SPECS = {
     "mlp": "zoo:mlp?batch=4096&hidden=512",
-    "cnn": "zoo:cnn?batch=64",
+    "cnn": "zoo:cnn?batch=256",
     "resnet": "zoo:resnet?batch=64",
     "unet": "zoo:unet?batch=32",
     "gpt": "zoo:gpt?batch=16&seq=64&vocab=2048",
