@@ -46,6 +46,19 @@ class StateSlot:
     initial: np.ndarray  # value to feed before the first step
 
 
+def plausible_state(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` with the optimizer state among them made what a run can hold: Adam's second moments
+    (``*_adam_v``) non-negative and its step count (``adam_step``) a whole number >= 1. Seeded random
+    normals there (models.example_feeds) take square roots of negatives: every update is NaN."""
+    out = dict(feeds)
+    for name, value in feeds.items():
+        if name.endswith("_adam_v"):
+            out[name] = np.abs(value)
+        elif name == "adam_step":
+            out[name] = np.asarray(np.floor(np.abs(value)) + 1, dtype=value.dtype)
+    return out
+
+
 class OptimizerStep:
     """Emits one parameter's update when its gradient is complete; collects outputs in param order."""
 

@@ -272,3 +272,48 @@ def test_a_top_k_router_plans_and_runs_with_the_same_numbers(tmp_path):
     assert rep["outputs_equal"] is True
     assert sorted(o["name"] for o in rep["outputs"]) == ["loss", "w1_grad", "w2_grad", "wr_grad"]
     assert all(o["max_abs_diff"] == 0 for o in rep["outputs"])
+
+
+def test_an_adam_step_verifies_equal(tmp_path):
+    """verify fed Adam's state seeded normals: negative second moments, so every update was NaN in
+    both files and the comparison said DIFFER (exit 1) for every plan made with --optimizer adam.
+    The state is now fed as a run can hold it, and every update is compared finite."""
+    emitted = tmp_path / "adam.onnx"
+    rc, _, err = memplan("plan", "zoo:gpt?batch=8", "--optimizer", "adam", "--budget", "85%", "--strategy",
+                         "greedy", "--emit", emitted)
+    assert rc == 0, err
+    rc, out, err = memplan("verify", "zoo:gpt?batch=8", emitted, "--json")
+    assert rc == 0, out + err
+    rep = json.loads(out)
+    assert rep["outputs_equal"] is True
+    names = {o["name"] for o in rep["outputs"]}
+    assert "adam_step_new" in names and any(n.endswith("_adam_v_new") for n in names)
+    assert all(np.isfinite(o["max_abs_diff"]) for o in rep["outputs"])
+
+
+def test_outputs_compare_nan_and_infinities_where_the_reference_has_them():
+    from passes.verify import compare_outputs
+
+    ref = {"x": np.array([1.0, np.nan, np.inf, -np.inf], np.float32)}
+    assert compare_outputs(ref, {"x": ref["x"].copy()}, 0, 0)[0].ok
+    for got in ([1.0, 2.0, np.inf, -np.inf], [1.0, np.nan, np.inf, np.inf], [1.5, np.nan, np.inf, -np.inf]):
+        assert not compare_outputs(ref, {"x": np.array(got, np.float32)}, 0, 0)[0].ok
+    assert not compare_outputs({"x": np.array([1.0, 2.0])}, {"x": np.array([1.0, np.nan])}, 0.5, 10)[0].ok
+    assert compare_outputs(ref, {"x": np.array([1.5, np.nan, np.inf, -np.inf], np.float32)}, 0.5, 0)[0].ok
+
+
+def test_adam_state_is_fed_as_a_run_can_hold_it():
+    """Seeded normals as Adam's state make every update NaN (square roots of negative second
+    moments); plausible_state's feeds give finite updates, and the same ones on every call."""
+    from passes.optimizer import plausible_state
+
+    reference = export_model(training_graph(import_model("zoo:gpt?batch=2"), optimizer="adam", lr=0.01))
+    raw = models.example_feeds(reference, seed=0)
+    session = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    assert any(np.isnan(v).any() for v in session.run(None, raw))
+    fed = plausible_state(raw)
+    assert fed["adam_step"] >= 1 and float(fed["adam_step"]).is_integer()
+    assert all((fed[k] >= 0).all() for k in fed if k.endswith("_adam_v"))
+    outs = dict(zip(names, session.run(None, fed)))
+    assert all(np.isfinite(v).all() for v in outs.values()) and "adam_step_new" in outs
