@@ -182,13 +182,19 @@ def _run_child(code: str, args: dict, threads: int, timeout: float) -> dict:
     """Run ``code`` in a fresh Python with the measuring environment; its last stdout line is JSON."""
     if not Path("/proc/self/clear_refs").exists():
         raise PlannerError("peak measurement needs Linux /proc (clear_refs, VmHWM)")
-    root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, "-c", code.format(root=root), json.dumps(args)], env=env,
+    return _child(code, args, env, timeout, "measuring")
+
+
+def _child(code: str, args: dict, env: Mapping[str, str], timeout: float, doing: str) -> dict:
+    """Run ``code`` (formatted with the repository root) in a fresh Python under ``env``; its last
+    stdout line is JSON. A crash is one PlannerError line: "<doing> the model in onnxruntime failed"."""
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, "-c", code.format(root=root), json.dumps(args)], env=dict(env),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise PlannerError(f"measuring the model in onnxruntime failed: {tail}")
+        raise PlannerError(f"{doing} the model in onnxruntime failed: {tail}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -399,15 +405,9 @@ def runs_under_arena(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[
     (ran, ORT's error line). The CPU arena is the BFCArena the CUDA provider puts under
     ``gpu_mem_limit``: this is the CPU check of ``memplan plan --ort-arena`` (planner/arena.py).
     A fresh process with glibc's own malloc settings, which decide where the arena's regions lie."""
-    root = str(Path(__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="memplan-arena-") as tmp:
         (path,), feeds_path = _stage(tmp, [model], feeds)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
         args = {"model": path, "feeds": feeds_path, "limit": int(limit), "strategy": int(strategy)}
-        proc = subprocess.run([sys.executable, "-c", _ARENA_CHILD.format(root=root), json.dumps(args)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise PlannerError(f"running the model in onnxruntime failed: {tail}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+        got = _child(_ARENA_CHILD, args, env, timeout, "running")
     return bool(got["ok"]), got["error"]
