@@ -125,6 +125,12 @@ class Emitter:
         shape = np.broadcast_shapes(self.shape(cond), self.shape(a), self.shape(b))
         return self.op("Where", [cond, a, b], shape, self.dtype(a))
 
+    def zeros_to_one(self, x: int) -> tuple[int, int]:
+        """(x == 0 as bool, x with its zeros replaced by 1): a divisor that is never 0, for rules whose
+        quotient is multiplied by 0 (or not read) where x is 0."""
+        zero = self.binary("Equal", x, self.scalar(0.0, x))
+        return zero, self.where(zero, self.scalar(1.0, x), x)
+
     def cast(self, x: int, dtype: str) -> int:
         from passes.onnx_import import DTYPE_TO_ONNX  # late: keeps this module importable alone
 

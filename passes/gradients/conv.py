@@ -261,7 +261,7 @@ def _lp_pool_grad(ctx: BackwardContext, spread: Callable[[int], int]) -> dict[in
     if p == 1:
         return {0: em.mul(em.unary("Sign", x), spread(g))}
     y = ctx.y()
-    safe_y = em.where(em.binary("Equal", y, em.scalar(0.0, y)), em.scalar(1.0, y), y)
+    _, safe_y = em.zeros_to_one(y)
     per_window = em.div(g, safe_y if p == 2 else em.binary("Pow", safe_y, em.scalar(p - 1.0, y)))
     taps = x if p == 2 else em.mul(x, em.binary("Pow", em.unary("Abs", x), em.scalar(p - 2.0, x)))
     return {0: em.mul(taps, spread(per_window))}

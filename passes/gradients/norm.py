@@ -193,7 +193,7 @@ def mean_variance_norm(ctx: BackwardContext) -> dict[int, int]:
     std = em.unary("Sqrt", em.reduce_mean(em.mul(xc, xc), axes))
     d = em.add(std, em.scalar(_MVN_EPSILON, x))
     y = em.div(xc, d)
-    safe_std = em.where(em.binary("Equal", std, em.scalar(0.0, std)), em.scalar(1.0, std), std)
+    _, safe_std = em.zeros_to_one(std)
     first = em.div(em.sub(g, em.reduce_mean(g, axes)), d)
     return {0: em.sub(first, em.div(em.mul(y, em.reduce_mean(em.mul(g, y), axes)), safe_std))}
 

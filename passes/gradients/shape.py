@@ -282,8 +282,8 @@ def _scatter_reduction(ctx: BackwardContext) -> str:
 
 def _is_zero(em: Emitter, x: int) -> tuple[int, int]:
     """(1.0 where x == 0 else 0.0, x with its zeros replaced by 1), both of x's type."""
-    zero = em.binary("Equal", x, em.scalar(0.0, x))
-    return em.cast(zero, em.dtype(x)), em.where(zero, em.scalar(1.0, x), x)
+    zero, safe = em.zeros_to_one(x)
+    return em.cast(zero, em.dtype(x)), safe
 
 
 def _product_of_others(em: Emitter, x_safe: int, x_zero: int, nonzero_prod: int, zeros: int) -> int:
@@ -543,8 +543,7 @@ def reduce_l2(ctx: BackwardContext) -> dict[int, int]:
     em = ctx.em
     axes = _reduced_axes(ctx)
     y = _kept(ctx, ctx.y(), axes)
-    zero = em.binary("Equal", y, em.scalar(0.0, y))
-    safe_y = em.where(zero, em.scalar(1.0, y), y)
+    _, safe_y = em.zeros_to_one(y)
     return {0: em.mul(ctx.x(0), em.div(_kept(ctx, ctx.dy(), axes), safe_y))}
 
 
