@@ -104,24 +104,33 @@ def test_int_subgraph_and_forward_untouched():
     assert not any(n.op_type == "Shape" for n in step.graph.nodes[len(fwd_ops):])
 
 
-def test_unsupported_op_on_path_names_node_op_and_supported_ops():
-    cast_like = helper.make_node("CastLike", ["logits0", "logits0"], ["logits"], name="the_cast_like")
-    model, _ = _mlp()
+def _det_mlp():
+    """The MLP with Det (no rule) on the logits' path: logits = Det of each logit as a 1x1 matrix."""
+    n = helper.make_node
+    model, feeds = _mlp(extra_nodes=[n("Reshape", ["logits0", "shape_6_3_1_1"], ["logits_1x1"]),
+                                     n("Det", ["logits_1x1"], ["logits"], name="the_det")],
+                        extra_inits={"shape_6_3_1_1": np.asarray([6, 3, 1, 1], np.int64)})
     for node in model.graph.node:
         if node.op_type == "Mul":
             node.output[0] = "logits0"
-    model.graph.node.insert(len(model.graph.node) - 1, cast_like)
+    return model, feeds
+
+
+def test_unsupported_op_on_path_names_node_op_and_supported_ops():
+    model, _ = _det_mlp()
     with pytest.raises(ModelImportError) as err:
         build_training_graph(import_model(model))
     message = str(err.value)
-    assert "'the_cast_like' (CastLike)" in message and "supported ops: Abs, Acos, Acosh, Add," in message and "\n" not in message
+    assert "'the_det' (Det)" in message and "supported ops: Abs, Acos, Acosh, Add," in message and "\n" not in message
 
 
 def test_unsupported_op_off_path_and_freeze(tmp_path):
-    """CastLike (no rule) on a frozen weight is fine: nothing trainable flows through it."""
+    """Det (no rule) on a frozen weight is fine: nothing trainable flows through it (Det is float32
+    only in ORT, hence the casts)."""
     n = helper.make_node
-    model, feeds = _mlp(extra_nodes=[n("CastLike", ["c", "c"], ["cc"]), n("Add", ["logits0", "cc"], ["logits"])],
-                        extra_inits={"c": np.ones(3)})
+    model, feeds = _mlp(extra_nodes=[n("Cast", ["c"], ["c32"], to=onnx.TensorProto.FLOAT), n("Det", ["c32"], ["d32"]),
+                                     n("Cast", ["d32"], ["cc"], to=F64), n("Add", ["logits0", "cc"], ["logits"])],
+                        extra_inits={"c": np.ones((3, 1, 1))})
     for node in model.graph.node:
         if node.op_type == "Mul":
             node.output[0] = "logits0"
@@ -248,15 +257,12 @@ def test_cli_train_graph_writes_checked_model_that_runs(tmp_path):
 
 
 def test_cli_unsupported_op_exits_3_without_output(tmp_path):
-    model, _ = _mlp(extra_nodes=[helper.make_node("CastLike", ["logits0", "logits0"], ["logits"], name="the_cast_like")])
-    for node in model.graph.node:
-        if node.op_type == "Mul":
-            node.output[0] = "logits0"
+    model, _ = _det_mlp()
     src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
     onnx.save(model, src)
     result = CliRunner().invoke(cli.main, ["train-graph", str(src), "-o", str(out)])
     assert result.exit_code == 3
-    assert result.output.count("\n") == 1 and "'the_cast_like' (CastLike)" in result.output
+    assert result.output.count("\n") == 1 and "'the_det' (Det)" in result.output
     assert not out.exists()
 
 

@@ -344,10 +344,12 @@ def test_rule_matches_finite_differences(case):
 
 
 def test_every_rule_has_a_case():
-    """Each registered op type appears in at least one case above or in tests/test_gradients_more.py."""
+    """Each registered op type appears in at least one case above or in tests/test_gradients_more.py
+    or tests/test_gradients_sampling.py."""
     from tests.test_gradients_more import CASES as MORE_CASES
+    from tests.test_gradients_sampling import CASES as SAMPLING_CASES
 
-    used = {n.op_type for cases in (CASES, MORE_CASES) for nodes, _, _ in cases.values() for n in nodes}
+    used = {n.op_type for cases in (CASES, MORE_CASES, SAMPLING_CASES) for nodes, _, _ in cases.values() for n in nodes}
     assert set(supported_ops()) <= used, f"untested rules: {sorted(set(supported_ops()) - used)}"
 
 

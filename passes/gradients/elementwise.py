@@ -145,6 +145,13 @@ def cast(ctx: BackwardContext) -> dict[int, int]:
     return {0: ctx.em.cast(ctx.dy(), ctx.x_dtype(0))}
 
 
+@register("CastLike")
+def cast_like(ctx: BackwardContext) -> dict[int, int]:
+    """As Cast: g back in input 0's type. target_type (input 1) only lends its type, so it gets none;
+    a non-float input 0 gets none either (autodiff asks only for float slots)."""
+    return {0: ctx.em.cast(ctx.dy(), ctx.x_dtype(0))}
+
+
 # ---- activations ------------------------------------------------------------------------------
 def _mask(ctx: BackwardContext, cond: int) -> int:
     """g where cond, else 0."""

@@ -269,8 +269,7 @@ def gather_nd(ctx: BackwardContext) -> dict[int, int]:
 
 
 def _scatter_reduction(ctx: BackwardContext) -> str:
-    reduction = ctx.attr("reduction", "none")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    reduction = str(ctx.attr("reduction", "none"))  # the importer decodes string attributes
     if reduction not in ("none", "add", "mul", "max", "min"):
         raise ModelImportError(
             f"node {ctx.node.name!r} ({ctx.node.op_type}) scatters with reduction={reduction!r}, whose "
@@ -406,8 +405,7 @@ def depth_space(ctx: BackwardContext) -> dict[int, int]:
     x_shape, dtype = ctx.x_shape(0), em.dtype(g)
     if ctx.node.op_type == "SpaceToDepth":
         return {0: em.op("DepthToSpace", [g], x_shape, dtype, blocksize=b, mode="DCR")}
-    mode = ctx.attr("mode", "DCR")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = str(ctx.attr("mode", "DCR"))
     if mode == "DCR":
         return {0: em.op("SpaceToDepth", [g], x_shape, dtype, blocksize=b)}
     n, c, h, w = x_shape
