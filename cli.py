@@ -754,6 +754,8 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
 def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, batch_dim,
                as_json, max_added_pct=None, ort_arena=None) -> None:
     """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget."""
+    from dataclasses import replace
+
     import models
     from passes.plan_model import added_fraction, max_batch, plan_graph
     from planner.problem import is_remat_json
@@ -779,8 +781,11 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
 
     bfc = _ort_arena(ort_arena, device_name)
 
+    # a batch that does not fit only has to say so: no search for its lowest plan
+    probe_options = replace(options, least_share=0.0)
+
     def plan_at(graph, limit):
-        return plan_graph(graph, limit, strategy=strategy, options=options, node_time=node_time,
+        return plan_graph(graph, limit, strategy=strategy, options=probe_options, node_time=node_time,
                           transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s",
                           ort_arena=bfc)
 

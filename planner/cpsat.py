@@ -128,6 +128,7 @@ class PlannerOptions:
     # Share of the time limit the min-peak search may take below the floor, where the budget is
     # infeasible at once and the search only lowers the "lowest plan found" figure (RL100 at 50%:
     # 61.4% of the unplanned peak in 15 s, 60.1% in 60 s; the floor, 54.1%, is what it claims).
+    # 0: no search; the greedy's lowest plan is the figure (--max-batch only asks "does it fit").
     least_share: float = 0.25
     # Greedy runs (bisection on its budget) for the lowest-peak start of phase 1.
     ladder_steps: int = 4
@@ -629,8 +630,11 @@ class RematModel:
         t0 = time.perf_counter()
         status = solver.Solve(self.m if model is None else model, callback)
         wall = time.perf_counter() - t0
-        clock.charge(solver.ResponseProto().deterministic_time)
+        det = solver.ResponseProto().deterministic_time
+        clock.charge(det)
         sname = solver.StatusName(status)
+        log.debug("CP-SAT %s: %s in %.2f s wall, %.2f s cpu, %.3f deterministic s (%d nodes)",
+                  name, sname, wall, solver.ResponseProto().user_time, det, self.p.n)
         if status == cp_model.MODEL_INVALID:
             raise GraphError(f"CP-SAT rejected the remat model: {(model or self.m).Validate()}")
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -103,7 +103,8 @@ def test_small_graphs_below_their_least_are_infeasible_exactly(k):
 
 def test_below_the_floor_the_search_is_short_and_the_lowest_plan_is_named(monkeypatch, benchmarks_dir, capsys):
     # RL100 at 50%: infeasible by its floor at once; the min-peak search only lowers the lowest
-    # plan found, so it gets a quarter of the time limit, and the error names that plan.
+    # plan found, so it gets a quarter of the time limit, and the error names that plan. On the
+    # work clock (--deterministic) the greedy's lowest plan is named and no search runs.
     from click.testing import CliRunner
 
     import cli
@@ -115,10 +116,13 @@ def test_below_the_floor_the_search_is_short_and_the_lowest_plan_is_named(monkey
     solve_model = RematModel.solve
     monkeypatch.setattr(RematModel, "solve", lambda self, name, limit, *a, **k:
                         limits.append(limit) or solve_model(self, name, limit, *a, **k))
-    res = solve(p, p.budget_for(0.5), "cpsat", replace(ONE, time_limit=4))
+    res = solve(p, p.budget_for(0.5), "cpsat", replace(ONE, time_limit=4, work_limit=False))
     assert res.status == "infeasible" and res.least_bytes == p.memory_floor and not res.least_exact
     assert limits and all(limit <= 0.25 * 4 for limit in limits)  # one search per order (planner/reorder.py)
     assert p.memory_floor < res.best_bytes < p.unplanned_peak
+    limits.clear()
+    greedy = solve(p, p.budget_for(0.5), "cpsat", replace(ONE, time_limit=4))
+    assert not limits and greedy.least_bytes == p.memory_floor < greedy.best_bytes < p.unplanned_peak
     path = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
     out = CliRunner().invoke(cli.main, ["plan", str(path), "--budget", "50%", "--time-limit", "4", "--deterministic",
                                         "--workers", "1"])
@@ -196,3 +200,40 @@ def test_the_planners_optimal_is_the_exact_cheapest_in_its_order(p, share):
     assert res.plan is not None and simulate(p, res.plan, budget).peak_bytes <= budget
     if found is not None:
         assert res.status == "optimal" and res.added_time == pytest.approx(found[0], abs=1e-9)
+
+
+def test_without_the_least_search_the_greedy_names_the_lowest_plan(monkeypatch):
+    # least_share 0 (--max-batch, --sweep): the floor and the greedy's lowest plan, no CP-SAT run
+    p = far_readers(8)
+    monkeypatch.setattr(planning.RematModel, "solve", lambda *a, **k: pytest.fail("CP-SAT ran"))
+    lower, upper, exact = least_peak(p, replace(ONE, least_share=0.0), 5)
+    assert lower == p.memory_floor < upper <= 62 and not exact
+    res = solve(p, p.memory_floor - 1, "cpsat", replace(ONE, least_share=0.0))
+    assert res.status == "infeasible" and res.least_bytes == p.memory_floor and res.best_bytes == upper
+
+
+def test_max_batch_and_sweep_probes_skip_the_least_search(monkeypatch):
+    """A batch or a sweep budget that does not fit only has to say so: their solves run with
+    least_share 0 (a least-peak search per infeasible probe took a quarter of the time limit)."""
+    from click.testing import CliRunner
+
+    import cli
+    import passes.plan_model as plan_model
+    import planner.sweep as sweep_mod
+
+    shares = []
+    real_plan_graph = plan_model.plan_graph
+
+    def plan_graph(graph, budget, **kw):
+        shares.append(kw["options"].least_share)
+        return real_plan_graph(graph, budget, **kw)
+
+    monkeypatch.setattr(plan_model, "plan_graph", plan_graph)
+    result = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "2MiB", "--max-batch", "--strategy",
+                                           "greedy", "--json"])
+    assert result.exit_code == 0, result.output
+    assert shares and set(shares) == {0.0}
+    real_solve, shares[:] = sweep_mod.solve, []
+    monkeypatch.setattr(sweep_mod, "solve", lambda p, b, s, o: shares.append(o.least_share) or real_solve(p, b, s, o))
+    sweep_mod.sweep(far_readers(3), [0.9, 0.3], ["greedy"], ONE)
+    assert shares == [0.0, 0.0] and ONE.least_share > 0
