@@ -5,14 +5,19 @@ Pre: a path to an ONNX model (external data only from the model's own folder), a
 Post: a validated Graph with static shapes and exact byte sizes for every tensor, nodes in a
 topological order (file order where the file is already sorted); shape-computation subgraphs
 (Shape/Size/Gather/Concat/... on static values) and Constant nodes folded into FROZEN initializers;
-float initializers TRAINABLE except BatchNormalization running mean/var.
+float initializers TRAINABLE except BatchNormalization running mean/var and, in files written by
+torch's dynamo exporter (torch.export metadata), its buffers and constants (``TorchExportRoles``);
+there an initializer folded as the transpose of a tied parameter is recomputed from it.
 
 Every failure raises ModelImportError with one line naming the file, node or dim and the fix.
 """
 from __future__ import annotations
 
+import ast
 import logging
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -132,11 +137,113 @@ def import_model(
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph."""
     model, _, display = load_proto(spec)
-    model, folded = _prepare(model, dict(dims or {}), display)
-    return _to_graph(model, display, folded)
+    roles = torch_export_roles(model)
+    model, folded = _prepare(model, dict(dims or {}), display, roles)
+    frozen = folded | (roles.non_parameters(model.graph) if roles else set())
+    return _to_graph(model, display, frozen)
 
 
-def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tuple[onnx.ModelProto, set[str]]:
+# ---- torch.onnx.export(dynamo=True) -------------------------------------------------------------
+#: What torch's torch.export-based exporter (the default since torch 2.9) records about each graph
+#: input and initializer (value_info metadata), the same as one text block on the graph, and what
+#: onnxscript's constant folding records about each folded initializer (the values it came from,
+#: transitively).
+TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+@dataclass(frozen=True)
+class TorchExportRoles:
+    """Which initializers of a torch.export-based ONNX file hold torch parameters.
+
+    That exporter writes Python scalars (an attention scale, GELU's coefficients, a mask fill
+    value) and buffers (BatchNorm statistics, rotary frequencies, causal masks) as float
+    initializers too; only parameters, and initializers folded from a parameter (a transposed
+    weight), are trainable."""
+
+    kinds: Mapping[str, str]  # name -> PARAMETER | BUFFER | CONSTANT_TENSOR | ...
+    parameters: frozenset[str]
+    folded_from: Mapping[str, frozenset[str] | None]  # None: recorded but unreadable
+
+    def derived_from(self, name: str) -> frozenset[str]:
+        """The parameters a folded initializer was computed from (empty when none or not folded)."""
+        return frozenset((self.folded_from.get(name) or frozenset()) & self.parameters)
+
+    def non_parameters(self, g: onnx.GraphProto) -> set[str]:
+        """Float initializers that are not parameters: a buffer or constant by the signature,
+        folded from constants only, or an unmarked 0-d scalar (the exporter writes Python scalars
+        so; a 0-d parameter is marked PARAMETER). Anything else stays trainable (a rewrite such as
+        Conv+BatchNorm fusion writes unmarked tensors that hold parameters)."""
+        out = set()
+        for init in g.initializer:
+            name = init.data_type in FLOAT_TYPES and init.name
+            if not name or name in self.parameters:
+                continue
+            marked = name in self.kinds
+            from_constants = self.folded_from.get(name, None) is not None and not self.derived_from(name)
+            literal = name not in self.folded_from and len(init.dims) == 0
+            if marked or from_constants or literal:
+                out.add(name)
+        return out
+
+
+def torch_export_roles(model: onnx.ModelProto) -> TorchExportRoles | None:
+    """The roles torch's dynamo exporter recorded in ``model``, or None when it recorded none
+    (any other producer, or metadata stripped: then every float initializer is trainable)."""
+    g = model.graph
+    kinds: dict[str, str] = {}
+    folded: dict[str, frozenset[str] | None] = {}
+    for vi in list(g.input) + list(g.value_info):
+        for prop in vi.metadata_props:
+            if prop.key == TORCH_INPUT_KIND:
+                kinds[vi.name] = prop.value
+            elif prop.key == FOLDED_FROM:
+                try:
+                    folded[vi.name] = frozenset(str(v) for v in ast.literal_eval(prop.value))
+                except (ValueError, SyntaxError, TypeError):
+                    folded[vi.name] = None
+    params = {n for n, k in kinds.items() if k == "PARAMETER"}
+    signature = [p.value for p in getattr(g, "metadata_props", ()) if p.key == TORCH_SIGNATURE]
+    for text in signature:
+        params |= set(re.findall(r": PARAMETER target='([^']*)'", text))
+    if not kinds and not signature:
+        return None
+    inits = {i.name for i in g.initializer}
+    kinds = {n: k for n, k in kinds.items() if n in inits and k != "PARAMETER"}
+    return TorchExportRoles(kinds, frozenset(params), folded)
+
+
+def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
+    """Put back ``Transpose(P)`` for an initializer that constant folding computed as the transpose
+    of parameter P while nodes still read P itself: a tied weight (GPT-2's embedding and LM head)
+    would otherwise train as two independent copies, each with part of the gradient."""
+    inits = {i.name: i for i in g.initializer}
+    read = {n for node in g.node for n in node.input}
+    taken = {n.name for n in g.node}
+    for name, init in list(inits.items()):
+        sources = roles.derived_from(name)
+        if init.data_type not in FLOAT_TYPES or len(sources) != 1:
+            continue
+        (param,) = sources
+        if param not in inits or param not in read or len(init.dims) < 2:
+            continue
+        value, source = numpy_helper.to_array(init), numpy_helper.to_array(inits[param])
+        if value.shape != source.shape[::-1] or not np.array_equal(value, source.T):
+            continue
+        node_name = f"{name}_untied"
+        while node_name in taken:
+            node_name += "_"
+        g.initializer.remove(init)
+        g.node.insert(0, helper.make_node("Transpose", [param], [name], name=node_name,
+                                          perm=list(range(source.ndim))[::-1]))
+        log.info("%s: initializer %r is %r transposed, which nodes also read (a tied weight); "
+                 "computing it with Transpose so both share one gradient", display, name, param)
+
+
+def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
+             roles: TorchExportRoles | None = None) -> tuple[onnx.ModelProto, set[str]]:
     """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names)."""
     model_copy = onnx.ModelProto()
     model_copy.CopyFrom(model)
@@ -144,6 +251,8 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str) -> tupl
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     g = model.graph
+    if roles is not None:
+        _unfold_tied_copies(g, roles, display)
     # An input of optional type that no node reads carries nothing into the step (memplan's own
     # memory-pattern marker, passes/mem_pattern.py, is one; ORT runs without a feed for it).
     read = {n for node in g.node for n in node.input}
@@ -469,6 +578,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
             if not name:
                 outs.append(None)
                 continue
+            if name not in shapes and node.op_type == "Reshape":
+                _explain_reshape(node, shapes, g, display)
             shape, et = _require_shape(name, shapes, display, f"output of node {node.name!r} ({node.op_type})")
             outs.append((name, _dtype(et, name, display), shape))
         attrs = {a.name: _attr_value(a, node, display) for a in node.attribute}
@@ -493,6 +604,32 @@ def _node_name_taken(b: GraphBuilder, name: str) -> bool:
         return True
     taken.add(name)
     return False
+
+
+def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int, ...], int]],
+                     g: onnx.GraphProto, display: str) -> None:
+    """Raise the reason a Reshape got no shape when its target is a constant that cannot hold
+    its input: typically a size the exporter baked in at the example input's dims (torch's dynamo
+    exporter does so around LSTM/GRU), which other --dim values then contradict."""
+    if len(node.input) < 2 or node.input[0] not in shapes:
+        return
+    target = next((i for i in g.initializer if i.name == node.input[1]), None)
+    if target is None:
+        return
+    src = shapes[node.input[0]][0]
+    want = [int(v) for v in numpy_helper.to_array(target).reshape(-1)]
+    allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
+    dims = [src[k] if v == 0 and not allowzero and k < len(src) else v for k, v in enumerate(want)]
+    known = int(np.prod([d for d in dims if d != -1])) if dims else 1
+    total = int(np.prod(src)) if src else 1
+    fits = total % known == 0 if (-1 in dims and known) else known == total
+    if fits:
+        return
+    raise ModelImportError(
+        f"{display}: node {node.name!r} (Reshape) cannot reshape {list(src)} ({total} elements) to the fixed "
+        f"shape {want} stored in the file; the exporter baked in the sizes of its example input, so bind "
+        "--dim to those sizes or re-export with these dims"
+    )
 
 
 def _require_shape(name: str, shapes: Mapping[str, tuple[tuple[int, ...], int]], display: str, what: str):

@@ -1,0 +1,181 @@
+"""Graph forms that torch's dynamo exporter (``torch.onnx.export(..., dynamo=True)``, the default
+since torch 2.9) writes and the TorchScript exporter did not, as inline ONNX (no torch here).
+
+- torch.export metadata: each initializer's role (PARAMETER, BUFFER, CONSTANT_TENSOR) on its
+  value_info, the whole signature on the graph, and onnxscript's ``folded_from`` on folded
+  initializers. Python scalars (attention scale, GELU coefficients, mask fill) become unmarked 0-d
+  float initializers, which must not be trained.
+- A tied weight (GPT-2's wte / lm_head) read directly by one node and, folded into a transposed
+  copy, by another.
+- Sizes of the example input baked into a Reshape target around LSTM/GRU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from passes import gradcheck
+from passes.autodiff import build_training_graph
+from passes.onnx_import import (
+    FOLDED_FROM,
+    TORCH_INPUT_KIND,
+    TORCH_SIGNATURE,
+    import_model,
+)
+from planner.errors import ModelImportError
+from planner.graph import TensorKind
+from tests.helpers import parse_model
+
+RNG = np.random.default_rng(0)
+
+# An attention-like block as the dynamo exporter writes it: ``scale`` is torch's ``/ 4.0`` (an
+# unmarked 0-d initializer), ``mask_fill`` a constant folded from constants, ``pos`` a float buffer,
+# ``val_7`` the folded transpose of parameter ``proj.weight``.
+ROLES = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[batch, 4] x, int64[batch] labels) => (float loss)
+  <float[4, 4] w0, float[4] pos, float scale, float mask_fill, float[4, 3] val_7, float[3] fused_bias>
+{
+    h = MatMul(x, w0)
+    hp = Add(h, pos)
+    hs = Div(hp, scale)
+    hm = Mul(hs, mask_fill)
+    logits0 = MatMul(hm, val_7)
+    logits = Add(logits0, fused_bias)
+    loss = SoftmaxCrossEntropyLoss<reduction = "mean">(logits, labels)
+}
+"""
+
+
+def _mark(model: onnx.ModelProto, name: str, key: str, value: str) -> None:
+    vi = next((v for v in model.graph.value_info if v.name == name), None)
+    if vi is None:
+        init = next(i for i in model.graph.initializer if i.name == name)
+        vi = helper.make_tensor_value_info(name, init.data_type, list(init.dims))
+        model.graph.value_info.append(vi)
+    entry = vi.metadata_props.add()
+    entry.key, entry.value = key, value
+
+
+def _roles_model(mark: bool = True) -> onnx.ModelProto:
+    model = parse_model(ROLES, ir_version=10)
+    proj = RNG.standard_normal((3, 4)).astype(np.float32)  # torch's Linear layout [out, in]
+    values = {"w0": RNG.standard_normal((4, 4)), "pos": RNG.standard_normal(4), "scale": np.array(4.0),
+              "mask_fill": np.array(0.5), "val_7": proj.T, "fused_bias": RNG.standard_normal(3)}
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items())
+    if mark:
+        _mark(model, "w0", TORCH_INPUT_KIND, "PARAMETER")
+        _mark(model, "pos", TORCH_INPUT_KIND, "BUFFER")
+        _mark(model, "mask_fill", FOLDED_FROM, "['val_2', 'val_3']")
+        _mark(model, "val_7", FOLDED_FROM, "['proj.weight', 'val_6']")
+        sig = model.graph.metadata_props.add()
+        sig.key = TORCH_SIGNATURE
+        sig.value = ("\n# inputs\np_w0: PARAMETER target='w0'\np_proj_weight: PARAMETER target='proj.weight'\n"
+                     "b_pos: BUFFER target='pos' persistent=False\nx: USER_INPUT\nlabels: USER_INPUT\n")
+    return model
+
+
+def test_dynamo_roles_train_parameters_only():
+    graph = import_model(_roles_model(), {"batch": 2})
+    kinds = {n: graph.tensor(n).kind for n in ("w0", "pos", "scale", "mask_fill", "val_7", "fused_bias")}
+    assert kinds == {"w0": TensorKind.TRAINABLE, "pos": TensorKind.FROZEN, "scale": TensorKind.FROZEN,
+                     "mask_fill": TensorKind.FROZEN, "val_7": TensorKind.TRAINABLE,
+                     # unmarked but not 0-d: what a rewrite (Conv+BatchNorm fusion) writes for a parameter
+                     "fused_bias": TensorKind.TRAINABLE}
+    step = build_training_graph(graph)
+    assert step.params == ("w0", "val_7", "fused_bias")
+    feeds = {"x": RNG.standard_normal((2, 4)).astype(np.float32), "labels": np.array([0, 2])}
+    loss, grads = gradcheck.run_training_step(step, feeds)
+    assert np.isfinite(loss) and set(grads) == {"w0", "val_7", "fused_bias"}
+
+
+def test_unmarked_model_keeps_every_float_initializer_trainable():
+    """Without torch.export metadata (any other producer) the rule is the old one."""
+    graph = import_model(_roles_model(mark=False), {"batch": 2})
+    assert all(graph.tensor(n).kind is TensorKind.TRAINABLE for n in ("w0", "pos", "scale", "mask_fill", "val_7"))
+
+
+def test_signature_alone_marks_the_model():
+    """A file whose value_info metadata was dropped still has the graph's signature block."""
+    model = _roles_model()
+    for vi in model.graph.value_info:
+        del vi.metadata_props[:]
+    graph = import_model(model, {"batch": 2})
+    assert graph.tensor("w0").kind is TensorKind.TRAINABLE
+    assert graph.tensor("scale").kind is TensorKind.FROZEN  # unmarked 0-d scalar
+    assert graph.tensor("pos").kind is TensorKind.TRAINABLE  # its BUFFER mark was on the value_info
+
+
+# GPT-2's tied embedding: Gather reads ``wte`` ([vocab, d]); the LM head's MatMul reads ``val_9``,
+# which constant folding computed as Transpose(wte).
+TIED = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (int64[3] ids, int64[3] labels) => (float loss) <float[6, 4] wte, float[4, 6] val_9, float[4] b>
+{
+    e = Gather<axis = 0>(wte, ids)
+    h = Add(e, b)
+    logits = MatMul(h, val_9)
+    loss = SoftmaxCrossEntropyLoss<reduction = "mean">(logits, labels)
+}
+"""
+
+
+def _tied_model(mark: bool = True) -> onnx.ModelProto:
+    model = parse_model(TIED, ir_version=10)
+    rng = np.random.default_rng(1)  # the same values marked or not
+    wte = rng.standard_normal((6, 4)).astype(np.float32)
+    model.graph.initializer.extend([numpy_helper.from_array(wte, "wte"), numpy_helper.from_array(wte.T.copy(), "val_9"),
+                                    numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")])
+    if mark:
+        _mark(model, "wte", TORCH_INPUT_KIND, "PARAMETER")
+        _mark(model, "b", TORCH_INPUT_KIND, "PARAMETER")
+        _mark(model, "val_9", FOLDED_FROM, "['wte']")
+    return model
+
+
+def test_tied_weight_folded_transpose_shares_one_gradient():
+    graph = import_model(_tied_model())
+    assert graph.tensor("val_9").kind is TensorKind.ACTIVATION
+    assert graph.nodes[0].op_type == "Transpose"
+    step = build_training_graph(graph)
+    assert step.params == ("wte", "b")
+    feeds = {"ids": np.array([1, 4, 4]), "labels": np.array([0, 5, 2])}
+    _, grads = gradcheck.run_training_step(step, feeds)
+    # the same model read as two independent copies: wte's gradient is the sum of both parts
+    split = build_training_graph(import_model(_tied_model(mark=False)))
+    assert split.params == ("wte", "val_9", "b")
+    _, parts = gradcheck.run_training_step(split, feeds)
+    np.testing.assert_allclose(grads["wte"], parts["wte"] + parts["val_9"].T, rtol=1e-5, atol=1e-7)
+
+
+def test_folded_transpose_of_untied_parameter_stays_an_initializer():
+    model = _tied_model()
+    for node in model.graph.node:  # the embedding reads another table: no tie
+        if node.op_type == "Gather":
+            node.input[0] = "emb"
+    model.graph.initializer.append(numpy_helper.from_array(RNG.standard_normal((6, 4)).astype(np.float32), "emb"))
+    graph = import_model(model)
+    assert graph.tensor("val_9").kind is TensorKind.TRAINABLE
+    assert "Transpose" not in {n.op_type for n in graph.nodes}
+
+
+# The dynamo exporter's LSTM decomposition reshapes with the example's sequence length (12) baked in.
+BAKED = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[seq, batch, 2, 12] h) => (float[12, batch, 24] y) <int64[3] target = {12, -1, 24}>
+{
+    y = Reshape<allowzero = 1>(h, target)
+}
+"""
+
+
+def test_reshape_with_baked_in_size_names_node_and_fix():
+    model = parse_model(BAKED, ir_version=10)
+    assert import_model(model, {"seq": 12, "batch": 2}).tensor("y").shape == (12, 2, 24)
+    with pytest.raises(ModelImportError) as err:
+        import_model(model, {"seq": 16, "batch": 2})
+    text = str(err.value)
+    assert "\n" not in text
+    assert "(Reshape) cannot reshape [16, 2, 2, 12]" in text and "[12, -1, 24]" in text and "--dim" in text
