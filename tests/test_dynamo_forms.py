@@ -8,8 +8,14 @@ since torch 2.9) writes and the TorchScript exporter did not, as inline ONNX (no
 - A tied weight (GPT-2's wte / lm_head) read directly by one node and, folded into a transposed
   copy, by another.
 - Sizes of the example input baked into a Reshape target around LSTM/GRU.
+
+The last tests read a real export, tests/fixtures/gpt2_dynamo (make_fixtures.py), so a change in
+the metadata torch writes shows up here: memplan must train exactly torch's parameters, with
+torch's gradients, and the tied weight once.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -179,3 +185,60 @@ def test_reshape_with_baked_in_size_names_node_and_fix():
     text = str(err.value)
     assert "\n" not in text
     assert "(Reshape) cannot reshape [16, 2, 2, 12]" in text and "[12, -1, 24]" in text and "--dim" in text
+
+
+# ---- a real export: tests/fixtures/gpt2_dynamo (GPT-2, torch.onnx.export(dynamo=True)) ------------
+DYNAMO_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "gpt2_dynamo.onnx"
+
+
+def _dynamo_fixture():
+    with np.load(DYNAMO_FIXTURE.with_suffix(".npz")) as data:
+        record = {k: data[k] for k in data.files}
+    dims = {k[4:]: int(v) for k, v in record.items() if k.startswith("dim:")}
+    feeds = {k[6:]: v for k, v in record.items() if k.startswith("input:")}
+    mapped = {k[4:]: str(v) for k, v in record.items() if k.startswith("map:")}
+    return record, dims, feeds, mapped
+
+
+def test_dynamo_fixture_trains_exactly_torch_parameters():
+    """memplan's trainable initializers are the ones holding torch parameters: none of the Python
+    scalars, mask fill or buffers the file also stores as float initializers, no parameter missed."""
+    _, dims, _, mapped = _dynamo_fixture()
+    model = onnx.load(str(DYNAMO_FIXTURE))
+    floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    graph = import_model(DYNAMO_FIXTURE, dims)
+    trainable = {t.name for t in graph.tensors if t.kind is TensorKind.TRAINABLE}
+    assert trainable == set(mapped)
+    assert len(mapped) == 28 and len(set(mapped.values())) == 28  # 27 parameters + the tied wte
+    kept = sorted((floats - set(mapped)) & set(graph.by_name))  # the rest feed folded shape code
+    assert kept and all(graph.tensor(n).kind is not TensorKind.TRAINABLE for n in kept)
+    step = build_training_graph(graph)
+    assert set(step.params) == set(mapped)
+
+
+def test_dynamo_fixture_loss_and_gradients_match_torch():
+    """The same check and tolerance as the TorchScript fixtures (test_autodiff)."""
+    record, _, _, _ = _dynamo_fixture()
+    report = gradcheck.fixture_report(DYNAMO_FIXTURE)
+    assert report.loss == pytest.approx(float(record["loss"]), rel=1e-4)
+    param, worst = report.worst
+    assert worst < 2e-3, f"gpt2_dynamo: {param} off by {worst:.2e}"
+
+
+def test_dynamo_fixture_tied_weight_has_one_gradient():
+    """GPT-2's wte/lm_head: one trainable initializer (the folded transposed copy the LM head read
+    is recomputed from it), whose gradient is torch's, the sum of the embedding's and the head's."""
+    record, dims, feeds, mapped = _dynamo_fixture()
+    (tied,) = [k for k, v in mapped.items() if v == "model.transformer.wte.weight"]
+    model = onnx.load(str(DYNAMO_FIXTURE))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    copies = [n for n, v in inits.items() if n != tied and v.shape == inits[tied].T.shape
+              and np.array_equal(v, inits[tied].T)]
+    assert len(copies) == 1  # what the exporter folded
+    graph = import_model(DYNAMO_FIXTURE, dims)
+    assert graph.tensor(copies[0]).kind is TensorKind.ACTIVATION
+    step = build_training_graph(graph)
+    assert tied in step.params and copies[0] not in step.params
+    _, grads = gradcheck.run_training_step(step, feeds)
+    want = record[f"grad:{tied}"]
+    np.testing.assert_allclose(grads[tied], want, rtol=0, atol=2e-3 * float(np.abs(want).max()))

@@ -26,6 +26,8 @@ EXPECTED = {
     "vit": (18, {"batch"}, False),
     "moe": (17, {"batch", "seq"}, False),
     "lstm": (17, {"batch", "seq"}, False),
+    # gpt2 exported by torch's dynamo exporter (torch.export metadata, a folded tied copy)
+    "gpt2_dynamo": (20, {"batch", "seq"}, False),
 }
 MAX_IR_VERSION = 10
 
@@ -105,6 +107,16 @@ def test_ort_loss_matches_torch(name):
     assert loss == pytest.approx(float(record["loss"]), rel=1e-4)
 
 
+def _folded_copies(model: onnx.ModelProto, keys: list[str]) -> dict[str, list[str]]:
+    """Initializer -> the float initializers without a gradient that hold it transposed: the
+    dynamo exporter's folded copy of a tied weight (gpt2_dynamo's LM head reads ``val_NNN`` =
+    wte.T). A run that moves the weight moves its copies too; the other fixtures have none."""
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+              if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    return {key: [name for name, value in values.items() if name not in keys and key in values
+                  and np.array_equal(value, values[key].T)] for key in keys}
+
+
 def _feedable(model: onnx.ModelProto, names: list[str]) -> ort.InferenceSession:
     """A session where the named initializers are also graph inputs, so runs can override them."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -125,12 +137,14 @@ def test_stored_gradients_match_ort_finite_differences(name):
     at 5% of the initializer's norm, which covers gradients that are exactly zero in theory (a
     conv bias before a training-mode BN, an attention key bias): there only the noise bound
     applies. Measured worst case 3.2% (BN nets with ReLU kinks); a gradient keyed to the wrong
-    initializer, transposed, or missing a tied use is off by 50% or more.
+    initializer, transposed, or missing a tied use is off by 50% or more. A folded copy of a tied
+    weight (gpt2_dynamo) moves with it, transposed.
     """
     model, record = _load(name)
     feeds = _section(record, "input:")
     grads = _section(record, "grad:")
-    session = _feedable(model, sorted(grads))
+    copies = _folded_copies(model, sorted(grads))
+    session = _feedable(model, sorted(grads) + sorted(c for cs in copies.values() for c in cs))
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     noise = 2e-6  # absolute loss error allowed per evaluation
     for key in sorted(grads):
@@ -141,10 +155,25 @@ def test_stored_gradients_match_ort_finite_differences(name):
         ends = []
         for sign in (1.0, -1.0):
             moved = values[key] + sign * step * direction
-            (loss,) = session.run(["loss"], {**feeds, key: moved.astype(np.float32)})
+            moved = moved.astype(np.float32)
+            tied = {copy: moved.T for copy in copies[key]}
+            (loss,) = session.run(["loss"], {**feeds, key: moved, **tied})
             ends.append(float(loss))
         slope = (ends[0] - ends[1]) / (2 * step)
         assert abs(slope - norm) <= 0.1 * norm + noise / step, (key, slope, norm)
+
+
+def test_folded_copy_only_in_the_dynamo_export():
+    """gpt2_dynamo's one folded copy is of the tied wte (stored as ``model.lm_head.weight``),
+    which the npz maps to torch's canonical name; the TorchScript fixtures have no copies."""
+    found = {}
+    for name in sorted(EXPECTED):
+        model, record = _load(name)
+        found.update({(name, k): v for k, v in _folded_copies(model, sorted(_section(record, "grad:"))).items() if v})
+    assert list(found) == [("gpt2_dynamo", "model.lm_head.weight")]
+    assert len(found["gpt2_dynamo", "model.lm_head.weight"]) == 1
+    _, record = _load("gpt2_dynamo")
+    assert str(record["map:model.lm_head.weight"]) == "model.transformer.wte.weight"
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in EXPECTED.items() if e[1]))
