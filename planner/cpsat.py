@@ -164,6 +164,12 @@ class PlannerOptions:
     reorder: bool = True
     reorder_min_gain: float = 0.05
     reorder_share: float = 0.5
+    # The order search's local moves may evaluate this many node positions per second of the
+    # time limit (a count, so the same order on any machine; 40-50 ns each here, so at most a
+    # quarter of the limit): uncapped, efficientnet's step (1794 nodes, batch 2) took 16 s of a
+    # 10 s limit and left Chen's plan, +190%; now 2.6 s and +3.6%. mobilenetv2's best order
+    # (0.719 of the unplanned peak, +0.37% at 70%) needs 4.5e7.
+    reorder_work_per_s: float = 6e6
     # With swapping modelled: share of the time limit spent first on the recompute-only model
     # (slot axis, fast); its plan hints the swap model, so enabling swap never costs more than
     # recompute-only (measured: the time-axis model alone rarely beat the greedy in 30 s).

@@ -90,7 +90,8 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
     if options.reorder and problem.n <= options.coarsen_above and budget < problem.unplanned_peak:
-        found = memory_order(problem, options.reorder_min_gain, budget)
+        found = memory_order(problem, options.reorder_min_gain, budget,
+                             options.reorder_work_per_s * options.time_limit)
         if found is not None:
             return _solve_reordered(problem, budget, options, t0, *found)
     return _solve_cpsat(problem, budget, options, t0)

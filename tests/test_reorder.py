@@ -201,3 +201,42 @@ def test_only_the_given_order_is_searched_where_only_it_has_a_fitting_baseline(b
     assert searched == [p]  # the memory-aware order was not searched
     assert res.plan is not None and res.order == "given" and "no baseline fits in the memory-aware order" in res.note
     assert simulate(p, res.plan, budget).peak_bytes <= budget
+
+
+def test_a_move_shifts_positions_as_taking_the_node_out_and_putting_it_back():
+    from planner.reorder import _moved
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(2, 12))
+        order = [int(x) for x in rng.permutation(n)]
+        v, anchor = (int(x) for x in rng.choice(n, 2, replace=False))
+        before = bool(rng.integers(2))
+        o = order.copy()
+        o.remove(v)
+        at = o.index(anchor)
+        o.insert(at if before else at + 1, v)
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n)
+        want = np.empty(n, dtype=np.int64)
+        want[o] = np.arange(n)
+        assert _moved(pos, v, anchor, before).tolist() == want.tolist()
+
+
+def test_the_order_search_stops_at_its_work_cap(benchmarks_dir, monkeypatch):
+    """The local search's evaluations are counted, not timed: capped, it looks at no more than
+    about that many node positions, and finds the same order on every run."""
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.7)
+    calls = []
+    at = _Profile.at
+    monkeypatch.setattr(_Profile, "at", lambda self, pos: calls.append(1) or at(self, pos))
+    full = memory_order(p, 0.05, budget)
+    uncapped = len(calls)
+    cap = 0.2 * uncapped * p.n
+    calls.clear()
+    capped = memory_order(p, 0.05, budget, max_work=cap)
+    # each start may finish the move it is evaluating: one move's candidates over the cap at most
+    assert uncapped > 100 and len(calls) < 0.5 * uncapped
+    assert capped == memory_order(p, 0.05, budget, max_work=cap)
+    assert full == memory_order(p, 0.05, budget, max_work=2 * uncapped * p.n)
