@@ -54,3 +54,18 @@ def memory_ordered_with_greedy(benchmarks_dir: Path, n: int, fraction: float):
     start = greedy(q, budget)
     assert start is not None and start.sim.peak_bytes <= budget
     return q, budget, start
+
+
+def spy_plan_graph(monkeypatch, read) -> list:
+    """Record ``read(options)`` for every passes.plan_model.plan_graph call, which then plans as
+    usual: what a command hands the planner."""
+    import passes.plan_model as plan_model
+
+    seen, real = [], plan_model.plan_graph
+
+    def spy(graph, budget, **kwargs):
+        seen.append(read(kwargs["options"]))
+        return real(graph, budget, **kwargs)
+
+    monkeypatch.setattr(plan_model, "plan_graph", spy)
+    return seen

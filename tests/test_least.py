@@ -218,17 +218,10 @@ def test_max_batch_and_sweep_probes_skip_the_least_search(monkeypatch):
     from click.testing import CliRunner
 
     import cli
-    import passes.plan_model as plan_model
     import planner.sweep as sweep_mod
+    from tests.helpers import spy_plan_graph
 
-    shares = []
-    real_plan_graph = plan_model.plan_graph
-
-    def plan_graph(graph, budget, **kw):
-        shares.append(kw["options"].least_share)
-        return real_plan_graph(graph, budget, **kw)
-
-    monkeypatch.setattr(plan_model, "plan_graph", plan_graph)
+    shares = spy_plan_graph(monkeypatch, lambda options: options.least_share)
     result = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "2MiB", "--max-batch", "--strategy",
                                            "greedy", "--json"])
     assert result.exit_code == 0, result.output

@@ -83,16 +83,9 @@ def test_bench_remat_records_the_clock(benchmarks_dir, tmp_path):
 
 
 def test_check_deterministic_flag_reaches_the_planner(monkeypatch):
-    import passes.plan_model as plan_model
+    from tests.helpers import spy_plan_graph
 
-    seen = []
-    real = plan_model.plan_graph
-
-    def spy(graph, budget, **kwargs):
-        seen.append(kwargs["options"].work_limit)
-        return real(graph, budget, **kwargs)
-
-    monkeypatch.setattr(plan_model, "plan_graph", spy)
+    seen = spy_plan_graph(monkeypatch, lambda options: options.work_limit)
     for flags, expected in (([], False), (["--deterministic"], True)):
         out = CliRunner().invoke(cli.main, ["check", "zoo:gpt", "--train", "--budget", "80%", "--time-limit", "1",
                                             *flags])
