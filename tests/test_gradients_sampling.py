@@ -72,6 +72,24 @@ def _col2im(image, block, x_channels, seed=0, **attrs):
             {"consts": consts, "opset": 18})
 
 
+def _affine(size, align, seed=0):
+    r = len(size) - 2
+    theta = np.concatenate([np.eye(r), np.zeros((r, 1))], axis=1)[None] + 0.3 * rnd(size[0], r, r + 1, seed=seed)
+    return ([node("AffineGrid", ["theta", "s"], ["grid"], align_corners=align),
+             node("Mul", ["grid", "w"], ["y"])],
+            {"theta": theta, "w": rnd(*size[:1], *size[2:], r, seed=seed + 100)},
+            {"consts": {"s": np.asarray(size, np.int64)}, "opset": 20})
+
+
+def _spatial_transformer():
+    """theta -> AffineGrid -> GridSample(x): both theta and x trained (opset 20, linear, border)."""
+    theta = np.array([[[0.9, 0.1, 0.05], [-0.1, 0.8, -0.03]]]) + 0.05 * rnd(2, 2, 3, seed=30)
+    return ([node("AffineGrid", ["theta", "s"], ["grid"], align_corners=0),
+             node("GridSample", ["x", "grid"], ["y"], mode="linear", padding_mode="border", align_corners=0)],
+            {"theta": theta, "x": rnd(2, 2, 4, 5, seed=31)},
+            {"consts": {"s": np.asarray([2, 2, 3, 4], np.int64)}, "opset": 20})
+
+
 # Each case: id -> (nodes, params, extra keyword arguments of check_gradients).
 CASES = {
     # ---- GridSample, opset 20 names, float64 through ORT ----
@@ -97,6 +115,11 @@ CASES = {
     "grid_sample16_bilinear_border_align1": _gs(16, "bilinear", "border", 1, seed=10, **F32_FD),
     "grid_sample16_bilinear_reflection_align0": _gs(16, "bilinear", "reflection", 0, spread=3.2, seed=11, **F32_FD),
     "grid_sample16_nearest_reflection_align1": _gs(16, "nearest", "reflection", 1, spread=3.2, seed=12),
+    # ---- AffineGrid (float64 through ORT), alone and feeding GridSample (a spatial transformer) ----
+    **{f"affine_grid_2d_align{a}": _affine((2, 3, 4, 5), a, seed=20 + a) for a in (0, 1)},
+    "affine_grid_3d_align0": _affine((2, 1, 3, 2, 4), 0, seed=22),
+    "affine_grid_3d_align0_unit_axis": _affine((1, 2, 1, 3, 2), 0, seed=23),
+    "spatial_transformer": _spatial_transformer(),
     # ---- Col2Im ----
     "col2im_defaults": _col2im([4, 5], [2, 2], 2 * 4),
     "col2im_dilations_pads_strides": _col2im([5, 6], [2, 3], 3 * 6, seed=1, dilations=[2, 1], pads=[1, 0, 2, 1],
@@ -163,3 +186,13 @@ def test_grid_sample_keeps_x_only_for_the_grid_gradient():
     assert sorted(_training_step(nodes, params).saved["gs"]) == ["g", "x"]
     grid = params.pop("g")
     assert list(_training_step(nodes, params, consts={"g": grid}, freeze=("g",)).saved["gs"]) == ["g"]
+
+
+def test_affine_grid_refuses_a_unit_axis_with_aligned_corners():
+    """There ONNX's reference puts the coordinate at -1 and ONNX Runtime at +1: no gradient is
+    right for both, so the node is named instead."""
+    nodes, params, kwargs = _affine((1, 2, 1, 3, 2), 1)
+    model = gradcase.build_model(nodes, params, kwargs["consts"], {}, ["y"], np.float64, 20)
+    with pytest.raises(ModelImportError, match=r"align_corners=1 and a spatial size of 1") as err:
+        build_training_graph(import_model(model))
+    assert "\n" not in str(err.value)

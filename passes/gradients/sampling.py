@@ -1,10 +1,10 @@
 """Gradients of the sampling ops: GridSample (linear and nearest, every padding mode, any spatial
-rank) and Col2Im.
+rank), AffineGrid and Col2Im.
 
 GridSample reads X at coordinates computed from the grid. The backward recomputes those coordinates
 from the saved grid with the forward's formulas (unnormalise, then clamp or reflect into the image),
 so both gradients are explicit: dX scatter-adds each corner's weight times dY into a flat view of X
-(ScatterElements, reduction='add'; a corner outside the image has weight 0), and dgrid is, per
+(ScatterElements, reduction='add', one corner after another; a corner outside the image has weight 0), and dgrid is, per
 spatial axis, the sum over channels and corners of dY * X[corner] * d weight / d coordinate, times
 d coordinate / d grid through the unnormalise and the clamp or reflection. Nearest sampling is
 piecewise constant in the grid, so its grid gradient is 0.
@@ -141,7 +141,9 @@ def grid_sample(ctx: BackwardContext) -> dict[int, int]:
         axes.append((_corners(em, coord, size, mode), slope))
     strides = [prod(sizes[k + 1:]) for k in range(d)]
     corners = list(itertools.product(*(range(len(taps)) for taps, _ in axes)))
-    index, weight = {}, {}  # per corner: flat X index [N, C, P] (int64), weight [N, P]
+    # per corner: flat X index [N, 1, P] (int64; expanded over C only where it is used, so one
+    # corner's [N, C, P] indices are alive at a time), weight [N, P]
+    index, weight = {}, {}
     for corner in corners:
         taps = [axes[k][0][j] for k, j in enumerate(corner)]
         idx = em.scale(taps[0][0], strides[0])
@@ -149,15 +151,16 @@ def grid_sample(ctx: BackwardContext) -> dict[int, int]:
         for k in range(1, d):
             idx = em.add(idx, em.scale(taps[k][0], strides[k]))
             w = em.mul(w, taps[k][1])
-        index[corner] = em.expand(em.reshape(idx, [n, 1, p]), [n, c, p])
+        index[corner] = em.reshape(idx, [n, 1, p])
         weight[corner] = w
     g3 = em.reshape(g, [n, c, p])
     out: dict[int, int] = {}
-    if ctx.needs(0):
-        updates = [em.mul(g3, em.reshape(em.cast(weight[k], em.dtype(g)), [n, 1, p])) for k in corners]
-        base = em.zeros([n, c, flat], em.dtype(g))
-        scattered = em.op("ScatterElements", [base, em.concat([index[k] for k in corners], 2), em.concat(updates, 2)],
-                          [n, c, flat], em.dtype(g), axis=2, reduction="add")
+    if ctx.needs(0):  # one scatter-add per corner: a corner's update and indices at a time
+        scattered = em.zeros([n, c, flat], em.dtype(g))
+        for k in corners:
+            update = em.mul(g3, em.reshape(em.cast(weight[k], em.dtype(g)), [n, 1, p]))
+            scattered = em.op("ScatterElements", [scattered, em.expand(index[k], [n, c, p]), update],
+                              [n, c, flat], em.dtype(g), axis=2, reduction="add")
         out[0] = em.reshape(scattered, x_shape)
     if ctx.needs(1):
         if mode == "nearest":
@@ -173,10 +176,10 @@ def _linear_grid_grad(em: Emitter, x3: int, g3: int, axes: list[Axis], index: di
     """d loss / d grid value of each spatial axis k, [N, P]: with s_c = sum over channels of dY * X at
     corner c, it is sum_c s_c * d w_c / d coordinate_k * d coordinate_k / d grid, where d w_c /
     d coordinate_k is the product of the other axes' weights times +-1 (k's tap below or above)."""
-    n, _, p = em.shape(g3)
+    n, c, p = em.shape(g3)
     dweight = {}
     for corner, idx in index.items():
-        values = em.op("GatherElements", [x3, idx], em.shape(idx), em.dtype(x3), axis=2)
+        values = em.op("GatherElements", [x3, em.expand(idx, [n, c, p])], [n, c, p], em.dtype(x3), axis=2)
         dweight[corner] = em.cast(em.reduce_sum(em.mul(g3, values), [1], keepdims=False), dtype)
     comps = []
     for k, (taps, slope) in enumerate(axes):
@@ -192,6 +195,46 @@ def _linear_grid_grad(em: Emitter, x3: int, g3: int, axes: list[Axis], index: di
             total = term if total is None else em.add(total, term)
         comps.append(em.mul(total, slope))
     return comps
+
+
+# ---- AffineGrid ---------------------------------------------------------------------------------
+def affine_base_grid(spatial: Sequence[int], align: bool) -> np.ndarray:
+    """[prod(spatial), r + 1]: each output point's homogeneous normalised coordinates, fastest
+    axis first ([x, y, 1] in 2-D, [x, y, z, 1] in 3-D), points in row-major order of ``spatial``.
+    Along an axis of size s: -1 + 2i / (s - 1) with align_corners=1 (s > 1), else the pixel
+    centres (2i + 1) / s - 1."""
+    axes = []
+    for s in spatial:
+        i = np.arange(s, dtype=np.float64)
+        axes.append(-1.0 + 2.0 * i / (s - 1) if align else (2.0 * i + 1.0) / s - 1.0)
+    mesh = np.meshgrid(*axes, indexing="ij")  # mesh[k] varies along spatial axis k
+    points = [m.reshape(-1) for m in reversed(mesh)]
+    return np.stack([*points, np.ones(int(np.prod(spatial)))], axis=1)
+
+
+@register("AffineGrid")
+def affine_grid(ctx: BackwardContext) -> dict[int, int]:
+    """grid[n, p, :] = theta[n] @ base[p] is linear in theta: d theta[n] = dgrid[n]^T @ base
+    (size, input 1, must be constant: it fixes the points)."""
+    em, g = ctx.em, ctx.dy()
+    size = ctx.const_input(1)
+    if size is None:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (AffineGrid) has a size computed at run time; memplan needs it constant "
+            "to build the gradient (bind symbolic dims with --dim so the importer can fold it)"
+        )
+    size = [int(v) for v in np.asarray(size).ravel()]
+    align = bool(int(ctx.attr("align_corners", 0)))
+    if align and 1 in size[2:]:
+        raise ModelImportError(
+            f"node {ctx.node.name!r} (AffineGrid) has align_corners=1 and a spatial size of 1 ({size}), whose "
+            "coordinate ONNX's reference (-1) and ONNX Runtime (+1) disagree on; use align_corners=0 there"
+        )
+    theta_shape = ctx.x_shape(0)  # [N, r, r + 1]
+    n, r = theta_shape[0], theta_shape[1]
+    base = affine_base_grid(size[2:], align)
+    dgrid = em.transpose(em.reshape(g, [n, base.shape[0], r]), [0, 2, 1])  # [N, r, P]
+    return {0: em.matmul(dgrid, em.const(base.astype(em.dtype(g))))}
 
 
 # ---- Col2Im -----------------------------------------------------------------------------------
