@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
 from planner.errors import ModelImportError, PlannerError
-from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, GraphBuilder
+from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,6 @@ def import_model(
 TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
-FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -178,8 +177,8 @@ class TorchExportRoles:
         Conv+BatchNorm fusion writes unmarked tensors that hold parameters)."""
         out = set()
         for init in g.initializer:
-            name = init.data_type in FLOAT_TYPES and init.name
-            if not name or name in self.parameters:
+            name = init.name
+            if not _is_float(init) or name in self.parameters:
                 continue
             marked = name in self.kinds
             from_constants = self.folded_from.get(name, None) is not None and not self.derived_from(name)
@@ -187,6 +186,10 @@ class TorchExportRoles:
             if marked or from_constants or literal:
                 out.add(name)
         return out
+
+
+def _is_float(init: onnx.TensorProto) -> bool:
+    return ONNX_TO_DTYPE.get(init.data_type) in FLOAT_DTYPES
 
 
 def torch_export_roles(model: onnx.ModelProto) -> TorchExportRoles | None:
@@ -224,7 +227,7 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
     taken = {n.name for n in g.node}
     for name, init in list(inits.items()):
         sources = roles.derived_from(name)
-        if init.data_type not in FLOAT_TYPES or len(sources) != 1:
+        if not _is_float(init) or len(sources) != 1:
             continue
         (param,) = sources
         if param not in inits or param not in read or len(init.dims) < 2:
@@ -561,7 +564,7 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
         dtype = ONNX_TO_DTYPE.get(init.data_type)
         if dtype is None:
             raise ModelImportError(f"{display}: initializer {init.name!r} has unsupported element type")
-        trainable = dtype in ("float32", "float64", "float16", "bfloat16") and init.name not in bn_stats \
+        trainable = dtype in FLOAT_DTYPES and init.name not in bn_stats \
             and init.name not in folded
         b.initializer(init.name, value, trainable=trainable)
     for node in _topo_order(g, set(b._by_name), display):  # noqa: SLF001 - builder is ours

@@ -167,7 +167,7 @@ class PlannerOptions:
     # The order search's local moves may evaluate this many node positions per second of the
     # time limit (a count, so the same order on any machine; 40-50 ns each here, so at most a
     # quarter of the limit): uncapped, efficientnet's step (1794 nodes, batch 2) took 16 s of a
-    # 10 s limit and left Chen's plan, +190%; now 2.6 s and +3.6%. mobilenetv2's best order
+    # 10 s limit and left Chen's plan, +190%; now 2.6 s and +3.44%. mobilenetv2's best order
     # (0.719 of the unplanned peak, +0.37% at 70%) needs 4.5e7.
     reorder_work_per_s: float = 6e6
     # With swapping modelled: share of the time limit spent first on the recompute-only model
@@ -639,8 +639,7 @@ class RematModel:
         det = solver.ResponseProto().deterministic_time
         clock.charge(det)
         sname = solver.StatusName(status)
-        log.debug("CP-SAT %s: %s in %.2f s wall, %.2f s cpu, %.3f deterministic s (%d nodes)",
-                  name, sname, wall, solver.ResponseProto().user_time, det, self.p.n)
+        log.debug("CP-SAT %s: %s in %.2f s wall, %.3f deterministic s (%d nodes)", name, sname, wall, det, self.p.n)
         if status == cp_model.MODEL_INVALID:
             raise GraphError(f"CP-SAT rejected the remat model: {(model or self.m).Validate()}")
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

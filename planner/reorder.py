@@ -155,16 +155,15 @@ def improve(problem: PlanningProblem, order: list[int], max_moves: int = 200, bu
     last reader of a resident buffer earlier (just after its latest input, when that comes before
     the peak); take the best move that lowers (bytes over ``budget``, peak, crowd), up to
     ``max_moves`` times. Both moves keep the order topological."""
-    return _improve(_Profile(problem, budget), order, max_moves)
+    return _improve(_Profile(problem, budget), order, max_moves)[0]
 
 
-def _improve(prof: _Profile, order: list[int], max_moves: int = 200, max_evals: float = float("inf"),
-             spent: list[int] | None = None) -> list[int]:
-    """:func:`improve` with the problem and budget of ``prof`` (built once per problem); no move
-    is looked for once ``max_evals`` orders have been evaluated (a count: the same on any
-    machine). ``spent``: a one-item list the evaluations are added to."""
+def _improve(prof: _Profile, order: list[int], max_moves: int = 200,
+             max_evals: float = float("inf")) -> tuple[list[int], int]:
+    """(:func:`improve` with the problem and budget of ``prof``, built once per problem; the orders
+    it evaluated). No move is looked for once ``max_evals`` orders have been evaluated (a count:
+    the same on any machine)."""
     p = prof.p
-    order = list(order)
     mem, pos, last = prof(order)
     best = prof.key(mem)
     evals = 1
@@ -177,7 +176,7 @@ def _improve(prof: _Profile, order: list[int], max_moves: int = 200, max_evals: 
             reads = p.succ_lists[v]
             if not reads:  # a graph output nobody reads: it can come last
                 if pos[v] < p.n - 1:
-                    moves.append((v, order[-1], False))
+                    moves.append((v, int(pos.argmax()), False))  # after the node that runs last
                 continue
             first = min(reads, key=lambda w: pos[w])
             if pos[first] > t:
@@ -198,12 +197,7 @@ def _improve(prof: _Profile, order: list[int], max_moves: int = 200, max_evals: 
             break
         best, pos = found
         mem, pos, last = prof.at(pos)
-        order = [0] * p.n
-        for v, i in enumerate(pos.tolist()):
-            order[i] = v
-    if spent is not None:
-        spent[0] += evals
-    return order
+    return np.argsort(pos).tolist(), evals
 
 
 def _moved(pos: np.ndarray, v: int, anchor: int, before: bool) -> np.ndarray:
@@ -234,9 +228,10 @@ def memory_order(problem: PlanningProblem, min_gain: float = 0.05, budget: int |
     starts = {"local-search": list(range(problem.n))}  # the given order, moves only
     starts.update((name, list_order(problem, rule)) for name, rule in RULES.items())
     prof = _Profile(problem, budget)
-    evals, spent = max_work / problem.n, [0]
+    left = max_work / problem.n  # orders the starts may still evaluate
     for k, (name, start) in enumerate(starts.items()):
-        order = _improve(prof, start, max_evals=(evals - spent[0]) / (len(starts) - k), spent=spent)
+        order, evals = _improve(prof, start, max_evals=left / (len(starts) - k))
+        left -= evals
         key = prof.key(prof(order)[0])
         if best is None or key < best[0]:
             best = (key, name, order)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from passes.gradients._emit import Emitter
+from planner.errors import ModelImportError
 from planner.graph import NO_TENSOR, Node, Tensor
 
 #: extra_outputs(node, tensor_of, value_of) -> {output slot: (name suffix, dtype, shape)}; value_of(t)
@@ -48,6 +49,11 @@ class BackwardContext:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
 
+    def int_list(self, name: str, default: Sequence[int]) -> list[int]:
+        """An ints attribute as a list; ``default`` where it is absent or empty."""
+        value = self.attr(name)
+        return [int(v) for v in value] if value is not None and len(value) else list(default)
+
     def needs(self, i: int) -> bool:
         return i in self.need
 
@@ -77,6 +83,16 @@ class BackwardContext:
     def const_input(self, i: int) -> np.ndarray | None:
         """The value of input ``i`` if it is a constant initializer (not saved: it is always alive)."""
         return self.const_value(self.node.inputs[i]) if self.has_input(i) else None
+
+    def require_const(self, i: int, what: str) -> np.ndarray:
+        """:meth:`const_input`, or a one-line refusal naming the node and ``what`` input ``i`` is."""
+        value = self.const_input(i)
+        if value is None:
+            raise ModelImportError(
+                f"node {self.node.name!r} ({self.node.op_type}) has a {what} computed at run time; memplan needs it "
+                "constant to build the gradient (bind symbolic dims with --dim so the importer can fold it)"
+            )
+        return value
 
     def const_value(self, t: int) -> np.ndarray | None:
         """The value of tensor ``t`` if it is a constant initializer."""

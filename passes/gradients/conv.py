@@ -18,11 +18,6 @@ from passes.gradients._emit import Emitter, prod
 from planner.errors import ModelImportError
 
 
-def _ints(ctx: BackwardContext, name: str, default: Sequence[int]) -> list[int]:
-    value = ctx.attr(name)
-    return [int(v) for v in value] if value is not None and len(value) else list(default)
-
-
 def explicit_pads(
     ctx: BackwardContext, in_sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
     dilations: Sequence[int],
@@ -43,14 +38,14 @@ def explicit_pads(
         return begin, end
     if auto == "VALID":
         return [0] * sp, [0] * sp
-    pads = _ints(ctx, "pads", [0] * (2 * sp))
+    pads = ctx.int_list("pads", [0] * (2 * sp))
     return pads[:sp], pads[sp:]
 
 
 def _conv_geometry(ctx: BackwardContext, x_shape: Sequence[int], kernel: Sequence[int]):
     sp = len(x_shape) - 2
-    strides = _ints(ctx, "strides", [1] * sp)
-    dilations = _ints(ctx, "dilations", [1] * sp)
+    strides = ctx.int_list("strides", [1] * sp)
+    dilations = ctx.int_list("dilations", [1] * sp)
     begin, end = explicit_pads(ctx, x_shape[2:], kernel, strides, dilations)
     return strides, dilations, begin, end
 
@@ -117,9 +112,9 @@ def conv_transpose(ctx: BackwardContext) -> dict[int, int]:
     sp = len(x_shape) - 2
     kernel = w_shape[2:]
     group = int(ctx.attr("group", 1))
-    strides = _ints(ctx, "strides", [1] * sp)
-    dilations = _ints(ctx, "dilations", [1] * sp)
-    out_pad = _ints(ctx, "output_padding", [0] * sp)
+    strides = ctx.int_list("strides", [1] * sp)
+    dilations = ctx.int_list("dilations", [1] * sp)
+    out_pad = ctx.int_list("output_padding", [0] * sp)
     auto = ctx.attr("auto_pad", "NOTSET")
     if ctx.attr("output_shape") is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []
@@ -131,7 +126,7 @@ def conv_transpose(ctx: BackwardContext) -> dict[int, int]:
     elif auto == "VALID":
         begin, end = [0] * sp, [0] * sp
     else:
-        pads = _ints(ctx, "pads", [0] * (2 * sp))
+        pads = ctx.int_list("pads", [0] * (2 * sp))
         begin, end = pads[:sp], pads[sp:]
     out = {}
     if ctx.needs(0):
@@ -159,7 +154,7 @@ def max_pool(ctx: BackwardContext) -> dict[int, int]:
             f"node {ctx.node.name!r} (MaxPool) uses storage_order=1, whose indices memplan cannot "
             "differentiate through; export the model with the default row-major storage_order=0"
         )
-    kernel = _ints(ctx, "kernel_shape", [])
+    kernel = ctx.int_list("kernel_shape", [])
     strides, dilations, _, _ = _conv_geometry(ctx, x_shape, kernel)
     overlapping = any(s < (k - 1) * d + 1 for s, k, d in zip(strides, kernel, dilations))
     attrs = {"axis": 0}
@@ -194,7 +189,7 @@ def _window_counts(n: int, o: int, k: int, s: int, d: int, begin: int, end: int,
 def average_pool(ctx: BackwardContext) -> dict[int, int]:
     em, g = ctx.em, ctx.dy()
     x_shape, y_shape = ctx.x_shape(0), ctx.y_shape()
-    kernel = _ints(ctx, "kernel_shape", [])
+    kernel = ctx.int_list("kernel_shape", [])
     strides, dilations, begin, end = _conv_geometry(ctx, x_shape, kernel)
     include_pad = bool(ctx.attr("count_include_pad", 0))
     sp = len(kernel)
@@ -239,7 +234,7 @@ def lp_pool(ctx: BackwardContext) -> dict[int, int]:
     x * spread(g / y). A window with y = 0 has only zero taps (where the factor is 0; for p = 1 the
     subgradient sign(0) = 0), so y = 0 is replaced by 1 rather than dividing by it."""
     x_shape = ctx.x_shape(0)
-    kernel = _ints(ctx, "kernel_shape", [])
+    kernel = ctx.int_list("kernel_shape", [])
     strides, dilations, begin, _ = _conv_geometry(ctx, x_shape, kernel)
     return _lp_pool_grad(ctx, lambda t: _spread_windows(ctx.em, t, x_shape, kernel, strides, dilations, begin))
 

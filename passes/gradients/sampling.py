@@ -197,6 +197,10 @@ def _linear_grid_grad(em: Emitter, x3: int, g3: int, axes: list[Axis], index: di
     return comps
 
 
+def _const_ints(ctx: BackwardContext, slot: int, what: str) -> list[int]:
+    return [int(v) for v in np.asarray(ctx.require_const(slot, what)).ravel()]
+
+
 # ---- AffineGrid ---------------------------------------------------------------------------------
 def affine_base_grid(spatial: Sequence[int], align: bool) -> np.ndarray:
     """[prod(spatial), r + 1]: each output point's homogeneous normalised coordinates, fastest
@@ -217,13 +221,7 @@ def affine_grid(ctx: BackwardContext) -> dict[int, int]:
     """grid[n, p, :] = theta[n] @ base[p] is linear in theta: d theta[n] = dgrid[n]^T @ base
     (size, input 1, must be constant: it fixes the points)."""
     em, g = ctx.em, ctx.dy()
-    size = ctx.const_input(1)
-    if size is None:
-        raise ModelImportError(
-            f"node {ctx.node.name!r} (AffineGrid) has a size computed at run time; memplan needs it constant "
-            "to build the gradient (bind symbolic dims with --dim so the importer can fold it)"
-        )
-    size = [int(v) for v in np.asarray(size).ravel()]
+    size = _const_ints(ctx, 1, "size")
     align = bool(int(ctx.attr("align_corners", 0)))
     if align and 1 in size[2:]:
         raise ModelImportError(
@@ -238,21 +236,6 @@ def affine_grid(ctx: BackwardContext) -> dict[int, int]:
 
 
 # ---- Col2Im -----------------------------------------------------------------------------------
-def _ints(ctx: BackwardContext, name: str, default: Sequence[int]) -> list[int]:
-    value = ctx.attr(name)
-    return [int(v) for v in value] if value is not None and len(value) else list(default)
-
-
-def _const_ints(ctx: BackwardContext, slot: int, what: str) -> list[int]:
-    value = ctx.const_input(slot)
-    if value is None:
-        raise ModelImportError(
-            f"node {ctx.node.name!r} (Col2Im) has a {what} computed at run time; memplan needs it constant "
-            "to build the gradient (bind symbolic dims with --dim so the importer can fold it)"
-        )
-    return [int(v) for v in np.asarray(value).ravel()]
-
-
 def col2im_index(image: Sequence[int], block: Sequence[int], dilations: Sequence[int], begin: Sequence[int],
                  end: Sequence[int], strides: Sequence[int]) -> np.ndarray:
     """[prod(block), L] flat positions in the padded image of each block element, block position
@@ -272,9 +255,9 @@ def col2im(ctx: BackwardContext) -> dict[int, int]:
     image = _const_ints(ctx, 1, "image_shape")
     block = _const_ints(ctx, 2, "block_shape")
     sp = len(image)
-    dilations = _ints(ctx, "dilations", [1] * sp)
-    pads = _ints(ctx, "pads", [0] * (2 * sp))
-    strides = _ints(ctx, "strides", [1] * sp)
+    dilations = ctx.int_list("dilations", [1] * sp)
+    pads = ctx.int_list("pads", [0] * (2 * sp))
+    strides = ctx.int_list("strides", [1] * sp)
     index = col2im_index(image, block, dilations, pads[:sp], pads[sp:], strides)
     x_shape = ctx.x_shape(0)
     if index.shape[1] != x_shape[2]:

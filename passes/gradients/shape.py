@@ -16,22 +16,12 @@ from passes.gradients._emit import Emitter, axes_input_since, prod
 from planner.errors import ModelImportError
 
 
-def _require_const(ctx: BackwardContext, slot: int, what: str) -> np.ndarray:
-    value = ctx.const_input(slot)
-    if value is None:
-        raise ModelImportError(
-            f"node {ctx.node.name!r} ({ctx.node.op_type}) has a {what} computed at run time; memplan needs it "
-            "constant to build the gradient (bind symbolic dims with --dim so the importer can fold it)"
-        )
-    return value
-
-
 def _axes(ctx: BackwardContext, slot: int, attr_before: int, rank: int) -> list[int] | None:
     """An ``axes`` list from the input ``slot`` (opset >= attr_before) or the attribute; None if absent."""
     if ctx.opset >= attr_before:
         if not ctx.has_input(slot):
             return None
-        values = _require_const(ctx, slot, "axes input")
+        values = ctx.require_const(slot, "axes input")
     else:
         values = ctx.attr("axes")
         if values is None:
@@ -61,7 +51,7 @@ def tile(ctx: BackwardContext) -> dict[int, int]:
     """Split each axis into (repeat, size) and sum over the repeats."""
     em = ctx.em
     x_shape = ctx.x_shape(0)
-    repeats = [int(r) for r in _require_const(ctx, 1, "repeats input")]
+    repeats = [int(r) for r in ctx.require_const(1, "repeats input")]
     split = [d for r, n in zip(repeats, x_shape) for d in (r, n)]
     summed = em.reduce_sum(em.reshape(ctx.dy(), split), range(0, 2 * len(x_shape), 2), keepdims=False)
     return {0: em.reshape(summed, x_shape)}
@@ -113,10 +103,10 @@ def slice_(ctx: BackwardContext) -> dict[int, int]:
         axes = ctx.attr("axes") or list(range(len(starts)))
         steps = [1] * len(starts)
     else:
-        starts = _require_const(ctx, 1, "starts input").tolist()
-        ends = _require_const(ctx, 2, "ends input").tolist()
-        axes = _require_const(ctx, 3, "axes input").tolist() if ctx.has_input(3) else list(range(len(starts)))
-        steps = _require_const(ctx, 4, "steps input").tolist() if ctx.has_input(4) else [1] * len(starts)
+        starts = ctx.require_const(1, "starts input").tolist()
+        ends = ctx.require_const(2, "ends input").tolist()
+        axes = ctx.require_const(3, "axes input").tolist() if ctx.has_input(3) else list(range(len(starts)))
+        steps = ctx.require_const(4, "steps input").tolist() if ctx.has_input(4) else [1] * len(starts)
     picked = {int(a) % rank: range(*slice(int(s), int(e), int(st)).indices(x_shape[int(a) % rank]))
               for s, e, a, st in zip(starts, ends, axes, steps)}
     g = ctx.dy()
@@ -155,10 +145,10 @@ def pad(ctx: BackwardContext) -> dict[int, int]:
     if ctx.opset < 11:
         pads = [int(p) for p in ctx.attr("pads")]
     else:
-        pads = [int(p) for p in _require_const(ctx, 1, "pads input")]
+        pads = [int(p) for p in ctx.require_const(1, "pads input")]
     axes = list(range(rank))
     if ctx.opset >= 18 and ctx.has_input(3):
-        axes = [int(a) % rank for a in _require_const(ctx, 3, "axes input")]
+        axes = [int(a) % rank for a in ctx.require_const(3, "axes input")]
     begin, end = [0] * rank, [0] * rank
     for k, a in enumerate(axes):
         begin[a], end[a] = pads[k], pads[k + len(axes)]
