@@ -225,6 +225,10 @@ class RematModel:
         self.budget = budget
         self.opt = options
         self.timed = problem.can_swap
+        # per node, the input whose buffer it takes over (PlanningProblem.takes_over), -1 for none:
+        # on slots only (on ticks a compute takes its own time; reads stay plain there)
+        self.takes_over = problem.takes_over if problem.takes_over is not None and not self.timed \
+            else np.full(problem.n, -1, dtype=np.int64)
         self.m = cp_model.CpModel()
         self._set_counts(hints)
         self._set_scales()
@@ -420,17 +424,23 @@ class RematModel:
         input v, ready before c starts and resident until c is done:
             x => S_j + ready_j <= S_c,   x => E_j >= S_c + d_w,
         where ready_j is d_v (ticks; 0 on slots: same slot, lower id first) or the transfer time
-        of a swap-in. A recompute or swap-in nobody reads is absent."""
+        of a swap-in. On slots, where w takes over the buffer of input v (``takes_over``), the
+        second is E_j >= S_c: a copy of v that c reads last becomes c's output, so the two are
+        counted once (decode frees v right after c, and simulate() counts it so). A recompute or
+        swap-in nobody reads is absent."""
         m, p = self.m, self.p
         self.reads: list[tuple[int, int, int, object]] = []  # (consumer, input node, provider, literal)
         used_by: dict[int, list] = {}
+        over = self.takes_over
         for w in range(p.n):
             for c in self.of_node[w]:
                 cons = self.inst[c]
                 if cons.kind == SWAP_IN:
                     continue
-                need = cons.start + cons.dur
                 for v in p.pred_lists[w]:
+                    # read last by c, a copy of the input w takes over may end where c starts:
+                    # c's own retention holds the buffer from there (PlanningProblem.takes_over)
+                    need = cons.start if over[w] == v else cons.start + cons.dur
                     ids = self.of_node[v]
                     if len(ids) == 1:
                         prov = self.inst[ids[0]]
@@ -507,7 +517,8 @@ class RematModel:
         """At each original step t: buffers live across t, kept (not recomputed, not swapped),
         plus what t itself needs, fit the capacity (module docstring)."""
         m, p = self.m, self.p
-        need = (p.step_need - p.base_bytes) / self.mem_unit
+        credit = np.where(self.takes_over >= 0, p.credit, 0)
+        need = (p.step_need - credit - p.base_bytes) / self.mem_unit
         last = p.last_use
         self.n_cuts = 0
         live: set[int] = set()

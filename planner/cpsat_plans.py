@@ -132,15 +132,17 @@ def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> P
                 users[i] -= 1
     end: dict[int, float] = {j: (math.inf if p.pinned[x.node] else start[j] + x.dur)
                              for j, x in enumerate(inst) if present[j]}
+    last_read: dict[int, tuple] = {}  # provider -> (end, reader's node, reader): its last read in event order
     for c, js in reads_of.items():
         if present[c]:
             for j in js:
                 end[j] = max(end[j], start[c] + inst[c].dur)
+                last_read[j] = max(last_read.get(j, (-1, -1, -1)), (start[c] + inst[c].dur, inst[c].node, c))
     for v, (_lit, so, idx) in model.swap_out.items():
         if present[idx]:  # the original stays until its copy to host is done
             j0 = model.of_node[v][0]
             end[j0] = max(end[j0], val(so) + int(model.tr[v]))
-    events: list[tuple] = []  # (time, rank, node, op)
+    events: list[tuple] = []  # (time, rank, node, after, event's node, op): sorted on the first four
     for v in range(p.n):
         spans = sorted((start[j], end[j], inst[j].kind) for j in model.of_node[v] if present[j])
         merged: list[list] = []
@@ -150,9 +152,26 @@ def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> P
             else:
                 merged.append([s, e, kind])
         for k, (s, e, kind) in enumerate(merged):
-            events.append((s, 1 if kind == SWAP_IN else 2, v, "swap_in" if kind == SWAP_IN else "compute"))
+            events.append((s, 1 if kind == SWAP_IN else 2, v, 0, v, "swap_in" if kind == SWAP_IN else "compute"))
             if e != math.inf:
                 nxt = merged[k + 1][2] if k + 1 < len(merged) else None
-                events.append((e, 0, v, "swap_out" if nxt == SWAP_IN else "free"))
-    events.sort(key=lambda x: (x[0], x[1], x[2]))
-    return Plan(tuple(Event(op, v) for _, _, v, op in events), strategy)
+                op = "swap_out" if nxt == SWAP_IN else "free"
+                taker = _taker(model, v, e, last_read, present, start) if op == "free" else None
+                if taker is not None:  # read last by a node taking its buffer over: freed right after it
+                    events.append((taker[0], 2, taker[1], 1, v, op))
+                else:
+                    events.append((e, 0, v, 0, v, op))
+    events.sort(key=lambda x: x[:4])
+    return Plan(tuple(Event(op, v) for *_, v, op in events), strategy)
+
+
+def _taker(model: "RematModel", v: int, e: float, last_read: dict, present: list, start: list) -> tuple | None:
+    """(start, node) of the compute that reads v's copy ending at ``e`` last and takes its buffer
+    over (``PlanningProblem.takes_over``), or None."""
+    over = model.takes_over
+    for j in model.of_node[v]:
+        if present[j] and j in last_read and last_read[j][0] == e:
+            _, w, c = last_read[j]
+            if over[w] == v:
+                return start[c], w
+    return None

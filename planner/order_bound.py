@@ -87,13 +87,14 @@ def fixed_order_bound(problem: PlanningProblem, budget: int, time_limit: float |
         for u in inputs:
             stay[t + 1, u].SetLb(1.0)
         stay[t + 1, t].SetLb(1.0)  # just made: resident while t runs (size[t] counted below)
-        room = budget - p.base_bytes - int(p.scratch[t]) - size[t] - sum(size[u] for u in inputs)
+        # an input t takes over (PlanningProblem.takes_over) may share t's buffer: not counted
+        room = budget - p.base_bytes - int(p.scratch[t]) - size[t] - sum(size[u] for u in inputs) + int(p.credit[t])
         row = lp.Constraint(-inf, float(room))
         for i in range(t):
             if i not in inputs and size[i]:
                 row.SetCoefficient(stay[t + 1, i], float(size[i]))
     last = n - 1
-    if n and budget < p.base_bytes + int(p.scratch[last]) + size[last] + sum(
+    if n and budget < p.base_bytes + int(p.scratch[last]) + size[last] - int(p.credit[last]) + sum(
             size[u] for u in set(p.pred_lists[last]) | {i for i in range(last) if p.pinned[i]}):
         return math.inf
     objective = lp.Objective()
@@ -203,7 +204,7 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
                 events[i, k] = m.NewBoolVar("")
             m.AddImplication(r[i], events[i, k])
         fixed = (p.base_bytes + int(p.scratch[t]) + int(p.size[t]) + int(pinned_before[t])
-                 + sum(int(p.size[u]) for u in inputs if not p.pinned[u]))
+                 + sum(int(p.size[u]) for u in inputs if not p.pinned[u]) - int(p.credit[t]))
         m.Add(sum(int(p.size[i]) * a[i] for i in a) <= budget - fixed)
     m.Minimize(sum(int(cost[i]) * z for (i, _), z in events.items()))
     solver = cp_model.CpSolver()

@@ -76,6 +76,16 @@ class PlanningProblem:
     # output): their inputs need not be resident together, so last_input_bound does not expand
     # it. None: no such node.
     two_step: np.ndarray | None = None
+    # Node i's output is written into the buffer of its input ``takes_over[i]`` (-1: none) when
+    # i reads that input's copy last: an ONNX op that ORT runs in place (Add, Relu, ...), the
+    # input's node read by i alone, both one buffer of the same bytes. Then while i runs the two
+    # are one buffer, and simulate() and the CP-SAT model count them once (``credit``); the
+    # greedies and bounds that leave this out only over-count. None: no such node.
+    takes_over: np.ndarray | None = None
+    # Node i holds the graph outputs of node i - 1, which is itself not pinned and freed after its
+    # last read (planner/lowering.py: a pinned ONNX node whose other outputs die). Cost 0, it
+    # reads only node i - 1; memory_order keeps the two together. None: no such node.
+    companion: np.ndarray | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -102,6 +112,8 @@ class PlanningProblem:
         kept_bytes: Sequence[int] | None = None,
         read_bytes: Sequence[int] | None = None,
         two_step: Sequence[bool] | None = None,
+        takes_over: Sequence[int] | None = None,
+        companion: Sequence[bool] | None = None,
     ) -> "PlanningProblem":
         """Check the arrays and freeze them; ``preds[i]`` lists the nodes whose output i reads."""
         n = len(size)
@@ -135,6 +147,16 @@ class PlanningProblem:
         if shared_a is not None and (shared_a < 0).any():
             raise GraphError("in_place bytes must be >= 0")
         two_a = None if two_step is None else arr(two_step, False, bool, "two_step")
+        over_a = None if takes_over is None else arr(takes_over, -1, np.int64, "takes_over")
+        comp_a = None if companion is None else arr(companion, False, bool, "companion")
+        for i in [] if comp_a is None else np.flatnonzero(comp_a).tolist():
+            if list(flat[ptr[i]:ptr[i + 1]]) != [i - 1]:
+                raise GraphError(f"companion node {i} must read node {i - 1} alone")
+        if over_a is not None:
+            for i in np.flatnonzero(over_a >= 0).tolist():
+                u = int(over_a[i])
+                if u not in flat[ptr[i]:ptr[i + 1]] or size_a[u] != size_a[i]:
+                    raise GraphError(f"takes_over: node {i} may only take over an input of its own size, not node {u}")
         kept_a = None if kept_bytes is None else arr(kept_bytes, 0, np.int64, "kept_bytes")
         if kept_a is not None and ((kept_a < 0).any() or (kept_a > size_a).any()):
             raise GraphError("kept_bytes must lie between 0 and the node's size")
@@ -187,6 +209,8 @@ class PlanningProblem:
             kept_bytes=None if kept_a is None or (kept_a == size_a).all() else kept_a,
             read_bytes=None if read_a is None or (read_a == size_a).all() else read_a,
             two_step=two_a if two_a is not None and two_a.any() else None,
+            takes_over=over_a if over_a is not None and (over_a >= 0).any() else None,
+            companion=comp_a if comp_a is not None and comp_a.any() else None,
         )
 
     def with_swap(self, transfer: Sequence[float] | np.ndarray, copy_overlap: bool = True) -> "PlanningProblem":
@@ -278,13 +302,32 @@ class PlanningProblem:
         need.setflags(write=False)
         return need
 
+    @cached_property
+    def credit(self) -> np.ndarray:
+        """Bytes node i's compute may hold less than ``step_need`` counts: the input buffer its
+        output takes over (``takes_over``), 0 elsewhere."""
+        out = np.zeros(self.n, dtype=np.int64)
+        if self.takes_over is not None:
+            at = self.takes_over >= 0
+            out[at] = self.size[at]
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def shared_bytes(self) -> np.ndarray:
+        """Per node, the bytes of its output that may lie in an input's buffer: ``in_place``, at
+        least the ``credit`` the problem itself counts."""
+        out = self.credit if self.in_place is None else np.maximum(self.in_place, self.credit)
+        out.setflags(write=False)
+        return out
+
     @property
     def runtime_exact(self) -> bool:
         """The problem's accounting is what the runtime holds (none of ``in_place``,
         ``late_base_bytes``, ``kept_bytes``, ``read_bytes``, ``two_step``): only then does a least
         peak searched over its own accounting (planner/least.py) bound every runtime plan."""
         return (self.in_place is None and self.late_base_bytes == 0 and self.kept_bytes is None
-                and self.read_bytes is None and self.two_step is None)
+                and self.read_bytes is None and self.two_step is None and self.takes_over is None)
 
     @cached_property
     def runtime_need(self) -> np.ndarray:
@@ -294,8 +337,8 @@ class PlanningProblem:
         (``kept_bytes``) and the outputs of an input's node that no reader needs (``read_bytes``).
         The floor's per-step bound."""
         need = self.step_need - self.late_base_bytes
-        if self.in_place is not None:
-            need = need - self.in_place
+        if self.in_place is not None or self.takes_over is not None:
+            need = need - self.shared_bytes
         if self.kept_bytes is not None:
             gone = np.where(self.pinned, self.size - self.kept_bytes, 0)
             need = need - np.concatenate([[0], np.cumsum(gone)[:-1]])
@@ -461,8 +504,7 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     atomic = swappable if problem.two_step is None else swappable | problem.two_step
     scratch = [0 if atomic[v] else int(x) for v, x in enumerate(problem.scratch)]
     # q's output may share the buffer of an input read last at q (``PlanningProblem.in_place``)
-    shared = [0] * problem.n if problem.in_place is None else \
-        [0 if atomic[v] else int(x) for v, x in enumerate(problem.in_place)]
+    shared = [0 if atomic[v] else int(x) for v, x in enumerate(problem.shared_bytes)]
     # an input is resident with at least the bytes its readers read; q, while it runs, with all
     read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
     preds = [frozenset() if atomic[v] else frozenset(int(u) for u in problem.pred_lists[v])

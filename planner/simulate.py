@@ -2,7 +2,10 @@
 
 Memory is accounted in list order (the order a runtime issues allocations and frees):
   * ``compute i`` needs every input of i resident, and i's output not already resident; while it
-    runs, memory = resident + size[i] + scratch[i] (+ base); afterwards i's output is resident;
+    runs, memory = resident + size[i] + scratch[i] (+ base); afterwards i's output is resident.
+    Where i takes over the buffer of its input u (``PlanningProblem.takes_over``) and the frees
+    right after it free u, that copy of u is read last here and the runtime writes i into it:
+    size[u] is not counted while i runs;
   * ``free i`` releases a resident output; ``swap_out i`` releases it and leaves a host copy;
   * ``swap_in i`` needs a host copy and re-allocates size[i].
 At the end every graph output (pinned) is resident and nothing else is (no leaks).
@@ -60,6 +63,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     compute_free = out_free = in_free = 0.0
     makespan = 0.0
     swap_ins = 0
+    over = problem.takes_over
 
     def fail(k: int, msg: str) -> InvalidPlanError:
         return InvalidPlanError(f"plan {plan.strategy!r}, event {k}: {msg}")
@@ -85,6 +89,8 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             for u in preds:
                 read_end[u] = max(read_end[u], end)
             during = mem + int(size[v]) + int(scratch[v])
+            if over is not None and over[v] >= 0 and _freed_next(plan.events, k, int(over[v])):
+                during -= int(size[over[v]])
             mem += int(size[v])
             resident[v] = True
             counts[v] += 1
@@ -168,3 +174,14 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
         swap_ins=swap_ins,
         compute_counts=counts,
     )
+
+
+def _freed_next(events, k: int, u: int) -> bool:
+    """Do the frees right after event ``k`` (before any other event) free ``u``?"""
+    for j in range(k + 1, len(events)):
+        e = events[j]
+        if e.op != "free":
+            return False
+        if e.node == u:
+            return True
+    return False

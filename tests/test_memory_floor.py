@@ -106,6 +106,7 @@ def test_the_floor_of_an_onnx_model_bounds_what_ort_holds_at_each_step(spec):
     graph, p, lowering, lv = _lowered(spec)
     step = {nid: s for s, nid in enumerate(lv.order)}
     for j, members in enumerate(lowering.groups):
+        members = members or lowering.groups[j - 1]  # a pinned node's graph-outputs companion runs no node
         held = max(int(lv.memory[step[nid]]) for nid in members)
         assert p.runtime_need[j] <= held, p.names[j]
     assert p.memory_floor <= lv.peak_bytes
@@ -153,21 +154,21 @@ def test_zoo_cnn_plans_where_ort_runs_the_scatter_in_place():
 
 
 def test_the_cli_gives_the_lowest_plan_as_a_share_of_the_models_own_peak():
-    # the problem's unplanned peak counts in-place outputs apart (zoo:gpt?batch=2: 2% above the
+    # the problem's unplanned peak counts in-place outputs apart (zoo:cnn?batch=2: 1.9% above the
     # model's; a random model's 15%); a share of it put the lowest plan under the budget's
-    # share there ("67.8%" at 75%)
+    # share there (zoo:gpt?batch=2, before its loss node's log-probabilities were freed: "67.8%" at 75%)
     import re
 
     from click.testing import CliRunner
 
     import cli
 
-    graph, p, _, lv = _lowered("zoo:gpt?batch=2")
+    graph, p, _, lv = _lowered("zoo:cnn?batch=2")
     assert p.unplanned_peak > lv.peak_bytes
-    out = CliRunner().invoke(cli.main, ["plan", "zoo:gpt?batch=2", "--budget", "67%", "--time-limit", "2",
+    out = CliRunner().invoke(cli.main, ["plan", "zoo:cnn?batch=2", "--budget", "62%", "--time-limit", "2",
                                         "--deterministic", "--workers", "1"])
-    assert out.exit_code == 4 and len(out.output.strip().splitlines()) == 1, out.output
-    best, share = re.search(r"peaks at (\d+) bytes \(([\d.]+)% of the unplanned peak\)", out.output).groups()
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1, out.output
+    best, share = re.search(r"lowest plan found peaks at (\d+) \([\d.]+ KiB, ([\d.]+)%\)", out.output).groups()
     assert float(share) == round(100 * int(best) / lv.peak_bytes, 1) > 70
 
 
