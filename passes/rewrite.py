@@ -93,13 +93,14 @@ class _Rewriter:
         live: dict[int, int] = {}  # tensor -> index of the compute event whose copy is current
         sources: dict[int, list[tuple[int, int]]] = {}  # compute event -> (producer event, tensor) it reads
         used: dict[int, set[int]] = {}
+        outputs = self.g.output_set
         for i, ev in enumerate(schedule):
             op = ev.get("op")
             if op == "compute" and ev.get("node") in self.node_by_name:
                 node = self.node_by_name[ev["node"]]  # type: ignore[index]
                 sources[i] = [(live[t], t) for t in node.inputs if t in live]
                 for t in node.outputs:
-                    if t != NO_TENSOR:
+                    if t != NO_TENSOR and not (t in outputs and t in live):  # a graph output: its first copy
                         live[t] = i
             elif op in ("free", "swap_out"):
                 t = self.g.by_name.get(ev.get("tensor"))  # type: ignore[arg-type]
@@ -192,15 +193,18 @@ class _Rewriter:
             if (node.id, tuple(inputs)) in self.emitted and self.last_output is not None:
                 inputs = self.edges.route(inputs, self.last_output, f"{name}__order",
                                           constant_shape_input(self.g, node))
-        # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run
-        unread = {t for t in node.outputs if t != NO_TENSOR and t not in read and t in self.wanted_outputs}
+        # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
+        # a graph output stays the first computation's, so a recompute's copy of it is read by none
+        again = self.g.output_set if k else frozenset()
+        unread = {t for t in node.outputs if t != NO_TENSOR and (t not in read and t in self.wanted_outputs
+                                                                 or t in again)}
         droppable = OPTIONAL_OUTPUTS.get(node.op_type, ())
         outs = [None if t == NO_TENSOR or (slot in droppable and t in unread) else
                 (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype, self.g.tensors[t].shape)
                 for slot, t in enumerate(node.outputs)]
         new = self.b.node(node.op_type, inputs, outs, name=name, domain=node.domain, attrs=node.attrs)
         for old, t in zip(node.outputs, new):
-            if old != NO_TENSOR:
+            if old != NO_TENSOR and old not in again:
                 self.current[old] = t if t != NO_TENSOR else None
                 self.skipped.discard(old)
                 if t == NO_TENSOR:

@@ -77,6 +77,16 @@ def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool
     post_order(v, lambda x: [u for u in preds[x] if not resident[u]], memo, combine)
 
 
+def redoable(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool], recomputable: Sequence[bool],
+             memo: dict[int, bool]) -> bool:
+    """Can v be computed again from what is resident? Not where it, or a freed ancestor it needs,
+    may not be recomputed (a random op, a node holding graph outputs: freed once its readers
+    ran). An eviction greedy that freed v then would have to make such a node twice."""
+    over_missing(v, preds, resident, memo,
+                 lambda x: bool(recomputable[x]) and all(memo[u] for u in preds[x] if not resident[u]))
+    return memo[v]
+
+
 def needed_later(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_now: int, dead: set[int]) -> bool:
     """Whether :func:`next_need` of v is not None, without its minimum: v, or a freed reader
     reached through freed readers, is read at or after ``t_now``. Stops at the first such read

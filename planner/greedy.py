@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from planner import clock
-from planner.chain_greedy import needed_later, next_need
+from planner.chain_greedy import needed_later, next_need, redoable
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
@@ -210,8 +210,11 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
             best, victim = None, -1
             memo: dict[int, float] = {}
             needs: dict[int, int | None] = {}
+            again: dict[int, bool] = {}
             for v in np.nonzero(resident & evictable & (lock == 0))[0]:
                 v = int(v)
+                if not redoable(v, preds, resident, p.recomputable, again):
+                    continue
                 nxt = next_need(v, reads, gone, t_now, needs)
                 if nxt is None:
                     key = (-1.0, v)  # nobody reads it any more: free first

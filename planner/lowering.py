@@ -258,7 +258,6 @@ def lower(
         takes_over = widen(np.where(takes_over >= 0, at[np.maximum(takes_over, 0)], -1), -1)
         pinned = widen(pinned, True)
         pinned[at[np.flatnonzero(unpin)]] = False
-        recomputable[at[np.flatnonzero(unpin)]] = False
         swappable[at[np.flatnonzero(unpin)]] = False
         wide_preds: list[set[int]] = [set() for _ in range(m + len(split))]
         for j, ps in enumerate(preds):

@@ -1,7 +1,8 @@
 """Replay a Plan's event list with its own memory accounting; no solver involved.
 
 Memory is accounted in list order (the order a runtime issues allocations and frees):
-  * ``compute i`` needs every input of i resident, and i's output not already resident; while it
+  * ``compute i`` needs every input of i resident, i's output not already resident, and i not
+    computed before unless it is recomputable; while it
     runs, memory = resident + size[i] + scratch[i] (+ base); afterwards i's output is resident.
     Where i takes over the buffer of its input u (``PlanningProblem.takes_over``) and the frees
     right after it free u, that copy of u is read last here and the runtime writes i into it:
@@ -76,6 +77,9 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
         if op == "compute":
             if resident[v]:
                 raise fail(k, f"computes {label} while its output is still resident")
+            if counts[v] and not problem.recomputable[v]:
+                raise fail(k, f"computes {label} again, which may not be recomputed (a random op, or it holds "
+                              f"graph outputs)")
             preds = problem.preds(v)
             missing = [int(u) for u in preds if not resident[u]]
             if missing:

@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 
 from planner import clock
-from planner.chain_greedy import missing_closure, needed_later, next_need, over_missing
+from planner.chain_greedy import missing_closure, needed_later, next_need, over_missing, redoable
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
@@ -94,6 +94,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
     # per buffer, a stack of hold ranks from the computes up the chain that read it (the top one
     # is the deepest: 2 * depth, + 1 once fetched for that compute)
     held: list[list[int]] = [[] for _ in range(n)]
+    recomputable = [bool(x) for x in p.recomputable]
     evictable = [bool(x) for x in p.recomputable & ~p.pinned]
     events: list[Event] = []
     mem = p.base_bytes
@@ -137,9 +138,10 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
             return True
         costs: dict[int, float] = {}
         needs: dict[int, int | None] = {}
+        redo: dict[int, bool] = {}
         keys = []
         for v in live:
-            if not evictable[v] or lock[v]:
+            if not evictable[v] or lock[v] or not redoable(v, preds, resident, recomputable, redo):
                 continue
             nxt = next_need(v, reads, gone, t_now, needs)
             if held[v]:  # held last, the one read furthest up the chain first

@@ -97,6 +97,9 @@ def test_every_plan_replays_within_budget(p, frac, which, frozen):
     best = tight_greedy(p, budget)
     if best is not None:
         assert simulate(p, best, budget).peak_bytes <= budget
+    for other in (evict_greedy(p, budget), split_greedy(p, budget), checkpoint_greedy(p, budget)):
+        if other is not None:  # simulate() refuses a second compute of the frozen node
+            assert simulate(p, other, budget).peak_bytes <= budget
     if budget >= p.unplanned_peak:
         assert best is not None  # no remat needed: the executor never gets stuck
 

@@ -147,7 +147,7 @@ def test_a_loss_node_frees_its_log_probabilities():
     assert p.unplanned_peak == analyze(graph).peak_bytes
     k = list(p.names).index("loss (graph outputs)")
     assert p.companion[k] and p.pinned[k] and not p.pinned[k - 1] and p.size[k] == 4
-    assert not p.recomputable[k - 1] and lowering.groups[k] == ()
+    assert p.recomputable[k - 1] and not p.swappable[k - 1] and lowering.groups[k] == ()
     assert lowering.onnx_schedule(Plan((Event("compute", k),), "test")) == []
     frees = lowering.onnx_schedule(Plan((Event("free", k - 1),), "test"))
     assert frees and all(e["tensor"] not in {graph.tensors[t].name for t in graph.outputs} for e in frees)
@@ -191,3 +191,59 @@ def test_an_unread_output_is_held_from_the_step_that_makes_it():
     k = list(p.names).index("D (unread outputs)")
     assert p.companion[k] and p.pinned[k] and p.size[k] == 1024 and p.base_bytes == graph.base_bytes
     assert p.memory_floor <= analyze(graph).peak_bytes
+
+
+def test_a_node_holding_a_graph_output_is_freed_and_recomputed():
+    # Split's first output is a graph output, its second read early and again at the very end:
+    # the node is freed after its first reader and made again for the last (a fresh copy of the
+    # graph output, read by nobody, is not kept); ORT's outputs are the unplanned model's
+    import onnxruntime as ort
+
+    from passes.onnx_export import export_model
+    from passes.rewrite import apply_schedule
+    from passes.verify import planned_session_options
+    from planner.graph import GraphBuilder
+    from planner.liveness import analyze
+    from planner.lowering import lower
+
+    b = GraphBuilder()
+    x = b.input("x", "float32", (512,))
+    (a,) = b.node("Exp", [x], [("a", "float32", (512,))], name="A")
+    half = b.initializer("half", np.array([256, 256]), False)
+    s1, s2 = b.node("Split", [a, half], [("s1", "float32", (256,)), ("s2", "float32", (256,))], name="S")
+    (c,) = b.node("Neg", [s2], [("c", "float32", (256,))], name="C")
+    (d,) = b.node("Concat", [c, c, c, c], [("d", "float32", (1024,))], name="D", attrs={"axis": 0})
+    (e,) = b.node("ReduceMax", [d], [("e", "float32", (1,))], name="E", attrs={"keepdims": 1})
+    (y,) = b.node("Add", [s2, e], [("y", "float32", (256,))], name="Y")
+    b.output(s1)
+    b.output(y)
+    graph = b.build()
+    p, lowering = lower(graph)
+    names = list(p.names)
+    s, k = names.index("S"), names.index("S (graph outputs)")
+    assert p.companion[k] and not p.pinned[s] and p.recomputable[s] and not p.swappable[s]
+    order = [names.index(n) for n in ("A", "S", "S (graph outputs)", "C")]
+    ev = [Event("compute", v) for v in order] + [Event("free", s), Event("compute", names.index("D")),
+                                                 Event("free", names.index("C")), Event("compute", names.index("E")),
+                                                 Event("free", names.index("D")), Event("compute", s),
+                                                 Event("free", names.index("A")), Event("compute", names.index("Y")),
+                                                 Event("free", s), Event("free", names.index("E"))]
+    plan = Plan(tuple(ev), "test")
+    sim = simulate(p, plan)
+    assert sim.recomputes == 1
+    planned = apply_schedule(graph, tuple(lowering.onnx_schedule(plan)))
+    # the rewrite adds a few bytes: an ordering edge's constant, and a 1-element Slice (its bounds,
+    # its output) reading the recompute's copy of the graph output so that ORT frees it at once
+    assert sim.peak_bytes <= analyze(planned).peak_bytes <= sim.peak_bytes + 32
+    assert [n.name for n in planned.nodes if n.op_type == "Slice"] == ["s1__rc1__sink"]
+    feeds = {"x": np.random.default_rng(0).standard_normal(512).astype(np.float32)}
+
+    def run(g, so=None):
+        sess = ort.InferenceSession(export_model(g).SerializeToString(), so or ort.SessionOptions(),
+                                    providers=["CPUExecutionProvider"])
+        return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+    want, got = run(graph), run(planned, planned_session_options())
+    assert set(got) == {"s1", "y"}
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
