@@ -576,6 +576,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
         ins = []
         for name in node.input:
             ins.append(b.id(name) if name else NO_TENSOR)
+        if node.op_type in BROADCASTING and node.domain in ("", "ai.onnx"):
+            _check_broadcast(node, [b.tensor(t).shape for t in ins if t != NO_TENSOR], display)
         outs = []
         for name in node.output:
             if not name:
@@ -633,6 +635,25 @@ def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int,
         f"shape {want} stored in the file; the exporter baked in the sizes of its example input, so bind "
         "--dim to those sizes or re-export with these dims"
     )
+
+
+#: Ops whose inputs broadcast together (numpy rules); ONNX shape inference lets a mismatch through.
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Equal", "Greater", "GreaterOrEqual",
+                          "Less", "LessOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "BitShift",
+                          "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"})
+
+
+def _check_broadcast(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str) -> None:
+    """Refuse a node whose input shapes do not broadcast: a size the file fixes (a causal mask
+    of the largest sequence length the model supports) against a bound --dim beyond it."""
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ModelImportError(
+            f"{display}: node {node.name!r} ({node.op_type}) cannot broadcast its inputs' shapes "
+            f"{' and '.join(str(list(s)) for s in shapes)}; a size fixed in the file (such as a model's "
+            "longest sequence) does not fit the bound --dim values: bind smaller ones"
+        ) from None
 
 
 def _require_shape(name: str, shapes: Mapping[str, tuple[tuple[int, ...], int]], display: str, what: str):

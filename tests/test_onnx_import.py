@@ -152,3 +152,23 @@ def test_group_normalization_output_gets_its_input_shape(opset):
     got = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x})
     np.testing.assert_array_equal(got[0], want[0])
+
+
+MASKED = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, seq] x) => (float[batch, seq] y) <bool[1, 8] mask, float fill> {
+    y = Where(mask, x, fill)
+}
+"""
+
+
+def test_a_dim_beyond_a_size_fixed_in_the_file_is_refused_in_one_line():
+    # a causal mask stored for 8 positions: seq=8 imports, seq=16 cannot broadcast (gpt2's fixture
+    # at --dim seq=64 failed with a numpy traceback in the backward of its Where)
+    model = parse_model(MASKED)
+    model.graph.initializer.extend([numpy_helper.from_array(np.ones((1, 8), bool), "mask"),
+                                    numpy_helper.from_array(np.array(0, np.float32), "fill")])
+    assert import_model(model, {"batch": 2, "seq": 8}).tensor("y").shape == (2, 8)
+    with pytest.raises(ModelImportError, match=r"node .* \(Where\) cannot broadcast .*\[1, 8\] and \[2, 16\].*--dim") as err:
+        import_model(model, {"batch": 2, "seq": 16})
+    assert "\n" not in str(err.value)
