@@ -43,7 +43,7 @@ def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strat
     """Event schedule of the recompute-on-demand executor for a ``keep`` mask (module docstring)."""
     n = problem.n
     preds = problem.pred_lists
-    keep = keep | ~problem.recomputable  # made once (a random op, a node holding graph outputs): kept
+    keep = keep | ~problem.recomputable  # made once (a random op): kept until its last reader
     readers = effective_readers(problem, keep, window)
     pinned = problem.pinned
     resident = np.zeros(n, dtype=bool)

@@ -80,8 +80,8 @@ def over_missing(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool
 def redoable(v: int, preds: Sequence[Sequence[int]], resident: Sequence[bool], recomputable: Sequence[bool],
              memo: dict[int, bool]) -> bool:
     """Can v be computed again from what is resident? Not where it, or a freed ancestor it needs,
-    may not be recomputed (a random op, a node holding graph outputs: freed once its readers
-    ran). An eviction greedy that freed v then would have to make such a node twice."""
+    may not be recomputed (a random op, freed once its readers ran): an eviction greedy that
+    freed v then would have to make that node twice."""
     over_missing(v, preds, resident, memo,
                  lambda x: bool(recomputable[x]) and all(memo[u] for u in preds[x] if not resident[u]))
     return memo[v]

@@ -231,8 +231,9 @@ def lower(
     # the node, or counted in the base from the start, they over-stated the peak (gpt2: +3.7%; a
     # spatial transformer: +15.6%, a 64 KiB unread output of its backward). Such a node gets a
     # companion right after it: pinned, those bytes, cost 0, reading only the node and making no
-    # ONNX node; a node that held graph outputs is then freed after its last read, never
-    # recomputed or swapped. Unread outputs under 0.1% of the peak stay in the base.
+    # ONNX node; a node that held graph outputs is then freed after its last read and may be
+    # recomputed (the rewrite binds graph outputs to the first computation), never swapped.
+    # Unread outputs under 0.1% of the peak stay in the base.
     moved = np.where(unread >= max(1, lv.peak_bytes // 1000), unread, 0)
     unpin = pinned & (kept < size)
     split = np.flatnonzero(unpin | (moved > 0)).tolist()

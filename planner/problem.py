@@ -77,14 +77,15 @@ class PlanningProblem:
     # it. None: no such node.
     two_step: np.ndarray | None = None
     # Node i's output is written into the buffer of its input ``takes_over[i]`` (-1: none) when
-    # i reads that input's copy last: an ONNX op that ORT runs in place (Add, Relu, ...), the
+    # i reads that input's copy last: an ONNX op that ORT runs in place (Relu, Sigmoid, Cast, ...), the
     # input's node read by i alone, both one buffer of the same bytes. Then while i runs the two
     # are one buffer, and simulate() and the CP-SAT model count them once (``credit``); the
     # greedies and bounds that leave this out only over-count. None: no such node.
     takes_over: np.ndarray | None = None
-    # Node i holds the graph outputs of node i - 1, which is itself not pinned and freed after its
-    # last read (planner/lowering.py: a pinned ONNX node whose other outputs die). Cost 0, it
-    # reads only node i - 1; memory_order keeps the two together. None: no such node.
+    # Node i holds bytes of node i - 1 that stay to the end from there (planner/lowering.py: the
+    # graph outputs of an ONNX node whose other outputs die, which is then not pinned itself, or
+    # outputs nobody reads). Cost 0, it reads only node i - 1; memory_order keeps the two
+    # together. None: no such node.
     companion: np.ndarray | None = None
 
     # ---- construction -------------------------------------------------------------------

@@ -78,8 +78,8 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             if resident[v]:
                 raise fail(k, f"computes {label} while its output is still resident")
             if counts[v] and not problem.recomputable[v]:
-                raise fail(k, f"computes {label} again, which may not be recomputed (a random op, or it holds "
-                              f"graph outputs)")
+                raise fail(k, f"computes {label} again, which may not be recomputed (a random op, or a graph "
+                              f"output)")
             preds = problem.preds(v)
             missing = [int(u) for u in preds if not resident[u]]
             if missing:
