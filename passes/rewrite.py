@@ -137,7 +137,8 @@ class _Rewriter:
                             self._read(t, f"node {node.name!r}")
                     self.computed.setdefault(node.id, 0)
                     for t in node.outputs:
-                        if t != NO_TENSOR:
+                        # a graph output stays its first computation's (a recompute's copy is not it)
+                        if t != NO_TENSOR and not (t in self.g.output_set and self.current.get(t) is not None):
                             self.current[t] = None
                             self.skipped.add(t)
                     continue
