@@ -197,11 +197,7 @@ def test_a_node_holding_a_graph_output_is_freed_and_recomputed():
     # Split's first output is a graph output, its second read early and again at the very end:
     # the node is freed after its first reader and made again for the last (a fresh copy of the
     # graph output, read by nobody, is not kept); ORT's outputs are the unplanned model's
-    import onnxruntime as ort
-
-    from passes.onnx_export import export_model
     from passes.rewrite import apply_schedule
-    from passes.verify import planned_session_options
     from planner.graph import GraphBuilder
     from planner.liveness import analyze
     from planner.lowering import lower
@@ -236,17 +232,7 @@ def test_a_node_holding_a_graph_output_is_freed_and_recomputed():
     # its output) reading the recompute's copy of the graph output so that ORT frees it at once
     assert sim.peak_bytes <= analyze(planned).peak_bytes <= sim.peak_bytes + 32
     assert [n.name for n in planned.nodes if n.op_type == "Slice"] == ["s1__rc1__sink"]
-    feeds = {"x": np.random.default_rng(0).standard_normal(512).astype(np.float32)}
-
-    def run(g, so=None):
-        sess = ort.InferenceSession(export_model(g).SerializeToString(), so or ort.SessionOptions(),
-                                    providers=["CPUExecutionProvider"])
-        return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-
-    want, got = run(graph), run(planned, planned_session_options())
-    assert set(got) == {"s1", "y"}
-    for name in want:
-        np.testing.assert_array_equal(got[name], want[name])
+    assert set(_same_outputs(graph, planned, 512)) == {"s1", "y"}
 
 
 def test_a_recomputed_group_whose_view_is_a_graph_output_keeps_that_output():
@@ -254,11 +240,7 @@ def test_a_recomputed_group_whose_view_is_a_graph_output_keeps_that_output():
     # is grouped with it. Recomputed for the late reader, the view's copy is read by nobody and
     # not emitted: the graph output must stay bound to the first copy (zoo:resnet's max batch
     # failed with "graph output reads ... while it is not resident")
-    import onnxruntime as ort
-
-    from passes.onnx_export import export_model
     from passes.rewrite import apply_schedule
-    from passes.verify import planned_session_options
     from planner.graph import GraphBuilder
     from planner.lowering import lower
 
@@ -285,14 +267,24 @@ def test_a_recomputed_group_whose_view_is_a_graph_output_keeps_that_output():
     plan = Plan(tuple(ev), "test")
     assert simulate(p, plan).recomputes == 1
     planned = apply_schedule(graph, tuple(lowering.onnx_schedule(plan)))
-    feeds = {"x": np.random.default_rng(1).standard_normal(256).astype(np.float32)}
+    assert set(_same_outputs(graph, planned, 256)) == {"v", "y"}
 
-    def run(g, so=None):
-        sess = ort.InferenceSession(export_model(g).SerializeToString(), so or ort.SessionOptions(),
-                                    providers=["CPUExecutionProvider"])
+
+def _same_outputs(graph, planned, n: int) -> list[str]:
+    """Run ``graph`` (default session) and ``planned`` (planned session options) in ORT on one
+    seeded input ``x`` of ``n`` floats; assert every output equal; the planned model's output names."""
+    import onnxruntime as ort
+
+    from passes.onnx_export import export_model
+    from passes.verify import planned_session_options
+
+    feeds = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32)}
+
+    def run(g, so):
+        sess = ort.InferenceSession(export_model(g).SerializeToString(), so, providers=["CPUExecutionProvider"])
         return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
-    want, got = run(graph), run(planned, planned_session_options())
-    assert set(got) == {"v", "y"}
+    want, got = run(graph, ort.SessionOptions()), run(planned, planned_session_options())
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+    return list(got)
