@@ -239,32 +239,31 @@ def lower(
     split = np.flatnonzero(unpin | (moved > 0)).tolist()
     dangling -= int(moved.sum())
     at = np.arange(m) + np.searchsorted(np.asarray(split, dtype=np.int64), np.arange(m), side="left")
+    comp = at[split] + 1  # where each companion goes: right after its node
     swappable = np.ones(m + len(split), dtype=bool)
     companion = np.zeros(m + len(split), dtype=bool)
-    companion[at[split] + 1] = True
+    companion[comp] = True
     if split:
         def widen(a, fill):
             out = np.empty(m + len(split), dtype=np.asarray(a).dtype)
             out[at] = a
-            out[at[split] + 1] = fill
+            out[comp] = fill
             return out
-        held = np.where(unpin, kept, 0)[split] + moved[split]
-        comp = at[split] + 1
+        outputs_kept = np.where(unpin, kept, 0)[split]
         size, scratch, cost = widen(size, 0), widen(scratch, 0), widen(cost, 0.0)
         recomputable, in_place, read = widen(recomputable, False), widen(in_place, 0), widen(read, 0)
         two_step, kept = widen(two_step, False), widen(kept, 0)
-        size[comp] = read[comp] = kept[comp] = held
+        size[comp] = read[comp] = kept[comp] = outputs_kept + moved[split]
         # the graph outputs a companion keeps lie in its node's buffers: the floor counts them once
-        in_place[comp] = np.where(unpin[split], kept[at[split]], 0)
+        in_place[comp] = outputs_kept
         takes_over = widen(np.where(takes_over >= 0, at[np.maximum(takes_over, 0)], -1), -1)
         pinned = widen(pinned, True)
-        pinned[at[np.flatnonzero(unpin)]] = False
-        swappable[at[np.flatnonzero(unpin)]] = False
+        pinned[at[unpin]] = swappable[at[unpin]] = False
         wide_preds: list[set[int]] = [set() for _ in range(m + len(split))]
         for j, ps in enumerate(preds):
             wide_preds[at[j]] = {int(at[u]) for u in ps}
-        for j in split:
-            wide_preds[at[j] + 1] = {int(at[j])}
+        for j, c in zip(split, comp.tolist()):
+            wide_preds[c] = {int(at[j])}
         preds = wide_preds
         for j in reversed(split):
             names.insert(j + 1, f"{names[j]} ({'graph' if unpin[j] else 'unread'} outputs)")
