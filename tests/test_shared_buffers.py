@@ -207,10 +207,7 @@ def test_a_node_holding_a_graph_output_is_freed_and_recomputed():
     (a,) = b.node("Exp", [x], [("a", "float32", (512,))], name="A")
     half = b.initializer("half", np.array([256, 256]), False)
     s1, s2 = b.node("Split", [a, half], [("s1", "float32", (256,)), ("s2", "float32", (256,))], name="S")
-    (c,) = b.node("Neg", [s2], [("c", "float32", (256,))], name="C")
-    (d,) = b.node("Concat", [c, c, c, c], [("d", "float32", (1024,))], name="D", attrs={"axis": 0})
-    (e,) = b.node("ReduceMax", [d], [("e", "float32", (1,))], name="E", attrs={"keepdims": 1})
-    (y,) = b.node("Add", [s2, e], [("y", "float32", (256,))], name="Y")
+    y = _read_again_at_the_end(b, s2, copies=4)
     b.output(s1)
     b.output(y)
     graph = b.build()
@@ -249,10 +246,7 @@ def test_a_recomputed_group_whose_view_is_a_graph_output_keeps_that_output():
     (s,) = b.node("Exp", [x], [("s", "float32", (256,))], name="S")
     shape = b.initializer("shape", np.array([16, 16]), False)
     (v,) = b.node("Reshape", [s, shape], [("v", "float32", (16, 16))], name="V")
-    (c,) = b.node("Neg", [s], [("c", "float32", (256,))], name="C")
-    (d,) = b.node("Concat", [c, c], [("d", "float32", (512,))], name="D", attrs={"axis": 0})
-    (e,) = b.node("ReduceMax", [d], [("e", "float32", (1,))], name="E", attrs={"keepdims": 1})
-    (y,) = b.node("Add", [s, e], [("y", "float32", (256,))], name="Y")
+    y = _read_again_at_the_end(b, s, copies=2)
     b.output(v)
     b.output(y)
     graph = b.build()
@@ -288,3 +282,13 @@ def _same_outputs(graph, planned, n: int) -> list[str]:
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     return list(got)
+
+
+def _read_again_at_the_end(b, t: int, copies: int) -> int:
+    """Nodes C = Neg(t), D = Concat(C x ``copies``), E = ReduceMax(D), Y = Add(t, E): t (256
+    floats) is read early, then again at the end, with a larger buffer in between. Returns Y."""
+    (c,) = b.node("Neg", [t], [("c", "float32", (256,))], name="C")
+    (d,) = b.node("Concat", [c] * copies, [("d", "float32", (256 * copies,))], name="D", attrs={"axis": 0})
+    (e,) = b.node("ReduceMax", [d], [("e", "float32", (1,))], name="E", attrs={"keepdims": 1})
+    (y,) = b.node("Add", [t, e], [("y", "float32", (256,))], name="Y")
+    return y
