@@ -137,8 +137,7 @@ class _Rewriter:
                             self._read(t, f"node {node.name!r}")
                     self.computed.setdefault(node.id, 0)
                     for t in node.outputs:
-                        # a graph output stays its first computation's (a recompute's copy is not it)
-                        if t != NO_TENSOR and not (t in self.g.output_set and self.current.get(t) is not None):
+                        if t != NO_TENSOR and not self._bound(t):
                             self.current[t] = None
                             self.skipped.add(t)
                     continue
@@ -183,6 +182,11 @@ class _Rewriter:
             )
         return cur
 
+    def _bound(self, tid: int) -> bool:
+        """Is ``tid`` a graph output made already? It stays the first computation's: a recompute's
+        copy of it is read by nobody and never replaces it."""
+        return tid in self.g.output_set and self.current.get(tid) is not None
+
     # ---- events ----------------------------------------------------------------------------
     def _compute(self, node: Node, read: set[int] | frozenset[int] = frozenset()) -> None:
         k = self.computed.get(node.id, 0)
@@ -195,10 +199,9 @@ class _Rewriter:
                 inputs = self.edges.route(inputs, self.last_output, f"{name}__order",
                                           constant_shape_input(self.g, node))
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
-        # a graph output stays the first computation's, so a recompute's copy of it is read by none
-        again = self.g.output_set if k else frozenset()
-        unread = {t for t in node.outputs if t != NO_TENSOR and (t not in read and t in self.wanted_outputs
-                                                                 or t in again)}
+        # so would a recompute's copy of a graph output (_bound)
+        again = {t for t in node.outputs if t != NO_TENSOR and self._bound(t)}
+        unread = {t for t in node.outputs if t != NO_TENSOR and t not in read and t in self.wanted_outputs} | again
         droppable = OPTIONAL_OUTPUTS.get(node.op_type, ())
         outs = [None if t == NO_TENSOR or (slot in droppable and t in unread) else
                 (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype, self.g.tensors[t].shape)
