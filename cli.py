@@ -287,6 +287,7 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
             f"infeasible: memplan finds no plan below the unplanned peak {unplanned} ({format_bytes(unplanned)})"
             f"{const}; {tail}", least_bytes=unplanned)
     word = "is" if result.least_exact else "is at least"
+    scope = " in the given node order" if result.least_order == "given" else ""
     share = f", {100 * least / unplanned:.1f}% of the unplanned peak" if unplanned else ""  # for --budget N%
     best, found = result.best_bytes, ""
     if best is not None and not result.least_exact and (unplanned is None or best < unplanned):
@@ -296,7 +297,8 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
         tail += (f", below the {result.base_bytes} bytes ({format_bytes(result.base_bytes)}) that initializers and "
                  f"graph inputs hold throughout: check the budget's unit")
     return BudgetInfeasibleError(
-        f"infeasible: the least memory any plan reaches {word} {least} ({format_bytes(least)}{share}){found}; {tail}",
+        f"infeasible: the least memory any plan{scope} reaches {word} {least} ({format_bytes(least)}{share}){found}; "
+        f"{tail}",
         least_bytes=least)
 
 

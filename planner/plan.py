@@ -99,10 +99,15 @@ class SolveResult:
     solver: SolverStats = field(default_factory=SolverStats)
     least_bytes: int | None = None  # when infeasible: least peak any plan reaches (or a lower bound)
     least_exact: bool = False  # least_bytes is exact (else a proven lower bound)
+    # "any": least_bytes holds for plans in every node order; "given": for those in the problem's
+    # own order only (a solve told not to reorder, --fixed-order)
+    least_order: str = "any"
     best_bytes: int | None = None  # when timeout, or infeasible and not exact: peak of the lowest plan found
     note: str = ""
     # "given": the plan computes nodes first in the problem's order; "memory-aware:<start>": in
-    # the order planner/reorder.py found from that start (bound and gap are then for that order)
+    # the order planner/reorder.py found from that start (bound and gap are then for that order);
+    # "exact-search": the order of planner.least.least_plan_any_order's least-peak plan (a small
+    # problem whose searched orders hold no plan within the budget)
     order: str = "given"
 
     @property
@@ -130,6 +135,7 @@ class SolveResult:
         if self.least_bytes is not None:
             out["least_bytes"] = self.least_bytes
             out["least_exact"] = self.least_exact
+            out["least_order"] = self.least_order
         if self.best_bytes is not None:
             out["best_peak_bytes"] = self.best_bytes
         if self.note:

@@ -34,7 +34,7 @@ from planner import clock
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
-from planner.least import cheapest_plan, least_plan
+from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
 from planner.plan import SolveResult, SolverStats
@@ -90,11 +90,42 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
     if options.reorder and problem.n <= options.coarsen_above and budget < problem.unplanned_peak:
-        found = memory_order(problem, options.reorder_min_gain, budget,
-                             options.reorder_work_per_s * options.time_limit)
+        work = options.reorder_work_per_s * options.time_limit
+        found = memory_order(problem, options.reorder_min_gain, budget, work)
+        if found is None and problem.order_free_floor <= budget < problem.memory_floor:
+            # no plan in the given order fits; another order's may, however little lower its peak
+            found = memory_order(problem, -math.inf, budget, work)
         if found is not None:
-            return _solve_reordered(problem, budget, options, t0, *found)
-    return _solve_cpsat(problem, budget, options, t0)
+            return _any_order(problem, _solve_reordered(problem, budget, options, t0, *found))
+    if not options.reorder:
+        res = _solve_cpsat(problem, budget, options, t0)
+        return replace(res, least_order="given") if res.least_bytes is not None else res
+    return _any_order(problem, _solve_cpsat(problem, budget, options, t0))
+
+
+def _any_order(problem: PlanningProblem, res: SolveResult) -> SolveResult:
+    """``res`` with an infeasible claim lowered to what plans in every node order may reach
+    (:attr:`PlanningProblem.order_free_floor`): the solve searched the given order and perhaps
+    one memory-aware order, and its least holds over those orders' plans only."""
+    low = problem.order_free_floor
+    if res.status != "infeasible" or res.least_bytes is None or res.least_bytes <= low:
+        return res
+    exact = least_plan_any_order(problem) if problem.runtime_exact else None
+    if exact is not None and exact[0] <= res.budget_bytes:  # a plan in another order fits
+        sim = simulate(problem, exact[1], res.budget_bytes)
+        return replace(res, status="feasible", plan=replace(exact[1], strategy="cpsat"), peak_bytes=sim.peak_bytes,
+                       added_time=sim.added_time, least_bytes=None, least_exact=False, best_bytes=None,
+                       order="exact-search",
+                       note=f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
+                            f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
+    if exact is not None:
+        return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
+                       note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
+    found = res.least_bytes if res.least_exact else res.best_bytes
+    best = "" if found is None else f" (best plan found: {found} bytes)"
+    return replace(res, least_bytes=low, least_exact=False, best_bytes=found,
+                   note=f"the least memory any plan reaches is at least {low} bytes{best}; the node orders "
+                        f"searched reach no lower than {res.least_bytes} bytes")
 
 
 def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
@@ -236,10 +267,13 @@ def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem)
         other, other_exact = first.least_bytes, first.least_exact
     else:
         other, other_exact = q.memory_floor, False
+    # the lowest plan found in either order (an exact least is a plan's peak)
+    found = [r.least_bytes if r.least_exact else r.best_bytes for r in (given, first)]
+    best = min((b for b in found if b is not None), default=None)
     if other >= given.least_bytes:  # no lower in the other order
-        return given
+        return given if given.least_exact else replace(given, best_bytes=best)
     word = "is" if other_exact else "is at least"
-    return replace(given, least_bytes=other, least_exact=other_exact,
+    return replace(given, least_bytes=other, least_exact=other_exact, best_bytes=None if other_exact else best,
                    note=f"the least memory any plan in either order reaches {word} {other} bytes")
 
 

@@ -169,7 +169,9 @@ def test_the_cli_gives_the_lowest_plan_as_a_share_of_the_models_own_peak():
                                         "--deterministic", "--workers", "1"])
     assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1, out.output
     best, share = re.search(r"lowest plan found peaks at (\d+) \([\d.]+ KiB, ([\d.]+)%\)", out.output).groups()
-    assert float(share) == round(100 * int(best) / lv.peak_bytes, 1) > 70
+    # above the budget's share (a plan under it would have been returned); the lowest plan of
+    # either order searched: 63.6%, a memory-aware order's (the given order's: 72.7%)
+    assert float(share) == round(100 * int(best) / lv.peak_bytes, 1) > 62
 
 
 def test_the_floor_counts_an_input_node_with_the_outputs_its_readers_read():
