@@ -669,6 +669,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     from planner.cpsat import PlannerOptions
     from planner.explain import explain as explain_plan, explain_table
     from planner.fileio import atomic_write
+    from planner.planning import TIMED_OUT
     from planner.problem import is_remat_json
     from planner.units import format_bytes, format_gap, parse_budget
 
@@ -713,7 +714,8 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
             swap_flag = "--swap-bandwidth BW" if is_remat_json(model) else "--swap"
             also = "" if problem.can_swap else f", or allow swapping to host memory ({swap_flag})"
             note = _share_of_unplanned(result.note, result.best_bytes, obj.get("unplanned_peak_bytes"))
-            raise SolverTimeoutError(f"{note}; try a longer --time-limit or a larger --budget{also}")
+            longer = "a longer --time-limit or " if note.startswith(TIMED_OUT) else ""
+            raise SolverTimeoutError(f"{note}; try {longer}a larger --budget{also}")
         if result.status == "infeasible" and result.least_bytes is not None:
             raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
         hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""

@@ -106,7 +106,9 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
 def _any_order(problem: PlanningProblem, res: SolveResult) -> SolveResult:
     """``res`` with an infeasible claim lowered to what plans in every node order may reach
     (:attr:`PlanningProblem.order_free_floor`): the solve searched the given order and perhaps
-    one memory-aware order, and its least holds over those orders' plans only."""
+    one memory-aware order, and its least holds over those orders' plans only. Small problems
+    get the exact search over every order instead. Where the lowered claim is within the budget,
+    the solve has no plan and no proof: "timeout", with a note that says so."""
     low = problem.order_free_floor
     if res.status != "infeasible" or res.least_bytes is None or res.least_bytes <= low:
         return res
@@ -122,6 +124,14 @@ def _any_order(problem: PlanningProblem, res: SolveResult) -> SolveResult:
         return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
                        note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
     found = res.least_bytes if res.least_exact else res.best_bytes
+    if low <= res.budget_bytes:
+        # no plan fits in the orders searched, which proves nothing for the others: like a model
+        # that holds no fitting plan, the solve ends without one ("timeout"), not "infeasible"
+        best = "" if found is None else f"; the lowest plan found peaks at {found} bytes"
+        return replace(res, status="timeout", least_bytes=None, least_exact=False, best_bytes=found,
+                       note=f"no plan within the budget found: none in the node orders searched (they reach no "
+                            f"lower than {res.least_bytes} bytes); the others were not searched (no plan in any "
+                            f"order reaches below {low} bytes){best}")
     best = "" if found is None else f" (best plan found: {found} bytes)"
     return replace(res, least_bytes=low, least_exact=False, best_bytes=found,
                    note=f"the least memory any plan reaches is at least {low} bytes{best}; the node orders "

@@ -109,3 +109,16 @@ def test_where_the_orders_searched_hold_no_plan_the_exact_search_gives_one(monke
     assert simulate(p, res.plan, 150).peak_bytes == res.peak_bytes == 110
     below = solve(p, 109, "cpsat", ONE)
     assert below.status == "infeasible" and below.least_bytes == 110 and below.least_exact
+
+
+def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(monkeypatch):
+    p = gradient_first()
+    monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
+    res = solve(p, 150, "cpsat", ONE)
+    # before: "infeasible: the least memory any plan reaches is 200 bytes", with a plan at 110
+    assert res.status == "timeout" and res.plan is None and res.least_bytes is None and res.best_bytes == 200
+    assert "none in the node orders searched (they reach no lower than 200 bytes)" in res.note
+    assert "no plan in any order reaches below 110 bytes" in res.note
+    below = solve(p, 100, "cpsat", ONE)  # below every order's floor: proven
+    assert below.status == "infeasible" and below.least_bytes == 110 and not below.least_exact
