@@ -381,7 +381,7 @@ class PlanningProblem:
                 ancestors[i] |= ancestors[u]
                 if col[u] >= 0:
                     ancestors[i, col[u]] = True
-        need = self.runtime_need - np.concatenate([[0], np.cumsum(kept)[:-1]]) + ancestors.astype(np.int64) @ kept[cols]
+        need = self.runtime_need - self._pinned_before + ancestors.astype(np.int64) @ kept[cols]
         need.setflags(write=False)
         return need
 
@@ -390,6 +390,12 @@ class PlanningProblem:
         """Bytes of each pinned node's output that stay to the end (0 for the others)."""
         kept = self.size if self.kept_bytes is None else self.kept_bytes
         return np.where(self.pinned, kept, 0).astype(np.int64)
+
+    @cached_property
+    def _pinned_before(self) -> np.ndarray:
+        """Per node, the bytes of the pinned outputs made before it in this order that stay (the
+        part of :attr:`runtime_need` that depends on the order)."""
+        return np.concatenate([[0], np.cumsum(self._pinned_kept)[:-1]])
 
     @cached_property
     def order_free_floor(self) -> int:
@@ -402,7 +408,7 @@ class PlanningProblem:
         kept = self._pinned_kept
         cols = np.flatnonzero(self.pinned)
         # what each pinned node's step needs besides the pinned outputs (all in the total below)
-        own = self.runtime_need[cols] - np.concatenate([[0], np.cumsum(kept)[:-1]])[cols]
+        own = self.runtime_need[cols] - self._pinned_before[cols]
         last = int((own + int(kept.sum()) - kept[cols]).min())
         lower = max(int(self.order_free_need.max()), last, self._last_input_floor)
         return min(lower, self.memory_floor)
