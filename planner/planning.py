@@ -89,18 +89,18 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
             if res.plan is not None:
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
+    found = None
     if options.reorder and problem.n <= options.coarsen_above and budget < problem.unplanned_peak:
         work = options.reorder_work_per_s * options.time_limit
         found = memory_order(problem, options.reorder_min_gain, budget, work)
         if found is None and problem.order_free_floor <= budget < problem.memory_floor:
             # no plan in the given order fits; another order's may, however little lower its peak
             found = memory_order(problem, -math.inf, budget, work)
-        if found is not None:
-            return _any_order(problem, _solve_reordered(problem, budget, options, t0, *found))
-    if not options.reorder:
-        res = _solve_cpsat(problem, budget, options, t0)
+    res = (_solve_reordered(problem, budget, options, t0, *found) if found is not None
+           else _solve_cpsat(problem, budget, options, t0))
+    if not options.reorder:  # its claims cover the given order only, and say so
         return replace(res, least_order="given") if res.least_bytes is not None else res
-    return _any_order(problem, _solve_cpsat(problem, budget, options, t0))
+    return _any_order(problem, res)
 
 
 def _any_order(problem: PlanningProblem, res: SolveResult) -> SolveResult:
@@ -123,7 +123,7 @@ def _any_order(problem: PlanningProblem, res: SolveResult) -> SolveResult:
     if exact is not None:
         return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
                        note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
-    found = res.least_bytes if res.least_exact else res.best_bytes
+    found = _lowest_found(res)
     if low <= res.budget_bytes:
         # no plan fits in the orders searched, which proves nothing for the others: like a model
         # that holds no fitting plan, the solve ends without one ("timeout"), not "infeasible"
@@ -277,14 +277,18 @@ def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem)
         other, other_exact = first.least_bytes, first.least_exact
     else:
         other, other_exact = q.memory_floor, False
-    # the lowest plan found in either order (an exact least is a plan's peak)
-    found = [r.least_bytes if r.least_exact else r.best_bytes for r in (given, first)]
-    best = min((b for b in found if b is not None), default=None)
+    best = min((b for b in map(_lowest_found, (given, first)) if b is not None), default=None)
     if other >= given.least_bytes:  # no lower in the other order
         return given if given.least_exact else replace(given, best_bytes=best)
     word = "is" if other_exact else "is at least"
     return replace(given, least_bytes=other, least_exact=other_exact, best_bytes=None if other_exact else best,
                    note=f"the least memory any plan in either order reaches {word} {other} bytes")
+
+
+def _lowest_found(res: SolveResult) -> int | None:
+    """The peak of the lowest plan an infeasible or plan-less ``res`` knows of: its least, when
+    exact (a plan reaches it), else its best plan's."""
+    return res.least_bytes if res.least_exact else res.best_bytes
 
 
 def _baselines(problem: PlanningProblem, budget: int, deadline: float = float("inf")) -> dict[str, Candidate]:

@@ -200,7 +200,6 @@ def test_a_node_holding_a_graph_output_is_freed_and_recomputed():
     from passes.rewrite import apply_schedule
     from planner.graph import GraphBuilder
     from planner.liveness import analyze
-    from planner.lowering import lower
 
     b = GraphBuilder()
     x = b.input("x", "float32", (512,))
@@ -208,11 +207,7 @@ def test_a_node_holding_a_graph_output_is_freed_and_recomputed():
     half = b.initializer("half", np.array([256, 256]), False)
     s1, s2 = b.node("Split", [a, half], [("s1", "float32", (256,)), ("s2", "float32", (256,))], name="S")
     y = _read_again_at_the_end(b, s2, copies=4)
-    b.output(s1)
-    b.output(y)
-    graph = b.build()
-    p, lowering = lower(graph)
-    names = list(p.names)
+    graph, p, lowering, names = _lowered(b, s1, y)
     s, k = names.index("S"), names.index("S (graph outputs)")
     assert p.companion[k] and not p.pinned[s] and p.recomputable[s] and not p.swappable[s]
     order = [names.index(n) for n in ("A", "S", "S (graph outputs)", "C")]
@@ -239,7 +234,6 @@ def test_a_recomputed_group_whose_view_is_a_graph_output_keeps_that_output():
     # failed with "graph output reads ... while it is not resident")
     from passes.rewrite import apply_schedule
     from planner.graph import GraphBuilder
-    from planner.lowering import lower
 
     b = GraphBuilder()
     x = b.input("x", "float32", (256,))
@@ -247,11 +241,7 @@ def test_a_recomputed_group_whose_view_is_a_graph_output_keeps_that_output():
     shape = b.initializer("shape", np.array([16, 16]), False)
     (v,) = b.node("Reshape", [s, shape], [("v", "float32", (16, 16))], name="V")
     y = _read_again_at_the_end(b, s, copies=2)
-    b.output(v)
-    b.output(y)
-    graph = b.build()
-    p, lowering = lower(graph)
-    names = list(p.names)
+    graph, p, lowering, names = _lowered(b, v, y)
     k = names.index("S (graph outputs)")
     assert lowering.groups[k - 1] == (0, 1) and p.recomputable[k - 1]
     at = {n: names.index(n) for n in ("S", "C", "D", "E", "Y")}
@@ -282,6 +272,18 @@ def _same_outputs(graph, planned, n: int) -> list[str]:
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     return list(got)
+
+
+def _lowered(b, *outputs: int):
+    """(graph, problem, lowering, problem node names) of builder ``b`` with ``outputs`` as its
+    graph outputs."""
+    from planner.lowering import lower
+
+    for t in outputs:
+        b.output(t)
+    graph = b.build()
+    p, lowering = lower(graph)
+    return graph, p, lowering, list(p.names)
 
 
 def _read_again_at_the_end(b, t: int, copies: int) -> int:
