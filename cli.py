@@ -103,6 +103,11 @@ MODEL_HELP = "MODEL is an .onnx file, zoo:NAME[?opt=v&...] (built-in model) or a
 dim_option = click.option("--dim", "dims", multiple=True, metavar="NAME=V",
                           help="Bind a symbolic input dim, e.g. --dim batch=32 (repeatable).")
 
+ADD_LOSS_HELP = ("Append a loss to a model that ends in predictions, for its training step: cross-entropy (new "
+                 "int64 input <output>_labels), mse (new input <output>_target) or mean, on the float output "
+                 "named after the colon (default: the only one). The loss becomes the only output.")
+add_loss_option = click.option("--add-loss", "add_loss", default=None, metavar="KIND[:OUTPUT]", help=ADD_LOSS_HELP)
+
 
 def training_graph(graph, **options):
     """Forward graph with a scalar loss -> training graph (autodiff)."""
@@ -115,12 +120,14 @@ def training_graph(graph, **options):
 @main.command()
 @click.argument("model")
 @click.option("--train", is_flag=True, help="Inspect the training step (forward + backward).")
+@add_loss_option
 @dim_option
 @click.option("--top", default=15, show_default=True, type=click.IntRange(min=0), help="Tensors listed at the peak.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of memory over steps.")
 @handles_errors
-def inspect(model: str, train: bool, dims: tuple[str, ...], top: int, as_json: bool, plot: str | None) -> None:
+def inspect(model: str, train: bool, add_loss: str | None, dims: tuple[str, ...], top: int, as_json: bool,
+            plot: str | None) -> None:
     """Tensors, liveness, constant base and peak of one run of MODEL."""
     from passes.onnx_import import load_graph
     from planner.fileio import atomic_write
@@ -128,9 +135,10 @@ def inspect(model: str, train: bool, dims: tuple[str, ...], top: int, as_json: b
     from planner.report import inspect_dict, inspect_table, timeline_png
 
     _output_paths_ok({"--plot": plot}, [model])
+    train = train or bool(add_loss)  # a loss is only for training
     graph = load_graph(model, parse_dims(dims))
     if train:
-        graph = training_graph(graph)
+        graph = training_graph(graph, **({"add_loss": add_loss} if add_loss else {}))
     lv = analyze(graph)
     info = inspect_dict(lv, model, top)
     if plot:
@@ -336,7 +344,7 @@ def _load_for_check(item):
     from passes.onnx_import import load_graph
 
     graph = load_graph(item.model, dict(item.dims))
-    return training_graph(graph) if item.train else graph
+    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {})) if item.train else graph
 
 
 def _training_available() -> bool:
@@ -369,6 +377,7 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
 @click.option("--budget", "budgets", multiple=True, metavar="B",
               help="Memory budget: 8GiB, 512MiB, 1.5GB, or 60% of the unplanned peak (needs a plan). Repeatable.")
 @click.option("--train", is_flag=True, help="Check the training step (forward + backward).")
+@add_loss_option
 @click.option("--device", default=None, help="Device profile the planner prices time on (default h100).")
 @dim_option
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -386,7 +395,7 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
 @click.option("--markdown", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write a Markdown table (for $GITHUB_STEP_SUMMARY); '-' prints it instead of the table.")
 @handles_errors
-def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device: str | None,
+def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_loss: str | None, device: str | None,
           dims: tuple[str, ...], time_limit: float | None, no_plan: bool, deterministic: bool,
           ort_arena: str | None, config: str | None, as_json: bool,
           junit: str | None, markdown: str | None) -> None:
@@ -404,7 +413,8 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, device
 
     if as_json and markdown == "-":
         raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
-    cli = Overrides(budgets=budgets, train=train, dims=parse_dims(dims), device=device, time_limit=time_limit,
+    cli = Overrides(budgets=budgets, train=train, add_loss=add_loss, dims=parse_dims(dims), device=device,
+                    time_limit=time_limit,
                     no_plan=no_plan, deterministic=deterministic, ort_arena=ort_arena)
     items, config_path = collect_items(models, cli, config, Path.cwd())
     if any(item.train for item in items) and not _training_available():
@@ -441,6 +451,7 @@ def optimizer_options(f):
         click.option("--freeze", multiple=True, metavar="PATTERN",
                      help="Initializers (glob on the name) that get no gradient; repeatable."),
         click.option("--loss", default=None, help="Loss output (default: the first scalar float output)."),
+        add_loss_option,
         dim_option,
     ]):
         f = opt(f)
@@ -514,6 +525,13 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
     if options.optimizer.kind == "none":
         raise UsageError("memplan train needs --optimizer sgd or adam")
     forward = load_graph(model, parse_dims(dims))
+    if options.add_loss:  # the synthetic task reads the loss (its labels input) from the forward graph
+        from dataclasses import replace
+
+        from passes.loss import append_loss
+
+        forward, loss = append_loss(forward, options.add_loss)
+        options = replace(options, add_loss=None, loss=loss)
     result = train(build_training_graph(forward, options), forward, steps, seed=seed, provider=provider)
     info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,
             "steps": steps, "provider": result.provider, "seconds": result.seconds, **summary(result)}
@@ -565,16 +583,21 @@ def _graph_costs(graph, device_name: str, costs: str):
     return dev, found.node_time(graph, estimate), transfer, overlap, source
 
 
-def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01):
+def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01,
+                   add_loss: str | None = None):
     """MODEL -> (graph to plan, the training options used or None)."""
     from passes.onnx_import import import_model, load_proto
 
+    if add_loss and forward:
+        raise UsageError("--add-loss builds a training step; --forward plans the model as it is: give one")
     proto, _, _ = load_proto(model)
     already = any(p.key == "memplan.train" for p in proto.metadata_props)
+    if add_loss and already:
+        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
     graph = import_model(proto if not model.startswith("zoo:") else model, dims)
     if forward or already:
         return graph, None
-    train = {"optimizer": optimizer, "lr": lr}
+    train = {"optimizer": optimizer, "lr": lr, **({"add_loss": add_loss} if add_loss else {})}
     return training_graph(graph, **train), train
 
 
@@ -634,6 +657,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default="none", show_default=True,
               help="ONNX models: optimizer step added to the training graph.")
 @click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate of --optimizer.")
+@add_loss_option
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
@@ -658,7 +682,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--max-added-time", "max_added_pct", type=click.FloatRange(min=0), default=None,
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
-def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, time_limit, seed,
+def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, add_loss, time_limit, seed,
          workers, max_computations, fixed_order, deterministic, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, ort_arena,
          max_batch, batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
@@ -674,6 +698,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     from planner.units import format_bytes, format_gap, parse_budget
 
     budget_spec = parse_budget(budget_text)
+    train = {"optimizer": optimizer, "lr": lr, "add_loss": add_loss}  # ONNX models: how the step is built
+    if add_loss and is_remat_json(model):
+        raise UsageError("--add-loss applies to ONNX models; a JSON graph is a training graph already")
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
                              reorder=not fixed_order, work_limit=deterministic)
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model])
@@ -686,11 +713,11 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
                          "(or plan one batch with --dim batch=N --costs ...)")
     if sweep_png:
-        return _sweep(model, sweep_png, options, device_name, swap, parse_dims(dims), forward, optimizer, lr,
+        return _sweep(model, sweep_png, options, device_name, swap, parse_dims(dims), forward, train,
                       swap_bandwidth, swap_overlap, as_json, costs)
     if max_batch:
         return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
-                          optimizer, lr, batch_dim, as_json, max_added_pct, ort_arena)
+                          train, batch_dim, as_json, max_added_pct, ort_arena)
     if is_remat_json(model):
         if emit:
             raise UsageError("--emit writes ONNX models; MODEL is a JSON graph (use -o for the plan)")
@@ -703,7 +730,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         planned = None
     else:
         problem, result, obj, planned, budget = _plan_onnx(model, budget_spec, strategy, options, device_name, swap,
-                                                            parse_dims(dims), forward, optimizer, lr, arena, pin_order,
+                                                            parse_dims(dims), forward, train, arena, pin_order,
                                                             costs, ort_arena)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
@@ -755,7 +782,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
             click.echo(explain_table(obj["explain"]))
 
 
-def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, batch_dim,
+def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, train, batch_dim,
                as_json, max_added_pct=None, ort_arena=None) -> None:
     """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget."""
     from dataclasses import replace
@@ -781,7 +808,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
 
     def build(b: int):
         spec, d = spec_at(b)
-        return _graph_to_plan(spec, d, forward, optimizer, lr)[0]
+        return _graph_to_plan(spec, d, forward, **train)[0]
 
     bfc = _ort_arena(ort_arena, device_name)
 
@@ -812,7 +839,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                   if pm is not None and result.ratio else ""))
 
 
-def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr, swap_bandwidth, swap_overlap,
+def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_bandwidth, swap_overlap,
            as_json, costs="device") -> None:
     """--sweep: every strategy at 100%..40% of the unplanned peak; a PNG and a table."""
     from planner.fileio import atomic_write
@@ -823,7 +850,7 @@ def _sweep(model, png, options, device_name, swap, dims, forward, optimizer, lr,
     if is_remat_json(model):
         problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
     else:
-        graph, _ = _graph_to_plan(model, dims, forward, optimizer, lr)
+        graph, _ = _graph_to_plan(model, dims, forward, **train)
         _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs)
         problem, _ = lower(graph, node_time=node_time, transfer_time=transfer if swap else None,
                            copy_overlap=overlap, time_unit="s")
@@ -870,7 +897,7 @@ def _arena_report(graph, budget: int, time_limit: float) -> dict:
             "status": res.status.value, "total_bytes": total, "seconds": round(res.wall_s, 3)}
 
 
-def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, optimizer, lr, arena=False,
+def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, train_flags, arena=False,
                pin=False, costs="device", ort_arena=None):
     """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
     import math
@@ -879,7 +906,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     from passes.plan_model import added_fraction, fingerprint, plan_graph
     from planner.liveness import analyze
 
-    graph, train = _graph_to_plan(model, dims, forward, optimizer, lr)
+    graph, train = _graph_to_plan(model, dims, forward, **train_flags)
     dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs)
     unplanned = analyze(graph).peak_bytes
     budget = budget_spec.bytes if budget_spec.bytes is not None else math.ceil(unplanned * budget_spec.fraction)

@@ -56,7 +56,7 @@ def run_case(graph: str, budget, seconds: int, workers: int, old: bool) -> dict:
         from planner.units import parse_budget
 
         problem, res, _obj, _planned, b = cli._plan_onnx(graph, parse_budget(str(budget)), "cpsat", opt, "H100",
-                                                          False, {}, False, "none", 0.01)
+                                                          False, {}, False, {"optimizer": "none", "lr": 0.01})
     else:
         problem = load_remat_json(REMAT / GRAPHS[graph])
         b = int(budget * problem.unplanned_peak)

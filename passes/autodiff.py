@@ -42,24 +42,33 @@ class TrainOptions:
     freeze: tuple[str, ...] = ()  # fnmatch patterns of initializers that get no gradient
     optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
     keep_grads: bool = False  # with an optimizer, also output the gradients (they then live to the end)
+    add_loss: str | None = None  # KIND[:OUTPUT] of passes/loss.py: append a loss to a model without one
 
     @classmethod
     def from_kwargs(
         cls, *, loss: str | None = None, freeze: Sequence[str] = (), optimizer: str = "none", lr: float = 0.01,
         momentum: float = 0.0, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-        weight_decay: float = 0.0, keep_grads: bool = False,
+        weight_decay: float = 0.0, keep_grads: bool = False, add_loss: str | None = None,
     ) -> "TrainOptions":
         """Flat keyword form (CLI flags, JSON metadata) -> options; bad values raise UsageError."""
         opt = OptimizerOptions(kind=optimizer, lr=lr, momentum=momentum, beta1=beta1, beta2=beta2, eps=eps,
                                weight_decay=weight_decay)
-        return cls(loss=loss, freeze=tuple(freeze), optimizer=opt, keep_grads=keep_grads)
+        if add_loss is not None:
+            from planner.gate import parse_loss
+
+            parse_loss(add_loss)  # a bad spec fails before the model is read
+            if loss is not None:
+                raise UsageError(f"--loss {loss} picks a loss the model has and --add-loss {add_loss} adds one; "
+                                 "give only one of them")
+        return cls(loss=loss, freeze=tuple(freeze), optimizer=opt, keep_grads=keep_grads, add_loss=add_loss)
 
     def as_kwargs(self) -> dict:
         """Inverse of ``from_kwargs`` (JSON-serializable), e.g. to record how a model was made."""
         o = self.optimizer
         return {"loss": self.loss, "freeze": list(self.freeze), "optimizer": o.kind, "lr": o.lr,
                 "momentum": o.momentum, "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
-                "weight_decay": o.weight_decay, "keep_grads": self.keep_grads}
+                "weight_decay": o.weight_decay, "keep_grads": self.keep_grads,
+                **({"add_loss": self.add_loss} if self.add_loss else {})}
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,12 @@ def training_graph(forward: Graph, **options) -> Graph:
 
 def build_training_graph(forward: Graph, options: TrainOptions | None = None) -> TrainingStep:
     options = options or TrainOptions()
-    loss = _pick_loss(forward, options.loss)
+    name = options.loss
+    if options.add_loss is not None:
+        from passes.loss import append_loss
+
+        forward, name = append_loss(forward, options.add_loss)
+    loss = _pick_loss(forward, name)
     candidates = [t.id for t in forward.tensors if t.kind is TensorKind.TRAINABLE
                   and not any(fnmatch.fnmatchcase(t.name, p) for p in options.freeze)]
     # LSTM/GRU/RNN have no rule: the ones gradients flow through are unrolled into primitive ops
@@ -121,7 +135,8 @@ def _pick_loss(graph: Graph, name: str | None) -> int:
             outs = ", ".join(f"{graph.tensors[t].name}{list(graph.tensors[t].shape)}" for t in graph.outputs)
             raise ModelImportError(
                 f"{graph.name!r} has no scalar float output to use as the loss (outputs: {outs}); "
-                "add a loss to the model (e.g. SoftmaxCrossEntropyLoss or ReduceMean of a squared error)"
+                "add one with --add-loss cross-entropy, mse or mean (e.g. --add-loss cross-entropy:logits), "
+                "or in the model (e.g. SoftmaxCrossEntropyLoss or ReduceMean of a squared error)"
             )
         tid = scalars[0]
     t = graph.tensors[tid]

@@ -34,6 +34,19 @@ DEFAULT_TIME_LIMIT = 30.0
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_MODEL = 0, 1, 3
 
+#: --add-loss / add_loss kinds: the losses passes/loss.py appends to a model that ends in predictions.
+LOSSES = ("cross-entropy", "mse", "mean")
+
+
+def parse_loss(text: str) -> tuple[str, str | None]:
+    """``"mse:logits"`` -> ``("mse", "logits")``, ``"mean"`` -> ``("mean", None)``; a bad kind is a UsageError."""
+    kind, _, output = str(text).partition(":")
+    kind = kind.strip().lower()
+    if kind not in LOSSES:
+        raise UsageError(f"--add-loss {text!r}: the loss must be one of {', '.join(LOSSES)}, optionally "
+                         "followed by :OUTPUT (e.g. cross-entropy:logits)")
+    return kind, (output.strip() or None)
+
 
 @dataclass(frozen=True)
 class PlanOutcome:
@@ -69,6 +82,7 @@ class CheckItem:
     dims: tuple[tuple[str, int], ...] = ()  # symbolic input dims, sorted by name
     device: str = DEFAULT_DEVICE  # device profile the planner prices time on
     time_limit: float = DEFAULT_TIME_LIMIT  # seconds per plan
+    add_loss: str | None = None  # KIND[:OUTPUT] appended to a model without a loss (implies train)
     plan: bool = True  # False (--no-plan): only "fits as is" counts
     deterministic: bool = False  # time_limit counts CP-SAT's deterministic seconds (planner/clock.py)
     # judge ORT's arena need under this arena_extend_strategy, not the liveness peak (ORT_ARENA_CHOICES)
@@ -77,7 +91,8 @@ class CheckItem:
     @property
     def name(self) -> str:
         """Report name: the label plus what changes the graph (training step, bound dims)."""
-        extras = (["train"] if self.train else []) + [f"{k}={v}" for k, v in self.dims]
+        extras = ((["train"] if self.train else []) + ([f"loss={self.add_loss}"] if self.add_loss else [])
+                  + [f"{k}={v}" for k, v in self.dims])
         base = self.label or self.model
         return f"{base} [{', '.join(extras)}]" if extras else base
 
@@ -102,6 +117,12 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
     arena = options.get("ort_arena")
     if arena is not None and arena not in ORT_ARENA_CHOICES:
         raise UsageError(f"{prefix}ort_arena must be one of {', '.join(ORT_ARENA_CHOICES)}, got {arena!r}")
+    if options.get("add_loss"):
+        try:
+            parse_loss(options["add_loss"])
+        except UsageError as err:
+            raise UsageError(f"{prefix}{err}") from None
+        options["train"] = True  # a loss is only for the training step
     dims = tuple(sorted(dict(options.pop("dims", {}) or {}).items()))
     return CheckItem(model=model, budgets=tuple(parsed), dims=dims, **options)
 

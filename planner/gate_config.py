@@ -17,6 +17,10 @@ is passed over. Defaults sit at the top; each ``[[...check]]`` entry names one m
     budget = ["2GiB", "60%"]        # one testcase per budget
     train = true
     dims = { batch = 32 }
+    [[tool.memplan.check]]
+    model = "models/classifier.onnx"  # ends in logits: add_loss gives its training step a loss
+    budget = "4GiB"
+    add_loss = "cross-entropy:logits"
 
 Every problem is a UsageError naming the file, the entry and the key, raised before any model is
 loaded. Command-line options override the config for every entry.
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import UsageError
+from planner.gate import LOSSES
 from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, ORT_ARENA_CHOICES, CheckItem, make_item
 
 try:
@@ -40,9 +45,9 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 CONFIG_NAMES = ("memplan.toml", "pyproject.toml")
 #: Keys an entry may set; the top level may set them all (as defaults) except model and name.
-ENTRY_KEYS = ("model", "name", "budget", "train", "dims", "device", "time_limit", "plan", "deterministic",
+ENTRY_KEYS = ("model", "name", "budget", "train", "add_loss", "dims", "device", "time_limit", "plan", "deterministic",
               "ort_arena")
-DEFAULT_KEYS = ("budget", "train", "dims", "device", "time_limit", "plan", "deterministic", "ort_arena")
+DEFAULT_KEYS = ("budget", "train", "add_loss", "dims", "device", "time_limit", "plan", "deterministic", "ort_arena")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Overrides:
 
     budgets: tuple[str, ...] = ()
     train: bool = False
+    add_loss: str | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     device: str | None = None
     time_limit: float | None = None
@@ -66,7 +72,7 @@ def collect_items(
     if models:
         if config:
             raise UsageError("give MODEL arguments or --config, not both; the config lists its own models")
-        options = {"train": cli.train, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
+        options = {"train": cli.train, "add_loss": cli.add_loss, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
                    "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan,
                    "deterministic": cli.deterministic, "ort_arena": cli.ort_arena}
         return tuple(make_item(m, cli.budgets, **options) for m in models), None
@@ -155,7 +161,7 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
         budgets = cli.budgets or value["budget"] or ()
         items.append(make_item(
             model, budgets, where=sec.where, label=sec.get("name") or label,
-            train=cli.train or bool(value["train"]), dims=dims,
+            train=cli.train or bool(value["train"]), add_loss=cli.add_loss or value["add_loss"], dims=dims,
             device=cli.device or value["device"] or DEFAULT_DEVICE,
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
             plan=not cli.no_plan and value["plan"] is not False,
@@ -205,6 +211,8 @@ _CHECKS = {
     "budget": lambda v: (_is_budget(v) or (isinstance(v, list) and bool(v) and all(map(_is_budget, v))),
                          'a size such as "8GiB", a percentage such as "60%", or a list of them'),
     "train": lambda v: (isinstance(v, bool), "true or false"),
+    "add_loss": lambda v: (isinstance(v, str) and v.partition(":")[0].strip().lower() in LOSSES,
+                           " or ".join(f'"{k}[:OUTPUT]"' for k in LOSSES)),
     "plan": lambda v: (isinstance(v, bool), "true or false"),
     "deterministic": lambda v: (isinstance(v, bool), "true or false"),
     "device": lambda v: (isinstance(v, str) and bool(v.strip()), 'a device name such as "h100"'),

@@ -1,0 +1,87 @@
+"""Append a standard loss to a forward model that has none (``--add-loss KIND[:OUTPUT]``).
+
+Models exported for inference end in logits or predictions, not in a loss, yet their training step
+is what has to fit. ``append_loss`` adds one of three losses on one float output and makes the
+scalar loss the graph's only output, as in a training step, where the predictions die once the
+loss has read them:
+
+  * ``cross-entropy``: SoftmaxCrossEntropyLoss (mean) of the output, scores of shape [N, C, ...],
+    against a new int64 input ``<output>_labels`` of shape [N, ...];
+  * ``mse``: mean squared error against a new input ``<output>_target`` of the output's shape;
+  * ``mean``: the mean of the output (no new input; its gradient is a constant).
+
+The loss's own tensors are a few of the output's size at most, so the step's memory is that of
+training the model with any loss of the same kind.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from planner.errors import UsageError
+from planner.gate import parse_loss
+from planner.graph import FLOAT_DTYPES, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
+
+def append_loss(graph: Graph, text: str) -> tuple[Graph, str]:
+    """(graph with the loss of ``text`` appended and as its only output, the loss's name)."""
+    kind, name = parse_loss(text)
+    out = _pick_output(graph, name, text)
+    return _Appender(graph).run(kind, out)
+
+
+def _pick_output(graph: Graph, name: str | None, text: str) -> Tensor:
+    floats = [graph.tensors[t] for t in graph.outputs if graph.tensors[t].dtype in FLOAT_DTYPES]
+    if name is not None:
+        match = [t for t in (graph.tensors[i] for i in graph.outputs) if t.name == name]
+        if not match:
+            outs = ", ".join(graph.tensors[t].name for t in graph.outputs)
+            raise UsageError(f"--add-loss {text!r}: {name!r} is not an output of {graph.name!r}; outputs: {outs}")
+        if match[0].dtype not in FLOAT_DTYPES:
+            raise UsageError(f"--add-loss {text!r}: output {name!r} is {match[0].dtype}; a loss needs a float output")
+        return match[0]
+    scalars = [t.name for t in floats if t.nbytes and all(d == 1 for d in t.shape)]
+    if scalars:
+        raise UsageError(f"--add-loss {text!r}: {graph.name!r} already ends in a scalar, {scalars[0]!r}, which is "
+                         "its loss: drop --add-loss (or name the output to put a loss on, --add-loss KIND:OUTPUT)")
+    if len(floats) != 1:
+        outs = ", ".join(f"{t.name}{list(t.shape)}" for t in floats) or "none"
+        raise UsageError(f"--add-loss {text!r}: {graph.name!r} has {len(floats)} float outputs ({outs}); "
+                         f"name the one to train, e.g. --add-loss {parse_loss(text)[0]}:"
+                         f"{floats[0].name if floats else 'OUTPUT'}")
+    return floats[0]
+
+
+class _Appender(GraphAppender):
+
+    def _tensor(self, base: str, dtype: str, shape, kind: TensorKind = TensorKind.ACTIVATION) -> int:
+        tid = len(self.tensors)
+        self.tensors.append(Tensor(tid, fresh_name(base, self.names), dtype, tuple(int(d) for d in shape), kind))
+        return tid
+
+    def _node(self, base: str, op: str, inputs, outputs, attrs=None) -> None:
+        self.nodes.append(Node(len(self.nodes), fresh_name(base, self.node_names), op, tuple(inputs),
+                               tuple(outputs), "", dict(attrs or {})))
+
+    def run(self, kind: str, out: Tensor) -> tuple[Graph, str]:
+        self.nodes = list(self.g.nodes)
+        inputs = list(self.g.inputs)
+        loss = self._tensor("loss", out.dtype, ())
+        if kind == "cross-entropy":
+            if len(out.shape) < 2 or out.shape[1] < 2:
+                raise UsageError(f"--add-loss cross-entropy: output {out.name!r} has shape {list(out.shape)}; "
+                                 "it needs class scores of shape [N, C, ...] with C >= 2 (or use mse)")
+            labels = self._tensor(f"{out.name}_labels", "int64", out.shape[:1] + out.shape[2:], TensorKind.INPUT)
+            inputs.append(labels)
+            self._node("add_loss.cross_entropy", "SoftmaxCrossEntropyLoss", [out.id, labels], [loss],
+                       {"reduction": "mean"})
+        else:
+            x = out.id
+            if kind == "mse":
+                target = self._tensor(f"{out.name}_target", out.dtype, out.shape, TensorKind.INPUT)
+                inputs.append(target)
+                diff = self._tensor(f"{out.name}_error", out.dtype, out.shape)
+                self._node("add_loss.error", "Sub", [out.id, target], [diff])
+                x = self._tensor(f"{out.name}_squared_error", out.dtype, out.shape)
+                self._node("add_loss.square", "Mul", [diff, diff], [x])
+            self._node("add_loss.mean", "ReduceMean", [x], [loss], {"keepdims": 0})
+        self.g = dataclasses.replace(self.g, inputs=tuple(inputs), outputs=(loss,))
+        return self.finish(), self.tensors[loss].name
