@@ -103,9 +103,10 @@ MODEL_HELP = "MODEL is an .onnx file, zoo:NAME[?opt=v&...] (built-in model) or a
 dim_option = click.option("--dim", "dims", multiple=True, metavar="NAME=V",
                           help="Bind a symbolic input dim, e.g. --dim batch=32 (repeatable).")
 
-ADD_LOSS_HELP = ("Append a loss to a model that ends in predictions, for its training step: cross-entropy (new "
-                 "int64 input <output>_labels), mse (new input <output>_target) or mean, on the float output "
-                 "named after the colon (default: the only one). The loss becomes the only output.")
+ADD_LOSS_HELP = ("Append a loss to a model that ends in predictions, for its training step: cross-entropy (classes "
+                 "on axis 1, new int64 input <output>_labels), cross-entropy-last (classes on the last axis, as a "
+                 "language model's logits), mse (new input <output>_target) or mean, on the float output named "
+                 "after the colon (default: the only one). The loss becomes the only output.")
 add_loss_option = click.option("--add-loss", "add_loss", default=None, metavar="KIND[:OUTPUT]", help=ADD_LOSS_HELP)
 
 

@@ -7,6 +7,8 @@ loss has read them:
 
   * ``cross-entropy``: SoftmaxCrossEntropyLoss (mean) of the output, scores of shape [N, C, ...],
     against a new int64 input ``<output>_labels`` of shape [N, ...];
+  * ``cross-entropy-last``: the same with the classes on the last axis (a language model's logits
+    [batch, seq, vocab], labels [batch, seq]), read as rows of scores through a Reshape (a view);
   * ``mse``: mean squared error against a new input ``<output>_target`` of the output's shape;
   * ``mean``: the mean of the output (no new input; its gradient is a constant).
 
@@ -16,6 +18,8 @@ training the model with any loss of the same kind.
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from planner.errors import UsageError
 from planner.gate import parse_loss
@@ -61,17 +65,35 @@ class _Appender(GraphAppender):
         self.nodes.append(Node(len(self.nodes), fresh_name(base, self.node_names), op, tuple(inputs),
                                tuple(outputs), "", dict(attrs or {})))
 
+    def _reshape(self, x: int, shape: tuple[int, ...], dtype: str) -> int:
+        src = self.tensors[x]
+        rows = int(np.prod(src.shape)) // (shape[-1] if len(shape) > 1 else 1)
+        known = (rows, shape[-1]) if len(shape) > 1 else (rows,)
+        const = self._tensor(f"{src.name}_rows_shape", "int64", (len(shape),), TensorKind.FROZEN)
+        self.values[const] = np.array(shape, np.int64)
+        out = self._tensor(f"{src.name}_rows", dtype, known)
+        self._node("add_loss.rows", "Reshape", [x, const], [out])
+        return out
+
     def run(self, kind: str, out: Tensor) -> tuple[Graph, str]:
         self.nodes = list(self.g.nodes)
         inputs = list(self.g.inputs)
         loss = self._tensor("loss", out.dtype, ())
-        if kind == "cross-entropy":
-            if len(out.shape) < 2 or out.shape[1] < 2:
-                raise UsageError(f"--add-loss cross-entropy: output {out.name!r} has shape {list(out.shape)}; "
-                                 "it needs class scores of shape [N, C, ...] with C >= 2 (or use mse)")
-            labels = self._tensor(f"{out.name}_labels", "int64", out.shape[:1] + out.shape[2:], TensorKind.INPUT)
+        if kind in ("cross-entropy", "cross-entropy-last"):
+            last = kind == "cross-entropy-last"
+            axis = len(out.shape) - 1 if last else 1
+            if len(out.shape) < 2 or out.shape[axis] < 2:
+                where = "[..., C]" if last else "[N, C, ...]"
+                raise UsageError(f"--add-loss {kind}: output {out.name!r} has shape {list(out.shape)}; "
+                                 f"it needs class scores of shape {where} with C >= 2 (or use mse)")
+            labels = self._tensor(f"{out.name}_labels", "int64", out.shape[:axis] + out.shape[axis + 1:],
+                                  TensorKind.INPUT)
             inputs.append(labels)
-            self._node("add_loss.cross_entropy", "SoftmaxCrossEntropyLoss", [out.id, labels], [loss],
+            scores, targets = out.id, labels
+            if last and len(out.shape) > 2:  # rows of C scores: a view, no copy
+                scores = self._reshape(out.id, (-1, out.shape[-1]), out.dtype)
+                targets = self._reshape(labels, (-1,), "int64")
+            self._node("add_loss.cross_entropy", "SoftmaxCrossEntropyLoss", [scores, targets], [loss],
                        {"reduction": "mean"})
         else:
             x = out.id

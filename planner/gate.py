@@ -35,7 +35,7 @@ DEFAULT_TIME_LIMIT = 30.0
 EXIT_OK, EXIT_FAILED, EXIT_BAD_MODEL = 0, 1, 3
 
 #: --add-loss / add_loss kinds: the losses passes/loss.py appends to a model that ends in predictions.
-LOSSES = ("cross-entropy", "mse", "mean")
+LOSSES = ("cross-entropy", "cross-entropy-last", "mse", "mean")
 
 
 def parse_loss(text: str) -> tuple[str, str | None]:

@@ -93,6 +93,28 @@ def test_the_added_loss_trains_like_the_same_loss_written_in_the_model(kind):
         assert np.abs(grads[name]).max() > 0
 
 
+def test_cross_entropy_last_reads_a_language_models_logits_as_rows_of_classes():
+    seq = LOGITS.replace("float[5,6] x", "float[2,3,6] x").replace("float[5,4] logits", "float[2,3,4] logits")
+    # the same loss written another way: classes moved to axis 1, where SoftmaxCrossEntropyLoss wants them
+    by_hand = seq.replace("(float[2,3,6] x) => (float[2,3,4] logits)",
+                          "(float[2,3,6] x, int64[2,3] logits_labels) => (float loss)").replace(
+        "logits = MatMul(a, W2)", "logits = MatMul(a, W2)\n    t = Transpose <perm = [0, 2, 1]> (logits)\n"
+        '    loss = SoftmaxCrossEntropyLoss <reduction = "mean"> (t, logits_labels)')
+    added = build_training_graph(load_graph(parse_model(seq)), TrainOptions(add_loss="cross-entropy-last"))
+    assert added.graph.tensor("logits_labels").shape == (2, 3)
+    assert [n.op_type for n in added.graph.nodes].count("Transpose") == 0  # rows through a Reshape, no copy
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, 3, 6)).astype(np.float32),
+             "logits_labels": np.array([[0, 3, 1], [2, 2, 3]], np.int64)}
+    loss, grads = run_training_step(added, feeds)
+    want_loss, want = run_training_step(build_training_graph(load_graph(parse_model(by_hand))), feeds)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for name in ("W1", "W2"):
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-5, atol=1e-7)
+    with pytest.raises(UsageError, match=r"needs class scores of shape \[N, C, \.\.\.\]"):
+        append_loss(load_graph(parse_model(seq.replace("float[2,3,4] logits", "float[2,1,4] logits")
+                                           .replace("float[2,3,6] x", "float[2,1,6] x"))), "cross-entropy")
+
+
 def test_the_loss_is_the_only_output_and_the_logits_die_after_it():
     graph, loss = append_loss(load_graph(parse_model(LOGITS)), "cross-entropy:logits")
     assert loss == "loss" and [graph.tensors[t].name for t in graph.outputs] == ["loss"]
@@ -102,7 +124,7 @@ def test_the_loss_is_the_only_output_and_the_logits_die_after_it():
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("hinge", "must be one of cross-entropy, mse, mean"),
+    ("hinge", "must be one of cross-entropy, cross-entropy-last, mse, mean"),
     ("mse:probs", "'probs' is not an output of 'classifier'; outputs: logits"),
 ])
 def test_bad_specs_are_one_line_usage_errors(spec, words):
