@@ -470,7 +470,10 @@ def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opsets: Any
     )
     m = helper.make_model(g, opset_imports=list(opsets))
     try:
-        result = ReferenceEvaluator(m).run(None, {nm: v for nm, v in zip(names, inputs) if v is not None})
+        # inf and nan are values like any other here (T5's position buckets take log(0) and mask it
+        # out later): numpy's warnings about them would only be noise on the user's terminal
+        with np.errstate(all="ignore"):
+            result = ReferenceEvaluator(m).run(None, {nm: v for nm, v in zip(names, inputs) if v is not None})
     except Exception as err:  # noqa: BLE001 - folding is an optimisation; the node then stays
         log.debug("not folding %s (%s): %s", node.name, node.op_type, err)
         return None

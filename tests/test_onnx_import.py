@@ -45,6 +45,30 @@ def test_binds_dims_and_folds_shape_subgraph():
     assert graph.tensor("h").nbytes == 4 * 6 * 4
 
 
+def test_folding_log_of_zero_is_quiet_and_keeps_the_infinity():
+    """T5's relative position buckets take log(0) in a constant subgraph and mask the -inf out later:
+    folding it is no reason for numpy warnings on the user's terminal."""
+    import warnings
+
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+buckets (float[2] x) => (float[2] y)
+{
+    c = Constant <value = float[2] {0.0, 4.0}> ()
+    l = Log(c)
+    i = Cast <to = 7> (l)
+    f = Cast <to = 1> (i)
+    m = Max(f, c)
+    y = Add(x, m)
+}
+""")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = import_model(model)
+    assert [n.op_type for n in graph.nodes] == ["Add"]
+    assert list(graph.values[graph.tensor("m").id]) == [0.0, 4.0]
+
+
 def test_unbound_dim_names_dim_and_flag():
     with pytest.raises(ModelImportError, match=r"symbolic dim 'batch'.*--dim batch=N"):
         import_model(_with_inits(parse_model(SHAPE_SUBGRAPH)))
