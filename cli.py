@@ -273,6 +273,9 @@ def _share_of_unplanned(note: str, best: int | None, unplanned: int | None) -> s
     """``note`` with the lowest plan's peak also given as a share of the model's unplanned peak."""
     if best is None or not unplanned:
         return note
+    if best >= unplanned:  # the problem's accounting of in-place outputs: the model as is is the lowest
+        return note.replace(f"the lowest plan found peaks at {best} bytes",
+                            f"no plan found goes below the unplanned peak ({unplanned} bytes)", 1)
     return note.replace(f"peaks at {best} bytes", f"peaks at {best} bytes ({100 * best / unplanned:.1f}% of the "
                                                   "unplanned peak)", 1)
 

@@ -174,6 +174,19 @@ def test_the_cli_gives_the_lowest_plan_as_a_share_of_the_models_own_peak():
     assert float(share) == round(100 * int(best) / lv.peak_bytes, 1) > 62
 
 
+def test_a_lowest_plan_at_or_above_the_models_peak_is_not_given_as_a_share_over_100():
+    # the problem's accounting can put its best plan above the model's own unplanned peak (an
+    # LSTM classifier exported from torch: "peaks at 54720 bytes (102.5% of the unplanned peak)");
+    # then the model as it is was the lowest, and the message says no plan goes below it
+    import cli
+
+    note = "no plan within the budget found (time limit 5 s); the lowest plan found peaks at 54720 bytes"
+    said = cli._share_of_unplanned(note, 54720, 53364)
+    assert said.endswith("no plan found goes below the unplanned peak (53364 bytes)") and "%" not in said
+    lower = note.replace("54720", "50000")
+    assert cli._share_of_unplanned(lower, 50000, 53364).endswith("peaks at 50000 bytes (93.7% of the unplanned peak)")
+
+
 def test_the_floor_counts_an_input_node_with_the_outputs_its_readers_read():
     # Split makes a and b (1000 B each), read by different nodes. The problem moves both as one
     # buffer; ORT frees b after its reader, so while Exp(a) runs late only a need be resident.
