@@ -357,7 +357,12 @@ class _Builder:
                     f"{'nothing' if g is None else list(self.em.shape(g))} for input {i}, expected "
                     f"{list(self.em.shape(t))}"
                 )
-            self.grads[t] = g if t not in self.grads else self.em.add(self.grads[t], g)
+            if t not in self.grads:
+                self.grads[t] = g
+            elif sum(v == g for v in result.values()) == 1 and g not in self.grads.values():
+                self.grads[t] = self.em.accumulate(self.grads[t], g)
+            else:
+                self.grads[t] = self.em.add(self.grads[t], g)
             got.append(t)
         self.saved[node.name] = tuple(self.b.tensor(t).name for t in ctx.saved)
         return got

@@ -244,6 +244,20 @@ class GraphBuilder:
     def output(self, tid: int) -> None:
         self.outputs.append(tid)
 
+    def producer_node(self, tid: int) -> Node | None:
+        """The node that made ``tid`` (None for inputs and initializers)."""
+        nid = self._tensors[tid].producer
+        return None if nid == NO_TENSOR else self._nodes[nid]
+
+    def is_read(self, tid: int) -> bool:
+        """Whether a node appended so far reads ``tid``."""
+        return any(tid in n.inputs for n in self._nodes[max(0, self._tensors[tid].producer):])
+
+    def replace_node(self, nid: int, inputs: Sequence[int], attrs: Mapping[str, Any]) -> None:
+        """Give node ``nid`` other inputs and attributes (its outputs stay); the inputs must be made
+        before it."""
+        self._nodes[nid] = dataclasses.replace(self._nodes[nid], inputs=tuple(inputs), attrs=dict(attrs))
+
     def has(self, name: str) -> bool:
         return name in self._by_name
 

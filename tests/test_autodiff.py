@@ -81,12 +81,31 @@ def test_outputs_are_loss_then_named_gradients_and_checker_passes():
     onnx.checker.check_model(export_model(step.graph), full_check=True)
 
 
-def test_fan_out_is_summed_with_add():
-    model, _ = _mlp()
+def test_fan_out_is_summed_into_the_gemm_that_makes_the_last_term():
+    # z feeds MatMul and Add: two terms. The MatMul's input gradient is a Gemm made for the sum
+    # alone, so it adds the other term as its C (ORT's Add would hold both terms and the sum at once)
+    model, feeds = _mlp()
     step = build_training_graph(import_model(model))
     g = step.graph
-    z_grad = g.tensor("z__grad")  # z feeds MatMul and Add: two terms
-    assert g.nodes[z_grad.producer].op_type == "Add"
+    made = g.nodes[g.tensor("z__grad").producer]
+    assert made.op_type == "Gemm" and len(made.inputs) == 3 and made.attrs["beta"] == 1.0
+    assert not any(n.op_type == "Add" and made.outputs[0] in n.inputs for n in g.nodes)
+    _fd_check(model, feeds)
+
+
+def test_a_weight_used_at_every_step_sums_its_terms_in_the_gemms():
+    # an unrolled RNN's shape: W at three steps; its gradient's three terms become one running sum
+    n = helper.make_node
+    rng = np.random.default_rng(1)
+    nodes = [n("Gemm", ["x", "w"], ["h1"]), n("Tanh", ["h1"], ["a1"]), n("Gemm", ["a1", "w"], ["h2"]),
+             n("Tanh", ["h2"], ["a2"]), n("Gemm", ["a2", "w"], ["h3"]), n("ReduceMean", ["h3"], ["loss"], keepdims=0)]
+    feeds = {"x": rng.standard_normal((6, 4))}
+    model = _model(nodes, {"w": rng.standard_normal((4, 4)) * 0.5}, feeds)
+    step = _fd_check(model, feeds)
+    g = step.graph
+    made = g.nodes[g.tensor("w_grad").producer]
+    assert made.op_type == "Gemm" and len(made.inputs) == 3
+    assert [n.op_type for n in g.nodes[step.forward_nodes:]].count("Add") == 0
 
 
 def test_relu_saves_its_output_not_its_input():

@@ -105,6 +105,19 @@ class Emitter:
     def add(self, a: int, b: int, *, out_name: str | None = None) -> int:
         return self.binary("Add", a, b, out_name=out_name)
 
+    def accumulate(self, acc: int, g: int) -> int:
+        """acc + g, a gradient's running sum and a new term. Where the term is a Gemm's fresh output
+        of the sum's shape that nothing reads yet (a weight used at every step of an unrolled RNN,
+        a shared Linear), the Gemm adds acc itself (C, beta = 1): ORT's Add does not work in place,
+        so a separate Add would hold acc, the term and the sum at once, three weight-sized buffers."""
+        node = self.b.producer_node(g)
+        if (node is not None and node.op_type == "Gemm" and node.domain == "" and len(node.inputs) == 2
+                and self.shape(acc) == self.shape(g) and self.dtype(acc) == self.dtype(g)
+                and not self.b.is_read(g) and self.b.tensor(acc).producer < node.id):
+            self.b.replace_node(node.id, (*node.inputs, acc), {**node.attrs, "beta": 1.0})
+            return g
+        return self.add(acc, g)
+
     def sub(self, a: int, b: int, *, out_name: str | None = None) -> int:
         return self.binary("Sub", a, b, out_name=out_name)
 
