@@ -264,7 +264,9 @@ def test_a_top_k_router_plans_and_runs_with_the_same_numbers(tmp_path):
             onnx.numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name))
     src, out = tmp_path / "router.onnx", tmp_path / "router.planned.onnx"
     onnx.save(model, src)
-    rc, stdout, err = memplan("plan", src, "--budget", "85%", "--time-limit", "10", "--workers", "1",
+    # 98%: h's gradient sums its two terms in the Gemm that makes the second (autodiff), which took
+    # the step from 311372 to 251980 bytes; every plan now needs at least 95.9% of that
+    rc, stdout, err = memplan("plan", src, "--budget", "98%", "--time-limit", "10", "--workers", "1",
                               "--emit", out, "--json")
     assert rc == 0, err
     obj = json.loads(stdout)
