@@ -11,6 +11,7 @@ F.mse_loss and autograd, on the same inputs and labels), then `memplan plan --ad
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -122,8 +123,9 @@ def row(name: str, module, x, kind: str, classes: int, budget: str, time_limit: 
     path = folder / (name.split()[0].lower() + ".onnx")
     # no constant folding: a weight read transposed (or tied) stays the parameter torch names
     kw = {} if dynamo else {"do_constant_folding": False}
-    torch.onnx.export(module, (x,), str(path), input_names=["x"], output_names=["logits"],
-                      opset_version=18 if dynamo else 17, dynamo=dynamo, **kw)
+    with contextlib.redirect_stdout(sys.stderr):  # the dynamo exporter reports its steps on stdout
+        torch.onnx.export(module, (x,), str(path), input_names=["x"], output_names=["logits"],
+                          opset_version=18 if dynamo else 17, dynamo=dynamo, **kw)
     rng = np.random.default_rng(0)
     with torch.no_grad():
         out_shape = tuple(module(x).shape)
