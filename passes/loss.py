@@ -25,6 +25,7 @@ from planner.errors import UsageError
 from planner.gate import parse_loss
 from planner.graph import FLOAT_DTYPES, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
 
+
 def append_loss(graph: Graph, text: str) -> tuple[Graph, str]:
     """(graph with the loss of ``text`` appended and as its only output, the loss's name)."""
     kind, name = parse_loss(text)
