@@ -593,7 +593,8 @@ def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none
     from passes.onnx_import import import_model, load_proto
 
     if add_loss and forward:
-        raise UsageError("--add-loss builds a training step; --forward plans the model as it is: give one")
+        raise UsageError("--add-loss builds a training step; --forward plans the model as it is: "
+                         "give only one of them")
     proto, _, _ = load_proto(model)
     already = any(p.key == "memplan.train" for p in proto.metadata_props)
     if add_loss and already:
