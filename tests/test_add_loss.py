@@ -121,6 +121,9 @@ def test_the_loss_is_the_only_output_and_the_logits_die_after_it():
     labels = graph.tensor("logits_labels")
     assert labels.dtype == "int64" and labels.shape == (5,)
     assert graph.tensors[graph.outputs[0]].shape == ()
+    # no longer a graph output, the logits are freed once their one reader, the loss, has run
+    readers = graph.consumers[graph.tensor("logits").id]
+    assert [graph.nodes[r].op_type for r in readers] == ["SoftmaxCrossEntropyLoss"]
 
 
 @pytest.mark.parametrize("spec, words", [
