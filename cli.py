@@ -766,6 +766,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         click.echo(f"  added time    {result.added_time:.4g}{unit} ({obj['added_time_pct']:.2f}% of {problem.total_cost:.4g}{unit})")
         if "costs" in obj:
             click.echo(f"  op times      {obj['costs']}")
+        added_loss = (obj.get("train") or {}).get("add_loss")
+        if added_loss:
+            click.echo(f"  loss          added: {added_loss} (the step's only output)")
         gap = result.solver.gap
         click.echo(f"  solver        {result.solver.wall_s:.2f} s, gap {format_gap(gap)}"
                    f", {len(obj['recomputed'])} recomputed, {len(obj['swapped'])} swapped")

@@ -159,6 +159,7 @@ def test_plan_emit_and_verify_a_model_without_a_loss(deep_file, tmp_path):
     res = runner.invoke(cli.main, ["plan", str(deep_file), "--dim", "N=256", "--budget", "90%", "--add-loss",
                                    "cross-entropy", "--time-limit", "5", "--emit", str(out), "-o", str(plan)])
     assert res.exit_code == 0, res.output
+    assert "loss          added: cross-entropy (the step's only output)" in res.output
     obj = json.loads(plan.read_text())
     assert obj["train"] == {"optimizer": "none", "lr": 0.01, "add_loss": "cross-entropy"}
     assert obj["peak_bytes"] <= obj["budget_bytes"] < obj["unplanned_peak_bytes"]
