@@ -2,8 +2,9 @@
 
 Float inputs get standard-normal values. Integer inputs get uniform values in [0, high): ``high``
 comes from the model's metadata entry ``memplan.int_input_high.<input name>`` (zoo models set it to
-the number of classes or the vocabulary size, so labels and token ids are valid) and is 2 for an
-integer input the model says nothing about. Bool inputs are fair coin flips.
+the number of classes or the vocabulary size, so labels and token ids are valid); else from the
+graph, where the input is a loss's class labels or a Gather's indices (:func:`_index_ranges`); else
+it is 2. Bool inputs are fair coin flips.
 """
 from __future__ import annotations
 
@@ -47,10 +48,56 @@ def _int_high(meta: dict[str, str], name: str) -> int:
     return int(text)
 
 
+#: Ops that pass an int tensor on unchanged but for its shape: labels reach a loss through them.
+_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Cast")
+
+
+def _index_ranges(model: onnx.ModelProto) -> dict[str, int]:
+    """Int graph inputs the graph itself bounds: the class labels of a SoftmaxCrossEntropyLoss or
+    NegativeLogLikelihoodLoss (the scores' axis 1) and the indices of a Gather or GatherElements
+    (the data's size along the axis: token ids into an embedding, labels picking log-probabilities),
+    reached through views, slices and casts. A model exported by
+    torch says nothing in its metadata; token ids and labels then span the vocabulary and the
+    classes, as in a real step, not just 0 and 1."""
+    g = model.graph
+    dims: dict[str, tuple] = {}
+    for vi in (*g.input, *g.value_info, *g.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            dims[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                  for d in vi.type.tensor_type.shape.dim)
+    for init in g.initializer:
+        dims[init.name] = tuple(init.dims)
+    source = {n.output[0]: n.input[0] for n in g.node if n.op_type in _VIEWS and n.domain in ("", "ai.onnx")
+              and n.input and n.output}
+    inputs = {i.name for i in g.input}
+    ranges: dict[str, int] = {}
+
+    def bound(name: str, high) -> None:
+        while name in source:
+            name = source[name]
+        if name in inputs and isinstance(high, int) and high > 0:
+            ranges[name] = min(high, ranges.get(name, high))
+
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx") or len(n.input) < 2:
+            continue
+        if n.op_type in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"):
+            scores = dims.get(n.input[0], ())
+            bound(n.input[1], scores[1] if len(scores) > 1 else None)
+        elif n.op_type in ("Gather", "GatherElements"):  # memplan writes SoftmaxCrossEntropyLoss this way
+            table = dims.get(n.input[0], ())
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+            if table and -len(table) <= axis < len(table):
+                bound(n.input[1], table[axis])
+    return ranges
+
+
 def example_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """One seeded array per graph input that is not an initializer or optional, in graph input order."""
     rng = np.random.default_rng(seed)
     meta = {p.key: p.value for p in model.metadata_props}
+    for name, high in _index_ranges(model).items():
+        meta.setdefault(INT_HIGH_KEY + name, str(high))
     initializers = {init.name for init in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
     for model_input in model.graph.input:

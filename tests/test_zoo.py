@@ -224,7 +224,31 @@ def test_example_feeds_for_foreign_models():
     feeds = models.example_feeds(_foreign_model([3, 4], [50]))
     assert set(feeds) == {"x", "idx"}  # the initializer-backed input "w" is not fed
     assert feeds["x"].dtype == np.float32 and feeds["x"].shape == (3, 4)
-    assert set(np.unique(feeds["idx"])) == {0, 1}  # unknown integer inputs: 0..1
+    # idx indexes x's axis 1 (size 4): the graph bounds it, though the model's metadata is silent
+    assert set(np.unique(feeds["idx"])) == {0, 1, 2, 3}
+
+
+def test_example_feeds_bound_labels_and_token_ids_by_the_graph_else_0_1():
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["ids", "flat"], ["ids1"]),
+         helper.make_node("Gather", ["emb", "ids1"], ["e"]),  # token ids into a 7-row table
+         helper.make_node("Unsqueeze", ["labels", "one"], ["l1"]),
+         helper.make_node("GatherElements", ["scores", "l1"], ["picked"], axis=1),  # labels over 5 classes
+         helper.make_node("Cast", ["flag"], ["flagf"], to=TensorProto.FLOAT)],
+        "tokens",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [4, 10]),
+         helper.make_tensor_value_info("labels", TensorProto.INT64, [40]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [40, 5]),
+         helper.make_tensor_value_info("flag", TensorProto.INT64, [40])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("e", "picked", "flagf")],
+        [numpy_helper.from_array(np.ones((7, 3), np.float32), "emb"),
+         numpy_helper.from_array(np.array([40], np.int64), "flat"),
+         numpy_helper.from_array(np.array([1], np.int64), "one")],
+    )
+    feeds = models.example_feeds(helper.make_model(graph))
+    assert set(np.unique(feeds["ids"])) == set(range(7))
+    assert set(np.unique(feeds["labels"])) == set(range(5))
+    assert set(np.unique(feeds["flag"])) == {0, 1}  # an integer input nothing bounds: 0..1
 
 
 def test_example_feeds_reject_symbolic_dims_naming_the_dim():
