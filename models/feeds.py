@@ -48,7 +48,8 @@ def _int_high(meta: dict[str, str], name: str) -> int:
     return int(text)
 
 
-#: Ops that pass an int tensor on unchanged but for its shape: labels reach a loss through them.
+#: Ops that keep an int tensor's values within its range (views, slices, casts): labels and token
+#: ids reach the op that bounds them through these.
 _VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Cast")
 
 
@@ -56,9 +57,9 @@ def _index_ranges(model: onnx.ModelProto) -> dict[str, int]:
     """Int graph inputs the graph itself bounds: the class labels of a SoftmaxCrossEntropyLoss or
     NegativeLogLikelihoodLoss (the scores' axis 1) and the indices of a Gather or GatherElements
     (the data's size along the axis: token ids into an embedding, labels picking log-probabilities),
-    reached through views, slices and casts. A model exported by
-    torch says nothing in its metadata; token ids and labels then span the vocabulary and the
-    classes, as in a real step, not just 0 and 1."""
+    reached through views, slices and casts. A model exported by torch says nothing in its
+    metadata; token ids and labels then span the vocabulary and the classes, as in a real step,
+    not just 0 and 1."""
     g = model.graph
     dims: dict[str, tuple] = {}
     for vi in (*g.input, *g.value_info, *g.output):

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import UsageError
-from planner.gate import LOSSES
-from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, ORT_ARENA_CHOICES, CheckItem, make_item
+from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, LOSSES, ORT_ARENA_CHOICES, CheckItem, make_item
 
 try:
     import tomllib
