@@ -23,7 +23,7 @@ import numpy as np
 
 from planner.errors import UsageError
 from planner.gate import parse_loss
-from planner.graph import FLOAT_DTYPES, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
+from planner.graph import FLOAT_DTYPES, Graph, GraphAppender, Tensor, TensorKind
 
 
 def append_loss(graph: Graph, text: str) -> tuple[Graph, str]:
@@ -57,29 +57,19 @@ def _pick_output(graph: Graph, name: str | None, text: str) -> Tensor:
 
 class _Appender(GraphAppender):
 
-    def _tensor(self, base: str, dtype: str, shape, kind: TensorKind = TensorKind.ACTIVATION) -> int:
-        tid = len(self.tensors)
-        self.tensors.append(Tensor(tid, fresh_name(base, self.names), dtype, tuple(int(d) for d in shape), kind))
-        return tid
-
-    def _node(self, base: str, op: str, inputs, outputs, attrs=None) -> None:
-        self.nodes.append(Node(len(self.nodes), fresh_name(base, self.node_names), op, tuple(inputs),
-                               tuple(outputs), "", dict(attrs or {})))
-
     def _reshape(self, x: int, shape: tuple[int, ...], dtype: str) -> int:
         src = self.tensors[x]
         rows = int(np.prod(src.shape)) // (shape[-1] if len(shape) > 1 else 1)
         known = (rows, shape[-1]) if len(shape) > 1 else (rows,)
-        const = self._tensor(f"{src.name}_rows_shape", "int64", (len(shape),), TensorKind.FROZEN)
-        self.values[const] = np.array(shape, np.int64)
-        out = self._tensor(f"{src.name}_rows", dtype, known)
-        self._node("add_loss.rows", "Reshape", [x, const], [out])
+        const = self.add_const(f"{src.name}_rows_shape", np.array(shape, np.int64))
+        out = self.add_tensor(f"{src.name}_rows", dtype, known)
+        self.add_node("add_loss.rows", "Reshape", [x, const], [out])
         return out
 
     def run(self, kind: str, out: Tensor) -> tuple[Graph, str]:
         self.nodes = list(self.g.nodes)
         inputs = list(self.g.inputs)
-        loss = self._tensor("loss", out.dtype, ())
+        loss = self.add_tensor("loss", out.dtype, ())
         if kind in ("cross-entropy", "cross-entropy-last"):
             last = kind == "cross-entropy-last"
             axis = len(out.shape) - 1 if last else 1
@@ -87,24 +77,24 @@ class _Appender(GraphAppender):
                 where = "[..., C]" if last else "[N, C, ...]"
                 raise UsageError(f"--add-loss {kind}: output {out.name!r} has shape {list(out.shape)}; "
                                  f"it needs class scores of shape {where} with C >= 2 (or use mse)")
-            labels = self._tensor(f"{out.name}_labels", "int64", out.shape[:axis] + out.shape[axis + 1:],
+            labels = self.add_tensor(f"{out.name}_labels", "int64", out.shape[:axis] + out.shape[axis + 1:],
                                   TensorKind.INPUT)
             inputs.append(labels)
             scores, targets = out.id, labels
             if last and len(out.shape) > 2:  # rows of C scores: a view, no copy
                 scores = self._reshape(out.id, (-1, out.shape[-1]), out.dtype)
                 targets = self._reshape(labels, (-1,), "int64")
-            self._node("add_loss.cross_entropy", "SoftmaxCrossEntropyLoss", [scores, targets], [loss],
+            self.add_node("add_loss.cross_entropy", "SoftmaxCrossEntropyLoss", [scores, targets], [loss],
                        {"reduction": "mean"})
         else:
             x = out.id
             if kind == "mse":
-                target = self._tensor(f"{out.name}_target", out.dtype, out.shape, TensorKind.INPUT)
+                target = self.add_tensor(f"{out.name}_target", out.dtype, out.shape, TensorKind.INPUT)
                 inputs.append(target)
-                diff = self._tensor(f"{out.name}_error", out.dtype, out.shape)
-                self._node("add_loss.error", "Sub", [out.id, target], [diff])
-                x = self._tensor(f"{out.name}_squared_error", out.dtype, out.shape)
-                self._node("add_loss.square", "Mul", [diff, diff], [x])
-            self._node("add_loss.mean", "ReduceMean", [x], [loss], {"keepdims": 0})
+                diff = self.add_tensor(f"{out.name}_error", out.dtype, out.shape)
+                self.add_node("add_loss.error", "Sub", [out.id, target], [diff])
+                x = self.add_tensor(f"{out.name}_squared_error", out.dtype, out.shape)
+                self.add_node("add_loss.square", "Mul", [diff, diff], [x])
+            self.add_node("add_loss.mean", "ReduceMean", [x], [loss], {"keepdims": 0})
         self.g = dataclasses.replace(self.g, inputs=tuple(inputs), outputs=(loss,))
         return self.finish(), self.tensors[loss].name

@@ -21,11 +21,10 @@ schedule positions.
 """
 from __future__ import annotations
 
-from typing import Iterable
 
 import numpy as np
 
-from planner.graph import NO_TENSOR, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
+from planner.graph import NO_TENSOR, Graph, GraphAppender, Node
 
 #: The ONNX opset from which Reduce* take their axes as an input instead of an attribute.
 _AXES_AS_INPUT = 18
@@ -50,27 +49,11 @@ def portable_batchnorm(graph: Graph) -> Graph:
 class _Splitter(GraphAppender):
 
     # -- helpers -----------------------------------------------------------------------------
-    def _tensor(self, base: str, dtype: str, shape: Iterable[int], kind: TensorKind = TensorKind.ACTIVATION) -> int:
-        tid = len(self.tensors)
-        self.tensors.append(Tensor(tid, fresh_name(base, self.names), dtype, tuple(int(d) for d in shape), kind))
-        return tid
-
-    def _const(self, base: str, value: np.ndarray) -> int:
-        value = np.asarray(value)
-        tid = self._tensor(base, value.dtype.name, value.shape, TensorKind.FROZEN)
-        self.values[tid] = value
-        return tid
-
-    def _node(self, base: str, op: str, inputs: Iterable[int], outputs: Iterable[int], attrs=None,
-              name: str | None = None) -> None:
-        node_name = name if name is not None else fresh_name(base, self.node_names)
-        self.nodes.append(Node(len(self.nodes), node_name, op, tuple(inputs), tuple(outputs), "", dict(attrs or {})))
-
     def _reduce(self, base: str, op: str, x: int, axes: list[int], out: int) -> None:
         if self.opset >= _AXES_AS_INPUT:
-            self._node(base, op, [x, self._const(f"{base}.axes", np.array(axes, np.int64))], [out], {"keepdims": 1})
+            self.add_node(base, op, [x, self.add_const(f"{base}.axes", np.array(axes, np.int64))], [out], {"keepdims": 1})
         else:
-            self._node(base, op, [x], [out], {"axes": list(axes), "keepdims": 1})
+            self.add_node(base, op, [x], [out], {"axes": list(axes), "keepdims": 1})
 
     # -- the rewrite -------------------------------------------------------------------------
     def run(self) -> Graph:
@@ -99,31 +82,31 @@ class _Splitter(GraphAppender):
         stat_shape = [1, channels] + [1] * (len(shape) - 2)
         b = node.name
 
-        mean = self._tensor(f"{b}.batch_mean", dtype, stat_shape)
+        mean = self.add_tensor(f"{b}.batch_mean", dtype, stat_shape)
         self._reduce(f"{b}.mean", "ReduceMean", x, axes, mean)
-        centered = self._tensor(f"{b}.centered", dtype, shape)
-        self._node(f"{b}.center", "Sub", [x, mean], [centered])
-        sumsq = self._tensor(f"{b}.sumsq", dtype, stat_shape)
+        centered = self.add_tensor(f"{b}.centered", dtype, shape)
+        self.add_node(f"{b}.center", "Sub", [x, mean], [centered])
+        sumsq = self.add_tensor(f"{b}.sumsq", dtype, stat_shape)
         self._reduce(f"{b}.sumsq", "ReduceSumSquare", centered, axes, sumsq)
-        var = self._tensor(f"{b}.batch_var", dtype, stat_shape)
-        self._node(f"{b}.var", "Mul", [sumsq, self._const(f"{b}.inv_count", np.array(1.0 / count, npdt))], [var])
-        flat = self._const(f"{b}.channels", np.array([channels], np.int64))
-        mean_c = self._tensor(f"{b}.batch_mean_c", dtype, [channels])
-        self._node(f"{b}.mean_c", "Reshape", [mean, flat], [mean_c])
-        var_c = self._tensor(f"{b}.batch_var_c", dtype, [channels])
-        self._node(f"{b}.var_c", "Reshape", [var, flat], [var_c])
+        var = self.add_tensor(f"{b}.batch_var", dtype, stat_shape)
+        self.add_node(f"{b}.var", "Mul", [sumsq, self.add_const(f"{b}.inv_count", np.array(1.0 / count, npdt))], [var])
+        flat = self.add_const(f"{b}.channels", np.array([channels], np.int64))
+        mean_c = self.add_tensor(f"{b}.batch_mean_c", dtype, [channels])
+        self.add_node(f"{b}.mean_c", "Reshape", [mean, flat], [mean_c])
+        var_c = self.add_tensor(f"{b}.batch_var_c", dtype, [channels])
+        self.add_node(f"{b}.var_c", "Reshape", [var, flat], [var_c])
         # The original node's name stays on the normalisation (plans and saved-tensor maps use it).
-        self._node("", "BatchNormalization", [x, scale, bias, mean_c, var_c], [y], {"epsilon": eps},
+        self.add_node("", "BatchNormalization", [x, scale, bias, mean_c, var_c], [y], {"epsilon": eps},
                    name=node.name)
         updates = [(out, running, stat) for out, running, stat in
                    ((run_mean, in_mean, mean_c), (run_var, in_var, var_c)) if out != NO_TENSOR]
         if not updates:
             return
-        keep = self._const(f"{b}.momentum", np.array(momentum, npdt))
-        blend = self._const(f"{b}.one_minus_momentum", np.array(1.0 - momentum, npdt))
+        keep = self.add_const(f"{b}.momentum", np.array(momentum, npdt))
+        blend = self.add_const(f"{b}.one_minus_momentum", np.array(1.0 - momentum, npdt))
         for out, running, stat in updates:
-            kept = self._tensor(f"{self.tensors[out].name}.kept", dtype, [channels])
-            self._node(f"{b}.keep", "Mul", [running, keep], [kept])
-            new = self._tensor(f"{self.tensors[out].name}.new", dtype, [channels])
-            self._node(f"{b}.blend", "Mul", [stat, blend], [new])
-            self._node(f"{b}.running", "Add", [kept, new], [out])
+            kept = self.add_tensor(f"{self.tensors[out].name}.kept", dtype, [channels])
+            self.add_node(f"{b}.keep", "Mul", [running, keep], [kept])
+            new = self.add_tensor(f"{self.tensors[out].name}.new", dtype, [channels])
+            self.add_node(f"{b}.blend", "Mul", [stat, blend], [new])
+            self.add_node(f"{b}.running", "Add", [kept, new], [out])

@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from planner.errors import GraphError, ModelImportError
-from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphAppender, Node, Tensor, TensorKind, fresh_name
+from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphAppender, Node, TensorKind
 
 #: Op types this pass unrolls (default ONNX domain).
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
@@ -218,11 +218,7 @@ class _Unroller(GraphAppender):
         value = np.asarray(value)
         key = (value.dtype.str, value.shape, value.tobytes())
         if key not in self._consts:
-            tid = len(self.tensors)
-            self.tensors.append(Tensor(tid, fresh_name(f"{self.stem}.const", self.names), value.dtype.name,
-                                       value.shape, TensorKind.FROZEN))
-            self.values[tid] = value
-            self._consts[key] = tid
+            self._consts[key] = self.add_const(f"{self.stem}.const", value)
         return self._consts[key]
 
     def scalar(self, value: float, dtype: str) -> int:
@@ -237,12 +233,9 @@ class _Unroller(GraphAppender):
         ids = []
         for shape, out in zip(shapes, outs):
             if out is None:
-                out = len(self.tensors)
-                self.tensors.append(Tensor(out, fresh_name(f"{self.stem}.{op.lower()}", self.names), dtype,
-                                           tuple(int(d) for d in shape), TensorKind.ACTIVATION))
+                out = self.add_tensor(f"{self.stem}.{op.lower()}", dtype, shape)
             ids.append(out)
-        name = fresh_name(f"{self.stem}.{op}", self.node_names)
-        self.nodes.append(Node(len(self.nodes), name, op, tuple(inputs), tuple(ids), "", attrs))
+        self.add_node(f"{self.stem}.{op}", op, inputs, ids, attrs)
         return ids
 
     def op(self, op: str, inputs: Sequence[int], shape: Sequence[int], dtype: str, out: int | None = None,

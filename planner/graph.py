@@ -294,6 +294,25 @@ class GraphAppender:
         self.nodes: list[Node] = []  # ids fixed by finish()
         self.opset = int(graph.opsets.get("", graph.opsets.get("ai.onnx", 17)))
 
+    def add_tensor(self, base: str, dtype: str, shape: Iterable[int], kind: TensorKind = TensorKind.ACTIVATION) -> int:
+        """A new tensor named ``base`` (or ``base_k``); its id."""
+        tid = len(self.tensors)
+        self.tensors.append(Tensor(tid, fresh_name(base, self.names), dtype, tuple(int(d) for d in shape), kind))
+        return tid
+
+    def add_const(self, base: str, value: np.ndarray) -> int:
+        """A new initializer holding ``value``; its id."""
+        value = np.asarray(value)
+        tid = self.add_tensor(base, value.dtype.name, value.shape, TensorKind.FROZEN)
+        self.values[tid] = value
+        return tid
+
+    def add_node(self, base: str, op: str, inputs: Iterable[int], outputs: Iterable[int], attrs=None,
+                 name: str | None = None) -> None:
+        """Append a default-domain node, named ``name`` or a fresh name from ``base``."""
+        node_name = name if name is not None else fresh_name(base, self.node_names)
+        self.nodes.append(Node(len(self.nodes), node_name, op, tuple(inputs), tuple(outputs), "", dict(attrs or {})))
+
     def finish(self) -> Graph:
         nodes = tuple(dataclasses.replace(n, id=i) for i, n in enumerate(self.nodes))
         producer = {t: n.id for n in nodes for t in n.outputs if t != NO_TENSOR}
