@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import UsageError
-from planner.gate import DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, LOSSES, ORT_ARENA_CHOICES, CheckItem, make_item
+from planner.gate import (DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, LOSSES, ORT_ARENA_CHOICES, CheckItem, make_item,
+                          parse_loss)
 
 try:
     import tomllib
@@ -200,6 +201,14 @@ class _Section:
         return value
 
 
+def _is_loss(v: str) -> bool:
+    try:
+        parse_loss(v)
+    except UsageError:
+        return False
+    return True
+
+
 def _is_budget(v: Any) -> bool:
     return isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))
 
@@ -210,8 +219,7 @@ _CHECKS = {
     "budget": lambda v: (_is_budget(v) or (isinstance(v, list) and bool(v) and all(map(_is_budget, v))),
                          'a size such as "8GiB", a percentage such as "60%", or a list of them'),
     "train": lambda v: (isinstance(v, bool), "true or false"),
-    "add_loss": lambda v: (isinstance(v, str) and v.partition(":")[0].strip().lower() in LOSSES,
-                           " or ".join(f'"{k}[:OUTPUT]"' for k in LOSSES)),
+    "add_loss": lambda v: (isinstance(v, str) and _is_loss(v), " or ".join(f'"{k}[:OUTPUT]"' for k in LOSSES)),
     "plan": lambda v: (isinstance(v, bool), "true or false"),
     "deterministic": lambda v: (isinstance(v, bool), "true or false"),
     "device": lambda v: (isinstance(v, str) and bool(v.strip()), 'a device name such as "h100"'),
