@@ -37,6 +37,7 @@ from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_cos
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
+from planner.pebble import reverse_pebble
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
@@ -100,19 +101,50 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
            else _solve_cpsat(problem, budget, options, t0))
     if not options.reorder:  # its claims cover the given order only, and say so
         return replace(res, least_order="given") if res.least_bytes is not None else res
-    return _any_order(problem, res)
+    return _any_order(problem, res, options, t0)
 
 
-def _any_order(problem: PlanningProblem, res: SolveResult) -> SolveResult:
+def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, t0: float) -> SolveResult:
     """``res`` with an infeasible claim lowered to what plans in every node order may reach
     (:attr:`PlanningProblem.order_free_floor`): the solve searched the given order and perhaps
     one memory-aware order, and its least holds over those orders' plans only. Small problems
     get the exact search over every order instead. Where the lowered claim is within the budget,
-    the solve has no plan and no proof: "timeout", with a note that says so."""
+    the solve has no plan and no proof: "timeout", with a note that says so. Before that, the
+    reverse walk over every order (planner/pebble.py) looks for a plan within the budget; and
+    where the claim is that floor, for a plan at it (then the floor is the exact least)."""
     low = problem.order_free_floor
-    if res.status != "infeasible" or res.least_bytes is None or res.least_bytes <= low:
+
+    def walked(found: Candidate) -> SolveResult:
+        return replace(res, status="feasible", plan=replace(found.plan, strategy="cpsat"),
+                       peak_bytes=found.sim.peak_bytes, added_time=found.sim.added_time, least_bytes=None,
+                       least_exact=False, best_bytes=None, order="reverse-walk",
+                       solver=replace(res.solver, wall_s=clock.wall_since(t0)),
+                       note=f"{res.note}; the reverse walk over every node order found a plan "
+                            f"(planner/pebble.py; no bound on its added time)".strip("; "))
+
+    if res.plan is None and res.status == "timeout" and low <= res.budget_bytes:
+        found = _walk(problem, res.budget_bytes, options)
+        if found is not None:
+            return walked(found)
+    if res.status != "infeasible" or res.least_bytes is None:
         return res
+    # below the constant base the floor is said at once (test_planner.py), without any search
+    searching = problem.runtime_exact and res.budget_bytes >= problem.base_bytes
+    if res.least_bytes <= low:  # the claim is the floor already: exact where a plan reaches it
+        if res.least_exact or not searching or _walk(problem, low, options, first=True) is None:
+            return res
+        return replace(res, least_exact=True, best_bytes=None, solver=replace(res.solver, wall_s=clock.wall_since(t0)),
+                       note=f"the least memory any plan reaches is {low} bytes (a plan reaches the floor: "
+                            f"planner/pebble.py)")
     exact = least_plan_any_order(problem) if problem.runtime_exact else None
+    if exact is None and low <= res.budget_bytes:  # past the exact search: the walk may fit
+        found = _walk(problem, res.budget_bytes, options)
+        if found is not None:
+            return walked(found)
+    if exact is None and searching and res.budget_bytes < low:
+        at_floor = _walk(problem, low, options, first=True)
+        if at_floor is not None:  # a plan reaches the floor: nothing lower is possible
+            exact = (at_floor.sim.peak_bytes, at_floor.plan)
     if exact is not None and exact[0] <= res.budget_bytes:  # a plan in another order fits
         sim = simulate(problem, exact[1], res.budget_bytes)
         return replace(res, status="feasible", plan=replace(exact[1], strategy="cpsat"), peak_bytes=sim.peak_bytes,
@@ -268,6 +300,16 @@ def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) ->
     # bytes only: an ONNX model's problem counts in-place outputs apart, so a share of its
     # unplanned peak is not one of the model's (the CLI adds that: cli._share_of_unplanned)
     return f"{note}; the lowest plan found peaks at {best} bytes"
+
+
+def _walk(problem: PlanningProblem, budget: int, options: PlannerOptions, first: bool = False) -> Candidate | None:
+    """The reverse walk's plan over every node order within ``budget`` (planner/pebble.py), given
+    up to a quarter of the time limit on top of the solve's; None when it finds none. ``first``:
+    any plan that fits will do."""
+    if budget < problem.order_free_floor:
+        return None
+    found = reverse_pebble(problem, budget, clock.now() + 0.25 * options.time_limit, in_order=False, first=first)
+    return None if found is None else Candidate(*found)
 
 
 def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem) -> SolveResult:

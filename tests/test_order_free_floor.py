@@ -115,6 +115,10 @@ def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(
     p = gradient_first()
     monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)
     monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
+    walked = solve(p, 150, "cpsat", ONE)  # the reverse walk over every order finds the plan
+    assert walked.status == "feasible" and walked.order == "reverse-walk"
+    assert simulate(p, walked.plan, 150).peak_bytes == walked.peak_bytes <= 150
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)  # and where it does not
     res = solve(p, 150, "cpsat", ONE)
     # before: "infeasible: the least memory any plan reaches is 200 bytes", with a plan at 110
     assert res.status == "timeout" and res.plan is None and res.least_bytes is None and res.best_bytes == 200

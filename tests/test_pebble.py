@@ -1,0 +1,131 @@
+"""Reverse walk (planner/pebble.py): its step accounting is the simulator's; with a beam wide
+enough to keep every state it is an exact search: in node order the same least peak and the same
+cheapest plan as planner.least's exact search, in any order the same least peak as its any-order
+search; and it finds plans where the forward greedies find none (RL100 of the remat benchmark
+at 55%).
+Validity via the simulator, no timings."""
+from __future__ import annotations
+
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from planner.chain_greedy import checkpoint_greedy
+from planner.cpsat import PlannerOptions
+from planner.greedy import evict_greedy, split_greedy
+from planner.least import cheapest_plan, least_plan, least_plan_any_order
+from planner.pebble import Walk, plan_of, reverse_pebble, reverse_walk
+from planner.planning import solve
+from planner.problem import PlanningProblem
+from planner.simulate import simulate
+from planner.tight_greedy import tight_greedy
+from tests.helpers import random_layered
+from tests.test_greedy_tight import fan_in, two_chains
+
+EVERY_STATE = Walk(10**9, False)  # no state is ever dropped: the walk is exhaustive
+ANY_ORDER = Walk(10**9, False, in_order=False)
+
+
+@st.composite
+def dags(draw) -> PlanningProblem:
+    """Up to 7 nodes; some pinned outputs, some nodes that may not be recomputed, scratch and a
+    constant base."""
+    n = draw(st.integers(2, 7))
+    preds = [[]]
+    for i in range(1, n):
+        preds.append(draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=3, unique=True)))
+    size = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    cost = draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))
+    scratch = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    pinned = [False] * (n - 1) + [draw(st.booleans())]
+    redo = [not pin and draw(st.integers(0, 4)) > 0 for pin in pinned]
+    return PlanningProblem.build(size=size, cost=cost, preds=preds, scratch=scratch, pinned=pinned,
+                                 recomputable=redo, base_bytes=draw(st.integers(0, 5)), name="dag")
+
+
+def walk_plan(p: PlanningProblem, budget: int, walk: Walk = EVERY_STATE):
+    order = reverse_walk(p, budget, walk)
+    if order is None:
+        return None
+    return simulate(p, plan_of(p, order), budget)  # raises if invalid or over the budget
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.floats(0.3, 1.0))
+def test_exhaustive_walk_in_node_order_is_the_exact_search(p, frac):
+    least = least_plan(p)
+    assert least is not None
+    budget = max(p.base_bytes, p.budget_for(frac))
+    sim = walk_plan(p, budget)
+    assert (sim is not None) == (least[0] <= budget)  # a plan exactly when one fits
+    if sim is not None:
+        assert sim.peak_bytes <= budget
+        cheapest = cheapest_plan(p, budget)
+        assert cheapest is not None and sim.added_time == pytest.approx(cheapest[0], abs=1e-9)
+        assert walk_plan(p, least[0]) is not None  # and one at the least peak itself
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.floats(0.3, 1.0))
+def test_exhaustive_walk_in_any_order_reaches_the_any_order_least(p, frac):
+    least = least_plan_any_order(p)
+    assert least is not None
+    budget = max(p.base_bytes, p.budget_for(frac))
+    sim = walk_plan(p, budget, ANY_ORDER)
+    assert (sim is not None) == (least[0] <= budget)
+    if sim is not None:
+        in_order = walk_plan(p, budget)
+        if in_order is not None:  # node order is one of the orders
+            assert sim.added_time <= in_order.added_time + 1e-9
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.floats(0.3, 1.0), st.integers(1, 4), st.booleans(), st.booleans())
+def test_narrow_walks_return_valid_plans(p, frac, width, memory_first, in_order):
+    budget = max(p.base_bytes, p.budget_for(frac))
+    sim = walk_plan(p, budget, Walk(width, memory_first, in_order))
+    if sim is not None:
+        assert sim.peak_bytes <= budget
+        assert all(sim.compute_counts[v] == 1 for v in range(p.n) if not p.recomputable[v])
+
+
+def test_pinned_outputs_stay_and_the_rest_is_freed():
+    # 0 -> 1 -> 2 (pinned output) and 0 -> 3 (read by nobody, not pinned)
+    p = PlanningProblem.build(size=[4, 2, 3, 1], cost=[1.0] * 4, preds=[[], [0], [1], [0]],
+                              pinned=[False, False, True, False])
+    plan = plan_of(p, [0, 3, 1, 2])
+    frees = [e.node for e in plan.events if e.op == "free"]
+    assert sorted(frees) == [0, 1, 3] and 2 not in frees
+    assert simulate(p, plan).peak_bytes == 4 + 2  # 0 and 1 while 1 runs (3 is freed at once)
+
+
+@pytest.mark.parametrize("build", [fan_in, two_chains])
+def test_small_graphs_at_the_least_peak(build):
+    p = build()
+    budget = least_plan_any_order(p)[0]
+    found = reverse_pebble(p, budget, in_order=False)
+    assert found is not None
+    assert simulate(p, found[0], budget).peak_bytes <= budget
+
+
+def test_rl100_at_55_percent_only_the_walk_fits(benchmarks_dir):
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.55)
+    for make in (evict_greedy, split_greedy, checkpoint_greedy, tight_greedy):
+        plan = make(p, budget)
+        assert plan is None or simulate(p, plan).peak_bytes > budget, f"premise: {make.__name__} fits"
+    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True))
+    assert res.status == "feasible" and res.order == "reverse-walk"
+    sim = simulate(p, res.plan, budget)
+    assert sim.peak_bytes == res.peak_bytes <= budget and sim.recomputes > 0
+    assert reverse_pebble(p, budget, in_order=False) is not None
+
+
+def test_rl100_least_peak_is_its_floor_a_walk_reaches_it(benchmarks_dir):
+    # the floor is a lower bound on every plan's peak; a plan at it makes the claim exact (the
+    # walk gets a quarter of the limit: 5 work seconds)
+    p = random_layered(benchmarks_dir, 100)
+    res = solve(p, p.budget_for(0.5), "cpsat", PlannerOptions(time_limit=20, workers=1, seed=0, work_limit=True))
+    assert res.status == "infeasible" and res.least_exact and res.least_bytes == p.order_free_floor
+    found = reverse_pebble(p, p.order_free_floor, in_order=False)
+    assert found is not None and found[1].peak_bytes == p.order_free_floor
