@@ -11,6 +11,20 @@ import onnxruntime as ort
 from planner.problem import PlanningProblem, load_remat_json
 
 
+def draw_dag(draw, n_max: int, size_max: int) -> tuple[list[list[int]], list[int], list[int]]:
+    """Hypothesis draws for a random DAG of 2..``n_max`` nodes: (preds, size, cost); every node
+    after the first reads 1-3 earlier ones."""
+    import hypothesis.strategies as st
+
+    n = draw(st.integers(2, n_max))
+    preds: list[list[int]] = [[]]
+    for i in range(1, n):
+        preds.append(draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=3, unique=True)))
+    size = draw(st.lists(st.integers(1, size_max), min_size=n, max_size=n))
+    cost = draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))
+    return preds, size, cost
+
+
 def parse_model(text: str, ir_version: int = 8) -> onnx.ModelProto:
     """Parse ONNX textual syntax (onnx.parser) into a ModelProto ORT can load."""
     model = onnx.parser.parse_model(text)

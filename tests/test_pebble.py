@@ -19,7 +19,7 @@ from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
 from planner.tight_greedy import tight_greedy
-from tests.helpers import random_layered
+from tests.helpers import draw_dag, random_layered
 from tests.test_greedy_tight import fan_in, two_chains
 
 EVERY_STATE = Walk(10**9, False)  # no state is ever dropped: the walk is exhaustive
@@ -30,12 +30,8 @@ ANY_ORDER = Walk(10**9, False, in_order=False)
 def dags(draw) -> PlanningProblem:
     """Up to 7 nodes; some pinned outputs, some nodes that may not be recomputed, scratch and a
     constant base."""
-    n = draw(st.integers(2, 7))
-    preds = [[]]
-    for i in range(1, n):
-        preds.append(draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=3, unique=True)))
-    size = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
-    cost = draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))
+    preds, size, cost = draw_dag(draw, 7, 20)
+    n = len(size)
     scratch = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     pinned = [False] * (n - 1) + [draw(st.booleans())]
     redo = [not pin and draw(st.integers(0, 4)) > 0 for pin in pinned]
@@ -51,32 +47,22 @@ def walk_plan(p: PlanningProblem, budget: int, walk: Walk = EVERY_STATE):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dags(), st.floats(0.3, 1.0))
-def test_exhaustive_walk_in_node_order_is_the_exact_search(p, frac):
-    least = least_plan(p)
+@given(dags(), st.floats(0.3, 1.0), st.booleans())
+def test_exhaustive_walk_is_the_exact_search(p, frac, in_order):
+    least = (least_plan if in_order else least_plan_any_order)(p)
     assert least is not None
     budget = max(p.base_bytes, p.budget_for(frac))
-    sim = walk_plan(p, budget)
+    sim = walk_plan(p, budget, EVERY_STATE if in_order else ANY_ORDER)
     assert (sim is not None) == (least[0] <= budget)  # a plan exactly when one fits
-    if sim is not None:
-        assert sim.peak_bytes <= budget
-        cheapest = cheapest_plan(p, budget)
+    if sim is None:
+        return
+    assert sim.peak_bytes <= budget
+    cheapest = cheapest_plan(p, budget)  # in node order
+    if in_order:
         assert cheapest is not None and sim.added_time == pytest.approx(cheapest[0], abs=1e-9)
         assert walk_plan(p, least[0]) is not None  # and one at the least peak itself
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dags(), st.floats(0.3, 1.0))
-def test_exhaustive_walk_in_any_order_reaches_the_any_order_least(p, frac):
-    least = least_plan_any_order(p)
-    assert least is not None
-    budget = max(p.base_bytes, p.budget_for(frac))
-    sim = walk_plan(p, budget, ANY_ORDER)
-    assert (sim is not None) == (least[0] <= budget)
-    if sim is not None:
-        in_order = walk_plan(p, budget)
-        if in_order is not None:  # node order is one of the orders
-            assert sim.added_time <= in_order.added_time + 1e-9
+    elif cheapest is not None:  # node order is one of the orders
+        assert sim.added_time <= cheapest[0] + 1e-9
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,6 +10,7 @@ from planner.cpsat import PlannerOptions
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
+from tests.helpers import draw_dag
 
 # A model that does not depend on the budget (no hint-grown slots) and has room for every
 # recompute chain of these small graphs, so its optimum can be compared across budgets.
@@ -18,12 +19,7 @@ OPTS = PlannerOptions(time_limit=10, workers=1, seed=0, grow_from_hints=False)
 
 @st.composite
 def dags(draw) -> PlanningProblem:
-    n = draw(st.integers(2, 8))
-    preds = [[]]
-    for i in range(1, n):
-        preds.append(draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=3, unique=True)))
-    size = draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
-    cost = draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))
+    preds, size, cost = draw_dag(draw, 8, 30)
     return PlanningProblem.build(size=size, cost=cost, preds=preds, name="dag")
 
 
