@@ -114,18 +114,22 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     where the claim is that floor, for a plan at it (then the floor is the exact least)."""
     low = problem.order_free_floor
 
-    def walked(found: Candidate) -> SolveResult:
+    def elsewhere(found: Candidate, order: str, note: str) -> SolveResult:
+        """``res`` with a plan found outside the orders the solve searched."""
         return replace(res, status="feasible", plan=replace(found.plan, strategy="cpsat"),
                        peak_bytes=found.sim.peak_bytes, added_time=found.sim.added_time, least_bytes=None,
-                       least_exact=False, best_bytes=None, order="reverse-walk",
-                       solver=replace(res.solver, wall_s=clock.wall_since(t0)),
-                       note=f"{res.note}; the reverse walk over every node order found a plan "
-                            f"(planner/pebble.py; no bound on its added time)".strip("; "))
+                       least_exact=False, best_bytes=None, order=order,
+                       solver=replace(res.solver, wall_s=clock.wall_since(t0)), note=note)
 
-    if res.plan is None and res.status == "timeout" and low <= res.budget_bytes:
+    def walked() -> SolveResult | None:
+        """The reverse walk's plan within the budget (the caller checked the floor allows one)."""
         found = _walk(problem, res.budget_bytes, options)
-        if found is not None:
-            return walked(found)
+        return None if found is None else elsewhere(
+            found, "reverse-walk", f"{res.note}; the reverse walk over every node order found a plan "
+                                   f"(planner/pebble.py; no bound on its added time)".strip("; "))
+
+    if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and (plan := walked()):
+        return plan
     if res.status != "infeasible" or res.least_bytes is None:
         return res
     # below the constant base the floor is said at once (test_planner.py), without any search
@@ -137,21 +141,16 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
                        note=f"the least memory any plan reaches is {low} bytes (a plan reaches the floor: "
                             f"planner/pebble.py)")
     exact = least_plan_any_order(problem) if problem.runtime_exact else None
-    if exact is None and low <= res.budget_bytes:  # past the exact search: the walk may fit
-        found = _walk(problem, res.budget_bytes, options)
-        if found is not None:
-            return walked(found)
+    if exact is None and low <= res.budget_bytes and (plan := walked()):  # past the exact search
+        return plan
     if exact is None and searching and res.budget_bytes < low:
         at_floor = _walk(problem, low, options, first=True)
         if at_floor is not None:  # a plan reaches the floor: nothing lower is possible
             exact = (at_floor.sim.peak_bytes, at_floor.plan)
     if exact is not None and exact[0] <= res.budget_bytes:  # a plan in another order fits
-        sim = simulate(problem, exact[1], res.budget_bytes)
-        return replace(res, status="feasible", plan=replace(exact[1], strategy="cpsat"), peak_bytes=sim.peak_bytes,
-                       added_time=sim.added_time, least_bytes=None, least_exact=False, best_bytes=None,
-                       order="exact-search",
-                       note=f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
-                            f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
+        return elsewhere(Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes)), "exact-search",
+                         f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
+                         f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
     if exact is not None:
         return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
                        note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
@@ -305,9 +304,7 @@ def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) ->
 def _walk(problem: PlanningProblem, budget: int, options: PlannerOptions, first: bool = False) -> Candidate | None:
     """The reverse walk's plan over every node order within ``budget`` (planner/pebble.py), given
     up to a quarter of the time limit on top of the solve's; None when it finds none. ``first``:
-    any plan that fits will do."""
-    if budget < problem.order_free_floor:
-        return None
+    any plan that fits will do. Callers ask at or above the order-free floor only."""
     found = reverse_pebble(problem, budget, clock.now() + 0.25 * options.time_limit, in_order=False, first=first)
     return None if found is None else Candidate(*found)
 
