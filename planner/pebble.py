@@ -23,8 +23,11 @@ when its solve ends without a plan (planner.planning._any_order), not as a rival
 model.
 
 With ``in_order`` a node is gone back over for the last time (its first compute) only when it is
-the highest node left, so the first computes come in node order; with a beam that keeps every
-state that walk is :mod:`planner.least`'s exact in-order search (tests/test_pebble.py).
+the highest node left, so the first computes come in node order. That walk has no plan that
+computes a node unread only to keep its first compute in node order, which
+:mod:`planner.least`'s in-order search has (tests/test_pebble.py); the planner walks in any
+order, where such a compute is never needed: with a beam that keeps every state, the any-order
+walk is the exact any-order search.
 
 Nodes that may not be recomputed (pinned outputs, random ops) are gone back over only once,
 when no other node left in the walk needs them; pinned outputs are in D from the end.
