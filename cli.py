@@ -663,7 +663,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               help="ONNX models: optimizer step added to the training graph.")
 @click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate of --optimizer.")
 @add_loss_option
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan may take a quarter more for its last resorts).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")

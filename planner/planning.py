@@ -41,6 +41,7 @@ from planner.pebble import reverse_pebble
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
+from planner.tight_greedy import long_run
 from planner.simulate import simulate
 from planner.swap_greedy import swap_greedy
 
@@ -100,6 +101,8 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     res = (_solve_reordered(problem, budget, options, t0, *found) if found is not None
            else _solve_cpsat(problem, budget, options, t0))
     if not options.reorder:  # its claims cover the given order only, and say so
+        if res.plan is None and res.status == "timeout" and (rescued := _rescue(problem, res, options, t0, False)):
+            return rescued
         return replace(res, least_order="given") if res.least_bytes is not None else res
     return _any_order(problem, res, options, t0)
 
@@ -115,20 +118,14 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     low = problem.order_free_floor
 
     def elsewhere(found: Candidate, order: str, note: str) -> SolveResult:
-        """``res`` with a plan found outside the orders the solve searched."""
-        return replace(res, status="feasible", plan=replace(found.plan, strategy="cpsat"),
-                       peak_bytes=found.sim.peak_bytes, added_time=found.sim.added_time, least_bytes=None,
-                       least_exact=False, best_bytes=None, order=order,
-                       solver=replace(res.solver, wall_s=clock.wall_since(t0)), note=note)
+        return _found_elsewhere(res, found, order, note, t0)
 
     def walked() -> SolveResult | None:
         """The reverse walk's plan within the budget (the caller checked the floor allows one)."""
-        found = _walk(problem, res.budget_bytes, options)
-        return None if found is None else elsewhere(
-            found, "reverse-walk", f"{res.note}; the reverse walk over every node order found a plan "
-                                   f"(planner/pebble.py; no bound on its added time)".strip("; "))
+        return _rescue(problem, res, options, t0, True, greedy=False)
 
-    if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and (plan := walked()):
+    if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and \
+            (plan := _rescue(problem, res, options, t0, True)):
         return plan
     if res.status != "infeasible" or res.least_bytes is None:
         return res
@@ -301,12 +298,51 @@ def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) ->
     return f"{note}; the lowest plan found peaks at {best} bytes"
 
 
+def _found_elsewhere(res: SolveResult, found: Candidate, order: str, note: str, t0: float) -> SolveResult:
+    """``res`` with a plan found outside the solver's searches (another order, or a last resort)."""
+    return replace(res, status="feasible", plan=replace(found.plan, strategy="cpsat"),
+                   peak_bytes=found.sim.peak_bytes, added_time=found.sim.added_time, least_bytes=None,
+                   least_exact=False, best_bytes=None, order=order,
+                   solver=replace(res.solver, wall_s=clock.wall_since(t0)), note=note)
+
+
+def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, t0: float, walk: bool,
+            greedy: bool = True) -> SolveResult | None:
+    """A plan within ``res``'s budget for a solve that ended without one, or None: the cheaper of
+    the reverse walk over every node order, with ``walk`` (planner/pebble.py; the caller checked
+    the order-free floor allows one), and the tight greedy's long run in the given order
+    (planner.tight_greedy.long_run; only after a timeout: where the solver proved the given order
+    holds no plan, it has none either). The two get up to a quarter of the time limit on top of
+    the solve's: the walk the first half when both run (RL100 at 55%: its plan, +695%, where the
+    long run finds none), the long run the rest (RL1000 at 55%: its plan, +710%, where the walk
+    finds none in all the time it gets)."""
+    budget = res.budget_bytes
+    deadline = clock.now() + 0.25 * options.time_limit
+    found: list[tuple[Candidate, str, str]] = []
+    if walk and (walked := _walk_until(problem, budget, deadline - 0.125 * options.time_limit)) is not None:
+        found.append((walked, "reverse-walk", "the reverse walk over every node order found a plan (planner/pebble.py"))
+    if greedy and res.status == "timeout" and budget >= problem.memory_floor:
+        if (long := long_run(problem, budget, deadline)) is not None:
+            found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node "
+                                                      "order (planner/tight_greedy.py"))
+    if not found:
+        return None
+    cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
+    after = f", after the solve ended without one: {res.note}" if res.note else ""
+    return _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}", t0)
+
+
+def _walk_until(problem: PlanningProblem, budget: int, deadline: float, first: bool = False) -> Candidate | None:
+    """The reverse walk's plan over every node order within ``budget``, searched until ``deadline``."""
+    found = reverse_pebble(problem, budget, deadline, in_order=False, first=first)
+    return None if found is None else Candidate(*found)
+
+
 def _walk(problem: PlanningProblem, budget: int, options: PlannerOptions, first: bool = False) -> Candidate | None:
     """The reverse walk's plan over every node order within ``budget`` (planner/pebble.py), given
     up to a quarter of the time limit on top of the solve's; None when it finds none. ``first``:
     any plan that fits will do. Callers ask at or above the order-free floor only."""
-    found = reverse_pebble(problem, budget, clock.now() + 0.25 * options.time_limit, in_order=False, first=first)
-    return None if found is None else Candidate(*found)
+    return _walk_until(problem, budget, clock.now() + 0.25 * options.time_limit, first)
 
 
 def _least_over_both(given: SolveResult, first: SolveResult, q: PlanningProblem) -> SolveResult:

@@ -43,8 +43,10 @@ def no_greedy(monkeypatch) -> None:
 
 
 def no_walk(monkeypatch) -> None:
-    """The reverse walk (planner/pebble.py) finds nothing either."""
+    """The last resorts find nothing either: the reverse walk (planner/pebble.py) and the tight
+    greedy's long run (planner/tight_greedy.long_run)."""
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -90,6 +92,22 @@ def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch
     # and with the count the note suggests, the model holds a plan (a computed 9 times)
     more = solve(p, 65, "cpsat", replace(ONE, max_computations=9))
     assert more.status == "optimal" and more.peak_bytes <= 65
+
+
+def test_a_solve_without_a_plan_takes_the_long_greedy_runs_plan(monkeypatch):
+    # far_readers(8) at 65 B: the model (a computed 3 times at most) holds no plan, the paced
+    # greedies are off; with the walk off too, the tight greedy's long run is the last resort,
+    # in the given order, with and without reordering
+    p = far_readers(8)
+    no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    for opts in (replace(ONE, grown_computations=3), replace(ONE, grown_computations=3, reorder=False)):
+        res = solve(p, 65, "cpsat", opts)
+        assert res.status == "feasible" and res.order == "given" and res.least_bytes is None
+        assert "the tight greedy's long run found a plan in the given node order" in res.note
+        sim = simulate(p, res.plan, 65)
+        assert sim.peak_bytes == res.peak_bytes <= 65 and sim.added_time == res.added_time
+        assert sim.compute_counts[1] > 3  # a plan outside the model's
 
 
 def test_the_least_peak_claims_only_the_floor_beyond_the_exact_search(monkeypatch):
