@@ -103,8 +103,11 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     if not options.reorder:  # its claims cover the given order only, and say so
         if res.plan is None and res.status == "timeout" and (rescued := _rescue(problem, res, options, t0, False)):
             return rescued
-        return replace(res, least_order="given") if res.least_bytes is not None else res
-    return _any_order(problem, res, options, t0)
+        res = replace(res, least_order="given") if res.least_bytes is not None else res
+    else:
+        res = _any_order(problem, res, options, t0)
+    # the whole solve's time, last resorts that found nothing included
+    return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
 
 
 def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, t0: float) -> SolveResult:
