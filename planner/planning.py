@@ -315,19 +315,20 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     the reverse walk over every node order, with ``walk`` (planner/pebble.py; the caller checked
     the order-free floor allows one), and the tight greedy's long run in the given order
     (planner.tight_greedy.long_run; only after a timeout: where the solver proved the given order
-    holds no plan, it has none either). The two get up to a quarter of the time limit on top of
-    the solve's: the walk the first half when both run (RL100 at 55%: its plan, +695%, where the
-    long run finds none), the long run the rest (RL1000 at 55%: its plan, +710%, where the walk
-    finds none in all the time it gets)."""
+    holds no plan, it has none either; nor below the memory floor, where no plan in it fits). The
+    two get up to a quarter of the time limit on top of the solve's: the walk the first half when
+    both run (RL100 at 55%: its plan, +695%, where the long run finds none), the long run the rest
+    (RL1000 at 55%: its plan, +710%, where the walk finds none in all the time it gets)."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
+    greedy = greedy and res.status == "timeout" and budget >= problem.memory_floor
     found: list[tuple[Candidate, str, str]] = []
-    if walk and (walked := _walk_until(problem, budget, deadline - 0.125 * options.time_limit)) is not None:
+    half = 0.125 * options.time_limit if greedy else 0.0
+    if walk and (walked := _walk_until(problem, budget, deadline - half)) is not None:
         found.append((walked, "reverse-walk", "the reverse walk over every node order found a plan (planner/pebble.py"))
-    if greedy and res.status == "timeout" and budget >= problem.memory_floor:
-        if (long := long_run(problem, budget, deadline)) is not None:
-            found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node "
-                                                      "order (planner/tight_greedy.py"))
+    if greedy and (long := long_run(problem, budget, deadline)) is not None:
+        found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node order "
+                                                  "(planner/tight_greedy.py"))
     if not found:
         return None
     cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
