@@ -101,16 +101,17 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     res = (_solve_reordered(problem, budget, options, t0, *found) if found is not None
            else _solve_cpsat(problem, budget, options, t0))
     if not options.reorder:  # its claims cover the given order only, and say so
-        if res.plan is None and res.status == "timeout" and (rescued := _rescue(problem, res, options, t0, False)):
-            return rescued
-        res = replace(res, least_order="given") if res.least_bytes is not None else res
+        if res.plan is None and res.status == "timeout" and (rescued := _rescue(problem, res, options, False)):
+            res = rescued
+        elif res.least_bytes is not None:
+            res = replace(res, least_order="given")
     else:
-        res = _any_order(problem, res, options, t0)
-    # the whole solve's time, last resorts that found nothing included
+        res = _any_order(problem, res, options)
+    # the whole solve's time, last resorts included
     return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
 
 
-def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, t0: float) -> SolveResult:
+def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions) -> SolveResult:
     """``res`` with an infeasible claim lowered to what plans in every node order may reach
     (:attr:`PlanningProblem.order_free_floor`): the solve searched the given order and perhaps
     one memory-aware order, and its least holds over those orders' plans only. Small problems
@@ -119,16 +120,8 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     reverse walk over every order (planner/pebble.py) looks for a plan within the budget; and
     where the claim is that floor, for a plan at it (then the floor is the exact least)."""
     low = problem.order_free_floor
-
-    def elsewhere(found: Candidate, order: str, note: str) -> SolveResult:
-        return _found_elsewhere(res, found, order, note, t0)
-
-    def walked() -> SolveResult | None:
-        """The reverse walk's plan within the budget (the caller checked the floor allows one)."""
-        return _rescue(problem, res, options, t0, True, greedy=False)
-
     if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and \
-            (plan := _rescue(problem, res, options, t0, True)):
+            (plan := _rescue(problem, res, options, True)):
         return plan
     if res.status != "infeasible" or res.least_bytes is None:
         return res
@@ -137,20 +130,20 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     if res.least_bytes <= low:  # the claim is the floor already: exact where a plan reaches it
         if res.least_exact or not searching or _walk(problem, low, options, first=True) is None:
             return res
-        return replace(res, least_exact=True, best_bytes=None, solver=replace(res.solver, wall_s=clock.wall_since(t0)),
+        return replace(res, least_exact=True, best_bytes=None,
                        note=f"the least memory any plan reaches is {low} bytes (a plan reaches the floor: "
                             f"planner/pebble.py)")
     exact = least_plan_any_order(problem) if problem.runtime_exact else None
-    if exact is None and low <= res.budget_bytes and (plan := walked()):  # past the exact search
-        return plan
+    if exact is None and low <= res.budget_bytes and (plan := _rescue(problem, res, options, True)):
+        return plan  # past the exact search: the walk only (the solver's claim rules the long run out)
     if exact is None and searching and res.budget_bytes < low:
         at_floor = _walk(problem, low, options, first=True)
         if at_floor is not None:  # a plan reaches the floor: nothing lower is possible
             exact = (at_floor.sim.peak_bytes, at_floor.plan)
     if exact is not None and exact[0] <= res.budget_bytes:  # a plan in another order fits
-        return elsewhere(Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes)), "exact-search",
-                         f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
-                         f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
+        return _found_elsewhere(res, Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes)), "exact-search",
+                                f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
+                                f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
     if exact is not None:
         return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
                        note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
@@ -301,16 +294,15 @@ def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) ->
     return f"{note}; the lowest plan found peaks at {best} bytes"
 
 
-def _found_elsewhere(res: SolveResult, found: Candidate, order: str, note: str, t0: float) -> SolveResult:
-    """``res`` with a plan found outside the solver's searches (another order, or a last resort)."""
+def _found_elsewhere(res: SolveResult, found: Candidate, order: str, note: str) -> SolveResult:
+    """``res`` with a plan found outside the solver's searches (another order, or a last resort);
+    solve() stamps the wall time."""
     return replace(res, status="feasible", plan=replace(found.plan, strategy="cpsat"),
                    peak_bytes=found.sim.peak_bytes, added_time=found.sim.added_time, least_bytes=None,
-                   least_exact=False, best_bytes=None, order=order,
-                   solver=replace(res.solver, wall_s=clock.wall_since(t0)), note=note)
+                   least_exact=False, best_bytes=None, order=order, note=note)
 
 
-def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, t0: float, walk: bool,
-            greedy: bool = True) -> SolveResult | None:
+def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, walk: bool) -> SolveResult | None:
     """A plan within ``res``'s budget for a solve that ended without one, or None: the cheaper of
     the reverse walk over every node order, with ``walk`` (planner/pebble.py; the caller checked
     the order-free floor allows one), and the tight greedy's long run in the given order
@@ -321,7 +313,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     (RL1000 at 55%: its plan, +710%, where the walk finds none in all the time it gets)."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
-    greedy = greedy and res.status == "timeout" and budget >= problem.memory_floor
+    greedy = res.status == "timeout" and budget >= problem.memory_floor
     found: list[tuple[Candidate, str, str]] = []
     half = 0.125 * options.time_limit if greedy else 0.0
     if walk and (walked := _walk_until(problem, budget, deadline - half)) is not None:
@@ -333,7 +325,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
         return None
     cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
     after = f", after the solve ended without one: {res.note}" if res.note else ""
-    return _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}", t0)
+    return _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}")
 
 
 def _walk_until(problem: PlanningProblem, budget: int, deadline: float, first: bool = False) -> Candidate | None:
