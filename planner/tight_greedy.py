@@ -70,9 +70,11 @@ VARIANTS = (
 #: the plan takes 16704 events, 16.7 per node, where the paced runs stop at 8 per step (+ 1000)
 #: and share 12 n + 3000 events.
 LONG_VARIANT, LONG_PACE, LONG_EVENTS_PER_NODE = Variant(power=2.0), 20, 30
-#: What one event of :func:`long_run` charges the work clock, in deterministic seconds: about its
-#: wall time on the 2-core machine of the figures (RL1000: 12 s for 16704 events).
-EVENT_SECONDS = 7e-4
+#: What one event of :func:`long_run` charges the work clock per node of the problem, in
+#: deterministic seconds: about its wall time on the 2-core machine of the figures, where an event
+#: costs about 0.7 us per node (RL100 0.51, RL250 0.76, RL500 0.70, RL1000 0.74: each eviction
+#: weighs the resident buffers). RL1000: 12 s for 16704 events.
+EVENT_SECONDS_PER_NODE = 7e-7
 
 
 def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(), rounds: int = ROUNDS,
@@ -88,8 +90,8 @@ def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(
 def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
          max_events: int | None, pace: int, deadline: float = math.inf) -> tuple[Plan | None, int]:
     """evict_run, and how many events the run made (its work, also when it failed). With a
-    ``deadline`` (planner.clock.now() seconds) the run charges the work clock EVENT_SECONDS per
-    event and gives up once past it."""
+    ``deadline`` (planner.clock.now() seconds) the run charges the work clock EVENT_SECONDS_PER_NODE
+    times n per event and gives up once past it."""
     p = problem
     n = p.n
     size = [int(x) for x in p.size]  # Python lists: this loop reads them element by element
@@ -121,7 +123,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
             return True
         if deadline == math.inf:
             return False
-        clock.charge((len(events) - charged) * EVENT_SECONDS)
+        clock.charge((len(events) - charged) * EVENT_SECONDS_PER_NODE * n)
         charged = len(events)
         return clock.now() > deadline
 
