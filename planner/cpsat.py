@@ -614,17 +614,18 @@ class RematModel:
         return sub
 
     def solve(self, name: str, time_limit: float, stop_at: int | None = None,
-              model: cp_model.CpModel | None = None, work: float | None = None) -> PhaseResult:
+              model: cp_model.CpModel | None = None, work: float | None = None, seed: int | None = None) -> PhaseResult:
         """Run CP-SAT once; ``stop_at`` (min-peak mode) stops at the first capacity <= it.
         ``model``: a copy of this model to solve instead (:meth:`restricted`). ``work``: at most
-        this many deterministic seconds as well, on either clock."""
+        this many deterministic seconds as well, on either clock. ``seed``: CP-SAT's random seed
+        instead of the options' one."""
         solver = cp_model.CpSolver()
         prm = solver.parameters
         clock.limit_solver(prm, time_limit)
         if work is not None:
             prm.max_deterministic_time = min(prm.max_deterministic_time, max(0.01, float(work)))
         prm.num_workers = max(1, int(self.opt.workers))
-        prm.random_seed = int(self.opt.seed)
+        prm.random_seed = int(self.opt.seed if seed is None else seed)
         phase1 = stop_at is not None
         if self.opt.deterministic and (prm.num_workers > 1 or (phase1 and self.opt.phase1_lns)):
             # on one worker, interleaving still runs the LNS subsolvers (one after another)

@@ -255,10 +255,12 @@ def _feasibility(m1: RematModel, target: int, span: Callable[[], float], phases:
     """Phase 1 (min peak, stopping at ``target`` capacity units) in ``span()`` seconds, run again
     while time is left and it has found nothing within the target (see
     FEASIBILITY_AGAIN_S). Each run goes into ``phases``; the result is the best run's, with the
-    strongest bound of all, and each run after the first starts from the best one before it."""
+    strongest bound of all; each run after the first starts from the best one before it, with
+    the next seed."""
     runs: list[PhaseResult] = []
     while True:
-        r = m1.solve("feasibility", span(), stop_at=target)
+        # each run with a seed of its own: a run with nothing to start from would repeat the last
+        r = m1.solve("feasibility", span(), stop_at=target, seed=m1.opt.seed + len(runs))
         phases.append(r)
         runs.append(r)
         done = r.objective is not None and r.objective <= target

@@ -76,15 +76,18 @@ class _ScriptedModel:
         self.script = list(script)
         self.hints: list[dict | None] = []
         self.spans: list[float] = []
+        self.seeds: list[int] = []
         self._hint = None
+        self.opt = PlannerOptions(seed=7)
 
     def apply_hint(self, values):
         self._hint = dict(values)
 
-    def solve(self, name, span, stop_at=None):
+    def solve(self, name, span, stop_at=None, seed=None):
         from planner.cpsat import PhaseResult
         status, objective, bound = self.script.pop(0)
         self.hints.append(self._hint)
+        self.seeds.append(seed)
         self.spans.append(span)
         run = len(self.hints)
         values = None if objective is None else {0: objective, 1: run}
@@ -105,6 +108,7 @@ def test_phase_1_searches_again_from_its_best_while_time_is_left():
     m, phases, res = _feasibility([("FEASIBLE", 14, 8), ("FEASIBLE", 12, 9), ("FEASIBLE", 10, 9)], lambda: 5.0)
     assert len(phases) == 3 and res.objective == 10 and res.bound == 9
     assert m.hints == [None, {0: 14, 1: 1}, {0: 12, 1: 2}]  # each run from the best before it
+    assert m.seeds == [7, 8, 9]  # and with a seed of its own
 
 
 def test_phase_1_stops_at_a_proof_or_when_time_is_short():
