@@ -70,12 +70,11 @@ def test_single_thread_search_alone_does_not_reach_it(rl100):
 
 class _ScriptedModel:
     """Stands in for RematModel in planning._feasibility: each solve() returns the next scripted
-    (status, objective, bound) and records the hint it ran from and the seconds it was given."""
+    (status, objective, bound) and records the hint and the seed it ran with."""
 
     def __init__(self, script):
         self.script = list(script)
         self.hints: list[dict | None] = []
-        self.spans: list[float] = []
         self.seeds: list[int] = []
         self._hint = None
         self.opt = PlannerOptions(seed=7)
@@ -88,7 +87,6 @@ class _ScriptedModel:
         status, objective, bound = self.script.pop(0)
         self.hints.append(self._hint)
         self.seeds.append(seed)
-        self.spans.append(span)
         run = len(self.hints)
         values = None if objective is None else {0: objective, 1: run}
         return PhaseResult(name, status, 1.0, objective, bound, object() if values else None, values)
