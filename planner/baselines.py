@@ -22,7 +22,7 @@ import numpy as np
 
 from planner import clock
 from planner.chain_greedy import checkpoint_greedy, effective_readers, missing_closure
-from planner.greedy import evict_greedy, split_greedy
+from planner.greedy import evict_greedy, split_greedy_simulated
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
@@ -107,7 +107,7 @@ def greedy(problem: PlanningProblem, budget: int, deadline: float = math.inf) ->
     ``deadline`` (planner.clock.now() seconds): on RL1000 at tight budgets each takes 5-20 s and
     finds nothing, which made a 40 s solve take 120 s."""
     best: Candidate | None = None
-    makers = (partial(evict_greedy, deadline=deadline), split_greedy, checkpoint_greedy,
+    makers = (partial(evict_greedy, deadline=deadline), split_greedy_simulated, checkpoint_greedy,
               partial(tight_greedy_simulated, deadline=deadline))
     for make in makers:
         if clock.now() > deadline:

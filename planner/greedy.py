@@ -24,15 +24,24 @@ from planner import clock
 from planner.chain_greedy import needed_later, next_need, redoable
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
-from planner.simulate import simulate
+from planner.simulate import Simulation, simulate
 
 
 def split_greedy(problem: PlanningProblem, budget: int, max_moves: int | None = None, chain_depth: int = 8) -> Plan | None:
     """A plan whose step-accounted peak is within ``budget``, or None if the greedy gets stuck."""
+    found = split_greedy_simulated(problem, budget, max_moves, chain_depth)
+    return None if found is None else found[0]
+
+
+def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int | None = None,
+                           chain_depth: int = 8) -> tuple[Plan, Simulation] | None:
+    """:func:`split_greedy`'s plan with its replay (which it checks against ``budget``), so that a
+    caller need not replay it again."""
     p = problem
     n = p.n
     if n == 0:
-        return Plan((), "greedy")
+        plan = Plan((), "greedy")
+        return plan, simulate(p, plan)
     size = p.size.astype(np.int64)
     segs: list[list[list[int]]] = [[[v, int(p.last_use[v])]] for v in range(n)]
     reads: list[list[int]] = [sorted(set(s)) for s in p.succ_lists]
@@ -146,7 +155,8 @@ def split_greedy(problem: PlanningProblem, budget: int, max_moves: int | None = 
     plan = _schedule(p, segs)
     # The step accounting leaves out a recompute's own scratch where it exceeds its step's (a
     # node with workspace recomputed before a step without): the replay has the last word.
-    return plan if simulate(p, plan).peak_bytes <= budget else None
+    sim = simulate(p, plan)
+    return (plan, sim) if sim.peak_bytes <= budget else None
 
 
 def _schedule(p: PlanningProblem, segs: list[list[list[int]]]) -> Plan:
