@@ -53,7 +53,9 @@ class PlanOutcome:
     """What a planner reports for one graph and budget; the gate's only view of planning."""
 
     fits: bool  # the plan's (simulated) peak is within the budget
-    peak_bytes: int  # the plan's simulated peak; 0 when no plan was produced
+    # the plan's simulated peak; "infeasible": the least memory any plan reaches (proven, a lower
+    # bound where not exact); 0 when no plan was produced
+    peak_bytes: int
     added_time_fraction: float  # added time / compute time of the unplanned step (0.125 = +12.5%)
     status: str  # optimal | feasible | infeasible | timeout | no-planner | ...
     # with ort_arena: the least arena limit the plan runs under (not fitting: the least of those tried)
@@ -193,6 +195,8 @@ class Verdict:
             return "unknown: no planner in this build"
         if self.item.ort_arena:
             best = f", best arena {format_bytes(p.arena_bytes)}" if p.arena_bytes is not None else ""
+        elif p.status == "infeasible":  # its peak is the least any plan reaches, not a plan's
+            best = f", needs >= {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
         else:
             best = f", best {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
         return f"no ({p.status}{best})"

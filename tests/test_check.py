@@ -201,6 +201,9 @@ def test_one_testcase_per_model_and_budget_junit(mlp, wide, tmp_path, monkeypatc
     for number in (str(WIDE_PEAK), str(100 * KiB), str(int(WIDE_PEAK * 0.7)), str(100 * KiB - int(WIDE_PEAK * 0.7))):
         assert number in failure.text
     assert "100KiB" in failure.get("message") and str(int(WIDE_PEAK * 0.7)) in failure.get("message")
+    # the planner's infeasible figure is the least any plan reaches, not a plan's peak
+    assert "needs >= " in failure.text and "least any plan reaches" in failure.text
+    assert "plan peak" not in failure.text and "best" not in failure.text
 
 
 def test_markdown_table(mlp, wide, tmp_path, monkeypatch):
