@@ -182,6 +182,13 @@ class Verdict:
         return self.budget_bytes - self.peak
 
     @property
+    def least(self) -> int | None:
+        """The least memory any plan reaches, where the planner proved the budget infeasible (a
+        lower bound, not a plan's peak); None otherwise."""
+        p = self.plan
+        return p.peak_bytes if p is not None and p.status == "infeasible" and p.peak_bytes > 0 else None
+
+    @property
     def plan_note(self) -> str:
         """Why there is or is not a plan, in words for the reports."""
         if self.error is not None:
@@ -195,8 +202,8 @@ class Verdict:
             return "unknown: no planner in this build"
         if self.item.ort_arena:
             best = f", best arena {format_bytes(p.arena_bytes)}" if p.arena_bytes is not None else ""
-        elif p.status == "infeasible":  # its peak is the least any plan reaches, not a plan's
-            best = f", needs >= {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
+        elif self.least is not None:
+            best = f", needs >= {format_bytes(self.least)}"
         else:
             best = f", best {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
         return f"no ({p.status}{best})"

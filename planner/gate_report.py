@@ -129,8 +129,8 @@ def _details(v: Verdict) -> str:
         lines.append(f"ORT arena ({v.item.ort_arena}): the unplanned step runs under a limit of {v.unplanned_arena} "
                      f"bytes ({_size(v.unplanned_arena)})")
     lines += [f"fits as is: {_yes_no(v.fits_as_is)}", f"fits with plan: {v.plan_note}"]
-    if v.plan is not None and v.plan.peak_bytes > 0 and v.plan.status == "infeasible":
-        lines.append(f"least any plan reaches: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}) or more")
+    if v.least is not None:
+        lines.append(f"least any plan reaches: {v.least} bytes ({_size(v.least)}) or more")
     elif v.plan is not None and v.plan.peak_bytes > 0:
         lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}, "
                      f"added time {v.plan.added_time_fraction * 100:.1f}%")
@@ -144,7 +144,7 @@ def _details(v: Verdict) -> str:
 def _failure_message(v: Verdict) -> str:
     over = -(v.headroom or 0)
     what = "arena need" if v.item.ort_arena else "peak"
-    if not v.item.ort_arena and v.plan is not None and v.plan.status == "infeasible" and v.plan.peak_bytes > 0:
+    if not v.item.ort_arena and v.least is not None:
         what = "the least peak any plan reaches,"
     return (f"{what} {_size(v.peak)} ({v.peak} bytes) is over the budget {v.budget} = {_size(v.budget_bytes)} "
             f"({v.budget_bytes} bytes) by {_size(over)}; unplanned peak {_size(v.unplanned_peak)}, "

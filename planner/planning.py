@@ -41,9 +41,9 @@ from planner.pebble import reverse_pebble
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
-from planner.tight_greedy import long_run
 from planner.simulate import simulate
 from planner.swap_greedy import swap_greedy
+from planner.tight_greedy import long_run
 
 log = logging.getLogger(__name__)
 
@@ -263,18 +263,14 @@ def _feasibility(m1: RematModel, target: int, span: Callable[[], float], phases:
         r = m1.solve("feasibility", span(), stop_at=target, seed=m1.opt.seed + len(runs))
         phases.append(r)
         runs.append(r)
+        solved = [x for x in runs if x.objective is not None]  # those have values too
+        best = min(solved, key=lambda x: (x.objective, x.status != "OPTIMAL")) if solved else r
         done = r.objective is not None and r.objective <= target
         proven = r.status in ("OPTIMAL", "INFEASIBLE") or (r.bound is not None and r.bound > target)
         if done or proven or len(runs) >= FEASIBILITY_RUNS or span() < FEASIBILITY_AGAIN_S:
-            break
-        solved = [x for x in runs if x.values is not None]
-        if solved:
-            m1.apply_hint(min(solved, key=lambda x: x.objective).values)
-    solved = [x for x in runs if x.objective is not None]
-    best = min(solved, key=lambda x: (x.objective, x.status != "OPTIMAL")) if solved else runs[-1]
-    bounds = [x.bound for x in runs if x.bound is not None]
-    return replace(best, bound=max(bounds) if bounds else None,
-                   status="INFEASIBLE" if any(x.status == "INFEASIBLE" for x in runs) else best.status)
+            return replace(best, bound=max((x.bound for x in runs if x.bound is not None), default=None))
+        if best.values is not None:
+            m1.apply_hint(best.values)
 
 
 def _fits(cands: dict[str, Candidate] | None, budget: int) -> bool:
