@@ -137,3 +137,20 @@ def test_the_long_run_stops_at_its_deadline_on_either_clock():
     assert spent == pytest.approx(len(plan.events) * EVENT_SECONDS_PER_NODE * p.n, rel=0.2)
     with clock.work_clock():
         assert long_run(p, budget, clock.now() + 0.5 * spent) is None
+
+
+def test_split_greedy_counts_the_workspace_of_a_recompute():
+    """Buffers 1 and 2 are both held across the peak at steps 3-4 and read again at step 5.
+    Dropping 1 is cheaper, but recomputing it before step 5 needs its 7-byte workspace next to
+    what step 5 holds: 17 bytes, over the budget of 12. The split greedy's step accounting must
+    count that workspace and drop 2 instead (before, it dropped 1 and its replay refused the plan)."""
+    p = PlanningProblem.build(size=[1, 4, 4, 6, 1, 1], cost=[1.0, 1.0, 2.0, 1.0, 1.0, 1.0],
+                              preds=[[], [0], [0], [0], [3], [1, 2, 4]], scratch=[0, 7, 0, 0, 0, 0])
+    budget = 12
+    assert p.unplanned_peak == 15
+    plan = split_greedy(p, budget)
+    assert plan is not None
+    sim = simulate(p, plan, budget)
+    assert sim.peak_bytes <= budget
+    counts = plan.counts(p.n)["compute"]
+    assert list(counts) == [1, 1, 2, 1, 1, 1]  # 2 recomputed, 1 kept
