@@ -69,6 +69,8 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
             "added_time_fraction": p.added_time_fraction,
         },
         "peak_bytes": v.peak,
+        # an infeasible budget: the least memory any plan reaches (also in peak_bytes, as before)
+        "least_bytes": v.least,
         "headroom_bytes": v.headroom,
         "result": v.outcome,
         "error": v.error,

@@ -108,7 +108,7 @@ def one_error_line(err: str) -> str:
 # ---- exit 0 and 1 -----------------------------------------------------------------------------
 JSON_KEYS = {"schema", "ok", "exit_code", "checked", "passed", "failed", "errors", "results"}
 RESULT_KEYS = {"model", "name", "budget", "budget_bytes", "train", "dims", "device", "ort_arena",
-               "unplanned_peak_bytes", "unplanned_arena_bytes", "fits_as_is", "fits_with_plan", "plan", "peak_bytes",
+               "unplanned_peak_bytes", "unplanned_arena_bytes", "fits_as_is", "fits_with_plan", "plan", "peak_bytes", "least_bytes",
                "headroom_bytes", "result", "error", "wall_s"}
 
 
@@ -161,7 +161,7 @@ def test_real_planner_fits_zoo_training_step_exit_0():
     rc, out, err = run(["zoo:gpt", "--budget", "80%", "--train", "--json", "--time-limit", "10"])
     assert rc == 0, err
     (r,) = json.loads(out)["results"]
-    assert r["fits_as_is"] is False and r["fits_with_plan"] is True
+    assert r["fits_as_is"] is False and r["fits_with_plan"] is True and r["least_bytes"] is None
     assert r["plan"]["peak_bytes"] <= r["budget_bytes"] < r["unplanned_peak_bytes"]
     assert r["plan"]["added_time_fraction"] > 0
 
@@ -174,6 +174,7 @@ def test_plan_infeasible_and_no_plan_exit_1(mlp, monkeypatch):
     assert r["budget_bytes"] == int(MLP_PEAK * 0.6)
     assert r["plan"]["status"] == "infeasible" and r["plan"]["peak_bytes"] == int(MLP_PEAK * 0.7)
     assert r["headroom_bytes"] == int(MLP_PEAK * 0.6) - int(MLP_PEAK * 0.7) < 0
+    assert r["least_bytes"] == int(MLP_PEAK * 0.7)  # a lower bound, named as one
 
     rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--no-plan", "--json"], monkeypatch, fake)
     assert rc == 1 and len(fake.calls) == 1  # --no-plan never asks the planner
