@@ -115,7 +115,9 @@ def greedy(problem: PlanningProblem, budget: int, deadline: float = math.inf) ->
         made = make(problem, budget)
         if made is None:
             continue
-        plan, sim = made if isinstance(made, tuple) else (made, simulate(problem, made))
+        plan, sim = made if isinstance(made, tuple) else (made, None)
+        if (pruned := plan.without_unread(problem)) is not plan or sim is None:
+            plan, sim = pruned, simulate(problem, pruned)
         if sim.peak_bytes <= budget and (best is None or sim.added_time < best.sim.added_time):
             best = Candidate(plan, sim)
     return best

@@ -45,6 +45,7 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
     than the model has, or swaps.
     """
     p = model.p
+    plan = plan.without_unread(p)  # the model holds no recompute nobody reads
     values: dict[int, int] = {}
     seen = [0] * p.n
     current = [-1] * p.n  # instance of each node resident now

@@ -171,7 +171,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     13.71% with the growing closure bound). Without a plan either way, the given order's result
     stands (its status and least memory are the claims memplan makes about the graph as given).
     Where a baseline fits in the given order and none in ``order``, the given order alone gets
-    the time (RL100 at 60%)."""
+    the time (RL100 at 60%); below the given order's floor, ``order`` gets it all (the resnet
+    fixture at 60%: its bound and the given order's infeasible solve took 14 of the 60 s)."""
     q = permute(problem, order)
     # The given order's baselines first, once (on RL1000 the greedy alone takes 10-35 s), so its
     # solve below gets what time is left, not its baselines' time on top. Not when q's plan ends
@@ -188,7 +189,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     # Neither below the floor: no baseline fits there, and the solves below say infeasible at once.
     plannable = budget >= problem.memory_floor
     cands = _baselines(problem, budget, clock.now() + spend) if plannable and q.unplanned_peak > budget else None
-    share = options.reorder_share * left()
+    # below the given order's floor no plan in it fits: the memory-aware order gets the whole time
+    share = options.reorder_share * left() if plannable else left()
     pace = _Pace()
     q_cands = _baselines(q, budget, clock.now() + options.baseline_share * share) if plannable else None
     if not problem.can_swap and _fits(cands, budget) and not _fits(q_cands, budget):
@@ -209,6 +211,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     def given_loses(objective: int) -> float | None:
         """When no plan in the given order can be cheaper than one of ``objective`` in ``order``,
         the time kept for searching the given order goes to ``order``: the whole limit's end."""
+        if not plannable:  # ``order`` has the whole limit already
+            return None
         return t0 + options.time_limit if _loses(given_order_bound(), objective) else None
 
     first = _solve_cpsat(q, budget, replace(options, time_limit=share), clock.now(), q_cands, pace=pace,
@@ -223,6 +227,9 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
                         note=f"{first.note}; {how}; bound and gap are for that order".strip("; "))
         if sim.added_time <= 0:
             return moved
+        if not plannable:
+            return stamped(moved, note=f"{moved.note}; no plan in the given order fits (its floor is "
+                                       f"{problem.memory_floor} bytes)")
         known = given_order_bound()
         if _loses(known, recompute_objective(cost, sim.compute_counts)):
             return stamped(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "

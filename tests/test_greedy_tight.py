@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from planner.baselines import greedy
 from planner.chain_greedy import checkpoint_greedy
 from planner.greedy import evict_greedy, split_greedy
+from planner.cpsat import PlannerOptions, RematModel
+from planner.plan import Plan
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
 from planner import clock
@@ -154,3 +156,24 @@ def test_split_greedy_counts_the_workspace_of_a_recompute():
     assert sim.peak_bytes <= budget
     counts = plan.counts(p.n)["compute"]
     assert list(counts) == [1, 1, 2, 1, 1, 1]  # 2 recomputed, 1 kept
+
+
+def test_without_unread_drops_recomputes_nothing_reads():
+    """The second copy of node 1 is recomputed and freed unread, and the second copy of node 0
+    is read by it only: both go, with their frees; the original computes and the third copies,
+    which node 3 reads, stay. The plan replays no higher and cheaper, and a CP-SAT hint from it
+    is the same as from the pruned plan (the model holds no recompute nobody reads, so the raw
+    plan as a hint was infeasible)."""
+    p = PlanningProblem.build(size=[2, 2, 1, 1], cost=[1.0, 2.0, 1.0, 1.0],
+                              preds=[[], [0], [0], [1, 2]], pinned=[False, False, False, True])
+    kept = [("compute", 0), ("compute", 1), ("compute", 2), ("free", 0), ("free", 1)]
+    tail = [("compute", 0), ("compute", 1), ("free", 0), ("compute", 3), ("free", 1), ("free", 2)]
+    raw = Plan.of(kept + [("compute", 0), ("compute", 1), ("free", 0), ("free", 1)] + tail, "test")
+    pruned = raw.without_unread(p)
+    assert [(e.op, e.node) for e in pruned.events] == kept + tail
+    before, after = simulate(p, raw), simulate(p, pruned)
+    assert after.added_time == 3.0 < before.added_time == 6.0
+    assert after.peak_bytes <= before.peak_bytes
+    assert pruned.without_unread(p) is pruned  # nothing left to drop: the same plan
+    model = RematModel(p, 8, PlannerOptions(max_computations=4), [raw])
+    assert model.hint_from_plan(raw) == model.hint_from_plan(pruned)
