@@ -82,12 +82,12 @@ class PlannerOptions:
     deterministic: bool = True
     # Share of the remaining time phase 1 (find any plan within budget) may use.
     feasibility_share: float = 0.95
-    # The same when a fitting plan exists already (one too heavy to start phase 1 from).
+    # The same when a fitting plan exists already (one too heavy to start phase 1 from): phase 2
+    # then searches from the better of that plan and phase 1's. Whatever the fallback costs: on
+    # the resnet fixture (batch 32) at 60% the greedy's +111.9% plan kept phase 1 at its full share
+    # without a plan, phase 2 never ran; with this share +105.9%. RL500 at 70%, RL1000 at 70/60%
+    # and zoo:resnet at 50% gave the same plans either way (bench/results/phase1_share_stop36.md).
     fallback_feasibility_share: float = 0.3
-    # ... but only for a fallback adding at most this share of the step's compute time. A
-    # dearer one (the tight-budget greedy's: +262% on RL500 at 70%) is a last resort, and phase 1
-    # keeps its full share (measured: RL500 at 70% then +23.5%, with the short share +262%).
-    fallback_worth_refining: float = 0.5
     # Ticks per unplanned run on the real-time axis (swap mode only).
     time_resolution: int = 100_000
     # Recompute slots per step beyond what the hints use (slot axis): more freedom, bigger domains.

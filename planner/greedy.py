@@ -16,6 +16,7 @@ whose segment starts there (ascending id) and frees a buffer after the step its 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import sys
 
@@ -52,6 +53,9 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
     preds = p.pred_lists
     droppable = p.recomputable & ~p.pinned & (size > 0)
     limit = max_moves if max_moves is not None else 20 * n + 100
+    # plain lists for the inner loops (numpy scalars are slow to index one by one)
+    sizes, costs = size.tolist(), p.cost.astype(float).tolist()
+    redo = (p.recomputable & ~p.pinned).tolist()
 
     def covering(v: int, t: int) -> int:
         for k, (s, e) in enumerate(segs[v]):
@@ -59,31 +63,32 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
                 return k
         return -1
 
-    def extension(u: int, b: int) -> tuple[int, int] | None:
-        """Steps (lo, hi) u must newly cover to be resident at b; None if it already is."""
-        if covering(u, b) >= 0:
-            return None
-        prev_end = max(e for s, e in segs[u] if e < b)
-        return prev_end + 1, b
-
     def resolve(v: int, b: int, t: int, plan: dict, depth: int) -> tuple[float, int]:
         """Make v's inputs resident at b for a recompute of v there; fills ``plan`` with
         u -> ("extend", lo) or ("recompute",). Returns (added cost, bytes lost at step t)."""
         cost, loss = 0.0, 0
         for u in preds[v]:
-            if u in plan or covering(u, b) >= 0:
+            if u in plan:
                 continue
-            lo = max(e for s, e in segs[u] if e < b) + 1
+            lo = 0  # one past the end of u's last segment before b (none covers b)
+            for s, e in segs[u]:
+                if s <= b <= e:
+                    lo = -1
+                    break
+                if lo <= e < b:
+                    lo = e + 1
+            if lo < 0:
+                continue
             crosses = lo <= t
-            if crosses and depth > 0 and p.recomputable[u] and not p.pinned[u]:
+            if crosses and depth > 0 and redo[u]:
                 plan[u] = ("recompute",)
                 c, l = resolve(u, b, t, plan, depth - 1)
-                cost += float(p.cost[u]) + c
+                cost += costs[u] + c
                 loss += l
             else:
                 plan[u] = ("extend", lo)
                 if crosses:
-                    loss += int(size[u])
+                    loss += sizes[u]
         return cost, loss
 
     def workspace(v: int, b: int, actions: dict) -> int:
@@ -97,7 +102,13 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
         if peak <= budget:
             break
         busy = set(preds[t])
-        moves = []
+        # Moves by (score, -benefit, v), cheapest first. A move's score is at least
+        # cost[v] / size[v] (its chain adds cost, its extensions take benefit away), so moves sit
+        # in a heap under that key until popped, and only then is their chain resolved: the
+        # first move that fits is the one a full sort would find, with fewer chains resolved
+        # (with the single scan of segments in resolve: the lstm fixture, seq 32, at 60%: 10.5 s
+        # -> 3.3 s, the same plan).
+        heap = []
         for v in range(t):
             if not droppable[v] or v in busy:
                 continue
@@ -111,17 +122,19 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
                 continue
             b = rs[j]
             a = rs[j - 1] if j > 0 and rs[j - 1] >= s else s
-            actions: dict[int, tuple] = {}
-            extra, loss = resolve(v, b, t, actions, chain_depth)
-            benefit = int(size[v]) - loss
-            if benefit <= 0:
-                continue
-            score = (float(p.cost[v]) + extra + 1e-12) / benefit
-            moves.append(((score, -benefit, v), v, k, a, b, actions))
-        moves.sort(key=lambda mv: mv[0])
+            heap.append(((costs[v] + 1e-12) / sizes[v], -math.inf, v, k, a, b, None))
+        heapq.heapify(heap)
         best = None
-        for mv in moves:  # the cheapest move that leaves every step it touches below the peak
-            _, v, k, a, b, actions = mv
+        while heap:
+            score, rank, v, k, a, b, actions = heapq.heappop(heap)
+            if actions is None:  # resolve its chain, back in the heap under its own key
+                actions = {}
+                extra, loss = resolve(v, b, t, actions, chain_depth)
+                benefit = sizes[v] - loss
+                if benefit > 0:
+                    heapq.heappush(heap, ((costs[v] + extra + 1e-12) / benefit, -benefit, v, k, a, b, actions))
+                continue
+            # the cheapest move that leaves every step it touches below the peak
             lo = min([a + 1] + [act[1] for act in actions.values() if act[0] == "extend"])
             window = mem[lo:b + 1].copy()
             window[a + 1 - lo:b - lo] -= size[v]
@@ -132,11 +145,11 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
                     window[-1] += size[u]
             window[-1] += workspace(v, b, actions) - step_scratch[b]
             if window.max() < peak:
-                best = mv
+                best = (v, k, a, b, actions)
                 break
         if best is None:
             return None
-        _, v, k, a, b, actions = best
+        v, k, a, b, actions = best
         s, e = segs[v][k]
         segs[v][k:k + 1] = [[s, a], [b, e]]
         mem[a + 1:b] -= size[v]

@@ -158,6 +158,24 @@ def test_split_greedy_counts_the_workspace_of_a_recompute():
     assert list(counts) == [1, 1, 2, 1, 1, 1]  # 2 recomputed, 1 kept
 
 
+def test_split_greedy_picks_the_cheapest_move_with_its_chain():
+    """Buffers 2 (A, 10 bytes, cost 1) and 3 (B, 10 bytes, cost 5) are held across the peak at
+    step 5 and read again at step 6. Per byte A is the cheaper buffer, but its input 1 (cost 100)
+    is gone by then and must be made again too: 101 for A against 5 for B. The split greedy
+    ranks moves by cost per byte before resolving their chains (planner/greedy.py): it must still
+    drop B, the cheapest move once A's chain is counted."""
+    p = PlanningProblem.build(size=[1, 1, 10, 10, 20, 1, 1], cost=[1.0, 100.0, 1.0, 5.0, 1.0, 1.0, 1.0],
+                              preds=[[], [0], [1], [0], [0], [4], [0, 2, 3, 5]])
+    assert p.unplanned_peak == 42
+    budget = 32
+    plan = split_greedy(p, budget)
+    assert plan is not None
+    sim = simulate(p, plan, budget)
+    assert sim.peak_bytes <= budget
+    assert list(plan.counts(p.n)["compute"]) == [1, 1, 1, 2, 1, 1, 1]  # B again, not A and its input
+    assert sim.added_time == 5.0
+
+
 def test_without_unread_drops_recomputes_nothing_reads():
     """The second copy of node 1 is recomputed and freed unread, and the second copy of node 0
     is read by it only: both go, with their frees; the original computes and the third copies,

@@ -41,6 +41,30 @@ def test_no_light_baseline_fits_so_phase_1_runs(rl100):
         assert res.added_time < 0.5 * g.sim.added_time
 
 
+def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, monkeypatch):
+    """The tight greedy's plan fits at 68% (+77%, too heavy to start phase 1 from): phase 1 gets
+    only ``fallback_feasibility_share`` of the time, however dear the fallback, and phase 2 runs
+    after it. With the full share phase 1 could take the whole solve without a plan, leaving the
+    fallback as it was (the resnet fixture, batch 32, at 60%: +111.9%; with the share +105.9%)."""
+    import planner.planning as planning
+    p, budget = rl100
+    g = baseline(p, "greedy", budget)
+    assert g is not None and g.sim.peak_bytes <= budget and g.sim.added_time > 0.5 * p.total_cost  # premise
+    spans = []
+    real = planning._feasibility
+
+    def recorded(m1, target, span, phases):
+        spans.append(span())
+        return real(m1, target, span, phases)
+
+    monkeypatch.setattr(planning, "_feasibility", recorded)
+    opt = one_worker()
+    res = solve(p, budget, "cpsat", opt)
+    assert spans and spans[0] <= opt.fallback_feasibility_share * opt.time_limit
+    assert [ph["name"] for ph in res.solver.phases][:2] == ["feasibility", "optimize"]
+    assert res.added_time < g.sim.added_time
+
+
 def test_one_worker_phase_1_finds_a_plan_within_budget(rl100):
     p, budget = rl100
     res = solve(p, budget, "cpsat", one_worker())
