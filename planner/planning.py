@@ -513,9 +513,12 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if not any(light(c) for c in fitting) and (fallback is None or pace.room(left())):
         # no light plan fits: the search needs room for recompute chains of its own
         opt = replace(opt, spare_slots=max(opt.spare_slots, opt.search_slots))
-        # the ladder's greedy runs take seconds each on RL1000: they may use half of what is left
+        # with a fitting fallback, phase 1 (its start included) gets only a share, for phase 2
+        # to improve on either plan; without one, the ladder's greedy runs (seconds each on
+        # RL1000) may use half of what is left, and phase 1 most of the rest
+        window = clock.now() + opt.fallback_feasibility_share * left() if fallback is not None else None
         low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations,
-                             clock.now() + 0.5 * left())
+                             window if window is not None else clock.now() + 0.5 * left())
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
         since = clock.now()
@@ -526,11 +529,9 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             m1.apply_hint(h)
         pace.built(since)
         target = (budget - problem.base_bytes) // m1.mem_unit
-        # with a fitting fallback, phase 1 only gets a share: phase 2 improves on either plan
-        share = opt.fallback_feasibility_share if fallback is not None else opt.feasibility_share
-        # the share is of the time left now, for all of phase 1's runs: counted again before each
-        # run, four runs at 30% took 76% of it (the resnet fixture at 60%: 43 s of 55, phase 2 got 13)
-        end = clock.now() + share * left()
+        # the share is for all of phase 1's runs: counted again before each run, four runs at 30%
+        # took 76% of the time (the resnet fixture at 60%: 43 s of 55, phase 2 got 13)
+        end = window if window is not None else clock.now() + opt.feasibility_share * left()
         r1 = _feasibility(m1, target, lambda: max(0.0, end - clock.now()), phases)
         found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
         if found:
