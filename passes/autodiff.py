@@ -30,7 +30,7 @@ from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
 from passes.portable import portable_batchnorm
 from passes.rnn import is_recurrent, unroll_recurrent
-from planner.errors import GraphError, ModelImportError, UsageError
+from planner.errors import GraphError, ModelImportError, OpsetTooOldError, UsageError
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,25 @@ def training_graph(forward: Graph, **options) -> Graph:
 
 
 def build_training_graph(forward: Graph, options: TrainOptions | None = None) -> TrainingStep:
+    """The training step of ``forward``. Where a gradient needs a newer opset than the model's
+    (OpsetTooOldError), the model is upgraded to it first (passes/opset_upgrade.py) and a warning
+    says so."""
     options = options or TrainOptions()
+    for _ in range(MAX_UPGRADES):
+        try:
+            return _build_training_graph(forward, options)
+        except OpsetTooOldError as err:
+            from passes.opset_upgrade import upgrade_opset
+
+            forward = upgrade_opset(forward, err)
+    return _build_training_graph(forward, options)
+
+
+#: Opset upgrades one build may make (each rule asks for the opset it needs; today all ask for 16).
+MAX_UPGRADES = 2
+
+
+def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep:
     name = options.loss
     if options.add_loss is not None:
         from passes.loss import append_loss

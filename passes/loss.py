@@ -47,11 +47,15 @@ def _pick_output(graph: Graph, name: str | None, text: str) -> Tensor:
     if scalars:
         raise UsageError(f"--add-loss {text!r}: {graph.name!r} already ends in a scalar, {scalars[0]!r}, which is "
                          "its loss: drop --add-loss (or name the output to put a loss on, --add-loss KIND:OUTPUT)")
+    if not floats:
+        outs = ", ".join(f"{t.name} ({t.dtype})" for t in (graph.tensors[o] for o in graph.outputs))
+        raise UsageError(f"--add-loss {text!r}: {graph.name!r} has no float output (outputs: {outs}), so there is "
+                         "nothing a loss can train through")
     if len(floats) != 1:
         outs = ", ".join(f"{t.name}{list(t.shape)}" for t in floats) or "none"
         raise UsageError(f"--add-loss {text!r}: {graph.name!r} has {len(floats)} float outputs ({outs}); "
                          f"name the one to train, e.g. --add-loss {parse_loss(text)[0]}:"
-                         f"{floats[0].name if floats else 'OUTPUT'}")
+                         f"{floats[0].name}")
     return floats[0]
 
 

@@ -62,7 +62,7 @@ SHAPED_INPUT = {"ScatterElements": 0}
 
 
 def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, str] | None = None,
-                 value_info: bool = True, mem_pattern: bool = True) -> onnx.ModelProto:
+                 value_info: bool = True, mem_pattern: bool = True, inline: bool = True) -> onnx.ModelProto:
     """Build a ModelProto from a Graph (no checker run; see ``check_model``).
 
     ``metadata`` becomes the model's metadata_props (memplan records how a planned model was made).
@@ -74,6 +74,8 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     ``mem_pattern=False`` adds passes/mem_pattern.py's marker input, which switches ORT's memory
     pattern off in every session (under ORT's defaults its block lands beside the arena's first-run
     chunks: 2.2x the plan on zoo:gpt?batch=64 at 70%, 0.97x without it).
+    ``inline=False`` writes the ops of ``ORT_INLINED_OPS`` as they are, not as their function bodies
+    (for a model memplan reads back, not one ORT runs).
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
@@ -88,7 +90,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
             domain=node.domain or None,
         )
         n.attribute.extend(_attribute(k, v) for k, v in sorted(node.attrs.items()))
-        if node.op_type in ORT_INLINED_OPS and node.domain in ("", "ai.onnx"):
+        if inline and node.op_type in ORT_INLINED_OPS and node.domain in ("", "ai.onnx"):
             io_info = [_value_info(graph.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
             body, info = function_body(n, io_info, opsets, taken)
             nodes.extend(body)

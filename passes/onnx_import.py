@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -133,14 +133,16 @@ def _load_external_data(model: onnx.ModelProto, folder: Path, display: str) -> N
 
 # ---- import -----------------------------------------------------------------------------------
 def import_model(
-    spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None
+    spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
+    frozen: Iterable[str] = (),
 ) -> Graph:
-    """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph."""
+    """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
+    float initializers named in ``frozen`` get no gradient."""
     model, _, display = load_proto(spec)
     roles = torch_export_roles(model)
     model, folded = _prepare(model, dict(dims or {}), display, roles)
-    frozen = folded | (roles.non_parameters(model.graph) if roles else set())
-    return _to_graph(model, display, frozen)
+    frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
+    return _to_graph(model, display, frozen, bool(dims))
 
 
 # ---- torch.onnx.export(dynamo=True) -------------------------------------------------------------
@@ -550,7 +552,7 @@ def _attr_value(attr: onnx.AttributeProto, node: onnx.NodeProto, display: str) -
     return v
 
 
-def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
+def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound: bool = False) -> Graph:
     g = model.graph
     shapes = _static_shapes(model)
     opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
@@ -570,6 +572,7 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
         trainable = dtype in FLOAT_DTYPES and init.name not in bn_stats \
             and init.name not in folded
         b.initializer(init.name, value, trainable=trainable)
+    read = {name for node in g.node for name in node.input} | {out.name for out in g.output}
     for node in _topo_order(g, set(b._by_name), display):  # noqa: SLF001 - builder is ours
         if node.op_type in CONTROL_FLOW:
             raise ModelImportError(
@@ -580,14 +583,21 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
         for name in node.input:
             ins.append(b.id(name) if name else NO_TENSOR)
         if node.op_type in BROADCASTING and node.domain in ("", "ai.onnx"):
-            _check_broadcast(node, [b.tensor(t).shape for t in ins if t != NO_TENSOR], display)
+            _check_broadcast(node, [b.tensor(t).shape for t in ins if t != NO_TENSOR], display, dims_bound)
         outs = []
-        for name in node.output:
-            if not name:
+        for k, name in enumerate(node.output):
+            if not name or (name not in shapes and name not in read and _optional_output(node, k, opsets)):
+                # an optional output nothing reads and shape inference leaves unknown (Dropout-7's
+                # mask): the node runs without it
                 outs.append(None)
                 continue
             if name not in shapes and node.op_type == "Reshape":
                 _explain_reshape(node, shapes, g, display)
+            if name not in shapes and node.op_type in SEQUENCE_OPS:
+                raise ModelImportError(
+                    f"{display}: node {node.name!r} ({node.op_type}) makes a sequence, {name!r}; memplan plans "
+                    "tensors only: export the model without sequence ops (a fixed number of tensors)"
+                )
             shape, et = _require_shape(name, shapes, display, f"output of node {node.name!r} ({node.op_type})")
             outs.append((name, _dtype(et, name, display), shape))
         attrs = {a.name: _attr_value(a, node, display) for a in node.attribute}
@@ -602,6 +612,17 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str]) -> Graph:
         return b.build()
     except PlannerError as err:
         raise ModelImportError(f"{display}: {err}") from None
+
+
+def _optional_output(node: onnx.NodeProto, k: int, opsets: Mapping[str, int]) -> bool:
+    """Output ``k`` of ``node`` is optional in its operator's schema at the model's opset."""
+    domain = node.domain if node.domain != "ai.onnx" else ""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+    except onnx.defs.SchemaError:
+        return False
+    outputs = schema.outputs
+    return k < len(outputs) and outputs[k].option == onnx.defs.OpSchema.FormalParameterOption.Optional
 
 
 def _node_name_taken(b: GraphBuilder, name: str) -> bool:
@@ -640,22 +661,29 @@ def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int,
     )
 
 
+#: Ops that make ONNX sequences (not tensors), which memplan does not plan.
+SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SplitToSequence",
+                          "SequenceMap"})
+
 #: Ops whose inputs broadcast together (numpy rules); ONNX shape inference lets a mismatch through.
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Equal", "Greater", "GreaterOrEqual",
                           "Less", "LessOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "BitShift",
                           "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"})
 
 
-def _check_broadcast(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str) -> None:
+def _check_broadcast(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str, dims_bound: bool) -> None:
     """Refuse a node whose input shapes do not broadcast: a size the file fixes (a causal mask
-    of the largest sequence length the model supports) against a bound --dim beyond it."""
+    of the largest sequence length the model supports) against a bound --dim beyond it, or, with
+    no --dim, a model that breaks ONNX's broadcasting (an opset-6 PRelu's per-channel slope)."""
     try:
         np.broadcast_shapes(*shapes)
     except ValueError:
+        fix = ("a size fixed in the file (such as a model's longest sequence) does not fit the bound --dim values: "
+               "bind smaller ones" if dims_bound else
+               "the model breaks ONNX's broadcasting rules (numpy's, since opset 7) there: fix or re-export it")
         raise ModelImportError(
             f"{display}: node {node.name!r} ({node.op_type}) cannot broadcast its inputs' shapes "
-            f"{' and '.join(str(list(s)) for s in shapes)}; a size fixed in the file (such as a model's "
-            "longest sequence) does not fit the bound --dim values: bind smaller ones"
+            f"{' and '.join(str(list(s)) for s in shapes)}; {fix}"
         ) from None
 
 

@@ -21,6 +21,16 @@ class ModelImportError(PlannerError):
     """The input model cannot be read or turned into a Graph."""
 
 
+class OpsetTooOldError(ModelImportError):
+    """A gradient needs an operator version newer than the model's default-domain opset
+    (``opset``): autodiff upgrades the model and tries again (passes/opset_upgrade.py)."""
+
+    def __init__(self, reason: str, opset: int):
+        super().__init__(f"{reason}; export the model with opset >= {opset}")
+        self.reason = reason
+        self.opset = opset
+
+
 class BudgetInfeasibleError(PlannerError):
     """No plan reaches the requested budget; ``least_bytes`` says what any plan can reach."""
 

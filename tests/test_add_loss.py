@@ -151,6 +151,10 @@ def test_a_model_with_a_loss_or_two_outputs_must_say_which_output():
     with pytest.raises(UsageError, match=r"output 'r' has shape \[5\]; it needs class scores of shape \[N, C, ...\]"):
         append_loss(graph, "cross-entropy")
     assert append_loss(graph, "mse")[0].tensor("r_target").shape == (5,)
+    ints = LOGITS.replace("=> (float[5,4] logits)", "=> (int64[5] k)").replace(
+        "logits = MatMul(a, W2)", "logits = MatMul(a, W2)\n    k = ArgMax <axis = 1, keepdims = 0> (logits)")
+    with pytest.raises(UsageError, match=r"has no float output \(outputs: k \(int64\)\), so there is nothing"):
+        append_loss(load_graph(parse_model(ints)), "mean")
 
 
 def test_plan_emit_and_verify_a_model_without_a_loss(deep_file, tmp_path):

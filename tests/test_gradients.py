@@ -372,20 +372,46 @@ def test_unsupported_einsum_names_node_and_equation(equation, shapes, problem):
     assert "'the_einsum' (Einsum)" in message and repr(equation) in message and problem in message
 
 
-def test_gather_elements_before_opset16_says_which_opset():
-    nodes = [node("GatherElements", ["x", "i"], ["y"], name="ge")]
-    with pytest.raises(ModelImportError, match=r"'ge' \(GatherElements\).*opset >= 16"):
-        _training_step(nodes, {"x": rnd(2, 3)}, {"i": np.asarray([[0, 1, 2]], I64)}, opset=15)
+@pytest.mark.parametrize("nodes, params, consts, opset", [
+    ([node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], name="mp")], {"x": rnd(1, 2, 5, 5)}, {}, 11),
+    ([node("Gather", ["x", "i"], ["y"], axis=0, name="g")], {"x": rnd(5, 3)}, {"i": np.asarray([0, 2, 2, 4], I64)}, 13),
+    ([node("GatherElements", ["x", "i"], ["y"], name="ge")], {"x": rnd(2, 3)}, {"i": np.asarray([[1, 0, 1], [1, 1, 0]], I64)}, 15),
+    ([node("GatherND", ["x", "i"], ["y"], name="gn")], {"x": rnd(2, 3)}, {"i": np.asarray([[0], [1]], I64)}, 15),
+], ids=["maxpool_overlap_opset11", "gather_opset13", "gather_elements_opset15", "gather_nd_opset15"])
+def test_gradients_that_need_opset16_upgrade_the_model(nodes, params, consts, opset, caplog):
+    """Their gradients scatter-add (opset 16): the model is upgraded by onnx's version converter,
+    with a warning, and the gradients still match finite differences of the original model."""
+    check_gradients(nodes, params, consts=consts, opset=opset)
+    assert f"from opset {opset} to 16 with onnx's version converter" in caplog.text
+    step = _training_step(nodes, params, consts, opset=opset)
+    assert step.graph.opsets[""] == 16
 
 
-@pytest.mark.parametrize("nodes, consts, opset, message", [
-    ([node("GatherND", ["x", "i"], ["y"], name="gn")], {"i": np.asarray([[0], [1]], I64)}, 15,
-     r"'gn' \(GatherND\) needs ScatterND.*opset >= 16"),
-])
-def test_selection_ops_without_a_rule_for_their_form_are_refused_in_one_line(nodes, consts, opset, message):
-    with pytest.raises(ModelImportError, match=message) as err:
-        _training_step(nodes, {"x": rnd(2, 3)}, consts, opset=opset)
-    assert "\n" not in str(err.value)
+def test_an_upgrade_keeps_frozen_initializers_frozen():
+    """A weight folded from a constant (ConstantOfShape, as in the ONNX zoo's light models) gets no
+    gradient before the upgrade, so none after it either."""
+    nodes = [node("ConstantOfShape", ["shape"], ["c"], value=numpy_helper.from_array(np.asarray([0.5]))),
+             node("Mul", ["x", "c"], ["m"]),
+             node("MaxPool", ["m"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+    params, consts = {"x": rnd(1, 2, 5, 5)}, {"shape": np.asarray([1, 2, 5, 5], I64)}
+    upgraded = _training_step(nodes, params, consts, opset=11)
+    same = _training_step(nodes, params, consts, opset=16)
+    assert upgraded.graph.opsets[""] == 16
+    assert "x" in upgraded.params and upgraded.params == same.params
+
+
+def test_an_upgrade_the_converter_cannot_make_is_refused_in_one_line(monkeypatch):
+    def fail(model, target):
+        raise RuntimeError("No Adapter For MaxPool\nmore detail")
+
+    monkeypatch.setattr("passes.opset_upgrade.version_converter.convert_version", fail)
+    nodes = [node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], name="mp")]
+    with pytest.raises(ModelImportError) as err:
+        _training_step(nodes, {"x": rnd(1, 2, 5, 5)}, opset=11)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "'mp' (MaxPool) has overlapping windows" in message and "No Adapter For MaxPool" in message
+    assert "from opset 11 to 16" in message and message.endswith("export the model with opset >= 16")
 
 
 def test_global_max_pool_splits_ties_evenly():

@@ -2,7 +2,7 @@
 case per variant: ReduceProd with zeros in a reduced slice (exact: a product is linear in each
 factor, so central differences are exact there too), Shrink, DepthToSpace/SpaceToDepth, Mean,
 GroupNormalization (opset 18 per-group and opset 21 per-channel scale), MeanVarianceNormalization,
-the mul/max/min scatter reductions with duplicate indices, GatherND with batch_dims, and LpPool.
+the mul/max/min scatter reductions with duplicate indices, GatherND with batch_dims, LpPool and LRN.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from planner.errors import ModelImportError
 
 I64 = np.int64
 NEW_OPS = {"ReduceProd", "Shrink", "DepthToSpace", "SpaceToDepth", "Mean", "GroupNormalization",
-           "MeanVarianceNormalization", "ScatterElements", "ScatterND", "GatherND", "LpPool", "GlobalLpPool"}
+           "MeanVarianceNormalization", "ScatterElements", "ScatterND", "GatherND", "LpPool", "GlobalLpPool",
+           "LRN"}
 
 
 def rnd(*shape, seed=0, low=None):
@@ -135,6 +136,11 @@ CASES = {
                                              {"inputs": {"i": np.asarray([[[[3], [-4]], [[1], [1]], [[0], [2]]],
                                                                           [[[2], [2]], [[3], [0]], [[-1], [1]]]],
                                                                          I64)}, "opset": 16}),
+    # ---- LRN: ORT runs it in float32 only, 4-D, odd sizes; size 5 over 3 channels clips both ends ----
+    "lrn_size5_clipped": ([node("LRN", ["x"], ["y"], size=5, alpha=0.5, beta=0.75, bias=1.5)],
+                          {"x": rnd(1, 3, 2, 5)}, {"float64": False, "eps": 1e-2}),
+    "lrn_size3_defaults": ([node("LRN", ["x"], ["y"], size=3)], {"x": rnd(2, 6, 3, 3)},
+                           {"float64": False, "eps": 1e-2}),
     # ---- LpPool ----
     "lp_pool_p2_default": ([node("LpPool", ["x"], ["y"], kernel_shape=[2, 2])], {"x": rnd(1, 2, 3, 4)}, {}),
     "lp_pool_p1_stride2": ([node("LpPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], p=1)],

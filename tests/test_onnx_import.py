@@ -6,7 +6,7 @@ from onnx import helper, numpy_helper
 from passes.onnx_export import check_model, export_model
 from passes.onnx_import import import_model
 from planner.errors import ModelImportError
-from planner.graph import TensorKind
+from planner.graph import NO_TENSOR, TensorKind
 from tests.helpers import parse_model
 
 SHAPE_SUBGRAPH = """
@@ -196,3 +196,55 @@ def test_a_dim_beyond_a_size_fixed_in_the_file_is_refused_in_one_line():
     with pytest.raises(ModelImportError, match=r"node .* \(Where\) cannot broadcast .*\[1, 8\] and \[2, 16\].*--dim") as err:
         import_model(model, {"batch": 2, "seq": 16})
     assert "\n" not in str(err.value)
+
+
+def test_an_unread_optional_output_without_a_shape_is_left_out():
+    """Dropout-7's mask (opset 9, as in the ONNX zoo's VGG and AlexNet): shape inference gives it
+    no shape; nothing reads it, so the node runs without it. A read one still needs a shape."""
+    text = """
+    <ir_version: 4, opset_import: ["" : 9]>
+    agraph (float[2, 4] x) => (float[2, 3] y%s) <float[4, 3] W>
+    {
+        h = MatMul(x, W)
+        y, mask = Dropout<ratio = 0.5>(h)
+    }
+    """
+    model = parse_model(text % "")
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((4, 3), np.float32), "W"))
+    graph = import_model(model)
+    drop = next(n for n in graph.nodes if n.op_type == "Dropout")
+    assert [graph.tensors[t].name for t in drop.outputs if t != NO_TENSOR] == ["y"]
+    assert len(drop.outputs) == 2 and "mask" not in graph.by_name
+    read = parse_model(text % ", float[2, 3] mask")
+    read.graph.initializer.append(numpy_helper.from_array(np.ones((4, 3), np.float32), "W"))
+    del read.graph.output[1].type.tensor_type.shape.dim[:]
+    read.graph.output[1].type.tensor_type.ClearField("shape")
+    with pytest.raises(ModelImportError, match="cannot infer a static shape for tensor 'mask'"):
+        import_model(read)
+
+
+def test_a_sequence_op_is_refused_as_such():
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    agraph (float[2, 4] x) => (float[2, 4] y)
+    {
+        s = SequenceConstruct(x, x)
+        y = SequenceAt(s, zero)
+    }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), "zero"))
+    with pytest.raises(ModelImportError, match=r"\(SequenceConstruct\) makes a sequence, 's'; memplan plans tensors only"):
+        import_model(model)
+
+
+def test_a_model_that_breaks_broadcasting_is_told_so_without_dims():
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    agraph (float[2, 3, 4] x, float[3] slope) => (float[2, 3, 4] y)
+    {
+        y = PRelu(x, slope)
+    }
+    """)
+    with pytest.raises(ModelImportError, match=r"\[2, 3, 4\] and \[3\]; the model breaks ONNX's broadcasting") as err:
+        import_model(model)
+    assert "--dim" not in str(err.value)

@@ -15,7 +15,7 @@ import numpy as np
 
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import Emitter, prod
-from planner.errors import ModelImportError
+from planner.errors import ModelImportError, OpsetTooOldError
 
 
 def explicit_pads(
@@ -161,9 +161,9 @@ def max_pool(ctx: BackwardContext) -> dict[int, int]:
     if ctx.opset >= 16:
         attrs["reduction"] = "add"
     elif overlapping:
-        raise ModelImportError(
+        raise OpsetTooOldError(
             f"node {ctx.node.name!r} (MaxPool) has overlapping windows, whose gradient needs "
-            "ScatterElements with reduction='add' (opset 16); export the model with opset >= 16"
+            "ScatterElements with reduction='add' (opset 16)", 16
         )
     total = prod(x_shape)
     flat_idx = em.reshape(ctx.y(1), [prod(ctx.y_shape())])

@@ -258,3 +258,31 @@ def softmax_cross_entropy(ctx: BackwardContext) -> dict[int, int]:
 def negative_log_likelihood(ctx: BackwardContext) -> dict[int, int]:
     """d input = -onehot(label) * coefficient."""
     return {0: _times_coefficients(ctx, _one_hot_minus(ctx, None))}
+
+
+@register("LRN")
+def lrn(ctx: BackwardContext) -> dict[int, int]:
+    """y = x * d, d = s^-beta, s = bias + alpha/size * S, S the sum of x^2 over a window of ``size``
+    channels (lo = floor((size-1)/2) before each channel, hi = size-1-lo after):
+    dx = g * d - (2 * alpha * beta / size) * x * W'(g * x * d / s), W' the window's transpose
+    (hi before, lo after). Both window sums are one Conv with a ones kernel over x viewed as
+    [N, 1, C, rest]. Reads x only (s is recomputed)."""
+    em, g, x = ctx.em, ctx.dy(), ctx.x(0)
+    shape = list(ctx.x_shape(0))
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = (float(ctx.attr(k, v)) for k, v in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    dtype = em.dtype(x)
+    view = [shape[0], 1, shape[1], prod(shape[2:])]
+    ones = em.const(np.ones((1, 1, size, 1)), dtype)
+
+    def window_sum(v: int, before: int, after: int) -> int:
+        out = em.op("Conv", [em.reshape(v, view), ones], view, dtype, kernel_shape=[size, 1],
+                    pads=[before, 0, after, 0])
+        return em.reshape(out, shape)
+
+    s = em.add(em.scale(window_sum(em.mul(x, x), lo, hi), alpha / size), em.scalar(bias, x))
+    d = em.binary("Pow", s, em.scalar(-beta, x))
+    t = em.div(em.mul(em.mul(g, x), d), s)
+    back = em.scale(em.mul(x, window_sum(t, hi, lo)), 2.0 * alpha * beta / size)
+    return {0: em.sub(em.mul(g, d), back)}

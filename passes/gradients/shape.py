@@ -13,7 +13,7 @@ import numpy as np
 
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import Emitter, axes_input_since, prod
-from planner.errors import ModelImportError
+from planner.errors import ModelImportError, OpsetTooOldError
 
 
 def _axes(ctx: BackwardContext, slot: int, attr_before: int, rank: int) -> list[int] | None:
@@ -164,9 +164,9 @@ def pad(ctx: BackwardContext) -> dict[int, int]:
 
 def _require_opset16(ctx: BackwardContext, needed: str) -> None:
     if ctx.opset < 16:
-        raise ModelImportError(
+        raise OpsetTooOldError(
             f"node {ctx.node.name!r} ({ctx.node.op_type}) needs {needed} with reduction='add' (opset 16) "
-            "for its gradient; export the model with opset >= 16"
+            "for its gradient", 16
         )
 
 
