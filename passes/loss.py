@@ -6,7 +6,8 @@ scalar loss the graph's only output, as in a training step, where the prediction
 loss has read them:
 
   * ``cross-entropy``: SoftmaxCrossEntropyLoss (mean) of the output, scores of shape [N, C, ...],
-    against a new int64 input ``<output>_labels`` of shape [N, ...];
+    against a new int64 input ``<output>_labels`` of shape [N, ...] (an op of opset 12: an older
+    model is upgraded first, passes/opset_upgrade.py);
   * ``cross-entropy-last``: the same with the classes on the last axis (a language model's logits
     [batch, seq, vocab], labels [batch, seq]), read as rows of scores through a Reshape (a view);
   * ``mse``: mean squared error against a new input ``<output>_target`` of the output's shape;
@@ -21,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from planner.errors import UsageError
+from planner.errors import OpsetTooOldError, UsageError
 from planner.gate import parse_loss
 from planner.graph import FLOAT_DTYPES, Graph, GraphAppender, Tensor, TensorKind
 
@@ -59,6 +60,10 @@ def _pick_output(graph: Graph, name: str | None, text: str) -> Tensor:
     return floats[0]
 
 
+#: SoftmaxCrossEntropyLoss's first opset.
+SCE_OPSET = 12
+
+
 class _Appender(GraphAppender):
 
     def _reshape(self, x: int, shape: tuple[int, ...], dtype: str) -> int:
@@ -75,6 +80,9 @@ class _Appender(GraphAppender):
         inputs = list(self.g.inputs)
         loss = self.add_tensor("loss", out.dtype, ())
         if kind in ("cross-entropy", "cross-entropy-last"):
+            if self.g.opsets.get("", 0) < SCE_OPSET:  # autodiff upgrades the model and comes back
+                raise OpsetTooOldError(f"--add-loss {kind} appends SoftmaxCrossEntropyLoss (opset {SCE_OPSET})",
+                                       SCE_OPSET)
             last = kind == "cross-entropy-last"
             axis = len(out.shape) - 1 if last else 1
             if len(out.shape) < 2 or out.shape[axis] < 2:

@@ -93,6 +93,20 @@ def test_the_added_loss_trains_like_the_same_loss_written_in_the_model(kind):
         assert np.abs(grads[name]).max() > 0
 
 
+def test_cross_entropy_on_a_model_older_than_its_op_upgrades_the_model(caplog):
+    """SoftmaxCrossEntropyLoss is opset 12: an opset-11 model is upgraded first (onnx's version
+    converter), and trains as the same model written at opset 17 does."""
+    old = LOGITS.replace('"" : 17', '"" : 11')
+    added = build_training_graph(load_graph(parse_model(old)), TrainOptions(add_loss="cross-entropy"))
+    assert "upgraded 'classifier' from opset 11 to 12" in caplog.text
+    assert added.graph.opsets[""] == 12
+    loss, grads = run_training_step(added, FEEDS)
+    want_loss, want = run_training_step(build_training_graph(load_graph(parse_model(BY_HAND["cross-entropy"]))), FEEDS)
+    assert loss == want_loss
+    for name in want:
+        np.testing.assert_array_equal(grads[name], want[name])
+
+
 def test_cross_entropy_last_reads_a_language_models_logits_as_rows_of_classes():
     seq = LOGITS.replace("float[5,6] x", "float[2,3,6] x").replace("float[5,4] logits", "float[2,3,4] logits")
     # the same loss written another way: classes moved to axis 1, where SoftmaxCrossEntropyLoss wants them
