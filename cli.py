@@ -811,6 +811,15 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         def spec_at(b: int) -> tuple[str, dict]:
             return models.format_spec(name, {**opts, batch_dim: b}), dims
     else:
+        from passes.onnx_import import input_shapes_text, load_proto, symbolic_input_dims
+
+        proto, _, _ = load_proto(model)
+        if batch_dim not in symbolic_input_dims(proto):
+            raise UsageError(
+                f"--max-batch grows the symbolic input dim {batch_dim!r}, which {model} does not have (inputs: "
+                f"{input_shapes_text(proto)}); name another with --batch-dim, or export the model with a dynamic "
+                "batch axis")
+
         def spec_at(b: int) -> tuple[str, dict]:
             return model, {**dims, batch_dim: b}
 

@@ -190,6 +190,25 @@ class TorchExportRoles:
         return out
 
 
+def symbolic_input_dims(model: onnx.ModelProto) -> list[str]:
+    """The named dynamic dims of ``model``'s graph inputs (initializers aside), in file order."""
+    init_names = {i.name for i in model.graph.initializer}
+    out: list[str] = []
+    for inp in model.graph.input:
+        if inp.name not in init_names:
+            out += [d.dim_param for d in inp.type.tensor_type.shape.dim
+                    if not d.HasField("dim_value") and d.dim_param and d.dim_param not in out]
+    return out
+
+
+def input_shapes_text(model: onnx.ModelProto) -> str:
+    """``x[1, 3, 224, 224], ids[batch, seq]``: the graph inputs (initializers aside) with their dims."""
+    init_names = {i.name for i in model.graph.initializer}
+    return ", ".join(
+        f"{inp.name}[{', '.join(str(d.dim_value) if d.HasField('dim_value') else d.dim_param or '?' for d in inp.type.tensor_type.shape.dim)}]"
+        for inp in model.graph.input if inp.name not in init_names)
+
+
 def _is_float(init: onnx.TensorProto) -> bool:
     return ONNX_TO_DTYPE.get(init.data_type) in FLOAT_DTYPES
 

@@ -186,6 +186,21 @@ def test_max_batch_planned_beyond_unplanned_and_added_time_cap():
     assert runs["5"]["unplanned_batch"] <= runs["5"]["planned_batch"] <= runs[None]["planned_batch"]
 
 
+def test_max_batch_refuses_a_model_without_the_batch_dim(tmp_path):
+    """A model with fixed input dims has no batch to grow: before, every batch 'fit' as planned
+    (1048576) where none did unplanned (0)."""
+    rc, out, err = memplan("train-graph", "zoo:mlp", "-o", tmp_path / "step.onnx")
+    assert rc == 0, err
+    for model, flags, words in [
+        (tmp_path / "step.onnx", [], "symbolic input dim 'batch', which"),
+        ("tests/fixtures/gpt2.onnx", ["--dim", "seq=8", "--batch-dim", "bach"],
+         "(inputs: input_ids[batch, seq], attention_mask[batch, seq], labels[batch, seq])"),
+    ]:
+        rc, out, err = memplan("plan", model, "--budget", "1MiB", "--max-batch", *flags)
+        assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
+        assert "name another with --batch-dim, or export the model with a dynamic batch axis" in err
+
+
 def test_infeasible_never_claims_a_least_above_the_unplanned_peak(tmp_path):
     # zoo:mlp's peak is a Relu step that ORT runs in place; the lowering counts it apart, so the
     # given order's least exceeded the real unplanned peak (least_bytes 349052 against 347476).
