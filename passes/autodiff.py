@@ -105,11 +105,19 @@ def build_training_graph(forward: Graph, options: TrainOptions | None = None) ->
     return _build_training_graph(forward, options)
 
 
-#: Opset upgrades one build may make (each rule asks for the opset it needs; today all ask for 16).
+#: Opset upgrades one build may make (passes/opset_upgrade.py upgrades to the newest opset a rule
+#: asks for at once, so one does today).
 MAX_UPGRADES = 2
+#: The oldest opset gradients are written in; older models are upgraded first. ORT supports opset 7
+#: and up; before, opset 7-10 models got gradient nodes their opset lacks (Expand before 8,
+#: ConstantOfShape before 9, Pad with a pads input before 11), which the checker refused.
+MIN_OPSET = 11
 
 
 def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep:
+    if forward.opsets.get("", MIN_OPSET) < MIN_OPSET:
+        raise OpsetTooOldError(f"memplan writes gradients in operators of opset {MIN_OPSET} (Expand, "
+                               "ConstantOfShape, Pad and Slice with their inputs, Resize)", MIN_OPSET)
     name = options.loss
     if options.add_loss is not None:
         from passes.loss import append_loss

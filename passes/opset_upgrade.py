@@ -1,18 +1,28 @@
 """Upgrade a forward graph to a newer default-domain opset when its gradient needs one.
 
 Some gradients need operators that older opsets lack: MaxPool with overlapping windows and Gather
-scatter-add their incoming gradient (ScatterElements / ScatterND with reduction='add', opset 16).
-Models exported years ago (the ONNX model zoo's opset 7-12 files) would otherwise be refused.
-autodiff catches the rule's :class:`OpsetTooOldError` and calls :func:`upgrade_opset`: the graph
-goes out as a ModelProto, through onnx's version converter (each operator's adapter between
-versions; names and weights are kept) and back through the importer, with the same initializers
-frozen. The training graph and every model memplan writes from it then carry the new opset.
+scatter-add their incoming gradient (ScatterElements / ScatterND with reduction='add', opset 16),
+--add-loss cross-entropy appends SoftmaxCrossEntropyLoss (opset 12), and gradients are written in
+opset-11 operators at the oldest (passes/autodiff.py ``MIN_OPSET``). Models exported years ago (the
+ONNX model zoo's opset 7-12 files) would otherwise be refused. autodiff catches the rule's
+:class:`OpsetTooOldError` and calls :func:`upgrade_opset`: the graph goes out as a ModelProto,
+through onnx's version converter (each operator's adapter between versions; names and weights are
+kept) and back through the importer, with the same initializers frozen. The training graph and
+every model memplan writes from it then carry the new opset.
+
+onnx's adapters into opset 11 turn Upsample and Resize-10 into a Resize-11 with the default
+half-pixel coordinates, where the old ops used asymmetric ones (linear mode: up to 0.7 off on
+unit-normal inputs); :func:`_legacy_resize` restores them. Since the adapters from before opset 11
+rewrite attributes into inputs and modes, such an upgrade is also checked: both models run in ONNX
+Runtime on the same seeded inputs and must agree (:func:`_check_same`); a difference is refused.
 """
 from __future__ import annotations
 
 import logging
 
-from onnx import version_converter
+import numpy as np
+import onnx
+from onnx import helper, version_converter
 
 from passes.onnx_export import export_model
 from passes.onnx_import import import_model
@@ -21,24 +31,89 @@ from planner.graph import Graph, TensorKind
 
 log = logging.getLogger(__name__)
 
+#: The newest opset a gradient asks for: one conversion serves every rule (a model at opset 9 with
+#: --add-loss cross-entropy and an overlapping MaxPool needed 11, 12 and 16, three conversions).
+TARGET = 16
+#: Upgrades from below this opset are run in ORT against the original (the legacy adapters).
+CHECK_BELOW = 11
+#: How close the upgraded model's outputs must be, relative to each output's largest magnitude.
+RTOL = 1e-5
+
 
 def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
-    """``graph`` converted to default-domain opset ``err.opset``; a ModelImportError naming
-    ``err``'s reason when onnx's converter cannot convert it."""
+    """``graph`` converted to default-domain opset max(``err.opset``, ``TARGET``); a
+    ModelImportError naming ``err``'s reason when onnx's converter cannot convert it or changes
+    what it computes."""
     have = graph.opsets.get("", graph.opsets.get("ai.onnx", 0))
     if have >= err.opset:  # a rule asked for what the graph has: not an upgrade's job
         raise err
+    target = max(err.opset, TARGET)
     proto = export_model(graph, inline=False)
-    try:
-        converted = version_converter.convert_version(proto, err.opset)
-    except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelImportError(
+
+    def refuse(why: str) -> ModelImportError:
+        return ModelImportError(
             f"{err.reason}; onnx's version converter could not upgrade {graph.name!r} from opset {have} to "
-            f"{err.opset} ({detail}): export the model with opset >= {err.opset}"
-        ) from None
+            f"{target} ({why}): export the model with opset >= {err.opset}")
+
+    try:
+        converted = version_converter.convert_version(proto, target)
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
+        raise refuse((str(exc).strip().splitlines() or [type(exc).__name__])[0]) from None
+    if have < CHECK_BELOW:
+        _legacy_resize(converted)
+        differs = _check_same(proto, converted)
+        if differs:
+            raise refuse(differs)
     frozen = {t.name for t in graph.tensors if t.kind is TensorKind.FROZEN}
     out = import_model(converted, frozen=frozen)
     log.warning("upgraded %r from opset %d to %d with onnx's version converter: %s", graph.name, have,
-                err.opset, err.reason)
+                target, err.reason)
     return out
+
+
+def _legacy_resize(new: onnx.ModelProto) -> None:
+    """Give each Resize of ``new``, upgraded from below opset 11, the old ops' asymmetric coordinates
+    (and, for nearest, their floor of x / scale); in place. Below opset 11 a model can only hold
+    Upsample and Resize-10, so every Resize without a coordinate mode came from one of them (the
+    converter renames their outputs, so they cannot be matched by name)."""
+    for node in new.graph.node:
+        if node.op_type != "Resize" or node.domain not in ("", "ai.onnx"):
+            continue
+        set_attrs = {a.name for a in node.attribute}
+        if "coordinate_transformation_mode" not in set_attrs:
+            node.attribute.append(helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+            if "nearest_mode" not in set_attrs:
+                node.attribute.append(helper.make_attribute("nearest_mode", "floor"))
+
+
+def _check_same(old: onnx.ModelProto, new: onnx.ModelProto) -> str | None:
+    """Why ``new`` computes something else than ``old`` on seeded inputs in ORT (None when they
+    agree, or when ORT cannot run ``old`` at all: then there is nothing to compare against)."""
+    import onnxruntime as ort
+
+    from models.feeds import example_feeds
+
+    feeds = example_feeds(old)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        want = ort.InferenceSession(old.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - ORT's errors have no common base
+        log.info("not checked against the original, which ORT cannot run: %s", str(exc).splitlines()[0])
+        return None
+    try:
+        got = ort.InferenceSession(new.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    except Exception as exc:  # noqa: BLE001
+        return f"ONNX Runtime cannot run the upgraded model: {str(exc).splitlines()[0]}"
+    for out, a, b in zip(old.graph.output, want, got):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return f"output {out.name!r} changes shape, {list(a.shape)} to {list(b.shape)}"
+        if a.dtype.kind == "f":
+            scale = float(np.abs(a).max()) if a.size else 0.0
+            off = float(np.abs(a.astype(np.float64) - b).max()) if a.size else 0.0
+            if off > RTOL * max(scale, 1e-30):
+                return f"output {out.name!r} differs by {off:.3g} of {scale:.3g} on seeded inputs"
+        elif not np.array_equal(a, b):
+            return f"output {out.name!r} differs on seeded inputs"
+    return None

@@ -387,6 +387,45 @@ def test_gradients_that_need_opset16_upgrade_the_model(nodes, params, consts, op
     assert step.graph.opsets[""] == 16
 
 
+LEGACY_X = rnd(1, 2, 3, 4)
+LEGACY_FD = {"float64": False, "eps": 1e-2}  # onnx's reference evaluator runs none of these old forms
+
+
+@pytest.mark.parametrize("nodes, params, kwargs", [
+    ([node("Upsample", ["x"], ["y"], mode="linear", scales=[1.0, 1.0, 2.0, 2.0])], {"x": LEGACY_X},
+     {"opset": 7, **LEGACY_FD}),
+    ([node("Upsample", ["x", "s"], ["y"], mode="nearest")], {"x": LEGACY_X},
+     {"consts": {"s": np.asarray([1, 1, 3, 2.5], np.float32)}, "opset": 9, **LEGACY_FD}),
+    ([node("Resize", ["x", "s"], ["y"], mode="linear")], {"x": LEGACY_X},
+     {"consts": {"s": np.asarray([1, 1, 2, 3], np.float32)}, "opset": 10, **LEGACY_FD}),
+    ([node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)],
+     {"x": LEGACY_X}, {"opset": 7}),
+    ([node("BatchNormalization", ["x", "sc", "b", "m", "v"], ["y"], spatial=1)],
+     {"x": LEGACY_X, "sc": rnd(2, seed=1), "b": rnd(2, seed=2)},
+     {"consts": {"m": np.zeros(2), "v": np.ones(2)}, "opset": 7}),
+    ([node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], strides=[2, 2])], {"x": LEGACY_X}, {"opset": 8}),
+    ([node("Slice", ["x"], ["y"], starts=[1], ends=[3], axes=[3])], {"x": LEGACY_X}, {"opset": 9}),
+], ids=["upsample7_linear", "upsample9_nearest_fractional", "resize10_linear", "averagepool7", "batchnorm7",
+        "maxpool8_indices", "slice9"])
+def test_models_older_than_opset_11_are_upgraded_and_train(nodes, params, kwargs, caplog):
+    """Gradients are written in opset-11 ops (Expand, ConstantOfShape, Pad with inputs): older
+    models are upgraded first, Upsample and Resize-10 keeping their asymmetric coordinates (onnx's
+    adapters drop them: 0.7 off on unit-normal inputs in linear mode)."""
+    check_gradients(nodes, params, **kwargs)
+    assert f"from opset {kwargs['opset']} to 16 with onnx's version converter: memplan writes gradients" in caplog.text
+
+
+def test_an_upgrade_that_changes_the_outputs_is_refused(monkeypatch):
+    monkeypatch.setattr("passes.opset_upgrade._legacy_resize", lambda model: None)
+    nodes = [node("Resize", ["x", "s"], ["y"], mode="linear")]
+    with pytest.raises(ModelImportError) as err:
+        _training_step(nodes, {"x": LEGACY_X}, {"s": np.asarray([1, 1, 2, 2], np.float32)}, opset=10,
+                       dtype=np.float32)
+    message = str(err.value)
+    assert "\n" not in message and "could not upgrade 'case' from opset 10 to 16 (output 'loss' differs by" in message
+    assert message.endswith("export the model with opset >= 11")
+
+
 def test_an_upgrade_keeps_frozen_initializers_frozen():
     """A weight folded from a constant (ConstantOfShape, as in the ONNX zoo's light models) gets no
     gradient before the upgrade, so none after it either."""

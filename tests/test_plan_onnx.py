@@ -408,8 +408,8 @@ def test_an_old_opset_model_is_upgraded_planned_and_verified(tmp_path):
     rc, _, err = memplan("plan", str(src), "--budget", "90%", "--add-loss", "cross-entropy", "--time-limit", "5",
                   "--emit", str(out), "-o", str(plan))
     assert rc == 0, err
-    assert "upgraded 'old' from opset 9 to 16 with onnx's version converter: node" in err
-    assert "(MaxPool) has overlapping windows" in err
+    assert "upgraded 'old' from opset 9 to 16 with onnx's version converter: memplan writes gradients" in err
+    assert err.count("upgraded") == 1  # once, to the newest opset any gradient needs
     assert {o.domain: o.version for o in onnx.load(out).opset_import}[""] == 16
     rc, stdout, err = memplan("verify", str(src), str(out), "--json")
     assert rc == 0, err
