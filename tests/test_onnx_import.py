@@ -248,3 +248,19 @@ def test_a_model_that_breaks_broadcasting_is_told_so_without_dims():
     with pytest.raises(ModelImportError, match=r"\[2, 3, 4\] and \[3\]; the model breaks ONNX's broadcasting") as err:
         import_model(model)
     assert "--dim" not in str(err.value)
+
+
+def test_an_op_onnx_cannot_infer_says_to_use_standard_ops():
+    """A model saved after ONNX Runtime's graph optimizations holds fused com.microsoft ops."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+    agraph (float[2, 4] x, float[4, 3] w) => (float[2, 3] y)
+    {
+        s = com.microsoft.FusedMatMul<alpha = 0.5>(x, w)
+        y = Relu(s)
+    }
+    """)
+    with pytest.raises(ModelImportError, match=r"tensor 's', output of node .* \(FusedMatMul, domain com.microsoft\), "
+                                               r"an op its shape inference does not know") as err:
+        import_model(model)
+    assert "--dim" not in str(err.value) and "\n" not in str(err.value)
