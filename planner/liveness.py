@@ -114,6 +114,13 @@ class MemoryModel:
             return cols * x.nbytes // max(1, math.prod(x.shape))
         if op == "ScatterElements":
             return self.scatter_index_bytes * math.prod(graph.tensors[node.inputs[1]].shape)
+        if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
+            # ORT's CPU kernel: a scale buffer of x's size and one image's squares padded by
+            # size - 1 channels (lrn.cc)
+            x = graph.tensors[node.inputs[0]]
+            n, c, h, w = x.shape
+            per = x.nbytes // max(1, math.prod(x.shape))
+            return x.nbytes + per * (c + int(node.attr("size", 1)) - 1) * h * w
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
