@@ -613,11 +613,12 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
             if name not in shapes and node.op_type == "Reshape":
                 _explain_reshape(node, shapes, g, display)
             if name not in shapes and node.domain not in ("", "ai.onnx"):
+                hint = (" (ONNX Runtime's graph optimizations write fused com.microsoft ops: use the model from "
+                        "before them)" if node.domain.startswith("com.microsoft") else "")
                 raise ModelImportError(
                     f"{display}: onnx infers no shape for tensor {name!r}, output of node {node.name!r} "
                     f"({node.op_type}, domain {node.domain}), an op its shape inference does not know; give memplan "
-                    "the model in standard ONNX ops (ONNX Runtime's graph optimizations write fused com.microsoft "
-                    "ops: use the model from before them)"
+                    f"the model in standard ONNX ops{hint}"
                 )
             if name not in shapes and node.op_type in SEQUENCE_OPS:
                 raise ModelImportError(
