@@ -58,7 +58,9 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
     try:
         converted = version_converter.convert_version(proto, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
-        raise refuse((str(exc).strip().splitlines() or [type(exc).__name__])[0]) from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        # "/project/onnx/version_converter/BaseConverter.h:66: adapter_lookup: Assertion `false` failed: No Adapter For X"
+        raise refuse(first.rpartition("failed: ")[2] or first) from None
     if have < CHECK_BELOW:
         _legacy_resize(converted)
         differs = _check_same(proto, converted)

@@ -441,7 +441,8 @@ def test_an_upgrade_keeps_frozen_initializers_frozen():
 
 def test_an_upgrade_the_converter_cannot_make_is_refused_in_one_line(monkeypatch):
     def fail(model, target):
-        raise RuntimeError("No Adapter For MaxPool\nmore detail")
+        raise RuntimeError("/project/onnx/version_converter/BaseConverter.h:66: adapter_lookup: Assertion `false` "
+                           "failed: No Adapter For MaxPool\nmore detail")
 
     monkeypatch.setattr("passes.opset_upgrade.version_converter.convert_version", fail)
     nodes = [node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], name="mp")]
@@ -449,7 +450,8 @@ def test_an_upgrade_the_converter_cannot_make_is_refused_in_one_line(monkeypatch
         _training_step(nodes, {"x": rnd(1, 2, 5, 5)}, opset=11)
     message = str(err.value)
     assert "\n" not in message
-    assert "'mp' (MaxPool) has overlapping windows" in message and "No Adapter For MaxPool" in message
+    assert "'mp' (MaxPool) has overlapping windows" in message and "(No Adapter For MaxPool)" in message
+    assert "BaseConverter" not in message
     assert "from opset 11 to 16" in message and message.endswith("export the model with opset >= 16")
 
 
