@@ -426,6 +426,16 @@ def test_an_upgrade_that_changes_the_outputs_is_refused(monkeypatch):
     assert message.endswith("export the model with opset >= 11")
 
 
+def test_a_large_forward_is_not_run_to_check_its_upgrade(monkeypatch, caplog):
+    """--max-batch probes large batches: the check would run a forward of GiBs at each."""
+    monkeypatch.setattr("passes.opset_upgrade.CHECK_MAX_BYTES", 0)
+    monkeypatch.setattr("passes.opset_upgrade._check_same", lambda old, new: pytest.fail("ran the check"))
+    nodes = [node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2])]
+    step = _training_step(nodes, {"x": LEGACY_X}, opset=9)
+    assert step.graph.opsets[""] == 16
+    assert "the upgrade of 'case' is not checked in ORT: its forward peaks at" in caplog.text
+
+
 def test_an_upgrade_keeps_frozen_initializers_frozen():
     """A weight folded from a constant (ConstantOfShape, as in the ONNX zoo's light models) gets no
     gradient before the upgrade, so none after it either."""
