@@ -533,8 +533,14 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         from dataclasses import replace
 
         from passes.loss import append_loss
+        from passes.opset_upgrade import upgrade_opset
+        from planner.errors import OpsetTooOldError
 
-        forward, loss = append_loss(forward, options.add_loss)
+        try:
+            forward, loss = append_loss(forward, options.add_loss)
+        except OpsetTooOldError as err:  # as build_training_graph does, for the forward train() reads too
+            forward = upgrade_opset(forward, err)
+            forward, loss = append_loss(forward, options.add_loss)
         options = replace(options, add_loss=None, loss=loss)
     result = train(build_training_graph(forward, options), forward, steps, seed=seed, provider=provider)
     info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,

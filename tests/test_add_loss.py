@@ -210,7 +210,13 @@ def test_without_a_loss_the_error_points_at_the_flag(logits_file):
     assert "has no scalar float output to use as the loss" in res.output and "--add-loss cross-entropy" in res.output
 
 
-def test_train_learns_the_classes_through_the_added_loss(deep_file):
+@pytest.mark.parametrize("opset", [17, 11])
+def test_train_learns_the_classes_through_the_added_loss(deep_file, opset):
+    """At opset 11 the model is upgraded before the loss is appended (train reads the forward too)."""
+    if opset != 17:
+        model = onnx.load(deep_file)
+        model.opset_import[0].version = opset
+        onnx.save(model, deep_file)
     res = CliRunner().invoke(cli.main, ["train", str(deep_file), "--dim", "N=64", "--add-loss", "cross-entropy",
                                         "--steps", "100", "--lr", "0.03", "--json"])
     assert res.exit_code == 0, res.output
