@@ -22,8 +22,10 @@ from onnx import helper, numpy_helper, shape_inference
 
 from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import DTYPE_TO_ONNX
+from planner.errors import ModelImportError
 from planner.fileio import atomic_write, write_mode
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
+from planner.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 ORT_ONLY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 #: Protobuf's hard limit; above it weights go to external data.
 PROTO_LIMIT = 2**31 - 1
+#: The most one TensorProto can hold in memory (protobuf's message limit; a 2.2 GB weight raised a
+#: DecodeError traceback): the model file is fine with external data, the tensor object is not.
+TENSOR_LIMIT = 2**31 - 1 - 2**16
 #: Default-domain ops ORT's CPU EP has no kernel for (measured on 1.31 by profiling node names): it
 #: inlines their function body at session load and numbers the body's nodes after all others, so
 #: PRIORITY_BASED runs the body late, not where the file puts the node. We write the body ourselves.
@@ -97,6 +102,12 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
             body_info.extend(info)
         else:
             nodes.append(n)
+    too_big = next((t for t in graph.initializers() if t.nbytes > TENSOR_LIMIT), None)
+    if too_big is not None:
+        raise ModelImportError(
+            f"initializer {too_big.name!r} holds {format_bytes(too_big.nbytes)}, over the {format_bytes(TENSOR_LIMIT)} "
+            "one ONNX tensor can hold in memory (protobuf): memplan plans this model but cannot write it; drop "
+            "--emit, or split the tensor in the model")
     inits = [numpy_helper.from_array(np.asarray(graph.values[t.id]), t.name) for t in graph.initializers()]
     io = set(graph.inputs) | set(graph.outputs)
     shaped = {node.inputs[pos] for node in graph.nodes if node.op_type in SHAPED_INPUT

@@ -14,6 +14,7 @@ Every failure raises ModelImportError with one line naming the file, node or dim
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import os
 import re
@@ -351,13 +352,47 @@ def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
     g.value_info.extend(static)
     for _ in range(len(g.node) + 1):
         try:
-            model = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+            with weights_aside(model):  # a model over protobuf's 2 GB cannot go to onnx's C++ whole
+                inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelImportError(f"{display}: ONNX shape inference failed: {first}") from None
+        del g.value_info[:]
+        g.value_info.extend(inferred.graph.value_info)
+        for out, new in zip(g.output, inferred.graph.output):
+            out.CopyFrom(new)
         if not _shape_like_input(model):
             return model
     return model
+
+
+#: Initializers with more raw bytes than this are set aside while onnx infers shapes.
+ASIDE_BYTES = 1 << 20
+#: The external-data location that marks a set-aside initializer.
+ASIDE = "memplan-weights-set-aside"
+
+
+@contextlib.contextmanager
+def weights_aside(model: onnx.ModelProto):
+    """``model`` with the raw bytes of its large initializers out of the proto (marked as external
+    data, which shape inference does not read; their dims stay), put back on exit. Shape inference
+    serializes the model, which protobuf refuses above 2 GB (a 2.2 GB MatMul weight raised a
+    ValueError traceback); the shapes it needs from initializers are in their dims, and the small
+    int tensors data propagation reads stay."""
+    aside = []
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) > ASIDE_BYTES:
+            aside.append((t, t.raw_data))
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            t.external_data.add(key="location", value=ASIDE)
+    try:
+        yield
+    finally:
+        for t, data in aside:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = data
 
 
 #: Ops whose output has their first input's shape and type, for which onnx infers no shape (function

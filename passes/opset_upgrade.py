@@ -26,7 +26,7 @@ import onnx
 from onnx import helper, version_converter
 
 from passes.onnx_export import export_model
-from passes.onnx_import import import_model
+from passes.onnx_import import ASIDE, import_model, weights_aside
 from planner.errors import ModelImportError, OpsetTooOldError
 from planner.graph import Graph, TensorKind
 from planner.liveness import analyze
@@ -61,7 +61,9 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
             f"{target} ({why}): export the model with opset >= {err.opset}")
 
     try:
-        converted = version_converter.convert_version(proto, target)
+        with weights_aside(proto):  # the converter serializes the model too (protobuf's 2 GB)
+            converted = version_converter.convert_version(proto, target)
+        _put_back(converted, proto)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         # "/project/onnx/version_converter/BaseConverter.h:66: adapter_lookup: Assertion `false` failed: No Adapter For X"
@@ -80,6 +82,14 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
     log.warning("upgraded %r from opset %d to %d with onnx's version converter: %s", graph.name, have,
                 target, err.reason)
     return out
+
+
+def _put_back(new: onnx.ModelProto, old: onnx.ModelProto) -> None:
+    """The weights set aside while converting, into the converted model (by name; in place)."""
+    data = {t.name: t for t in old.graph.initializer}
+    for t in new.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL and any(e.value == ASIDE for e in t.external_data):
+            t.CopyFrom(data[t.name])
 
 
 def _legacy_resize(new: onnx.ModelProto) -> None:

@@ -436,6 +436,14 @@ def test_a_large_forward_is_not_run_to_check_its_upgrade(monkeypatch, caplog):
     assert "the upgrade of 'case' is not checked in ORT: its forward peaks at" in caplog.text
 
 
+def test_an_upgrade_sets_large_weights_aside_and_puts_them_back(monkeypatch):
+    """onnx's converter serializes the model (protobuf's 2 GB): weights above ASIDE_BYTES leave the
+    proto while it converts and come back by name. Lowered here so that x and w go aside."""
+    monkeypatch.setattr("passes.onnx_import.ASIDE_BYTES", 100)
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("MaxPool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+    check_gradients(nodes, {"x": rnd(1, 2, 7, 7), "w": rnd(3, 2, 3, 3, seed=1)}, opset=9)
+
+
 def test_an_upgrade_keeps_frozen_initializers_frozen():
     """A weight folded from a constant (ConstantOfShape, as in the ONNX zoo's light models) gets no
     gradient before the upgrade, so none after it either."""
