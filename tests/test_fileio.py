@@ -58,3 +58,29 @@ def test_a_model_with_external_data_keeps_the_modes_it_replaces(tmp_path, monkey
     assert (_mode(path), _mode(data)) == (0o640, 0o600)
     assert onnx.load(str(path), load_external_data=False).graph.initializer[0].data_location == TensorProto.EXTERNAL
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]  # no temp folder left
+
+
+def test_measuring_a_model_over_the_proto_limit_stages_its_weights_beside_it(monkeypatch):
+    """verify's child reads the model from a file: over 2 GB one file does not parse (a 2.2 GB
+    model failed 'Protobuf parsing failed'). Taken here by lowering the limit: the weights go to
+    a data file beside it, the run sees them, and the caller's proto keeps them."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import passes.verify as verify
+
+    monkeypatch.setattr(verify, "PROTO_LIMIT", 1000)
+    w = np.arange(1024, dtype=np.float32).reshape(32, 32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.ones((1, 32), np.float32)
+    out = verify.measure_peak(model, {"x": x}, repeats=1, keep_outputs=True).outputs
+    np.testing.assert_array_equal(out["y"], x @ w)
+    kept = model.graph.initializer[0]
+    assert kept.data_location == TensorProto.DEFAULT and not kept.external_data
+    np.testing.assert_array_equal(numpy_helper.to_array(kept), w)
