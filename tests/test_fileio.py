@@ -65,7 +65,6 @@ def test_measuring_a_model_over_the_proto_limit_stages_its_weights_beside_it(mon
     model failed 'Protobuf parsing failed'). Taken here by lowering the limit: the weights go to
     a data file beside it, the run sees them, and the caller's proto keeps them."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     import passes.verify as verify
