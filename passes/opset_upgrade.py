@@ -6,8 +6,9 @@ scatter-add their incoming gradient (ScatterElements / ScatterND with reduction=
 opset-11 operators at the oldest (passes/autodiff.py ``MIN_OPSET``). Models exported years ago (the
 ONNX model zoo's opset 7-12 files) would otherwise be refused. autodiff catches the rule's
 :class:`OpsetTooOldError` and calls :func:`upgrade_opset`: the graph goes out as a ModelProto,
-through onnx's version converter (each operator's adapter between versions; names and weights are
-kept) and back through the importer, with the same initializers frozen. The training graph and
+through onnx's version converter (each operator's adapter between versions; weights and most names
+are kept, though an adapter that replaces a node, as Upsample's, renames its output) and back
+through the importer, with the same initializers frozen. The training graph and
 every model memplan writes from it then carry the new opset.
 
 onnx's adapters into opset 11 turn Upsample and Resize-10 into a Resize-11 with the default
