@@ -14,7 +14,6 @@ Every failure raises ModelImportError with one line naming the file, node or dim
 from __future__ import annotations
 
 import ast
-import contextlib
 import logging
 import os
 import re
@@ -352,8 +351,9 @@ def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
     g.value_info.extend(static)
     for _ in range(len(g.node) + 1):
         try:
-            with weights_aside(model):  # a model over protobuf's 2 GB cannot go to onnx's C++ whole
-                inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+            # a model over protobuf's 2 GB cannot go to onnx's C++ whole
+            inferred = shape_inference.infer_shapes(without_weights(model), check_type=False, strict_mode=False,
+                                                    data_prop=True)
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelImportError(f"{display}: ONNX shape inference failed: {first}") from None
@@ -372,27 +372,35 @@ ASIDE_BYTES = 1 << 20
 ASIDE = "memplan-weights-set-aside"
 
 
-@contextlib.contextmanager
-def weights_aside(model: onnx.ModelProto):
-    """``model`` with the raw bytes of its large initializers out of the proto (marked as external
-    data, which shape inference does not read; their dims stay), put back on exit. Shape inference
-    serializes the model, which protobuf refuses above 2 GB (a 2.2 GB MatMul weight raised a
-    ValueError traceback); the shapes it needs from initializers are in their dims, and the small
-    int tensors data propagation reads stay."""
-    aside = []
-    for t in model.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) > ASIDE_BYTES:
-            aside.append((t, t.raw_data))
-            t.ClearField("raw_data")
-            t.data_location = onnx.TensorProto.EXTERNAL
-            t.external_data.add(key="location", value=ASIDE)
-    try:
-        yield
-    finally:
-        for t, data in aside:
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = data
+def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose large initializers hold no bytes (marked as external data at
+    ``ASIDE``, which shape inference and the version converter do not read; their dims stay), or
+    ``model`` itself when it has none. Both serialize the model, which protobuf refuses above 2 GB
+    (a 2.2 GB model raised a ValueError traceback); the shapes they need from initializers are in
+    their dims, and the small int tensors data propagation reads stay. A copy, not the model with
+    its bytes cleared and put back: protobuf's arena keeps a cleared field's bytes until the
+    message goes, so each round held the weights once more (+4.3 GB on that model)."""
+    big = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > ASIDE_BYTES]
+    if not big:
+        return model
+    names = {t.name for t in big}
+    g = model.graph
+    light = onnx.GraphProto(name=g.name, doc_string=g.doc_string)
+    for field in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation"):
+        getattr(light, field).extend(getattr(g, field))
+    for t in g.initializer:
+        if t.name not in names:
+            light.initializer.append(t)
+            continue
+        stub = light.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims,
+                                     data_location=onnx.TensorProto.EXTERNAL)
+        stub.external_data.add(key="location", value=ASIDE)
+    out = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name, domain=model.domain,
+                          model_version=model.model_version)
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    out.graph.CopyFrom(light)
+    return out
 
 
 #: Ops whose output has their first input's shape and type, for which onnx infers no shape (function

@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, version_converter
 
 from passes.onnx_export import export_model
-from passes.onnx_import import ASIDE, import_model, weights_aside
+from passes.onnx_import import ASIDE, import_model, without_weights
 from planner.errors import ModelImportError, OpsetTooOldError
 from planner.graph import Graph, TensorKind
 from planner.liveness import analyze
@@ -62,8 +62,8 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
             f"{target} ({why}): export the model with opset >= {err.opset}")
 
     try:
-        with weights_aside(proto):  # the converter serializes the model too (protobuf's 2 GB)
-            converted = version_converter.convert_version(proto, target)
+        # the converter serializes the model too (protobuf's 2 GB)
+        converted = version_converter.convert_version(without_weights(proto), target)
         _put_back(converted, proto)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
