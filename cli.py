@@ -533,14 +533,10 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         from dataclasses import replace
 
         from passes.loss import append_loss
-        from passes.opset_upgrade import upgrade_opset
-        from planner.errors import OpsetTooOldError
+        from passes.opset_upgrade import with_upgrades
 
-        try:
-            forward, loss = append_loss(forward, options.add_loss)
-        except OpsetTooOldError as err:  # as build_training_graph does, for the forward train() reads too
-            forward = upgrade_opset(forward, err)
-            forward, loss = append_loss(forward, options.add_loss)
+        # as build_training_graph does, for the forward train() reads too
+        _, (forward, loss) = with_upgrades(forward, lambda f: append_loss(f, options.add_loss))
         options = replace(options, add_loss=None, loss=loss)
     result = train(build_training_graph(forward, options), forward, steps, seed=seed, provider=provider)
     info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,
@@ -819,7 +815,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     else:
         from passes.onnx_import import input_shapes_text, load_proto, symbolic_input_dims
 
-        proto, _, _ = load_proto(model)
+        proto, _, _ = load_proto(model, weights=False)  # the inputs only: every probe loads the model
         if batch_dim not in symbolic_input_dims(proto):
             raise UsageError(
                 f"--max-batch grows the symbolic input dim {batch_dim!r}, which {model} does not have (inputs: "

@@ -94,20 +94,12 @@ def build_training_graph(forward: Graph, options: TrainOptions | None = None) ->
     """The training step of ``forward``. Where a gradient needs a newer opset than the model's
     (OpsetTooOldError), the model is upgraded to it first (passes/opset_upgrade.py) and a warning
     says so."""
+    from passes.opset_upgrade import with_upgrades
+
     options = options or TrainOptions()
-    for _ in range(MAX_UPGRADES):
-        try:
-            return _build_training_graph(forward, options)
-        except OpsetTooOldError as err:
-            from passes.opset_upgrade import upgrade_opset
-
-            forward = upgrade_opset(forward, err)
-    return _build_training_graph(forward, options)
+    return with_upgrades(forward, lambda f: _build_training_graph(f, options))[1]
 
 
-#: Opset upgrades one build may make (passes/opset_upgrade.py upgrades to the newest opset a rule
-#: asks for at once, so one does today).
-MAX_UPGRADES = 2
 #: The oldest opset gradients are written in; older models are upgraded first. ORT supports opset 7
 #: and up; before, opset 7-10 models got gradient nodes their opset lacks (Expand before 8,
 #: ConstantOfShape before 9, Pad with a pads input before 11), which the checker refused.

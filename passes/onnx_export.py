@@ -121,8 +121,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
         value_info=shapes,
     )
     model = helper.make_model(g, opset_imports=opsets, producer_name=producer)
-    # weights straight into the model, one at a time: a list of them, then make_graph's and
-    # make_model's copies held the weights four times over (9.7 GB to write a 2.2 GB model)
+    # weights straight into the model, one at a time: a list of them, make_graph's copy and
+    # make_model's copy would each hold all of them at once (the peak of writing a 2.2 GB model,
+    # 9.7 GB, is onnx's external-data save's, so this left it as it was)
     for t in graph.initializers():
         model.graph.initializer.append(numpy_helper.from_array(np.asarray(graph.values[t.id]), t.name))
     model.ir_version = ir_version_for(opsets)

@@ -76,8 +76,9 @@ def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int
     return import_model(spec, dims)
 
 
-def load_proto(spec: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None, str]:
-    """Read a model without converting it: (proto with external data loaded, folder, display name)."""
+def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool = True) -> tuple[onnx.ModelProto, Path | None, str]:
+    """Read a model without converting it: (proto with external data loaded, folder, display name);
+    ``weights=False`` leaves external data where it is (for a look at the graph alone)."""
     if isinstance(spec, onnx.ModelProto):
         return spec, None, spec.graph.name or "model"
     text = str(spec)
@@ -105,7 +106,8 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelPro
     if not model.opset_import or not model.graph.output:
         raise ModelImportError(f"{text}: not an ONNX model (no opset or no graph outputs)")
     folder = path.resolve().parent
-    _load_external_data(model, folder, text)
+    if weights:
+        _load_external_data(model, folder, text)
     return model, folder, text
 
 

@@ -21,6 +21,7 @@ A forward above ``CHECK_MAX_BYTES`` is not run for it (a warning says so).
 from __future__ import annotations
 
 import logging
+from typing import Callable, TypeVar
 
 import numpy as np
 import onnx
@@ -34,10 +35,14 @@ from planner.liveness import analyze
 from planner.units import format_bytes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The newest opset a gradient asks for: one conversion serves every rule (a model at opset 9 with
 #: --add-loss cross-entropy and an overlapping MaxPool needed 11, 12 and 16, three conversions).
 TARGET = 16
+#: Opset upgrades one build may make (each goes to the newest opset a rule asks for at once, so one
+#: does today).
+MAX_UPGRADES = 2
 #: Upgrades from below this opset are run in ORT against the original (the legacy adapters).
 CHECK_BELOW = 11
 #: Forward runs that hold more than this (by the liveness model) are not made for the check.
@@ -46,11 +51,23 @@ CHECK_MAX_BYTES = 2 * 2**30
 RTOL = 1e-5
 
 
+def with_upgrades(forward: Graph, build: Callable[[Graph], T]) -> tuple[Graph, T]:
+    """(forward, build(forward)), with ``forward`` upgraded first (:func:`upgrade_opset`) each time
+    ``build`` raises OpsetTooOldError, up to ``MAX_UPGRADES`` times: the training step's build, and
+    `memplan train`'s --add-loss, which needs the upgraded forward itself."""
+    for _ in range(MAX_UPGRADES):
+        try:
+            return forward, build(forward)
+        except OpsetTooOldError as err:
+            forward = upgrade_opset(forward, err)
+    return forward, build(forward)
+
+
 def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
     """``graph`` converted to default-domain opset max(``err.opset``, ``TARGET``); a
     ModelImportError naming ``err``'s reason when onnx's converter cannot convert it or changes
     what it computes."""
-    have = graph.opsets.get("", graph.opsets.get("ai.onnx", 0))
+    have = graph.opsets.get("", 0)  # the importer files ai.onnx under ""
     if have >= err.opset:  # a rule asked for what the graph has: not an upgrade's job
         raise err
     target = max(err.opset, TARGET)
@@ -110,32 +127,30 @@ def _legacy_resize(new: onnx.ModelProto) -> None:
 
 def _check_same(old: onnx.ModelProto, new: onnx.ModelProto) -> str | None:
     """Why ``new`` computes something else than ``old`` on seeded inputs in ORT (None when they
-    agree, or when ORT cannot run ``old`` at all: then there is nothing to compare against)."""
-    import onnxruntime as ort
-
+    agree, or when ORT cannot run ``old`` at all: then there is nothing to compare against). Float
+    outputs may differ by ``RTOL`` of their largest magnitude, others not at all."""
     from models.feeds import example_feeds
+    from passes.gradcheck import ort_session
+    from passes.verify import compare_outputs
 
     feeds = example_feeds(old)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     try:
-        want = ort.InferenceSession(old.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+        want = ort_session(old, quiet=True).run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - ORT's errors have no common base
         log.info("not checked against the original, which ORT cannot run: %s", str(exc).splitlines()[0])
         return None
     try:
-        got = ort.InferenceSession(new.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+        got = ort_session(new, quiet=True).run(None, feeds)
     except Exception as exc:  # noqa: BLE001
         return f"ONNX Runtime cannot run the upgraded model: {str(exc).splitlines()[0]}"
     for out, a, b in zip(old.graph.output, want, got):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:
             return f"output {out.name!r} changes shape, {list(a.shape)} to {list(b.shape)}"
-        if a.dtype.kind == "f":
-            scale = float(np.abs(a).max()) if a.size else 0.0
-            off = float(np.abs(a.astype(np.float64) - b).max()) if a.size else 0.0
-            if off > RTOL * max(scale, 1e-30):
-                return f"output {out.name!r} differs by {off:.3g} of {scale:.3g} on seeded inputs"
-        elif not np.array_equal(a, b):
-            return f"output {out.name!r} differs on seeded inputs"
+        floating = a.dtype.kind == "f"
+        scale = float(np.abs(a).max()) if floating and a.size else 0.0
+        (check,) = compare_outputs({out.name: a}, {out.name: b}, rtol=0.0, atol=RTOL * scale)
+        if not check.ok:
+            of = f" of {scale:.3g}" if floating else ""
+            return f"output {out.name!r} differs by {check.max_abs_diff:.3g}{of} on seeded inputs"
     return None

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from passes.onnx_export import PROTO_LIMIT
+from passes.onnx_export import save_model
 from planner.errors import PlannerError
 
 
@@ -171,19 +171,21 @@ def _stage(tmp: str, models: Sequence[onnx.ModelProto | str | os.PathLike], feed
     for i, model in enumerate(models):
         if isinstance(model, onnx.ModelProto):
             paths.append(os.path.join(tmp, f"model{i}.onnx"))
-            if model.ByteSize() < PROTO_LIMIT:
-                onnx.save_model(model, paths[-1])
-                continue
-            # over protobuf's 2 GB (a whole file of it does not parse): weights beside it, then back
-            # into the caller's proto, which onnx's save pointed at the file
-            onnx.save_model(model, paths[-1], save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=f"model{i}.onnx.data", size_threshold=1024)
-            onnx.external_data_helper.load_external_data_for_model(model, tmp)
+            inside = not _points_outside(model)
+            save_model(model, paths[-1])
+            # over protobuf's 2 GB (a whole file of it does not parse) the weights went beside it,
+            # and the proto now points at them: back into the caller's proto
+            if inside and _points_outside(model):
+                onnx.external_data_helper.load_external_data_for_model(model, tmp)
         else:
             paths.append(str(model))
     feeds_path = os.path.join(tmp, "feeds.npz")
     np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})
     return paths, feeds_path
+
+
+def _points_outside(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _run_child(code: str, args: dict, threads: int, timeout: float) -> dict:

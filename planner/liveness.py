@@ -118,7 +118,7 @@ class MemoryModel:
             # ORT's CPU kernel: a scale buffer of x's size and one image's squares padded by
             # size - 1 channels (lrn.cc)
             x = graph.tensors[node.inputs[0]]
-            n, c, h, w = x.shape
+            _, c, h, w = x.shape
             per = x.nbytes // max(1, math.prod(x.shape))
             return x.nbytes + per * (c + int(node.attr("size", 1)) - 1) * h * w
         if op == "SoftmaxCrossEntropyLoss":

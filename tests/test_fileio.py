@@ -69,7 +69,7 @@ def test_measuring_a_model_over_the_proto_limit_stages_its_weights_beside_it(mon
 
     import passes.verify as verify
 
-    monkeypatch.setattr(verify, "PROTO_LIMIT", 1000)
+    monkeypatch.setattr("passes.onnx_export.PROTO_LIMIT", 1000)
     w = np.arange(1024, dtype=np.float32).reshape(32, 32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
