@@ -167,8 +167,11 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
     Exit 0 when every output matches within the tolerance, 1 when not.
     """
+    import tempfile
+    from pathlib import Path
+
     import models
-    from passes.onnx_export import export_model
+    from passes.onnx_export import export_model, write_model
     from passes.onnx_import import import_model, load_proto
     from passes.plan_model import fingerprint
     from passes.verify import verify_models
@@ -176,7 +179,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
 
-    planned_proto, _, _ = load_proto(planned)
+    planned_proto, _, _ = load_proto(planned, weights=False)  # its metadata: the runs read the file
     meta = {p.key: p.value for p in planned_proto.metadata_props}
     made_with = json.loads(meta.get("memplan.plan", "{}"))
     graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {})
@@ -185,12 +188,11 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
-    reference = export_model(graph)
-    planned_graph = import_model(planned_proto)
+    planned_graph = import_model(planned)
     # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
     planned_lv = analyze(planned_graph, model=MemoryModel(host_copies_resident=True))
     predicted = planned_lv.dynamic_peak
-    feeds = models.example_feeds(reference, seed=seed)
+    feeds = models.example_feeds(export_model(graph, weights=False), seed=seed)
     if (made_with.get("train") or {}).get("optimizer") == "adam":
         from passes.optimizer import plausible_state
 
@@ -203,16 +205,20 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         if stand_in is not None:
             numerics = ("the model with its Conv weights read through views, as the pinned file reads them",
                         export_model(stand_in, value_info=False))
-    report = verify_models(reference, planned_proto, feeds, predicted_planned_peak=predicted,
-                           base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
-                           predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics,
-                           predicted_device=made_with.get("costs") or (
-                               f"device profile {made_with['device']}" if made_with.get("device") else None))
+    with tempfile.TemporaryDirectory(prefix="memplan-verify-") as tmp:
+        # the reference as a file, its weights written from the model's own (no proto holds them)
+        reference = str(Path(tmp) / "reference.onnx")
+        write_model(graph, reference)
+        report = verify_models(reference, planned, feeds, predicted_planned_peak=predicted,
+                               base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
+                               predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics,
+                               predicted_device=made_with.get("costs") or (
+                                   f"device profile {made_with['device']}" if made_with.get("device") else None))
+        reference_lv = analyze(import_model(reference), model=MemoryModel(host_copies_resident=True))
     info = report.as_dict()
     # what a memory limit on ORT's arena (gpu_mem_limit, a CPU arena's max_mem) must be for these two
     # files on this CPU provider: planner/arena.py's replay of ORT's BFC arena, per extend strategy
-    run_lv = {"reference": analyze(import_model(reference), model=MemoryModel(host_copies_resident=True)),
-              "planned": planned_lv}
+    run_lv = {"reference": reference_lv, "planned": planned_lv}
     info["ort_arena_limit_bytes"] = {
         name: {"kNextPowerOfTwo": arena_need(lv, strategy=NEXT_POWER_OF_TWO),
                "kSameAsRequested": arena_need(lv, strategy=SAME_AS_REQUESTED)} for name, lv in run_lv.items()}
@@ -358,10 +364,11 @@ def _training_available() -> bool:
     return importlib.util.find_spec("passes.autodiff") is not None
 
 
-def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
+def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: tuple[str, ...] = ()) -> None:
     """Before any work: every file memplan will write lands in an existing folder, never on top
     of an input, and no two options write the same file (``-o p.json --emit p.json`` wrote the
-    plan, then the model over it)."""
+    plan, then the model over it). The options in ``models`` write ONNX models, whose weights may
+    go to ``<file>.data`` beside them: never the data file an input model reads."""
     from pathlib import Path
 
     taken = {Path(p).resolve(): "an input" for p in inputs if p and not p.startswith("zoo:")}
@@ -374,6 +381,32 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str]) -> None:
         if target in taken:
             raise UsageError(f"{option} {path} is {taken[target]}; choose another file name")
         taken[target] = f"written by {option} too"
+    for option in models:
+        path = outputs.get(option)
+        data = Path(f"{path}.data").resolve() if path else None
+        if data is not None and data.exists():
+            reader = next((m for m in inputs if data in _external_files(m)), None)
+            if reader is not None:
+                raise UsageError(f"{option} {path} would write its weights over {data.name}, which {reader} reads "
+                                 "its weights from; choose another file name")
+
+
+def _external_files(model: str) -> set:
+    """The data files an ONNX model file keeps its weights in (none for anything else)."""
+    from pathlib import Path
+
+    import onnx
+
+    from passes.onnx_import import load_proto
+
+    if model.startswith("zoo:") or not Path(model).is_file():
+        return set()
+    try:
+        proto, folder, _ = load_proto(model, weights=False)
+    except PlannerError:
+        return set()  # not a model: the command says so when it reads it
+    return {(folder / e.value).resolve() for t in onnx.external_data_helper._get_all_tensors(proto)  # noqa: SLF001
+            if t.data_location == onnx.TensorProto.EXTERNAL for e in t.external_data if e.key == "location"}
 
 
 @main.command()
@@ -487,16 +520,15 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
     import json as json_lib
 
     from passes.autodiff import build_training_graph
-    from passes.onnx_export import check_model, export_model, save_model
+    from passes.onnx_export import check_model, write_model
     from passes.onnx_import import load_graph
 
-    _output_paths_ok({"-o": output}, [model])
+    _output_paths_ok({"-o": output}, [model], models=("-o",))
     options = _train_options(default_optimizer="none", keep_grads=keep_grads, **flags)
     forward = load_graph(model, parse_dims(dims))
     step = build_training_graph(forward, options)
-    proto = export_model(step.graph, metadata={"memplan.train": json_lib.dumps(options.as_kwargs())})
-    check_model(proto, full=True)
-    save_model(proto, output)
+    write_model(step.graph, output, check=lambda path: check_model(path, full=True),
+                metadata={"memplan.train": json_lib.dumps(options.as_kwargs())})
     backward = len(step.graph.nodes) - step.forward_nodes
     info = {"model": model, "output": output, "loss": step.loss, "params": len(step.params),
             "optimizer": options.optimizer.kind, "nodes": len(step.graph.nodes), "backward_nodes": backward,
@@ -597,11 +629,11 @@ def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none
     if add_loss and forward:
         raise UsageError("--add-loss builds a training step; --forward plans the model as it is: "
                          "give only one of them")
-    proto, _, _ = load_proto(model)
+    proto, _, _ = load_proto(model, weights=False)  # its metadata: import maps the weights
     already = any(p.key == "memplan.train" for p in proto.metadata_props)
     if add_loss and already:
         raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
-    graph = import_model(proto if not model.startswith("zoo:") else model, dims)
+    graph = import_model(model, dims)
     if forward or already:
         return graph, None
     train = {"optimizer": optimizer, "lr": lr, **({"add_loss": add_loss} if add_loss else {})}
@@ -710,7 +742,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         raise UsageError("--add-loss applies to ONNX models; a JSON graph is a training graph already")
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
                              reorder=not fixed_order, work_limit=deterministic)
-    _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model])
+    _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model], models=("--emit",))
     if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
     if ort_arena and (is_remat_json(model) or sweep_png):
@@ -757,9 +789,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if output:
         atomic_write(output, json.dumps(obj, indent=2) + "\n")
     if emit and planned is not None:
-        from passes.onnx_export import save_model
+        from passes.onnx_export import write_model
 
-        save_model(planned, emit)
+        write_model(planned[0], emit, **planned[1])
     if not as_json:
         unit = f" {problem.time_unit}" if problem.time_unit else ""
         click.echo(f"{obj['model']}: {result.strategy} {result.status}")
@@ -918,10 +950,10 @@ def _arena_report(graph, budget: int, time_limit: float) -> dict:
 
 def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, forward, train_flags, arena=False,
                pin=False, costs="device", ort_arena=None):
-    """ONNX MODEL -> (problem, result, plan.json object, planned Graph or None, budget bytes)."""
+    """ONNX MODEL -> (problem, result, plan.json object, (planned Graph, write_model options) or None,
+    budget bytes)."""
     import math
 
-    from passes.onnx_export import export_model
     from passes.plan_model import added_fraction, fingerprint, plan_graph
     from planner.liveness import analyze
 
@@ -953,8 +985,8 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     planned = None
     if pm.planned is not None:
         made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)
-        planned = export_model(pm.planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)},
-                               value_info=not pin, mem_pattern=not pin)
+        planned = (pm.planned, {"metadata": {"memplan.plan": json.dumps(made, sort_keys=True)},
+                                "value_info": not pin, "mem_pattern": not pin})
     return problem, result, obj, planned, budget
 
 
@@ -966,14 +998,14 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
 @handles_errors
 def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     """Apply a saved plan (from memplan plan -o) to MODEL and write the planned ONNX model."""
-    from passes.onnx_export import export_model, save_model
+    from passes.onnx_export import write_model
     from passes.plan_model import fingerprint
     from passes.pin_order import pin_order
     from passes.rewrite import apply_schedule
     from planner.liveness import analyze
     from planner.units import format_bytes
 
-    _output_paths_ok({"-o": output}, [model, plan_path])
+    _output_paths_ok({"-o": output}, [model, plan_path], models=("-o",))
     try:
         with open(plan_path) as fh:
             obj = json.load(fh)
@@ -996,8 +1028,8 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     if obj.get("compute_time"):
         made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
     made.update(source=model, peak_bytes=peak, pin_order=pin)
-    save_model(export_model(planned, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin,
-                            mem_pattern=not pin), output)
+    write_model(planned, output, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin,
+                mem_pattern=not pin)
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
 
 

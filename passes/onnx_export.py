@@ -2,7 +2,8 @@
 
 Post: every tensor has value_info (so ORT and readers need no shape inference); the IR version is
 the least the opsets need (every ORT that knows those opsets reads it); models over 2 GB keep their
-weights in an external data file beside the model. Files are written atomically.
+weights in an external data file beside the model, written from the Graph's arrays without a
+ModelProto of them (``write_model``). Files are written atomically.
 
 ORT runs the file in file order only if it inlines nothing (planner/liveness.py, "run order"): a
 node of ``ORT_INLINED_OPS`` is written as its ONNX function body, in place, its nodes named
@@ -14,6 +15,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -36,6 +38,18 @@ PROTO_LIMIT = 2**31 - 1
 #: The most one TensorProto can hold in memory (protobuf's message limit; a 2.2 GB weight raised a
 #: DecodeError traceback): the model file is fine with external data, the tensor object is not.
 TENSOR_LIMIT = 2**31 - 1 - 2**16
+#: Initializers over this many bytes go to the data file when a model does (onnx's own threshold).
+EXTERNAL_MIN_BYTES = 1024
+#: Their offsets in it are multiples of this (the largest allocation granularity, Windows'): ORT can
+#: map such a tensor from the file rather than copy it.
+ALIGNMENT = 64 * 1024
+#: Dtypes whose bytes in a data file are the array's own (little-endian, element after element), as
+#: ``write_model`` streams them; others (strings, packed 2- and 4-bit types) stay in the model.
+STREAMED = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
+                      "uint16", "uint32", "uint64", "bool", "complex64", "complex128", "float8e4m3fn",
+                      "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz"})
+#: Bytes written to the data file at a time.
+CHUNK_BYTES = 64 << 20
 #: Default-domain ops ORT's CPU EP has no kernel for (measured on 1.31 by profiling node names): it
 #: inlines their function body at session load and numbers the body's nodes after all others, so
 #: PRIORITY_BASED runs the body late, not where the file puts the node. We write the body ourselves.
@@ -67,7 +81,8 @@ SHAPED_INPUT = {"ScatterElements": 0}
 
 
 def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, str] | None = None,
-                 value_info: bool = True, mem_pattern: bool = True, inline: bool = True) -> onnx.ModelProto:
+                 value_info: bool = True, mem_pattern: bool = True, inline: bool = True,
+                 weights: bool = True) -> onnx.ModelProto:
     """Build a ModelProto from a Graph (no checker run; see ``check_model``).
 
     ``metadata`` becomes the model's metadata_props (memplan records how a planned model was made).
@@ -81,6 +96,8 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     chunks: 2.2x the plan on zoo:gpt?batch=64 at 70%, 0.97x without it).
     ``inline=False`` writes the ops of ``ORT_INLINED_OPS`` as they are, not as their function bodies
     (for a model memplan reads back, not one ORT runs).
+    ``weights=False`` leaves the bytes of every initializer over ``EXTERNAL_MIN_BYTES`` out: such a
+    tensor is marked external with no location yet (``write_model`` writes them).
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
@@ -103,11 +120,11 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
         else:
             nodes.append(n)
     too_big = next((t for t in graph.initializers() if t.nbytes > TENSOR_LIMIT), None)
-    if too_big is not None:
+    if weights and too_big is not None:
         raise ModelImportError(
             f"initializer {too_big.name!r} holds {format_bytes(too_big.nbytes)}, over the {format_bytes(TENSOR_LIMIT)} "
-            "one ONNX tensor can hold in memory (protobuf): memplan plans this model but cannot write it; drop "
-            "--emit, or split the tensor in the model")
+            "one ONNX tensor can hold in memory (protobuf); memplan writes such a model (--emit) with its weights "
+            "in a data file beside it, but cannot hold it whole")
     io = set(graph.inputs) | set(graph.outputs)
     shaped = {node.inputs[pos] for node in graph.nodes if node.op_type in SHAPED_INPUT
               for pos in [SHAPED_INPUT[node.op_type]] if pos < len(node.inputs)}
@@ -125,7 +142,11 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     # make_model's copy would each hold all of them at once (the peak of writing a 2.2 GB model,
     # 9.7 GB, is onnx's external-data save's, so this left it as it was)
     for t in graph.initializers():
-        model.graph.initializer.append(numpy_helper.from_array(np.asarray(graph.values[t.id]), t.name))
+        if not weights and t.nbytes > EXTERNAL_MIN_BYTES and t.dtype in STREAMED:
+            model.graph.initializer.add(name=t.name, data_type=DTYPE_TO_ONNX[t.dtype], dims=t.shape,
+                                        data_location=onnx.TensorProto.EXTERNAL)
+        else:
+            model.graph.initializer.append(numpy_helper.from_array(np.asarray(graph.values[t.id]), t.name))
     model.ir_version = ir_version_for(opsets)
     for key, value in sorted((metadata or {}).items()):
         model.metadata_props.add(key=key, value=value)
@@ -190,8 +211,12 @@ def ir_version_for(opsets) -> int:
         return 8
 
 
-def check_model(model: onnx.ModelProto, full: bool = True) -> None:
-    """onnx.checker, skipping ORT-only ops (MemcpyToHost/FromHost) that it does not know."""
+def check_model(model: onnx.ModelProto | str, full: bool = True) -> None:
+    """onnx.checker, skipping ORT-only ops (MemcpyToHost/FromHost) that it does not know. A file
+    (a path) is checked with its external data, which a proto over 2 GB cannot be."""
+    if isinstance(model, str):
+        onnx.checker.check_model(model, full_check=full)
+        return
     if any(n.op_type in ORT_ONLY_OPS for n in model.graph.node):
         stripped = onnx.ModelProto()
         stripped.CopyFrom(model)
@@ -203,22 +228,119 @@ def check_model(model: onnx.ModelProto, full: bool = True) -> None:
     onnx.checker.check_model(model, full_check=full)
 
 
-def save_model(model: Graph | onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write a model atomically; weights go to ``<file>.data`` beside it when over 2 GB. Then
-    onnx converts the ModelProto given in place (its tensors point at the data file): a caller
-    that still needs it passes a copy (memplan's callers write it and drop it; a copy would double
-    the memory of a model that size)."""
-    proto = export_model(model) if isinstance(model, Graph) else model
+def write_model(graph: Graph, path: str | os.PathLike, check: Callable[[str], None] | None = None,
+                **export: Any) -> None:
+    """Export ``graph`` (``export_model``'s options) and write it atomically; ``check(file)`` runs on
+    the written file before it takes ``path`` (raising leaves nothing behind). A model over
+    protobuf's 2 GB keeps its weights in ``<file>.data`` beside it, written straight from the
+    graph's arrays (a weight mapped from its source file goes from file to file a chunk at a time):
+    no ModelProto ever holds them (a 2.2 GB model took 9.7 GB to write through one), and a single
+    tensor over 2 GB, which no TensorProto can hold, is written too."""
+    proto = export_model(graph, weights=False, **export)
+    stubs = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    tensors = {t.name: t for t in graph.initializers()}
+    inside = proto.ByteSize() + sum(tensors[t.name].nbytes + 32 for t in stubs) < PROTO_LIMIT
     path = Path(path)
-    if proto.ByteSize() < PROTO_LIMIT:
-        atomic_write(path, proto.SerializeToString())
+    data_name = path.name + ".data"
+    with tempfile.TemporaryDirectory(dir=path.parent or ".") as tmp:
+        moves = []
+        tmp_model = Path(tmp) / path.name
+        if inside:
+            with open(tmp_model, "wb") as fh:
+                _write_inline(fh, proto, {t.name: graph.values[t.id] for t in graph.initializers()})
+        else:
+            tmp_data = Path(tmp) / data_name
+            with open(tmp_data, "wb") as fh:
+                for t in stubs:
+                    offset = -(-fh.tell() // ALIGNMENT) * ALIGNMENT
+                    fh.write(b"\0" * (offset - fh.tell()))
+                    length = _write_array(fh, graph.values[tensors[t.name].id])
+                    for key, value in (("location", data_name), ("offset", offset), ("length", length)):
+                        t.external_data.add(key=key, value=str(value))
+            moves.append((tmp_data, path.parent / data_name))
+            tmp_model.write_bytes(proto.SerializeToString())
+        del proto
+        if check is not None:
+            check(str(tmp_model))
+        _move_into_place(moves + [(tmp_model, path)])
+
+
+def _write_inline(fh, proto: onnx.ModelProto, values: dict[str, np.ndarray]) -> None:
+    """Write ``proto`` whole into one file, its initializers' bytes streamed from ``values``.
+
+    Protobuf merges a message field that occurs twice and appends to its repeated fields, so the
+    model less its initializers, followed by one ``ModelProto{graph{initializer: t}}`` per
+    initializer, parses as the model itself (same initializers, same order). A stub's piece is
+    framed by hand (lengths are known up front) and its bytes go from the array to the file a
+    chunk at a time: no TensorProto holds them (a 1.97 GB embedding took 5.7 GB to write through
+    ``numpy_helper.from_array`` and one serialization)."""
+    pieces = []
+    for t in proto.graph.initializer:
+        piece = onnx.TensorProto()
+        piece.CopyFrom(t)
+        pieces.append(piece)
+    del proto.graph.initializer[:]
+    fh.write(proto.SerializeToString())
+    for t in pieces:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            fh.write(onnx.ModelProto(graph=onnx.GraphProto(initializer=[t])).SerializeToString())
+            continue
+        t.ClearField("data_location")
+        arr = np.asarray(values[t.name])
+        head = t.SerializeToString()  # name, dims, data_type
+        raw = _field(RAW_DATA, arr.nbytes)
+        tensor = _field(INITIALIZER, len(head) + len(raw) + arr.nbytes)
+        fh.write(_field(GRAPH, len(tensor) + len(head) + len(raw) + arr.nbytes) + tensor + head + raw)
+        _write_array(fh, arr)
+
+
+#: Field numbers of the pieces ``_write_inline`` frames: ModelProto.graph, GraphProto.initializer,
+#: TensorProto.raw_data.
+GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+
+
+def _field(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field whose value follows."""
+    out = bytearray([number << 3 | 2])
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def _write_array(fh, value) -> int:
+    """Write an array's bytes, little-endian, a chunk at a time (no copy of a contiguous array)."""
+    arr = np.asarray(value)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    for start in range(0, flat.size, CHUNK_BYTES):
+        fh.write(memoryview(flat[start:start + CHUNK_BYTES]))
+    return int(flat.size)
+
+
+def _move_into_place(moves: list[tuple[Path, Path]]) -> None:
+    # as atomic_write: a file replaced keeps its mode, a new one gets what open() would give
+    for made, target in moves:
+        os.chmod(made, write_mode(target))
+        os.replace(made, target)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Write a ModelProto atomically; weights go to ``<file>.data`` beside it when over 2 GB. Then
+    onnx converts the ModelProto given in place (its tensors point at the data file): a caller
+    that still needs it passes a copy. A Graph is written with ``write_model``, without a proto
+    of its weights."""
+    path = Path(path)
+    if model.ByteSize() < PROTO_LIMIT:
+        atomic_write(path, model.SerializeToString())
         return
     data_name = path.name + ".data"
     with tempfile.TemporaryDirectory(dir=path.parent or ".") as tmp:
         tmp_model = Path(tmp) / path.name
-        onnx.save_model(proto, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        # as atomic_write: a file replaced keeps its mode, a new one gets what open() would give
-        for made, target in ((Path(tmp) / data_name, path.parent / data_name), (tmp_model, path)):
-            os.chmod(made, write_mode(target))
-            os.replace(made, target)
+        onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=EXTERNAL_MIN_BYTES)
+        _move_into_place([(Path(tmp) / data_name, path.parent / data_name), (tmp_model, path)])

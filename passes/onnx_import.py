@@ -1,7 +1,9 @@
 """ONNX file -> memplan Graph.
 
 Pre: a path to an ONNX model (external data only from the model's own folder), a ModelProto, or a
-``zoo:NAME?opt=v`` spec. Symbolic dims are bound with ``dims`` (``--dim NAME=VALUE``).
+``zoo:NAME?opt=v`` spec. Symbolic dims are bound with ``dims`` (``--dim NAME=VALUE``). Weights in
+a data file are not loaded: the Graph's arrays are read-only views of the file
+(``initializer_value``), so a model's size costs import no memory of its own.
 Post: a validated Graph with static shapes and exact byte sizes for every tensor, nodes in a
 topological order (file order where the file is already sorted); shape-computation subgraphs
 (Shape/Size/Gather/Concat/... on static values) and Constant nodes folded into FROZEN initializers;
@@ -76,9 +78,12 @@ def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int
     return import_model(spec, dims)
 
 
-def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool = True) -> tuple[onnx.ModelProto, Path | None, str]:
-    """Read a model without converting it: (proto with external data loaded, folder, display name);
-    ``weights=False`` leaves external data where it is (for a look at the graph alone)."""
+def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = True
+               ) -> tuple[onnx.ModelProto, Path | None, str]:
+    """Read a model without converting it: (proto, folder, display name). External data is loaded
+    into the proto; ``weights=False`` leaves it where it is (for a look at the graph alone);
+    ``weights="mapped"`` checks it and points each external initializer at its file's absolute
+    path, for ``initializer_value`` to read in place (import: a model's weights are never copied)."""
     if isinstance(spec, onnx.ModelProto):
         return spec, None, spec.graph.name or "model"
     text = str(spec)
@@ -106,45 +111,152 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool = True) 
     if not model.opset_import or not model.graph.output:
         raise ModelImportError(f"{text}: not an ONNX model (no opset or no graph outputs)")
     folder = path.resolve().parent
-    if weights:
+    if weights == "mapped":
+        _map_external_data(model, folder, text)
+    elif weights:
         _load_external_data(model, folder, text)
     return model, folder, text
+
+
+def _external_file(t: onnx.TensorProto, folder: Path, display: str) -> Path:
+    """The data file of external tensor ``t``, refusing any location outside the model's own folder."""
+    loc = {e.key: e.value for e in t.external_data}.get("location", "")
+    target = (folder / loc).resolve()
+    if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or folder not in target.parents:
+        raise ModelImportError(
+            f"{display}: initializer {t.name!r} has external data location {loc!r} outside the model's "
+            "folder; move the data file beside the model and use a relative name"
+        )
+    if not target.is_file():
+        raise ModelImportError(f"{display}: external data file {loc!r} for {t.name!r} not found beside the model")
+    return target
 
 
 def _load_external_data(model: onnx.ModelProto, folder: Path, display: str) -> None:
     """Load external tensors, refusing any location outside the model's own folder."""
     tensors = list(onnx.external_data_helper._get_all_tensors(model))  # noqa: SLF001 - public in spirit
     for t in tensors:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
-        target = (folder / loc).resolve()
-        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or folder not in target.parents:
-            raise ModelImportError(
-                f"{display}: initializer {t.name!r} has external data location {loc!r} outside the model's "
-                "folder; move the data file beside the model and use a relative name"
-            )
-        if not target.is_file():
-            raise ModelImportError(f"{display}: external data file {loc!r} for {t.name!r} not found beside the model")
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            _external_file(t, folder, display)
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(folder))
     except (OSError, ValueError) as err:
         raise ModelImportError(f"{display}: cannot load external data ({err})") from None
 
 
+#: Element types whose bytes in a data file are the numpy array's own (little-endian, one element
+#: after another): ``initializer_value`` maps them. Strings and packed 2- and 4-bit types are loaded.
+MAPPABLE = frozenset(
+    getattr(onnx.TensorProto, n) for n in (
+        "FLOAT", "DOUBLE", "FLOAT16", "BFLOAT16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+        "UINT64", "BOOL", "COMPLEX64", "COMPLEX128", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+        "FLOAT8E5M2FNUZ") if hasattr(onnx.TensorProto, n))
+
+
+def _map_external_data(model: onnx.ModelProto, folder: Path, display: str) -> None:
+    """Check each external initializer's bytes (the file is in the model's folder and holds them)
+    and point it at the file's absolute path; load those ``initializer_value`` cannot map, and
+    external tensors inside nodes (Constant values), which import reads whole anyway."""
+    files: dict[Path, int] = {}
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        target = _external_file(t, folder, display)
+        if t.data_type not in MAPPABLE:
+            _load_tensor(t, folder, display)
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        count = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+        nbytes = count * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        try:
+            offset, length = int(info.get("offset", 0)), int(info.get("length", nbytes))
+        except ValueError:
+            raise ModelImportError(f"{display}: initializer {t.name!r} has a non-numeric external data offset or "
+                                   "length; write the model again with onnx.save_model") from None
+        if target not in files:
+            files[target] = target.stat().st_size
+        if length != nbytes or offset < 0 or offset + nbytes > files[target]:
+            raise ModelImportError(
+                f"{display}: external data of initializer {t.name!r} does not match its dims ({nbytes} bytes "
+                f"expected at offset {offset}, the entry says {length}, {target.name} holds {files[target]}); "
+                "write the model again with onnx.save_model")
+        del t.external_data[:]
+        t.external_data.add(key="location", value=str(target))
+        t.external_data.add(key="offset", value=str(offset))
+        t.external_data.add(key="length", value=str(nbytes))
+    for t in onnx.external_data_helper._get_attribute_tensors(model):  # noqa: SLF001 - public in spirit
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            _external_file(t, folder, display)
+            _load_tensor(t, folder, display)
+
+
+def _load_tensor(t: onnx.TensorProto, folder: Path, display: str) -> None:
+    try:
+        onnx.external_data_helper.load_external_data_for_tensor(t, str(folder))
+    except (OSError, ValueError) as err:
+        raise ModelImportError(f"{display}: cannot load external data of {t.name!r} ({err})") from None
+    t.data_location = onnx.TensorProto.DEFAULT
+    del t.external_data[:]
+
+
+def initializer_value(init: onnx.TensorProto) -> np.ndarray:
+    """The value of an initializer. One ``load_proto(..., weights="mapped")`` pointed at its data
+    file is a read-only view of that file (one mapping per file): the OS pages it in when read and
+    may drop it again, so a model's weights cost no memory of their own (a 2.2 GB model was held
+    three times over by import alone: the file's proto, its copy, the arrays)."""
+    if init.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(init)
+    info = {e.key: e.value for e in init.external_data}
+    path = info.get("location", "")
+    if path == ASIDE and init.name in _ASIDE_VALUES:
+        return _ASIDE_VALUES[init.name]
+    if not os.path.isabs(path):
+        raise ModelImportError(f"initializer {init.name!r} keeps its data in {path!r}, and the model was given "
+                               "without its folder; give memplan the model's path")
+    dtype = helper.tensor_dtype_to_np_dtype(init.data_type)
+    shape = tuple(init.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.zeros(shape, dtype)
+    buf = _mapping(path)
+    return np.frombuffer(buf, dtype=dtype.newbyteorder("<"), count=count, offset=int(info["offset"])).reshape(shape)
+
+
+#: The data files mapped during one import, and the values of its set-aside initializers
+#: (``import_model`` empties both).
+_MAPPINGS: dict[str, Any] = {}
+_ASIDE_VALUES: dict[str, np.ndarray] = {}
+
+
+def _mapping(path: str):
+    import mmap
+
+    buf = _MAPPINGS.get(path)
+    if buf is None:
+        with open(path, "rb") as fh:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        _MAPPINGS[path] = buf
+    return buf
+
+
 # ---- import -----------------------------------------------------------------------------------
 def import_model(
     spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
-    frozen: Iterable[str] = (),
+    frozen: Iterable[str] = (), aside: Mapping[str, np.ndarray] | None = None,
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
-    float initializers named in ``frozen`` get no gradient."""
-    model, _, display = load_proto(spec)
-    roles = torch_export_roles(model)
-    model, folded = _prepare(model, dict(dims or {}), display, roles)
-    frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
-    return _to_graph(model, display, frozen, bool(dims))
+    float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
+    initializers ``spec`` holds as stubs set aside at ``ASIDE`` (passes/opset_upgrade.py)."""
+    _ASIDE_VALUES.update(aside or {})
+    try:
+        model, _, display = load_proto(spec, weights="mapped")
+        roles = torch_export_roles(model)
+        model, folded = _prepare(model, dict(dims or {}), display, roles)
+        frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
+        return _to_graph(model, display, frozen, bool(dims))
+    finally:
+        _MAPPINGS.clear()  # the arrays hold their mapping; a later import maps the file as it is then
+        _ASIDE_VALUES.clear()
 
 
 # ---- torch.onnx.export(dynamo=True) -------------------------------------------------------------
@@ -255,7 +367,7 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
         (param,) = sources
         if param not in inits or param not in read or len(init.dims) < 2:
             continue
-        value, source = numpy_helper.to_array(init), numpy_helper.to_array(inits[param])
+        value, source = initializer_value(init), initializer_value(inits[param])
         if value.shape != source.shape[::-1] or not np.array_equal(value, source.T):
             continue
         node_name = f"{name}_untied"
@@ -451,7 +563,7 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
                                                           onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     }
     consts: dict[str, np.ndarray] = {
-        i.name: numpy_helper.to_array(i) for i in g.initializer if i.name not in trainable_like
+        i.name: initializer_value(i) for i in g.initializer if i.name not in trainable_like
     }
     shapes = _static_shapes(model)
     graph_outputs = {o.name for o in g.output}
@@ -629,7 +741,7 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
         shape, et = _require_shape(inp.name, shapes, display, "graph input")
         b.input(inp.name, _dtype(et, inp.name, display), shape)
     for init in g.initializer:
-        value = numpy_helper.to_array(init)
+        value = initializer_value(init)
         dtype = ONNX_TO_DTYPE.get(init.data_type)
         if dtype is None:
             raise ModelImportError(f"{display}: initializer {init.name!r} has unsupported element type")
@@ -718,7 +830,7 @@ def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int,
     if target is None:
         return
     src = shapes[node.input[0]][0]
-    want = [int(v) for v in numpy_helper.to_array(target).reshape(-1)]
+    want = [int(v) for v in initializer_value(target).reshape(-1)]
     allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
     dims = [src[k] if v == 0 and not allowzero and k < len(src) else v for k, v in enumerate(want)]
     known = int(np.prod([d for d in dims if d != -1])) if dims else 1

@@ -25,10 +25,11 @@ from typing import Callable, TypeVar
 
 import numpy as np
 import onnx
-from onnx import helper, version_converter
+from onnx import helper, numpy_helper, version_converter
 
 from passes.onnx_export import export_model
-from passes.onnx_import import ASIDE, import_model, without_weights
+from passes import onnx_import
+from passes.onnx_import import ASIDE, import_model
 from planner.errors import ModelImportError, OpsetTooOldError
 from planner.graph import Graph, TensorKind
 from planner.liveness import analyze
@@ -71,7 +72,16 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
     if have >= err.opset:  # a rule asked for what the graph has: not an upgrade's job
         raise err
     target = max(err.opset, TARGET)
-    proto = export_model(graph, inline=False)
+    # the converter serializes the model (protobuf's 2 GB): large weights stay in the graph, the
+    # model holds their dims only, and the import reads them from the graph
+    proto = export_model(graph, inline=False, weights=False)
+    aside = {t.name: graph.values[t.id] for t in graph.initializers()}
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            if aside[t.name].nbytes > onnx_import.ASIDE_BYTES:
+                t.external_data.add(key="location", value=ASIDE)
+            else:  # small tensors stay, for adapters that read them (shapes, scales)
+                t.CopyFrom(numpy_helper.from_array(np.asarray(aside[t.name]), t.name))
 
     def refuse(why: str) -> ModelImportError:
         return ModelImportError(
@@ -79,9 +89,7 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
             f"{target} ({why}): export the model with opset >= {err.opset}")
 
     try:
-        # the converter serializes the model too (protobuf's 2 GB)
-        converted = version_converter.convert_version(without_weights(proto), target)
-        _put_back(converted, proto)
+        converted = version_converter.convert_version(proto, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         # "/project/onnx/version_converter/BaseConverter.h:66: adapter_lookup: Assertion `false` failed: No Adapter For X"
@@ -93,21 +101,23 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
             log.warning("the upgrade of %r is not checked in ORT: its forward peaks at %s (over %s); plan it "
                         "at a smaller --dim once to check it", graph.name, format_bytes(peak),
                         format_bytes(CHECK_MAX_BYTES))
-        elif differs := _check_same(proto, converted):
+        elif differs := _check_same(_with_weights(proto, aside), _with_weights(converted, aside)):
             raise refuse(differs)
     frozen = {t.name for t in graph.tensors if t.kind is TensorKind.FROZEN}
-    out = import_model(converted, frozen=frozen)
+    out = import_model(converted, frozen=frozen, aside=aside)
     log.warning("upgraded %r from opset %d to %d with onnx's version converter: %s", graph.name, have,
                 target, err.reason)
     return out
 
 
-def _put_back(new: onnx.ModelProto, old: onnx.ModelProto) -> None:
-    """The weights set aside while converting, into the converted model (by name; in place)."""
-    data = {t.name: t for t in old.graph.initializer}
-    for t in new.graph.initializer:
+def _with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` with the weights set aside put back (by name), for ORT to run."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL and any(e.value == ASIDE for e in t.external_data):
-            t.CopyFrom(data[t.name])
+            t.CopyFrom(numpy_helper.from_array(np.asarray(weights[t.name]), t.name))
+    return out
 
 
 def _legacy_resize(new: onnx.ModelProto) -> None:

@@ -83,3 +83,35 @@ def test_measuring_a_model_over_the_proto_limit_stages_its_weights_beside_it(mon
     kept = model.graph.initializer[0]
     assert kept.data_location == TensorProto.DEFAULT and not kept.external_data
     np.testing.assert_array_equal(numpy_helper.to_array(kept), w)
+
+
+def test_a_model_its_check_refuses_is_not_written(tmp_path, monkeypatch):
+    """write_model runs the check on the file it wrote, before the file takes its name: a refused
+    model leaves nothing behind, its data file included (the streamed path, limits lowered)."""
+    import numpy as np
+    import pytest
+    from onnx import TensorProto, helper, numpy_helper
+
+    from passes import onnx_export
+    from passes.onnx_import import import_model
+
+    w = numpy_helper.from_array(np.arange(1024, dtype=np.float32).reshape(32, 32), "w")
+    graph = import_model(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], [w]),
+        opset_imports=[helper.make_opsetid("", 17)]))
+    monkeypatch.setattr(onnx_export, "PROTO_LIMIT", 1000)
+    seen = []
+
+    def refuse(path):
+        seen.append(sorted(p.name for p in Path(path).parent.iterdir()))
+        raise ValueError("refused")
+
+    from pathlib import Path
+    with pytest.raises(ValueError, match="refused"):
+        onnx_export.write_model(graph, tmp_path / "m.onnx", check=refuse)
+    assert seen == [["m.onnx", "m.onnx.data"]]  # it saw the whole model, weights beside it
+    assert list(tmp_path.iterdir()) == []
+    onnx_export.write_model(graph, tmp_path / "m.onnx", check=lambda path: onnx_export.check_model(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]

@@ -437,11 +437,25 @@ def test_a_large_forward_is_not_run_to_check_its_upgrade(monkeypatch, caplog):
 
 
 def test_an_upgrade_sets_large_weights_aside_and_puts_them_back(monkeypatch):
-    """onnx's converter serializes the model (protobuf's 2 GB): weights above ASIDE_BYTES leave the
-    proto while it converts and come back by name. Lowered here so that x and w go aside."""
-    monkeypatch.setattr("passes.onnx_import.ASIDE_BYTES", 100)
+    """onnx's converter serializes the model (protobuf's 2 GB): weights above ASIDE_BYTES never go
+    into its proto (the graph keeps them) and the import takes them from the graph by name.
+    Lowered here so that x (392 B) goes aside and w (216 B) stays."""
+    from passes import opset_upgrade
+
+    monkeypatch.setattr("passes.onnx_import.ASIDE_BYTES", 300)
+    monkeypatch.setattr("passes.onnx_export.EXTERNAL_MIN_BYTES", 100)
+    seen = []
+    convert = opset_upgrade.version_converter.convert_version
+
+    def spy(model, target):
+        seen.append({t.name: (len(t.raw_data), t.data_location) for t in model.graph.initializer})
+        return convert(model, target)
+
+    monkeypatch.setattr(opset_upgrade.version_converter, "convert_version", spy)
     nodes = [node("Conv", ["x", "w"], ["c"]), node("MaxPool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
     check_gradients(nodes, {"x": rnd(1, 2, 7, 7), "w": rnd(3, 2, 3, 3, seed=1)}, opset=9)
+    assert seen and seen[0]["x"] == (0, onnx.TensorProto.EXTERNAL)
+    assert seen[0]["w"] == (216, onnx.TensorProto.DEFAULT)
 
 
 def test_an_upgrade_keeps_frozen_initializers_frozen():
