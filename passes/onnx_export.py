@@ -155,6 +155,16 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     return model
 
 
+def fill_weights(model: onnx.ModelProto, graph: Graph) -> onnx.ModelProto:
+    """The stubs ``export_model(graph, weights=False)`` left in ``model`` given their bytes (in place):
+    for a model that keeps only some of its weights (``params_as_inputs`` takes the rest out)."""
+    values = {t.name: graph.values[t.id] for t in graph.initializers()}
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL and not t.external_data:
+            t.CopyFrom(numpy_helper.from_array(np.asarray(values[t.name]), t.name))
+    return model
+
+
 def function_body(
     node: onnx.NodeProto, io_info: list[onnx.ValueInfoProto], opsets: list[onnx.OperatorSetIdProto], taken: set[str]
 ) -> tuple[list[onnx.NodeProto], list[onnx.ValueInfoProto]]:

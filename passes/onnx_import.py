@@ -208,7 +208,7 @@ def initializer_value(init: onnx.TensorProto) -> np.ndarray:
         return numpy_helper.to_array(init)
     info = {e.key: e.value for e in init.external_data}
     path = info.get("location", "")
-    if path == ASIDE and init.name in _ASIDE_VALUES:
+    if path in ("", ASIDE) and init.name in _ASIDE_VALUES:  # a stub whose value the caller holds
         return _ASIDE_VALUES[init.name]
     if not os.path.isabs(path):
         raise ModelImportError(f"initializer {init.name!r} keeps its data in {path!r}, and the model was given "
@@ -246,7 +246,8 @@ def import_model(
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
     float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
-    initializers ``spec`` holds as stubs set aside at ``ASIDE`` (passes/opset_upgrade.py)."""
+    initializers ``spec`` holds as stubs (``export_model(..., weights=False)``, or set aside at
+    ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name."""
     _ASIDE_VALUES.update(aside or {})
     try:
         model, _, display = load_proto(spec, weights="mapped")

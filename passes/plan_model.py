@@ -49,7 +49,8 @@ class OrtArena:
         from passes.onnx_export import export_model
         from passes.onnx_import import import_model
 
-        as_run = import_model(export_model(planned, value_info=False))
+        as_run = import_model(export_model(planned, value_info=False, weights=False),  # no proto of the weights
+                              aside={t.name: planned.values[t.id] for t in planned.initializers()})
         lv = analyze(as_run, model=MemoryModel(host_copies_resident=not self.device_inputs))
         return arena_need(lv, strategy=self.strategy, on_cpu=not self.device_inputs)
 
