@@ -172,15 +172,14 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
     import models
     from passes.onnx_export import export_model, write_model
-    from passes.onnx_import import import_model, load_proto
+    from passes.onnx_import import import_model, load_header
     from passes.plan_model import fingerprint
     from passes.verify import verify_models
     from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
 
-    planned_proto, _, _ = load_proto(planned, weights=False)  # its metadata: the runs read the file
-    meta = {p.key: p.value for p in planned_proto.metadata_props}
+    meta = {p.key: p.value for p in load_header(planned).metadata_props}  # the runs read the file
     made_with = json.loads(meta.get("memplan.plan", "{}"))
     graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {})
     if made_with.get("train") is not None:
@@ -624,13 +623,12 @@ def _graph_costs(graph, device_name: str, costs: str):
 def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01,
                    add_loss: str | None = None):
     """MODEL -> (graph to plan, the training options used or None)."""
-    from passes.onnx_import import import_model, load_proto
+    from passes.onnx_import import import_model, load_header
 
     if add_loss and forward:
         raise UsageError("--add-loss builds a training step; --forward plans the model as it is: "
                          "give only one of them")
-    proto, _, _ = load_proto(model, weights=False)  # its metadata: import maps the weights
-    already = any(p.key == "memplan.train" for p in proto.metadata_props)
+    already = any(p.key == "memplan.train" for p in load_header(model).metadata_props)
     if add_loss and already:
         raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
     graph = import_model(model, dims)

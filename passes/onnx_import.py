@@ -118,6 +118,57 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = 
     return model, folder, text
 
 
+def load_header(spec: str | os.PathLike) -> onnx.ModelProto:
+    """MODEL's top-level fields without its graph (opsets, metadata): a file is read field by field,
+    its graph skipped unread (a 1 GB model's whole parse took 2.7 s); a zoo spec is built."""
+    text = str(spec)
+    if text.startswith("zoo:"):
+        model, _, _ = load_proto(text, weights=False)
+        return model
+    import mmap
+
+    try:
+        with open(text, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            kept, pos = bytearray(), 0
+            while pos < len(buf):
+                start = pos
+                key, pos = _varint(buf, pos)
+                wire = key & 7
+                if wire == 0:
+                    _, pos = _varint(buf, pos)
+                elif wire == 2:
+                    length, pos = _varint(buf, pos)
+                    pos += length
+                elif wire in (1, 5):
+                    pos += 8 if wire == 1 else 4
+                else:
+                    raise ValueError(f"wire type {wire}")
+                if pos > len(buf):
+                    raise ValueError("truncated")
+                if key >> 3 != GRAPH_FIELD:
+                    kept += buf[start:pos]
+        header = onnx.ModelProto()
+        header.ParseFromString(bytes(kept))
+        return header
+    except (OSError, ValueError, IndexError, DecodeError, RuntimeError):
+        model, _, _ = load_proto(text, weights=False)  # says what is wrong with the file
+        return model
+
+
+GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
 def _external_file(t: onnx.TensorProto, folder: Path, display: str) -> Path:
     """The data file of external tensor ``t``, refusing any location outside the model's own folder."""
     loc = {e.key: e.value for e in t.external_data}.get("location", "")
@@ -252,7 +303,8 @@ def import_model(
     try:
         model, _, display = load_proto(spec, weights="mapped")
         roles = torch_export_roles(model)
-        model, folded = _prepare(model, dict(dims or {}), display, roles)
+        # a proto read from a file here is ours to change; the caller's is copied first
+        model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto))
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
         return _to_graph(model, display, frozen, bool(dims))
     finally:
@@ -382,11 +434,13 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
 
 
 def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
-             roles: TorchExportRoles | None = None) -> tuple[onnx.ModelProto, set[str]]:
-    """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names)."""
-    model_copy = onnx.ModelProto()
-    model_copy.CopyFrom(model)
-    model = model_copy
+             roles: TorchExportRoles | None = None, copy: bool = True) -> tuple[onnx.ModelProto, set[str]]:
+    """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names).
+    ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice)."""
+    if copy:
+        model_copy = onnx.ModelProto()
+        model_copy.CopyFrom(model)
+        model = model_copy
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     g = model.graph
@@ -495,7 +549,8 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     their dims, and the small int tensors data propagation reads stay. A copy, not the model with
     its bytes cleared and put back: protobuf's arena keeps a cleared field's bytes until the
     message goes, so each round held the weights once more (+4.3 GB on that model)."""
-    big = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() > ASIDE_BYTES]
+    big = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL
+           and _tensor_bytes(t) > ASIDE_BYTES]
     if not big:
         return model
     names = {t.name for t in big}
@@ -516,6 +571,13 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     out.functions.extend(model.functions)
     out.graph.CopyFrom(light)
     return out
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    """Bytes of a tensor's data, from its dims (upb's ByteSize serializes it: 4.5 s for 512 MiB)."""
+    if t.data_type not in MAPPABLE:
+        return t.ByteSize()
+    return int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
 
 
 #: Ops whose output has their first input's shape and type, for which onnx infers no shape (function

@@ -412,3 +412,24 @@ def test_mapped_weights_of_every_dtype_read_and_write_back_the_same(tmp_path, mo
     back = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
     for k, v in values.items():
         assert back[k].dtype == v.dtype and np.array_equal(back[k], v), k
+
+
+def test_the_header_is_read_without_the_graph(tmp_path):
+    """plan and verify read a file's metadata with its graph skipped unread (a 1 GB model was
+    parsed twice); what they get is the model's own top-level fields, and a file that is no model
+    is refused as import refuses it."""
+    from passes.onnx_import import load_header
+
+    model = _with_inits(parse_model(SHAPE_SUBGRAPH))
+    model.metadata_props.add(key="memplan.plan", value="{}")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    header = load_header(str(path))
+    want = onnx.ModelProto()
+    want.CopyFrom(model)
+    want.ClearField("graph")
+    assert header == want and not header.HasField("graph")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\xff\xff\xff\xff not a model")
+    with pytest.raises(ModelImportError, match="not a valid ONNX protobuf|not an ONNX model"):
+        load_header(str(bad))
