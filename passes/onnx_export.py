@@ -23,7 +23,7 @@ import onnx.inliner
 from onnx import helper, numpy_helper, shape_inference
 
 from passes.mem_pattern import mark_mem_pattern_off
-from passes.onnx_import import DTYPE_TO_ONNX
+from passes.onnx_import import DTYPE_TO_ONNX, GRAPH_FIELD, MAPPABLE, ONNX_TO_DTYPE
 from planner.errors import ModelImportError
 from planner.fileio import atomic_write, write_mode
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
@@ -43,11 +43,10 @@ EXTERNAL_MIN_BYTES = 1024
 #: Their offsets in it are multiples of this (the largest allocation granularity, Windows'): ORT can
 #: map such a tensor from the file rather than copy it.
 ALIGNMENT = 64 * 1024
-#: Dtypes whose bytes in a data file are the array's own (little-endian, element after element), as
-#: ``write_model`` streams them; others (strings, packed 2- and 4-bit types) stay in the model.
-STREAMED = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8",
-                      "uint16", "uint32", "uint64", "bool", "complex64", "complex128", "float8e4m3fn",
-                      "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz"})
+#: Dtypes whose bytes in a file are the array's own (little-endian, element after element), as
+#: import maps them and ``write_model`` streams them; others (strings, packed 2- and 4-bit types)
+#: stay in the model.
+STREAMED = frozenset(ONNX_TO_DTYPE[t] for t in MAPPABLE)
 #: Bytes written to the data file at a time.
 CHUNK_BYTES = 64 << 20
 #: Default-domain ops ORT's CPU EP has no kernel for (measured on 1.31 by profiling node names): it
@@ -300,13 +299,12 @@ def _write_inline(fh, proto: onnx.ModelProto, values: dict[str, np.ndarray]) -> 
         head = t.SerializeToString()  # name, dims, data_type
         raw = _field(RAW_DATA, arr.nbytes)
         tensor = _field(INITIALIZER, len(head) + len(raw) + arr.nbytes)
-        fh.write(_field(GRAPH, len(tensor) + len(head) + len(raw) + arr.nbytes) + tensor + head + raw)
+        fh.write(_field(GRAPH_FIELD, len(tensor) + len(head) + len(raw) + arr.nbytes) + tensor + head + raw)
         _write_array(fh, arr)
 
 
-#: Field numbers of the pieces ``_write_inline`` frames: ModelProto.graph, GraphProto.initializer,
+#: Field numbers of the pieces ``_write_inline`` frames (with ModelProto.graph's): GraphProto.initializer,
 #: TensorProto.raw_data.
-GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
 INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
 RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
 

@@ -217,8 +217,7 @@ def _map_external_data(model: onnx.ModelProto, folder: Path, display: str) -> No
             _load_tensor(t, folder, display)
             continue
         info = {e.key: e.value for e in t.external_data}
-        count = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
-        nbytes = count * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        nbytes = _tensor_bytes(t)
         try:
             offset, length = int(info.get("offset", 0)), int(info.get("length", nbytes))
         except ValueError:
