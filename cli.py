@@ -196,18 +196,19 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         from passes.optimizer import plausible_state
 
         feeds = plausible_state(feeds)
-    numerics = None
-    if made_with.get("pin_order"):  # its Conv weights are read through views: other kernels
-        from passes.pin_order import as_pinned_numerics
-
-        stand_in = as_pinned_numerics(graph)
-        if stand_in is not None:
-            numerics = ("the model with its Conv weights read through views, as the pinned file reads them",
-                        export_model(stand_in, value_info=False))
     with tempfile.TemporaryDirectory(prefix="memplan-verify-") as tmp:
         # the reference as a file, its weights written from the model's own (no proto holds them)
         reference = str(Path(tmp) / "reference.onnx")
         write_model(graph, reference)
+        numerics = None
+        if made_with.get("pin_order"):  # its Conv weights are read through views: other kernels
+            from passes.pin_order import as_pinned_numerics
+
+            stand_in = as_pinned_numerics(graph)
+            if stand_in is not None:
+                numerics = ("the model with its Conv weights read through views, as the pinned file reads them",
+                            str(Path(tmp) / "stand_in.onnx"))
+                write_model(stand_in, numerics[1], value_info=False)
         report = verify_models(reference, planned, feeds, predicted_planned_peak=predicted,
                                base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
                                predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics,

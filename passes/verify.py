@@ -367,7 +367,7 @@ def verify_models(
     repeats: int = 7,
     predicted_time_overhead: float | None = None,
     predicted_device: str | None = None,
-    numerics: tuple[str, onnx.ModelProto] | None = None,
+    numerics: tuple[str, onnx.ModelProto | str | os.PathLike] | None = None,
 ) -> VerifyReport:
     """Run both models (protos, or files the runs read as they are) on the same feeds; compare
     outputs; measure peaks and step times.
