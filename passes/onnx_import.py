@@ -100,7 +100,10 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = 
     if path.is_dir():
         raise ModelImportError(f"{text}: is a folder; give a path to an .onnx file")
     try:
-        data = path.read_bytes()
+        if weights == "mapped" and path.stat().st_size > MAP_INSIDE_BYTES:
+            data = _weights_pointed_at(path)  # the weights inside the file are mapped too
+        else:
+            data = path.read_bytes()
     except OSError as err:
         raise ModelImportError(f"{text}: cannot read ({err.strerror})") from None
     model = onnx.ModelProto()
@@ -129,24 +132,10 @@ def load_header(spec: str | os.PathLike) -> onnx.ModelProto:
 
     try:
         with open(text, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            kept, pos = bytearray(), 0
-            while pos < len(buf):
-                start = pos
-                key, pos = _varint(buf, pos)
-                wire = key & 7
-                if wire == 0:
-                    _, pos = _varint(buf, pos)
-                elif wire == 2:
-                    length, pos = _varint(buf, pos)
-                    pos += length
-                elif wire in (1, 5):
-                    pos += 8 if wire == 1 else 4
-                else:
-                    raise ValueError(f"wire type {wire}")
-                if pos > len(buf):
-                    raise ValueError("truncated")
+            kept = bytearray()
+            for key, start, _, end in _fields(buf, 0, len(buf)):
                 if key >> 3 != GRAPH_FIELD:
-                    kept += buf[start:pos]
+                    kept += buf[start:end]
         header = onnx.ModelProto()
         header.ParseFromString(bytes(kept))
         return header
@@ -156,6 +145,85 @@ def load_header(spec: str | os.PathLike) -> onnx.ModelProto:
 
 
 GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+RAW_DATA_FIELD = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+#: Model files larger than this have the weights inside them mapped as well (``_weights_pointed_at``).
+MAP_INSIDE_BYTES = 64 << 20
+
+
+def _weights_pointed_at(path: Path) -> bytes:
+    """The bytes of the model at ``path`` with the raw data of each initializer of a mappable type
+    replaced by an external-data entry pointing at the same bytes in the model file itself, for
+    ``_map_external_data`` to map: parsing them would copy every weight (a 1.07 GB model held its
+    weights twice, the parsed proto and the arrays). Anything the walk does not understand
+    returns the file as it is."""
+    import mmap
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        try:
+            out = bytearray()
+            for key, start, body, end in _fields(buf, 0, len(buf)):
+                if key != (GRAPH_FIELD << 3 | 2):
+                    out += buf[start:end]
+                    continue
+                graph = bytearray()
+                for gkey, gstart, gbody, gend in _fields(buf, body, end):
+                    if gkey == (INITIALIZER_FIELD << 3 | 2):
+                        graph += _field_bytes(INITIALIZER_FIELD, _tensor_pointed_at(buf, gbody, gend, path.name))
+                    else:
+                        graph += buf[gstart:gend]
+                out += _field_bytes(GRAPH_FIELD, graph)
+            return bytes(out)
+        except (ValueError, IndexError):
+            return buf[:]
+
+
+def _tensor_pointed_at(buf, body: int, end: int, location: str) -> bytes:
+    kept, raw = bytearray(), None
+    for key, start, value, stop in _fields(buf, body, end):
+        if key == (RAW_DATA_FIELD << 3 | 2):
+            raw = (value, stop - value)
+        else:
+            kept += buf[start:stop]
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(bytes(kept))
+    if raw is None or raw[1] <= ASIDE_BYTES or tensor.data_type not in MAPPABLE:  # as _map_external_data
+        return bytes(buf[body:end])
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", raw[0]), ("length", raw[1])):
+        tensor.external_data.add(key=k, value=str(v))
+    return tensor.SerializeToString()
+
+
+def _fields(buf, pos: int, end: int):
+    """(key, field start, value start, field end) of each field of the message in buf[pos:end]."""
+    while pos < end:
+        start = pos
+        key, pos = _varint(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            _, stop = _varint(buf, pos)
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            stop = pos + length
+        elif wire in (1, 5):
+            stop = pos + (8 if wire == 1 else 4)
+        else:
+            raise ValueError(f"wire type {wire}")
+        if stop > end:
+            raise ValueError("truncated")
+        yield key, start, pos, stop
+        pos = stop
+
+
+def _field_bytes(number: int, value: bytes | bytearray) -> bytes:
+    """A length-delimited field: key, length, value."""
+    head, length = bytearray([number << 3 | 2]), len(value)
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        head.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(head) + bytes(value)
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -206,14 +274,16 @@ MAPPABLE = frozenset(
 
 def _map_external_data(model: onnx.ModelProto, folder: Path, display: str) -> None:
     """Check each external initializer's bytes (the file is in the model's folder and holds them)
-    and point it at the file's absolute path; load those ``initializer_value`` cannot map, and
-    external tensors inside nodes (Constant values), which import reads whole anyway."""
+    and point it at the file's absolute path; load those ``initializer_value`` cannot map, those up
+    to ``ASIDE_BYTES``, and external tensors inside nodes (Constant values), which import reads
+    whole anyway."""
     files: dict[Path, int] = {}
     for t in model.graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         target = _external_file(t, folder, display)
-        if t.data_type not in MAPPABLE:
+        if t.data_type not in MAPPABLE or _tensor_bytes(t) <= ASIDE_BYTES:
+            # small ones are read: shape inference's data propagation needs the shape ints
             _load_tensor(t, folder, display)
             continue
         info = {e.key: e.value for e in t.external_data}
