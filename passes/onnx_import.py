@@ -169,7 +169,10 @@ def _weights_pointed_at(path: Path) -> bytes:
                 graph = bytearray()
                 for gkey, gstart, gbody, gend in _fields(buf, body, end):
                     if gkey == (INITIALIZER_FIELD << 3 | 2):
-                        graph += _field_bytes(INITIALIZER_FIELD, _tensor_pointed_at(buf, gbody, gend, path.name))
+                        # the file's own name in its own folder: where _map_external_data looks (a symlink's
+                        # name may not be there)
+                        graph += _field_bytes(INITIALIZER_FIELD, _tensor_pointed_at(buf, gbody, gend,
+                                                                                    path.resolve().name))
                     else:
                         graph += buf[gstart:gend]
                 out += _field_bytes(GRAPH_FIELD, graph)
