@@ -15,7 +15,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -23,7 +23,8 @@ import onnx.inliner
 from onnx import helper, numpy_helper, shape_inference
 
 from passes.mem_pattern import mark_mem_pattern_off
-from passes.onnx_import import DTYPE_TO_ONNX, GRAPH_FIELD, MAPPABLE, ONNX_TO_DTYPE
+from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE,
+                                RAW_DATA_FIELD, field_head, is_stub)
 from planner.errors import ModelImportError
 from planner.fileio import atomic_write, write_mode
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
@@ -138,8 +139,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     )
     model = helper.make_model(g, opset_imports=opsets, producer_name=producer)
     # weights straight into the model, one at a time: a list of them, make_graph's copy and
-    # make_model's copy would each hold all of them at once (the peak of writing a 2.2 GB model,
-    # 9.7 GB, is onnx's external-data save's, so this left it as it was)
+    # make_model's copy would each hold all of them at once
     for t in graph.initializers():
         if not weights and t.nbytes > EXTERNAL_MIN_BYTES and t.dtype in STREAMED:
             model.graph.initializer.add(name=t.name, data_type=DTYPE_TO_ONNX[t.dtype], dims=t.shape,
@@ -154,14 +154,19 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     return model
 
 
-def fill_weights(model: onnx.ModelProto, graph: Graph) -> onnx.ModelProto:
-    """The stubs ``export_model(graph, weights=False)`` left in ``model`` given their bytes (in place):
-    for a model that keeps only some of its weights (``params_as_inputs`` takes the rest out)."""
-    values = {t.name: graph.values[t.id] for t in graph.initializers()}
+def fill_weights(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """The stubs in ``model`` (``onnx_import.is_stub``) given their bytes from ``values``, by name (in
+    place): for a model ORT runs that keeps only some of its weights (``params_as_inputs`` takes
+    the rest out), or one the version converter saw without them."""
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL and not t.external_data:
+        if is_stub(t):
             t.CopyFrom(numpy_helper.from_array(np.asarray(values[t.name]), t.name))
     return model
+
+
+def initializer_values(graph: Graph) -> dict[str, np.ndarray]:
+    """The graph's initializer values by name (what ``fill_weights`` and ``import_model``'s ``aside`` take)."""
+    return {t.name: graph.values[t.id] for t in graph.initializers()}
 
 
 def function_body(
@@ -247,8 +252,8 @@ def write_model(graph: Graph, path: str | os.PathLike, check: Callable[[str], No
     tensor over 2 GB, which no TensorProto can hold, is written too."""
     proto = export_model(graph, weights=False, **export)
     stubs = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    tensors = {t.name: t for t in graph.initializers()}
-    inside = proto.ByteSize() + sum(tensors[t.name].nbytes + 32 for t in stubs) < PROTO_LIMIT
+    values = initializer_values(graph)
+    inside = proto.ByteSize() + sum(values[t.name].nbytes + 32 for t in stubs) < PROTO_LIMIT
     path = Path(path)
     data_name = path.name + ".data"
     with tempfile.TemporaryDirectory(dir=path.parent or ".") as tmp:
@@ -256,14 +261,14 @@ def write_model(graph: Graph, path: str | os.PathLike, check: Callable[[str], No
         tmp_model = Path(tmp) / path.name
         if inside:
             with open(tmp_model, "wb") as fh:
-                _write_inline(fh, proto, {t.name: graph.values[t.id] for t in graph.initializers()})
+                _write_inline(fh, proto, values)
         else:
             tmp_data = Path(tmp) / data_name
             with open(tmp_data, "wb") as fh:
                 for t in stubs:
                     offset = -(-fh.tell() // ALIGNMENT) * ALIGNMENT
                     fh.write(b"\0" * (offset - fh.tell()))
-                    length = _write_array(fh, graph.values[tensors[t.name].id])
+                    length = _write_array(fh, values[t.name])
                     for key, value in (("location", data_name), ("offset", offset), ("length", length)):
                         t.external_data.add(key=key, value=str(value))
             moves.append((tmp_data, path.parent / data_name))
@@ -297,26 +302,10 @@ def _write_inline(fh, proto: onnx.ModelProto, values: dict[str, np.ndarray]) -> 
         t.ClearField("data_location")
         arr = np.asarray(values[t.name])
         head = t.SerializeToString()  # name, dims, data_type
-        raw = _field(RAW_DATA, arr.nbytes)
-        tensor = _field(INITIALIZER, len(head) + len(raw) + arr.nbytes)
-        fh.write(_field(GRAPH_FIELD, len(tensor) + len(head) + len(raw) + arr.nbytes) + tensor + head + raw)
+        raw = field_head(RAW_DATA_FIELD, arr.nbytes)
+        tensor = field_head(INITIALIZER_FIELD, len(head) + len(raw) + arr.nbytes)
+        fh.write(field_head(GRAPH_FIELD, len(tensor) + len(head) + len(raw) + arr.nbytes) + tensor + head + raw)
         _write_array(fh, arr)
-
-
-#: Field numbers of the pieces ``_write_inline`` frames (with ModelProto.graph's): GraphProto.initializer,
-#: TensorProto.raw_data.
-INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
-RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
-
-
-def _field(number: int, length: int) -> bytes:
-    """The key and length of a length-delimited protobuf field whose value follows."""
-    out = bytearray([number << 3 | 2])
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        out.append(byte | (0x80 if length else 0))
-        if not length:
-            return bytes(out)
 
 
 def _write_array(fh, value) -> int:

@@ -221,12 +221,17 @@ def _fields(buf, pos: int, end: int):
 
 def _field_bytes(number: int, value: bytes | bytearray) -> bytes:
     """A length-delimited field: key, length, value."""
-    head, length = bytearray([number << 3 | 2]), len(value)
+    return field_head(number, len(value)) + bytes(value)
+
+
+def field_head(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field whose ``length`` bytes follow."""
+    head = bytearray([number << 3 | 2])
     while True:
         byte, length = length & 0x7F, length >> 7
         head.append(byte | (0x80 if length else 0))
         if not length:
-            return bytes(head) + bytes(value)
+            return bytes(head)
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -285,12 +290,12 @@ def _map_external_data(model: onnx.ModelProto, folder: Path, display: str) -> No
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         target = _external_file(t, folder, display)
-        if t.data_type not in MAPPABLE or _tensor_bytes(t) <= ASIDE_BYTES:
+        nbytes = _tensor_bytes(t)
+        if t.data_type not in MAPPABLE or nbytes <= ASIDE_BYTES:
             # small ones are read: shape inference's data propagation needs the shape ints
             _load_tensor(t, folder, display)
             continue
         info = {e.key: e.value for e in t.external_data}
-        nbytes = _tensor_bytes(t)
         try:
             offset, length = int(info.get("offset", 0)), int(info.get("length", nbytes))
         except ValueError:
@@ -329,10 +334,10 @@ def initializer_value(init: onnx.TensorProto) -> np.ndarray:
     three times over by import alone: the file's proto, its copy, the arrays)."""
     if init.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(init)
+    if is_stub(init) and init.name in _ASIDE_VALUES:  # a stub whose value the caller holds
+        return _ASIDE_VALUES[init.name]
     info = {e.key: e.value for e in init.external_data}
     path = info.get("location", "")
-    if path in ("", ASIDE) and init.name in _ASIDE_VALUES:  # a stub whose value the caller holds
-        return _ASIDE_VALUES[init.name]
     if not os.path.isabs(path):
         raise ModelImportError(f"initializer {init.name!r} keeps its data in {path!r}, and the model was given "
                                "without its folder; give memplan the model's path")
@@ -343,6 +348,13 @@ def initializer_value(init: onnx.TensorProto) -> np.ndarray:
         return np.zeros(shape, dtype)
     buf = _mapping(path)
     return np.frombuffer(buf, dtype=dtype.newbyteorder("<"), count=count, offset=int(info["offset"])).reshape(shape)
+
+
+def is_stub(t: onnx.TensorProto) -> bool:
+    """An initializer whose bytes memplan holds elsewhere: written by ``export_model(...,
+    weights=False)`` (no location yet) or set aside at ``ASIDE``."""
+    return t.data_location == onnx.TensorProto.EXTERNAL and \
+        {e.key: e.value for e in t.external_data}.get("location", "") in ("", ASIDE)
 
 
 #: The data files mapped during one import, and the values of its set-aside initializers

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
-from passes.onnx_export import export_model
+from passes.onnx_export import export_model, fill_weights, initializer_values
 from passes import onnx_import
 from passes.onnx_import import ASIDE, import_model
 from planner.errors import ModelImportError, OpsetTooOldError
@@ -75,7 +75,7 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
     # the converter serializes the model (protobuf's 2 GB): large weights stay in the graph, the
     # model holds their dims only, and the import reads them from the graph
     proto = export_model(graph, inline=False, weights=False)
-    aside = {t.name: graph.values[t.id] for t in graph.initializers()}
+    aside = initializer_values(graph)
     for t in proto.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             if aside[t.name].nbytes > onnx_import.ASIDE_BYTES:
@@ -114,10 +114,7 @@ def _with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onn
     """A copy of ``model`` with the weights set aside put back (by name), for ORT to run."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for t in out.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL and any(e.value == ASIDE for e in t.external_data):
-            t.CopyFrom(numpy_helper.from_array(np.asarray(weights[t.name]), t.name))
-    return out
+    return fill_weights(out, weights)
 
 
 def _legacy_resize(new: onnx.ModelProto) -> None:

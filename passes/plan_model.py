@@ -46,11 +46,11 @@ class OrtArena:
     def need(self, planned: Graph) -> int:
         """The arena need of ``planned`` as ORT reads it: exported and read back, since the file writes
         some ops as their function bodies (passes/onnx_export.py), which allocate other buffers."""
-        from passes.onnx_export import export_model
+        from passes.onnx_export import export_model, initializer_values
         from passes.onnx_import import import_model
 
         as_run = import_model(export_model(planned, value_info=False, weights=False),  # no proto of the weights
-                              aside={t.name: planned.values[t.id] for t in planned.initializers()})
+                              aside=initializer_values(planned))
         lv = analyze(as_run, model=MemoryModel(host_copies_resident=not self.device_inputs))
         return arena_need(lv, strategy=self.strategy, on_cpu=not self.device_inputs)
 

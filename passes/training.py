@@ -17,7 +17,7 @@ import numpy as np
 
 from passes.autodiff import TrainingStep
 from passes.gradcheck import params_as_inputs
-from passes.onnx_export import export_model, fill_weights
+from passes.onnx_export import export_model, fill_weights, initializer_values
 from planner.errors import UsageError
 from planner.graph import Graph
 
@@ -106,7 +106,8 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise UsageError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu")
     # the weights are fed: the session's model holds only the frozen ones (no proto of them all)
-    model = fill_weights(params_as_inputs(export_model(step.graph, weights=False), step.params), step.graph)
+    model = fill_weights(params_as_inputs(export_model(step.graph, weights=False), step.params),
+                         initializer_values(step.graph))
     session = ort.InferenceSession(model.SerializeToString(), providers=providers[provider])
     weights: dict[str, np.ndarray] = {p: np.asarray(step.graph.values[step.graph.by_name[p]]) for p in step.params}
     state: dict[str, np.ndarray] = {s.input: s.initial for s in step.state}

@@ -402,8 +402,10 @@ def verify_models(
 
 
 def _output_names(model: onnx.ModelProto | str | os.PathLike) -> list[str]:
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
+    if not isinstance(model, onnx.ModelProto):  # a file: its weights, inside or beside it, unread
+        from passes.onnx_import import load_proto
+
+        model = load_proto(str(model), weights="mapped")[0]
     return [o.name for o in model.graph.output]
 
 
