@@ -240,13 +240,15 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
             click.echo(f"peak         not measured: the planned model's predicted dynamic peak, "
                        f"{format_bytes(p['predicted_dynamic_peak_bytes'])}, is below the "
-                       f"{format_bytes(RSS_RESOLUTION_BYTES)} the process high-water mark resolves; "
-                       f"bind a larger batch (--dim) to measure it")
+                       f"{format_bytes(RSS_RESOLUTION_BYTES)} the process high-water mark resolves (no C compiler "
+                       f"here for the allocation counter, passes/alloc_counter.py); bind a larger batch (--dim) "
+                       f"to measure it")
         else:
+            how = "ORT's allocator bytes, counted" if info["measured_by"] == "allocator" else "process RSS"
             click.echo(f"peak         reference {format_bytes(r['peak_bytes'])}, planned {format_bytes(p['peak_bytes'])} "
                        f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
                        f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}, "
-                       f"measured/predicted {p['measured_over_predicted']:.3f})")
+                       f"measured/predicted {p['measured_over_predicted']:.3f}; {how})")
             d = info["ort_default_options"]
             # a pinned model keeps its order and has no memory pattern under ORT's defaults; where it
             # then holds its plan with the arena off, what is left is the CPU arena's fragmentation

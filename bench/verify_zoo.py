@@ -5,7 +5,8 @@
 
 Per row (passes.verify.verify_models, what `memplan verify` prints): whether a plan exists, the
 planned peak (liveness of the rewritten graph, constants included), the measured peak (CPU ORT,
-planned session options, VmHWM recipe), measured/predicted dynamic peak, measured/budget, whether
+planned session options: ORT's allocator bytes counted, passes/alloc_counter.py; "rss/pred" is the
+same run's VmHWM recipe), measured/predicted dynamic peak, measured/budget, whether
 loss and every gradient equal the unplanned graph's (bit-identical), the planned model's dynamic
 peak under ORT's default session options over the prediction (arena chunks kept included / arena
 off), and step-time overhead predicted (the plan's added time on --device's cost profile) vs
@@ -66,7 +67,7 @@ def main() -> None:
     _, node_time, _, _ = _device_costs(args.device)
     rows = []
     hdr = f"{'model':12s} {'budget':>6s} {'plan':>8s} {'pred MiB':>9s} {'meas MiB':>9s} {'meas/pred':>9s} " \
-          f"{'meas/budget':>11s} {'equal':>5s} {'dflt/pred':>9s} {'noarena/pred':>12s} {'pred +t%':>8s} {'meas +t%':>8s}"
+          f"{'rss/pred':>8s} {'meas/budget':>11s} {'equal':>5s} {'dflt/pred':>9s} {'noarena/pred':>12s} {'pred +t%':>8s} {'meas +t%':>8s}"
     print(hdr)
     for name, spec, dims in cases(args.fixture_scale, args.seq_scale):
         if args.only and name not in args.only:
@@ -88,7 +89,8 @@ def main() -> None:
                                     base_bytes=base,
                                     predicted_time_overhead=pm.result.added_time / max(pm.result.compute_time, 1e-300))
                 row.update(predicted=base + predicted, measured=base + rep.planned_peak,
-                           ratio=rep.planned_peak / max(1, predicted),
+                           ratio=rep.planned_peak / max(1, predicted), measured_by=rep.method,
+                           rss_ratio=rep.planned_rss_peak / max(1, predicted),
                            over_budget=(base + rep.planned_peak) / budget, equal=rep.outputs_equal,
                            default_ratio=rep.planned_default_peak / max(1, predicted),
                            no_arena_ratio=rep.planned_default_no_arena_peak / max(1, predicted),
@@ -96,7 +98,7 @@ def main() -> None:
                            meas_time=rep.planned_seconds / rep.reference_seconds - 1,
                            seconds=[rep.reference_seconds, rep.planned_seconds])
                 print(f"{name:12s} {pct:5d}% {pm.result.status:>8s} {row['predicted'] / 2**20:9.2f} "
-                      f"{row['measured'] / 2**20:9.2f} {row['ratio']:9.3f} {row['over_budget']:11.3f} "
+                      f"{row['measured'] / 2**20:9.2f} {row['ratio']:9.3f} {row['rss_ratio']:8.3f} {row['over_budget']:11.3f} "
                       f"{str(row['equal']):>5s} {row['default_ratio']:9.2f} {row['no_arena_ratio']:12.2f} "
                       f"{100 * row['pred_time']:8.1f} {100 * row['meas_time']:8.1f}", flush=True)
             else:

@@ -1,10 +1,14 @@
 """Run models in ONNX Runtime: session options for planned models, peak memory measurement.
 
-``measure_peak`` follows the CPU recipe of DESIGN.md: a fresh subprocess with glibc told to mmap
-every block >= 64 KiB and never trim lazily, ORT's arena, memory pattern and memory reuse off,
-PRIORITY_BASED execution order (file order), one warm-up run, then ``clear_refs`` and VmHWM around a
-second run. The figure is the run's dynamic memory (activations, outputs, kernel scratch): inputs and
-initializers were resident before the measurement started.
+``measure_peak`` runs a model in a fresh subprocess with ORT's arena, memory pattern and memory
+reuse off and PRIORITY_BASED execution order (file order): one warm-up run, then the measured run.
+Its figure is the run's dynamic memory (activations, outputs, kernel scratch): inputs and
+initializers were resident before the measurement started. It is counted by
+``passes/alloc_counter.py``: the bytes ORT's allocator holds (every tensor and working buffer it
+hands out), exactly, through a preloaded library. Where that library cannot be built, it falls back
+to the CPU recipe of DESIGN.md: glibc told to mmap every block >= 64 KiB and never trim lazily,
+``clear_refs`` and VmHWM around the run (about 150 KiB short after an unmap, page rounding and heap
+fragmentation over: bench/results/small_peak_measurement.md). Both figures are reported.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from passes import alloc_counter
 from passes.onnx_export import save_model
 from planner.errors import PlannerError
 
@@ -58,7 +63,7 @@ PLANNED = SessionConfig()
 #: A plain ``ort.SessionOptions()``.
 ORT_DEFAULT = SessionConfig(optimization="all", order="default", arena=True, mem_pattern=True, mem_reuse=True)
 
-#: Below this predicted dynamic peak the measured peaks are noise, not figures: the kernel stores
+#: Below this predicted dynamic peak the RSS recipe's peaks are noise, not figures: the kernel stores
 #: VmHWM from an approximate counter (about 150 KiB short after every munmap) and glibc's and ORT's
 #: own allocations move by hundreds of KiB run to run (bench/results/small_peak_measurement.md:
 #: efficientnet, 1.15 MiB predicted, measured 0.107-0.251 of it; bert at batch 4, 145 KiB
@@ -76,15 +81,29 @@ def planned_session_options(mem_reuse: bool = False):
     return SessionConfig(mem_reuse=mem_reuse).session_options()
 
 
+#: How a peak was measured: ORT's allocator bytes counted (exact), or the process's resident memory.
+ALLOCATOR, RSS = "allocator", "rss"
+
+
 @dataclass(frozen=True)
 class PeakMeasurement:
-    peak_bytes: int  # VmHWM - VmRSS before the measured (second) run: one warm run's dynamic memory
+    # one warm run's dynamic memory: the allocator's high-water mark over the measured (second) run
+    # less its bytes in use before it, or (``method`` RSS) VmHWM - VmRSS before that run
+    peak_bytes: int
     seconds: float  # median wall time of the timed runs
     outputs: dict[str, np.ndarray] | None = None
-    # VmHWM over the warm-up and the measured run - VmRSS after the session was made: what the process
-    # held for activations at any time, including memory an arena or memory pattern kept from the
-    # first run (with those off it equals ``peak_bytes`` up to first-run kernel state)
+    # the same over the warm-up and the measured run, from when the session was made: what was held
+    # for activations at any time, including memory an arena or memory pattern kept from the first
+    # run (with those off it equals ``peak_bytes`` up to first-run kernel state)
     cold_peak_bytes: int = 0
+    method: str = RSS
+    rss_peak_bytes: int = 0  # VmHWM - VmRSS before the measured run, whatever ``method`` is
+    rss_cold_peak_bytes: int = 0
+
+
+def as_rss(m: PeakMeasurement) -> PeakMeasurement:
+    """The measurement's RSS figures in place of the counted ones."""
+    return replace(m, peak_bytes=m.rss_peak_bytes, cold_peak_bytes=m.rss_cold_peak_bytes, method=RSS)
 
 
 def proc_status(key: str) -> int:
@@ -102,7 +121,9 @@ import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, {root!r})
 from passes.verify import SessionConfig, proc_status as status
+{helpers}
 args = json.loads(sys.argv[1])
+counter = _counter()
 so = SessionConfig(**args["session"]).session_options()
 so.intra_op_num_threads = args["threads"]
 so.inter_op_num_threads = 1
@@ -110,8 +131,10 @@ sess = ort.InferenceSession(args["model"], so, providers=["CPUExecutionProvider"
 feeds = dict(np.load(args["feeds"]))
 open("/proc/self/clear_refs", "w").write("5")
 made = status("VmRSS")
+made_count = counter["reset"]() if counter else 0
 sess.run(None, feeds)  # warm-up: lazy kernel state, thread pools, the arena's first chunks
 warm_hwm = status("VmHWM")
+warm_high = counter["high"]() if counter else 0
 # The warm-up's freed buffers stay resident in the C heap; the measured run would reuse them without
 # raising the high-water mark (zoo:gpt?batch=64: 0.953 of the prediction, efficientnet 0.962).
 # Handing them back first makes the run fault in what it needs (1.009-1.017 on the same four models).
@@ -122,10 +145,12 @@ except (OSError, AttributeError):
     pass
 open("/proc/self/clear_refs", "w").write("5")
 before = status("VmRSS")
+before_count = counter["reset"]() if counter else 0
 t0 = time.perf_counter()
 outs = sess.run(None, feeds)
 dt = time.perf_counter() - t0
 hwm = status("VmHWM")
+high = counter["high"]() if counter else 0
 times = [dt]
 for _ in range(args["repeats"] - 1):
     t0 = time.perf_counter()
@@ -134,7 +159,10 @@ for _ in range(args["repeats"] - 1):
 dt = sorted(times)[len(times) // 2]
 if args["outputs"]:
     np.savez(args["outputs"], **{{o.name: v for o, v in zip(sess.get_outputs(), outs)}})
-print(json.dumps({{"peak": hwm - before, "cold": max(warm_hwm, hwm) - made, "seconds": dt}}))
+counted = {{}}
+if counter and counter["lost"]() == 0:
+    counted = {{"counted_peak": high - before_count, "counted_cold": max(warm_high, high) - made_count}}
+print(json.dumps({{"peak": hwm - before, "cold": max(warm_hwm, hwm) - made, "seconds": dt, **counted}}))
 """
 
 
@@ -163,7 +191,11 @@ def measure_peak(
         if keep_outputs:
             with np.load(out_path) as z:
                 outputs = {k: z[k] for k in z.files}
-    return PeakMeasurement(int(result["peak"]), float(result["seconds"]), outputs, int(result["cold"]))
+    rss, rss_cold = int(result["peak"]), int(result["cold"])
+    if "counted_peak" in result:
+        return PeakMeasurement(int(result["counted_peak"]), float(result["seconds"]), outputs,
+                               int(result["counted_cold"]), ALLOCATOR, rss, rss_cold)
+    return PeakMeasurement(rss, float(result["seconds"]), outputs, rss_cold, RSS, rss, rss_cold)
 
 
 def _stage(tmp: str, models: Sequence[onnx.ModelProto | str | os.PathLike], feeds: Mapping[str, np.ndarray]):
@@ -194,6 +226,9 @@ def _run_child(code: str, args: dict, threads: int, timeout: float) -> dict:
     if not Path("/proc/self/clear_refs").exists():
         raise PlannerError("peak measurement needs Linux /proc (clear_refs, VmHWM)")
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS=str(threads))
+    counter = alloc_counter.library()
+    if counter is not None:
+        env["LD_PRELOAD"] = " ".join(filter(None, [counter, os.environ.get("LD_PRELOAD", "")]))
     return _child(code, args, env, timeout, "measuring")
 
 
@@ -201,7 +236,8 @@ def _child(code: str, args: dict, env: Mapping[str, str], timeout: float, doing:
     """Run ``code`` (formatted with the repository root) in a fresh Python under ``env``; its last
     stdout line is JSON. A crash is one PlannerError line: "<doing> the model in onnxruntime failed"."""
     root = str(Path(__file__).resolve().parents[1])
-    proc = subprocess.run([sys.executable, "-c", code.format(root=root), json.dumps(args)], env=dict(env),
+    proc = subprocess.run([sys.executable, "-c", code.format(root=root, helpers=alloc_counter.CHILD_HELPERS),
+                           json.dumps(args)], env=dict(env),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -281,6 +317,9 @@ class VerifyReport:
     # largest difference of the planned outputs from the reference's own, either way
     compared_with: str | None = None
     reference_max_abs_diff: float = 0.0
+    method: str = RSS  # how every peak above was measured (ALLOCATOR only when all of them were counted)
+    reference_rss_peak: int = 0  # the two runs' VmHWM figures, for comparison
+    planned_rss_peak: int = 0
 
     @property
     def outputs_equal(self) -> bool:
@@ -288,9 +327,9 @@ class VerifyReport:
 
     @property
     def peak_resolved(self) -> bool:
-        """The planned model's predicted dynamic peak is large enough to measure
-        (:data:`RSS_RESOLUTION_BYTES`); below it the measured peaks are noise."""
-        return self.predicted_planned_peak >= RSS_RESOLUTION_BYTES
+        """The measured peaks are figures: counted by the allocator, or (RSS) the planned model's
+        predicted dynamic peak is at least :data:`RSS_RESOLUTION_BYTES`, below which they are noise."""
+        return self.method == ALLOCATOR or self.predicted_planned_peak >= RSS_RESOLUTION_BYTES
 
     def as_dict(self) -> dict:
         pred = max(1, self.predicted_planned_peak)
@@ -302,13 +341,15 @@ class VerifyReport:
             "compared_with": self.compared_with or "the reference",
             "reference_max_abs_diff": self.reference_max_abs_diff,
             "base_bytes": self.base_bytes,
+            "measured_by": self.method,
             "peak_resolved": self.peak_resolved,
             "reference": {"peak_bytes": self.base_bytes + self.reference_peak,
-                          "dynamic_peak_bytes": self.reference_peak, "seconds": self.reference_seconds},
+                          "dynamic_peak_bytes": self.reference_peak, "seconds": self.reference_seconds,
+                          "rss_dynamic_peak_bytes": self.reference_rss_peak},
             "planned": {"peak_bytes": self.base_bytes + self.planned_peak, "dynamic_peak_bytes": self.planned_peak,
                         "predicted_dynamic_peak_bytes": self.predicted_planned_peak,
                         "measured_over_predicted": self.planned_peak / pred,
-                        "seconds": self.planned_seconds},
+                        "seconds": self.planned_seconds, "rss_dynamic_peak_bytes": self.planned_rss_peak},
             "ort_default_options": {
                 "dynamic_peak_bytes": self.planned_default_peak,
                 "over_predicted": self.planned_default_peak / pred,
@@ -384,6 +425,8 @@ def verify_models(
     got = measure_peak(planned, feeds, keep_outputs=True, repeats=1)
     default = measure_peak(planned, feeds, session=ORT_DEFAULT, repeats=1)
     no_arena = measure_peak(planned, feeds, session=replace(ORT_DEFAULT, arena=False), repeats=1)
+    if len({m.method for m in (ref, got, default, no_arena)}) > 1:  # the counter gave up on one: all as RSS
+        ref, got, default, no_arena = (as_rss(m) for m in (ref, got, default, no_arena))
     first_run_state = max(0, got.cold_peak_bytes - got.peak_bytes)
     ref_s, got_s = time_models([reference, planned], feeds, repeats=repeats)
     assert ref.outputs is not None and got.outputs is not None
@@ -398,7 +441,7 @@ def verify_models(
     return VerifyReport(checks, rtol, atol, base_bytes, ref.peak_bytes, got.peak_bytes,
                         max(0, default.cold_peak_bytes - first_run_state), no_arena.peak_bytes,
                         predicted_planned_peak, ref_s, got_s, predicted_time_overhead, predicted_device,
-                        compared_with, reference_diff)
+                        compared_with, reference_diff, got.method, ref.rss_peak_bytes, got.rss_peak_bytes)
 
 
 def _output_names(model: onnx.ModelProto | str | os.PathLike) -> list[str]:

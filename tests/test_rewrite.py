@@ -1,4 +1,6 @@
 """Rewriting a graph to run a planned schedule: names, numerics (ORT oracle), freed memory."""
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -69,8 +71,9 @@ def test_recompute_lowers_predicted_and_measured_peak():
     m_after = measure_peak(export_model(new), feeds).peak_bytes
     assert m_after == pytest.approx(after, rel=0.03)
     assert m_before == pytest.approx(before, rel=0.03)
-    # ORT's default options (DFS order, optimisations): the ordering edge keeps the recompute late.
-    m_default = measure_peak(export_model(new), feeds, session=ORT_DEFAULT).peak_bytes
+    # ORT's default order and optimisations: the ordering edge keeps the recompute late. (The arena
+    # and the memory pattern stay off: their blocks hold 32 MiB for these 24, whatever the order.)
+    m_default = measure_peak(export_model(new), feeds, session=replace(ORT_DEFAULT, arena=False, mem_pattern=False)).peak_bytes
     assert m_default <= after * 1.10
 
 
