@@ -9,7 +9,8 @@ topological order (file order where the file is already sorted); shape-computati
 (Shape/Size/Gather/Concat/... on static values) and Constant nodes folded into FROZEN initializers;
 float initializers TRAINABLE except BatchNormalization running mean/var and, in files written by
 torch's dynamo exporter (torch.export metadata), its buffers and constants (``TorchExportRoles``);
-there an initializer folded as the transpose of a tied parameter is recomputed from it.
+there an initializer folded as the transpose of a tied parameter is recomputed from it. Cast
+round trips ORT takes out before it runs a model are taken out too (``drop_cast_round_trips``).
 
 Every failure raises ModelImportError with one line naming the file, node or dim and the fix.
 """
@@ -588,7 +589,84 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         if not new:
             break
         folded |= new
+    drop_cast_round_trips(model.graph)
     return model, folded
+
+
+_T = onnx.TensorProto
+#: Element type -> the types that hold every one of its values. ORT drops a Cast to such a type and
+#: the Casts back from it (RemoveDuplicateCastTransformer, which runs whatever the optimization
+#: level); measured on ORT 1.31 for x -> Cast(T1) -> Cast(back to x's type), nine types each way:
+#: float -> float16 -> float stays, float -> double -> float goes, int32 -> float -> int32 stays.
+_HOLDS_EVERY_VALUE: Mapping[int, frozenset[int]] = {
+    _T.FLOAT: frozenset({_T.FLOAT, _T.DOUBLE}),
+    _T.DOUBLE: frozenset({_T.DOUBLE}),
+    _T.FLOAT16: frozenset({_T.FLOAT16, _T.FLOAT, _T.DOUBLE}),
+    _T.BFLOAT16: frozenset({_T.BFLOAT16, _T.FLOAT, _T.DOUBLE}),
+    _T.INT64: frozenset({_T.INT64}),
+    _T.INT32: frozenset({_T.INT32, _T.INT64, _T.DOUBLE}),
+    _T.INT8: frozenset({_T.INT8, _T.INT32, _T.INT64, _T.FLOAT16, _T.BFLOAT16, _T.FLOAT, _T.DOUBLE}),
+    _T.UINT8: frozenset({_T.UINT8, _T.INT32, _T.INT64, _T.FLOAT16, _T.BFLOAT16, _T.FLOAT, _T.DOUBLE}),
+    _T.BOOL: frozenset({_T.BOOL, _T.INT8, _T.UINT8, _T.INT32, _T.INT64, _T.FLOAT16, _T.BFLOAT16, _T.FLOAT,
+                        _T.DOUBLE}),
+}
+
+
+def drop_cast_round_trips(g: onnx.GraphProto) -> int:
+    """Take out the Cast round trips ORT takes out before it runs a model, so that the graph memplan
+    plans is the one ORT runs (each took a buffer the run never allocates: 512 KiB a layer in an
+    eager-attention Llama's ``softmax(dtype=float32).to(float32)``). Returns the Casts dropped.
+
+    In file order, for each Cast A from type S to a type that holds every value of S: when every
+    Cast reading A's output casts back to S and is no graph output, those Casts go and their
+    readers read A's input; A goes too when it had readers, all of them went, and it is no graph
+    output. ORT also drops some cases this leaves (a Cast to a third type beside the round trip, a
+    round trip that is a graph output); leaving those in over-counts, never under-counts, the
+    memory of the run.
+    """
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+        return 0  # a subgraph may read a Cast's output by name: not worth following
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]}
+    elem.update({t.name: t.data_type for t in g.initializer})
+    outputs = {o.name for o in g.output}
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for i, node in enumerate(g.node):
+        for k, name in enumerate(node.input):
+            readers.setdefault(name, []).append((i, k))
+    gone: set[int] = set()
+
+    def cast_to(i: int) -> int | None:
+        node = g.node[i]
+        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+            return None
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+
+    for i, node in enumerate(g.node):
+        if i in gone or cast_to(i) is None or not node.input or not node.output:
+            continue
+        src, out = elem.get(node.input[0]), node.output[0]
+        if cast_to(i) not in _HOLDS_EVERY_VALUE.get(src, ()):
+            continue
+        edges = [e for e in readers.get(out, []) if e[0] not in gone]
+        back = sorted({j for j, _ in edges if cast_to(j) is not None})
+        if not back or any(cast_to(j) != src or g.node[j].output[0] in outputs for j in back):
+            continue
+        for j in back:
+            for r, k in readers.pop(g.node[j].output[0], []):
+                g.node[r].input[k] = node.input[0]
+                readers.setdefault(node.input[0], []).append((r, k))
+            gone.add(j)
+        if out not in outputs and all(j in gone for j, _ in edges):
+            gone.add(i)
+    if gone:
+        dropped = {o for i in gone for o in g.node[i].output}
+        kept = [n for i, n in enumerate(g.node) if i not in gone]
+        del g.node[:]
+        g.node.extend(kept)
+        vis = [vi for vi in g.value_info if vi.name not in dropped]
+        del g.value_info[:]
+        g.value_info.extend(vis)
+    return len(gone)
 
 
 def _is_static(vi: onnx.ValueInfoProto) -> bool:
