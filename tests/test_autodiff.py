@@ -249,7 +249,8 @@ def test_zoo_gradients_match_float64_directional_differences(name):
     assert worst < 1e-3, f"{name}: {param} off by {worst:.2e}"
 
 
-@pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "efficientnet", "vgg", "vit", "gpt2", "bert", "moe", "lstm"])
+@pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "efficientnet", "vgg", "vit", "gpt2", "bert", "moe", "lstm",
+                                  "llama"])
 def test_fixture_gradients_match_torch_autograd(name):
     report = gradcheck.fixture_report(FIXTURES / f"{name}.onnx")
     torch_loss = float(np.load(FIXTURES / f"{name}.npz")["loss"])

@@ -26,6 +26,7 @@ EXPECTED = {
     "vit": (18, {"batch"}, False),
     "moe": (17, {"batch", "seq"}, False),
     "lstm": (17, {"batch", "seq"}, False),
+    "llama": (18, {"batch", "seq"}, False),
     # gpt2 exported by torch's dynamo exporter (torch.export metadata, a folded tied copy)
     "gpt2_dynamo": (20, {"batch", "seq"}, False),
 }
