@@ -240,9 +240,9 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
             click.echo(f"peak         not measured: the planned model's predicted dynamic peak, "
                        f"{format_bytes(p['predicted_dynamic_peak_bytes'])}, is below the "
-                       f"{format_bytes(RSS_RESOLUTION_BYTES)} the process high-water mark resolves (no C compiler "
-                       f"here for the allocation counter, passes/alloc_counter.py); bind a larger batch (--dim) "
-                       f"to measure it")
+                       f"{format_bytes(RSS_RESOLUTION_BYTES)} the process high-water mark resolves (the "
+                       f"allocation counter, passes/alloc_counter.py, could not be built or preloaded here: -v says "
+                       f"why); bind a larger batch (--dim) to measure it")
         else:
             how = "ORT's allocator bytes, counted" if info["measured_by"] == "allocator" else "process RSS"
             click.echo(f"peak         reference {format_bytes(r['peak_bytes'])}, planned {format_bytes(p['peak_bytes'])} "

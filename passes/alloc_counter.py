@@ -131,6 +131,10 @@ def library() -> str | None:
         return None
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
     target = cache_dir() / f"alloc_counter-{digest}.so"
+    if any(c in str(target) for c in " :"):  # LD_PRELOAD splits its list at spaces and colons
+        log.info("allocation counter: the cache path %s has a space or colon (set MEMPLAN_CACHE); "
+                 "measuring RSS instead", target)
+        return None
     if target.exists():
         return str(target)
     names = [os.environ[COMPILER_ENV]] if os.environ.get(COMPILER_ENV) else ["cc", "gcc"]

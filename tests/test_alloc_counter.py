@@ -116,3 +116,13 @@ def test_a_compiler_that_fails_leaves_no_library(tmp_path, monkeypatch):
         assert not list((tmp_path / "cache").glob("*.so"))
     finally:
         alloc_counter.library.cache_clear()
+
+
+def test_a_cache_path_ld_preload_cannot_carry_builds_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMPLAN_CACHE", str(tmp_path / "with space"))
+    alloc_counter.library.cache_clear()
+    try:
+        assert alloc_counter.library() is None
+        assert not (tmp_path / "with space").exists()
+    finally:
+        alloc_counter.library.cache_clear()
