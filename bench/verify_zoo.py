@@ -85,11 +85,14 @@ def main() -> None:
             if pm.ok:
                 base = pm.planned.base_bytes
                 predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
+                counted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True,
+                                                                 scatter_index_bytes=0)).dynamic_peak
                 rep = verify_models(ref, export_model(pm.planned), feeds, predicted_planned_peak=predicted,
+                                    predicted_allocator_peak=counted,
                                     base_bytes=base,
                                     predicted_time_overhead=pm.result.added_time / max(pm.result.compute_time, 1e-300))
                 row.update(predicted=base + predicted, measured=base + rep.planned_peak,
-                           ratio=rep.planned_peak / max(1, predicted), measured_by=rep.method,
+                           ratio=rep.planned_peak / max(1, rep.compared_prediction), measured_by=rep.method,
                            rss_ratio=rep.planned_rss_peak / max(1, predicted),
                            over_budget=(base + rep.planned_peak) / budget, equal=rep.outputs_equal,
                            default_ratio=rep.planned_default_peak / max(1, predicted),

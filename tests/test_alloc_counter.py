@@ -126,3 +126,24 @@ def test_a_cache_path_ld_preload_cannot_carry_builds_nothing(tmp_path, monkeypat
         assert not (tmp_path / "with space").exists()
     finally:
         alloc_counter.library.cache_clear()
+
+
+@needs_counter
+def test_scatter_index_copies_are_heap_memory_the_count_leaves_out():
+    # ScatterElements copies its indices into a std::vector (plain malloc): real memory, which the
+    # model keeps (8 bytes an index), and which ORT's allocator never hands out.
+    from planner.graph import GraphBuilder
+    from planner.liveness import MemoryModel
+
+    n = 1 << 16
+    b = GraphBuilder()
+    x = b.input("x", "float32", (n,))
+    i = b.input("i", "int64", (n,))
+    (d,) = b.node("Neg", [x], [("d", "float32", (n,))])
+    (y,) = b.node("ScatterElements", [d, i, x], [("y", "float32", (n,))], attrs={"axis": 0})
+    b.output(y)
+    g = b.build()
+    full, allocator = analyze(g).dynamic_peak, analyze(g, model=MemoryModel(scatter_index_bytes=0)).dynamic_peak
+    assert full - allocator == 8 * n
+    m = measure_peak(export_model(g), {"x": np.ones(n, np.float32), "i": np.arange(n, dtype=np.int64)}, repeats=1)
+    assert m.method == ALLOCATOR and m.peak_bytes == allocator

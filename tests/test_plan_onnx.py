@@ -245,6 +245,7 @@ def test_verify_counts_a_small_peak_to_the_byte(small_planned):
     assert rep["planned"]["dynamic_peak_bytes"] == pytest.approx(predicted, rel=0.01)
     assert rep["reference"]["dynamic_peak_bytes"] == rep["planned"]["dynamic_peak_bytes"]  # the same model
     assert rep["planned"]["rss_dynamic_peak_bytes"] != rep["planned"]["dynamic_peak_bytes"]  # the other figure
+    assert rep["planned"]["predicted_allocator_peak_bytes"] == predicted  # no malloc'd kernel scratch here
 
 
 def test_verify_without_the_counter_does_not_print_noise_as_a_peak(small_planned, tmp_path):
