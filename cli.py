@@ -191,9 +191,6 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
     planned_lv = analyze(planned_graph, model=MemoryModel(host_copies_resident=True))
     predicted = planned_lv.dynamic_peak
-    # what ORT's allocator holds, the counted figure: less ScatterElements' malloc'd index copies
-    allocator_predicted = analyze(planned_graph, model=MemoryModel(host_copies_resident=True,
-                                                                   scatter_index_bytes=0)).dynamic_peak
     feeds = models.example_feeds(export_model(graph, weights=False), seed=seed)
     if (made_with.get("train") or {}).get("optimizer") == "adam":
         from passes.optimizer import plausible_state
@@ -213,7 +210,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                             str(Path(tmp) / "stand_in.onnx"))
                 write_model(stand_in, numerics[1], value_info=False)
         report = verify_models(reference, planned, feeds, predicted_planned_peak=predicted,
-                               predicted_allocator_peak=allocator_predicted,
+                               predicted_allocator_peak=planned_lv.allocator_dynamic_peak,
                                base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
                                predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics,
                                predicted_device=made_with.get("costs") or (

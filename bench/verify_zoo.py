@@ -84,11 +84,10 @@ def main() -> None:
                    "status": pm.result.status}
             if pm.ok:
                 base = pm.planned.base_bytes
-                predicted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True)).dynamic_peak
-                counted = analyze(pm.planned, model=MemoryModel(host_copies_resident=True,
-                                                                 scatter_index_bytes=0)).dynamic_peak
+                lv = analyze(pm.planned, model=MemoryModel(host_copies_resident=True))
+                predicted = lv.dynamic_peak
                 rep = verify_models(ref, export_model(pm.planned), feeds, predicted_planned_peak=predicted,
-                                    predicted_allocator_peak=counted,
+                                    predicted_allocator_peak=lv.allocator_dynamic_peak,
                                     base_bytes=base,
                                     predicted_time_overhead=pm.result.added_time / max(pm.result.compute_time, 1e-300))
                 row.update(predicted=base + predicted, measured=base + rep.planned_peak,

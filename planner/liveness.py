@@ -40,6 +40,9 @@ from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor
 
 #: Ops whose output lives in host memory when the model runs on a device.
 HOST_OPS = frozenset({"MemcpyToHost"})
+#: Ops whose kernel scratch ORT's CPU kernel takes with plain malloc, not from its allocator
+#: (ScatterElements' int64 index copy is a std::vector): real memory, but not allocator bytes.
+HEAP_SCRATCH_OPS = frozenset({"ScatterElements"})
 #: Ops whose output is a zero-copy view of input 0.
 VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 #: Ops whose CPU kernel may write output 0 over this input's buffer (ORT's KernelDef MayInplace;
@@ -188,6 +191,14 @@ class Liveness:
     @property
     def dynamic_peak(self) -> int:
         return int(self.dynamic.max()) if len(self.dynamic) else 0
+
+    @property
+    def allocator_dynamic_peak(self) -> int:
+        """``dynamic_peak`` less the scratch of HEAP_SCRATCH_OPS: what ORT's allocator holds at most,
+        the figure passes/alloc_counter.py counts."""
+        heap = [self.scratch[s] if self.graph.nodes[n].op_type in HEAP_SCRATCH_OPS else 0
+                for s, n in enumerate(self.order)]
+        return int((self.dynamic - np.array(heap, dtype=np.int64)).max()) if len(self.dynamic) else 0
 
     @property
     def peak_bytes(self) -> int:

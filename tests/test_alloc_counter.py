@@ -145,5 +145,6 @@ def test_scatter_index_copies_are_heap_memory_the_count_leaves_out():
     g = b.build()
     full, allocator = analyze(g).dynamic_peak, analyze(g, model=MemoryModel(scatter_index_bytes=0)).dynamic_peak
     assert full - allocator == 8 * n
+    assert analyze(g).allocator_dynamic_peak == allocator  # derived from the one analysis
     m = measure_peak(export_model(g), {"x": np.ones(n, np.float32), "i": np.arange(n, dtype=np.int64)}, repeats=1)
     assert m.method == ALLOCATOR and m.peak_bytes == allocator
