@@ -209,15 +209,11 @@ def _memplan(*args: str, timeout: float = 1800) -> tuple[int, str, str]:
 
 def row(path: Path, budget: int, time_limit: float) -> dict:
     from passes import gradcheck
-    from passes.autodiff import build_training_graph
-    from passes.onnx_import import import_model
 
     ref = np.load(path.with_suffix(".npz"))
     dims = {k[4:]: int(ref[k]) for k in ref.files if k.startswith("dim:")}
-    step = build_training_graph(import_model(path, dims))
-    loss, got = gradcheck.run_training_step(step, {k[6:]: ref[k] for k in ref.files if k.startswith("input:")})
-    want = {k[5:]: ref[k] for k in ref.files if k.startswith("grad:")}
-    common = [k for k in want if k in got]
+    step, loss, got, want = gradcheck.fixture_step(path)
+    common = [k for k in want if k in got]  # the extra trainables (constants torch holds) are counted below
     worst = gradcheck.compare({k: got[k] for k in common}, {k: want[k] for k in common}, loss, floor=1e-3).worst
     out = {"model": path.stem, "nodes": len(step.graph.nodes), "loss": loss, "torch_loss": float(ref["loss"]),
            "worst_grad": worst, "extra_trainable": sorted(set(got) - set(want))}

@@ -226,9 +226,9 @@ def directional_errors(
 
 
 # ---- whole models -----------------------------------------------------------------------------
-def fixture_report(onnx_path, options=None) -> GradReport:
-    """A torch-exported fixture (``<name>.onnx`` + ``<name>.npz`` with torch's loss and gradients):
-    ORT run of memplan's training graph vs torch autograd, per initializer."""
+def fixture_step(onnx_path, options=None):
+    """A torch-exported fixture (``<name>.onnx`` + ``<name>.npz`` with torch's loss and gradients)
+    run as memplan's training step in ORT: (step, loss, {param: gradient}, torch's {param: gradient})."""
     from pathlib import Path
 
     from passes.autodiff import build_training_graph
@@ -239,7 +239,12 @@ def fixture_report(onnx_path, options=None) -> GradReport:
     step = build_training_graph(import_model(onnx_path, dims), options)
     feeds = {k[6:]: ref[k] for k in ref.files if k.startswith("input:")}
     loss, got = run_training_step(step, feeds)
-    want = {k[5:]: ref[k] for k in ref.files if k.startswith("grad:")}
+    return step, loss, got, {k[5:]: ref[k] for k in ref.files if k.startswith("grad:")}
+
+
+def fixture_report(onnx_path, options=None) -> GradReport:
+    """A torch-exported fixture: ORT run of memplan's training graph vs torch autograd, per initializer."""
+    _, loss, got, want = fixture_step(onnx_path, options)
     missing = sorted(set(want) ^ set(got))
     if missing:
         raise AssertionError(f"{onnx_path}: trainable set differs from torch's parameters: {missing[:5]}")
