@@ -111,10 +111,17 @@ add_loss_option = click.option("--add-loss", "add_loss", default=None, metavar="
 
 
 def training_graph(graph, **options):
-    """Forward graph with a scalar loss -> training graph (autodiff)."""
+    """Forward graph with a scalar loss -> training graph (autodiff), as ORT runs it."""
     from passes.autodiff import training_graph as build
 
     return build(graph, **options)
+
+
+def as_run(graph):
+    """A graph run as it is, as ORT runs it: function ops as their bodies (passes/function_ops.py)."""
+    from passes.function_ops import inline_functions
+
+    return inline_functions(graph)
 
 
 # ---- inspect ---------------------------------------------------------------------------------
@@ -138,8 +145,7 @@ def inspect(model: str, train: bool, add_loss: str | None, dims: tuple[str, ...]
     _output_paths_ok({"--plot": plot}, [model])
     train = train or bool(add_loss)  # a loss is only for training
     graph = load_graph(model, parse_dims(dims))
-    if train:
-        graph = training_graph(graph, **({"add_loss": add_loss} if add_loss else {}))
+    graph = training_graph(graph, **({"add_loss": add_loss} if add_loss else {})) if train else as_run(graph)
     lv = analyze(graph)
     info = inspect_dict(lv, model, top)
     if plot:
@@ -182,8 +188,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     meta = {p.key: p.value for p in load_header(planned).metadata_props}  # the runs read the file
     made_with = json.loads(meta.get("memplan.plan", "{}"))
     graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {})
-    if made_with.get("train") is not None:
-        graph = training_graph(graph, **made_with["train"])
+    graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
@@ -360,7 +365,7 @@ def _load_for_check(item):
     from passes.onnx_import import load_graph
 
     graph = load_graph(item.model, dict(item.dims))
-    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {})) if item.train else graph
+    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {})) if item.train else as_run(graph)
 
 
 def _training_available() -> bool:
@@ -640,7 +645,7 @@ def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none
         raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
     graph = import_model(model, dims)
     if forward or already:
-        return graph, None
+        return as_run(graph), None
     train = {"optimizer": optimizer, "lr": lr, **({"add_loss": add_loss} if add_loss else {})}
     return training_graph(graph, **train), train
 

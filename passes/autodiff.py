@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from passes.function_ops import inline_with_origins
 from passes.gradients import RULES, STOP_GRADIENT, BackwardContext, GradRule, supported_ops
 from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
@@ -136,6 +137,12 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     if graph is not step.graph:
         step = dataclasses.replace(step, graph=graph,
                                    forward_nodes=step.forward_nodes + len(graph.nodes) - len(step.graph.nodes))
+    # The function ops ORT runs as their bodies (losses, HardSwish, ...), as it runs them: the
+    # bodies hold buffers the one node does not show (passes/function_ops.py).
+    graph, origins = inline_with_origins(step.graph)
+    if graph is not step.graph:
+        step = dataclasses.replace(step, graph=graph,
+                                   forward_nodes=sum(1 for o in origins if o < step.forward_nodes))
     return step
 
 

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from passes.function_ops import inline_functions
 from passes.pin_order import pin_order
 from passes.rewrite import apply_schedule
 from planner.cpsat import PlannerOptions
@@ -114,6 +115,8 @@ def plan_graph(
     between the highest target whose plan fit and the lowest above it whose plan did not (the
     replay's overshoot jumps from plan to plan), and the cheapest plan that fit is returned.
     """
+    # function ops as ORT runs them (their bodies); the graphs memplan builds have none left
+    graph = inline_functions(graph)
     problem, lowering = lower(graph, node_time=node_time, transfer_time=transfer_time,
                               copy_overlap=copy_overlap, time_unit=time_unit)
     target = budget

@@ -24,7 +24,11 @@ tests/test_peak_accuracy.py):
     branch), Conv MLAS's im2col working buffer (all of it, a panel per thread, or none),
     ConvTranspose its column buffer, ScatterElements an int64 copy of its indices, Dropout a bool
     mask when the graph takes none, SoftmaxCrossEntropyLoss the temporaries of its function body
-    (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs).
+    (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs);
+  * every tensor and kernel working buffer ORT's allocator gives takes whole 64-byte lines;
+  * function ops ORT runs as their bodies (losses, HardSwish, Mish, GroupNormalization) are counted
+    here as one node, which misses the body's temporaries (2x at HardSwish); the graphs memplan plans
+    have the bodies written in (passes/function_ops.py).
 """
 from __future__ import annotations
 
@@ -41,8 +45,9 @@ from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor
 #: Ops whose output lives in host memory when the model runs on a device.
 HOST_OPS = frozenset({"MemcpyToHost"})
 #: Ops whose kernel scratch ORT's CPU kernel takes with plain malloc, not from its allocator
-#: (ScatterElements' int64 index copy is a std::vector): real memory, but not allocator bytes.
-HEAP_SCRATCH_OPS = frozenset({"ScatterElements"})
+#: (ScatterElements' int64 index copy is a std::vector, Dropout's mask when the graph takes none):
+#: real memory, but not allocator bytes (measured with passes/alloc_counter.py).
+HEAP_SCRATCH_OPS = frozenset({"ScatterElements", "Dropout"})
 #: Ops whose output is a zero-copy view of input 0.
 VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 #: Ops whose CPU kernel may write output 0 over this input's buffer (ORT's KernelDef MayInplace;
@@ -82,6 +87,17 @@ class MemoryModel:
     # MemcpyToHost's output lives in host memory: not device memory, unless we model a CPU run
     # (where ORT runs the swap nodes as plain copies in the same RAM).
     host_copies_resident: bool = False
+    # ORT's execution frame asks its allocator for whole lines of kAllocAlignment (64) bytes per
+    # tensor: 1001 floats take 4032 bytes, not 4004 (measured, tests/test_alloc_counter.py).
+    # So are kernel working buffers from it (Where's branches, ConvTranspose's columns, a full im2col,
+    # LRN's two; measured); ScatterElements' and Dropout's malloc'd ones are not (HEAP_SCRATCH_OPS).
+    # 1 models a runtime that allocates exact bytes.
+    alloc_line: int = 64
+
+    def buffer_bytes(self, nbytes: int) -> int:
+        """Bytes ORT allocates for a tensor of ``nbytes``."""
+        line = self.alloc_line
+        return -(-int(nbytes) // line) * line if line > 1 else int(nbytes)
 
     def view_source(self, graph: Graph, node: Node) -> int:
         """Tensor id whose buffer output 0 shares, or NO_TENSOR."""
@@ -105,7 +121,7 @@ class MemoryModel:
         if op == "Where" and self.where_branch_temporaries:
             cond, a, b = (graph.tensors[t] for t in node.inputs[:3])
             dtype = graph.tensors[node.outputs[0]].dtype
-            return sum(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape)) for x in (a, b))
+            return sum(self.buffer_bytes(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape))) for x in (a, b))
         if op == "Dropout" and (len(node.outputs) < 2 or node.outputs[1] == NO_TENSOR):
             return self.dropout_mask_bytes * math.prod(graph.tensors[node.outputs[0]].shape)
         if op == "Conv":
@@ -114,7 +130,7 @@ class MemoryModel:
             x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
             # one group's column buffer at a time: (C_out / group) * prod(kernel) * prod(input spatial)
             cols = w.shape[1] * math.prod(w.shape[2:]) * math.prod(x.shape[2:])
-            return cols * x.nbytes // max(1, math.prod(x.shape))
+            return self.buffer_bytes(cols * x.nbytes // max(1, math.prod(x.shape)))
         if op == "ScatterElements":
             return self.scatter_index_bytes * math.prod(graph.tensors[node.inputs[1]].shape)
         if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
@@ -123,11 +139,11 @@ class MemoryModel:
             x = graph.tensors[node.inputs[0]]
             _, c, h, w = x.shape
             per = x.nbytes // max(1, math.prod(x.shape))
-            return x.nbytes + per * (c + int(node.attr("size", 1)) - 1) * h * w
+            return self.buffer_bytes(x.nbytes) + self.buffer_bytes(per * (c + int(node.attr("size", 1)) - 1) * h * w)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
-            return (self.sce_scratch_factor - (1 if has_log_prob else 0)) * x
+            return (self.sce_scratch_factor - (1 if has_log_prob else 0)) * self.buffer_bytes(x)
         return 0
 
     def _conv_workspace(self, graph: Graph, node: Node) -> int:
@@ -159,7 +175,7 @@ class MemoryModel:
         out_pixels = math.prod(y.shape[2:])
         group = node.attr("group") or 1
         if w.shape[0] // group > out_pixels:
-            return out_pixels * k * y.nbytes // max(1, math.prod(y.shape))
+            return self.buffer_bytes(out_pixels * k * y.nbytes // max(1, math.prod(y.shape)))
         slices = x.shape[0] * group
         return self.conv_workspace_per_thread * (min(self.threads, slices) if slices > 1 else self.threads)
 
@@ -178,6 +194,11 @@ class Liveness:
     scratch: np.ndarray  # per-step kernel scratch bytes
     dynamic: np.ndarray  # per-step dynamic bytes (buffers + scratch)
     base_bytes: int  # inputs + initializers
+    model: MemoryModel = field(default_factory=MemoryModel, repr=False)
+
+    def tensor_bytes(self, t: int) -> int:
+        """Bytes ORT allocates for tensor ``t`` (its own buffer, if it had one)."""
+        return self.model.buffer_bytes(self.graph.tensors[t].nbytes)
 
     @property
     def memory(self) -> np.ndarray:
@@ -299,7 +320,7 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
             last[buffer_of[t]] = end
     free = np.array([end if l < 0 else l for l in last], dtype=np.int64)
     alloc_a = np.array(alloc, dtype=np.int64)
-    sizes = np.array([graph.tensors[t].nbytes for t in roots], dtype=np.int64)
+    sizes = np.array([model.buffer_bytes(graph.tensors[t].nbytes) for t in roots], dtype=np.int64)
     delta = np.zeros(n + 1, dtype=np.int64)
     np.add.at(delta, alloc_a, sizes)
     np.add.at(delta, free + 1, -sizes)
@@ -315,4 +336,5 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
         scratch=scratch,
         dynamic=dynamic,
         base_bytes=graph.base_bytes,
+        model=model,
     )

@@ -205,7 +205,7 @@ def lower(
             continue
         if graph.tensors[src].nbytes == graph.tensors[out].nbytes and int(lv.buffer_of[out]) >= 0 \
                 and int(lv.buffer_of[out]) in read_buffers:
-            in_place[j] = min(int(size[j]), graph.tensors[out].nbytes)
+            in_place[j] = min(int(size[j]), lv.tensor_bytes(out))
     two_step = np.zeros(m, dtype=bool)
     for j, members in enumerate(groups):
         first = {members[0]} | ({members[1]} if taken[j] else set())
@@ -222,7 +222,7 @@ def lower(
             in_place[j] = union + int(scratch[j]) - max(held[0] + s_u - int(in_place[j]), held[1] + s_v)
         # buffers a later member makes (a view copied into a graph output) wait for it
         later = [t for t in buffers[j] if graph.tensors[t].producer not in first]
-        in_place[j] += sum(graph.tensors[t].nbytes for t in later)
+        in_place[j] += sum(lv.tensor_bytes(t) for t in later)
     takes_over = _takes_over(graph, lv, groups, group_of, buffers, taken, preds, size, pinned, ort_rule)
     names = [graph.nodes[g[0]].name for g in groups]
     # Bytes that stay to the end from the step that makes them: a pinned node's graph outputs, where
@@ -368,7 +368,7 @@ def _takes_over(graph: Graph, lv, groups: list[list[int]], group_of: np.ndarray,
         if v == w or pinned[v] or len(buffers[v]) != 1 or readers[v] != {w} or size[v] != size[w]:
             continue
         b = int(lv.buffer_of[t])
-        if b < 0 or b != int(lv.buffer_of[buffers[v][0]]) or size[w] != y.nbytes or size[v] != x.nbytes:
+        if b < 0 or b != int(lv.buffer_of[buffers[v][0]]) or size[w] != lv.tensor_bytes(node.outputs[0]) or size[v] != lv.tensor_bytes(t):
             continue
         # the op is the buffer's only reader, and reads it once
         if any(set(graph.consumers[u]) - {node.id} for u in held[b]):

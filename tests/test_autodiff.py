@@ -118,9 +118,13 @@ def test_int_subgraph_and_forward_untouched():
     model, _ = _mlp()
     forward = import_model(model)
     step = build_training_graph(forward)
-    fwd_ops = [(n.name, n.op_type) for n in forward.nodes]
+    # the loss (SoftmaxCrossEntropyLoss, the last node) as ORT runs it: its body (passes/function_ops.py)
+    *fwd_ops, (loss, op) = [(n.name, n.op_type) for n in forward.nodes]
+    assert op == "SoftmaxCrossEntropyLoss"
     assert [(n.name, n.op_type) for n in step.graph.nodes[:len(fwd_ops)]] == fwd_ops
-    assert not any(n.op_type == "Shape" for n in step.graph.nodes[len(fwd_ops):])
+    body = step.graph.nodes[len(fwd_ops):step.forward_nodes]
+    assert [n.op_type for n in body][0] == "LogSoftmax" and all(n.name.startswith(f"{loss}/") for n in body)
+    assert not any(n.op_type == "Shape" for n in step.graph.nodes[step.forward_nodes:])
 
 
 def _det_mlp():

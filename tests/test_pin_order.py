@@ -175,8 +175,9 @@ def test_a_pinned_model_keeps_the_shape_ort_needs_to_scatter_in_place():
     # with no intermediate shapes, ORT copied it instead of writing in place (1.11x the predicted
     # peak under the planned options); the view's shape is kept, the rest stays hidden
     g = training_graph(import_model("zoo:cnn?batch=32"))
-    pm = plan_graph(g, analyze(g).peak_bytes, strategy="none", options=PlannerOptions(time_limit=5, workers=1),
-                    pin=True)
+    # 1% over the model's own peak: the ordering edges' small tensors take 64-byte lines
+    pm = plan_graph(g, int(analyze(g).peak_bytes * 1.01), strategy="none",
+                    options=PlannerOptions(time_limit=5, workers=1), pin=True)
     model = export_model(pm.planned, value_info=False, mem_pattern=False)
     data = {n.input[0] for n in model.graph.node if n.op_type == "ScatterElements"}
     shaped = {v.name for v in model.graph.value_info}
