@@ -13,7 +13,9 @@ rewrite see the ops ORT runs (a body's nodes can be recomputed on their own) and
 has nothing left to inline. Tensor ids of the input graph are kept (new ones are appended); body
 nodes and tensors are named ``<node>/<k>_<op>`` and ``<node>/<name>``; Constant nodes of a body
 become initializers (as import folds them). A node whose body onnx cannot build or check stays as it
-is (``onnx_export.function_body`` says so in a warning).
+is (``onnx_export.function_body`` says so in a warning). One body is ours: a cross-entropy of [N, C]
+scores is LogSoftmax over the classes and the NegativeLogLikelihoodLoss body, without the two
+transposed copies (the same bits; ``_Inliner._rows_of_classes``).
 """
 from __future__ import annotations
 
