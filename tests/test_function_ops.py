@@ -140,3 +140,25 @@ def test_a_plan_is_made_on_the_bodies_ort_runs():
     counted = measure_peak(export_model(pm.planned), {"x": np.ones((32, 16), np.float32)}, repeats=1).peak_bytes
     lv = analyze(pm.planned)
     assert counted == lv.allocator_dynamic_peak and lv.base_bytes + counted <= budget
+
+
+def test_the_cli_inspects_and_plans_a_forward_model_on_its_bodies(tmp_path):
+    import json
+
+    import onnx
+    from click.testing import CliRunner
+
+    import cli
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_hardswish_mlp(), path)
+    graph = import_model(str(path))
+    res = CliRunner().invoke(cli.main, ["inspect", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["peak_bytes"] == analyze(inline_functions(graph)).peak_bytes > analyze(graph).peak_bytes
+    assert info["peak_op_type"] == "Mul"  # HardSwish's second node, its HardSigmoid still held
+    out = tmp_path / "p.onnx"
+    res = CliRunner().invoke(cli.main, ["plan", str(path), "--forward", "--budget", "100%", "--emit", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "HardSwish" not in {n.op_type for n in onnx.load(out).graph.node}
