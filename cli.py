@@ -180,7 +180,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from passes.onnx_export import export_model, write_model
     from passes.onnx_import import import_model, load_header
     from passes.plan_model import fingerprint
-    from passes.verify import verify_models
+    from passes.verify import held_base_bytes, verify_models
     from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
@@ -216,7 +216,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                 write_model(stand_in, numerics[1], value_info=False)
         report = verify_models(reference, planned, feeds, predicted_planned_peak=predicted,
                                predicted_allocator_peak=planned_lv.allocator_dynamic_peak,
-                               base_bytes=planned_graph.base_bytes, rtol=rtol, atol=atol,
+                               base_bytes=held_base_bytes(planned, planned_graph), rtol=rtol, atol=atol,
                                predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics,
                                predicted_device=made_with.get("costs") or (
                                    f"device profile {made_with['device']}" if made_with.get("device") else None))

@@ -89,6 +89,12 @@ def test_cli_plan_emit_rewrite_verify(tmp_path):
     assert rc == 0, err
     rep = json.loads(out)
     assert rep["outputs_equal"] is True
+    # the file's prediction is the plan's peak: what ORT holds before the run (the file's initializers,
+    # not import's folds of its constant subgraphs, which ORT computes during the run) + the run's
+    planned = rep["planned"]
+    assert rep["base_bytes"] + planned["predicted_dynamic_peak_bytes"] == obj["peak_bytes"]
+    if rep["measured_by"] == "allocator":  # counted: to the byte
+        assert planned["dynamic_peak_bytes"] == planned["predicted_allocator_peak_bytes"]
     assert rep["predicted_time_overhead"] == pytest.approx(obj["added_time"] / obj["compute_time"])
     assert rep["reference"]["seconds"] > 0 and rep["planned"]["seconds"] > 0
     d = rep["ort_default_options"]  # measured both with ORT's arena and without
@@ -464,3 +470,24 @@ def test_an_old_opset_model_is_upgraded_planned_and_verified(tmp_path):
     report = json.loads(stdout)
     assert report["outputs_equal"]
     assert sorted(o["name"] for o in report["outputs"]) == ["B_grad", "F_grad", "W_grad", "loss"]
+
+
+def test_the_held_base_leaves_out_what_import_folds(tmp_path):
+    # ConstantOfShape of a constant shape: import folds it into an initializer, ORT computes it in
+    # the run (a gradient's zeros); verify's base is what the file holds, as the plan counted it
+    from passes.onnx_export import write_model
+    from passes.onnx_import import import_model
+    from passes.verify import held_base_bytes
+    from planner.graph import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", "float32", (1000,))
+    (z,) = b.node("ConstantOfShape", [b.initializer("shape", np.array([1000], np.int64), trainable=False)],
+                  [("z", "float32", (1000,))])
+    b.output(b.node("Add", [x, z], [("y", "float32", (1000,))])[0])
+    g = b.build()
+    path = tmp_path / "m.onnx"
+    write_model(g, str(path))
+    imported = import_model(str(path))
+    assert imported.base_bytes == 4000 + 4000  # x and z, folded (its shape left unread)
+    assert held_base_bytes(path, imported) == g.base_bytes
