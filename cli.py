@@ -365,7 +365,9 @@ def _load_for_check(item):
     from passes.onnx_import import load_graph
 
     graph = load_graph(item.model, dict(item.dims))
-    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {})) if item.train else as_run(graph)
+    if not item.train:
+        return as_run(graph)
+    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}))
 
 
 def _training_available() -> bool:

@@ -44,9 +44,9 @@ from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor
 
 #: Ops whose output lives in host memory when the model runs on a device.
 HOST_OPS = frozenset({"MemcpyToHost"})
-#: Ops whose kernel scratch ORT's CPU kernel takes with plain malloc, not from its allocator
-#: (ScatterElements' int64 index copy is a std::vector, Dropout's mask when the graph takes none):
-#: real memory, but not allocator bytes (measured with passes/alloc_counter.py).
+#: Ops whose kernel scratch ORT's CPU kernel takes outside its allocator (ScatterElements' int64
+#: index copy is a std::vector; Dropout's mask when the graph takes none): real memory, but not
+#: allocator bytes (measured with passes/alloc_counter.py).
 HEAP_SCRATCH_OPS = frozenset({"ScatterElements", "Dropout"})
 #: Ops whose output is a zero-copy view of input 0.
 VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
@@ -121,7 +121,8 @@ class MemoryModel:
         if op == "Where" and self.where_branch_temporaries:
             cond, a, b = (graph.tensors[t] for t in node.inputs[:3])
             dtype = graph.tensors[node.outputs[0]].dtype
-            return sum(self.buffer_bytes(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape))) for x in (a, b))
+            return sum(self.buffer_bytes(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape)))
+                       for x in (a, b))
         if op == "Dropout" and (len(node.outputs) < 2 or node.outputs[1] == NO_TENSOR):
             return self.dropout_mask_bytes * math.prod(graph.tensors[node.outputs[0]].shape)
         if op == "Conv":
@@ -139,7 +140,8 @@ class MemoryModel:
             x = graph.tensors[node.inputs[0]]
             _, c, h, w = x.shape
             per = x.nbytes // max(1, math.prod(x.shape))
-            return self.buffer_bytes(x.nbytes) + self.buffer_bytes(per * (c + int(node.attr("size", 1)) - 1) * h * w)
+            padded = per * (c + int(node.attr("size", 1)) - 1) * h * w
+            return self.buffer_bytes(x.nbytes) + self.buffer_bytes(padded)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR

@@ -368,7 +368,8 @@ def _takes_over(graph: Graph, lv, groups: list[list[int]], group_of: np.ndarray,
         if v == w or pinned[v] or len(buffers[v]) != 1 or readers[v] != {w} or size[v] != size[w]:
             continue
         b = int(lv.buffer_of[t])
-        if b < 0 or b != int(lv.buffer_of[buffers[v][0]]) or size[w] != lv.tensor_bytes(node.outputs[0]) or size[v] != lv.tensor_bytes(t):
+        if b < 0 or b != int(lv.buffer_of[buffers[v][0]]) or size[w] != lv.tensor_bytes(node.outputs[0]) \
+                or size[v] != lv.tensor_bytes(t):
             continue
         # the op is the buffer's only reader, and reads it once
         if any(set(graph.consumers[u]) - {node.id} for u in held[b]):
