@@ -255,7 +255,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                        f"(constant {format_bytes(info['base_bytes'])} + dynamic {format_bytes(p['dynamic_peak_bytes'])}; "
                        f"predicted dynamic {format_bytes(p['predicted_dynamic_peak_bytes'])}"
                        + (f" ({format_bytes(p['predicted_allocator_peak_bytes'])} in ORT's allocator, less "
-                          f"ScatterElements' index copies, plain malloc)"
+                          f"kernel buffers taken outside it: ScatterElements' index copies, Dropout's mask)"
                           if p['predicted_allocator_peak_bytes'] != p['predicted_dynamic_peak_bytes'] else "")
                        + f", measured/predicted {p['measured_over_predicted']:.3f}; {how})")
             d = info["ort_default_options"]

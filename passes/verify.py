@@ -290,13 +290,12 @@ def held_base_bytes(path: str | os.PathLike, graph) -> int:
     graph's own base: import folds the file's constant subgraphs (a gradient's ConstantOfShape
     zeros, the ordering edges' Size(x) * 0) into initializers, which ORT computes during the run and
     the count sees there (the opt fixture's planned step: 26 KB counted twice, 1.006 of its budget)."""
-    from passes.onnx_import import load_proto
+    from passes.onnx_import import _tensor_bytes, load_proto
 
     proto, _, _ = load_proto(path, weights=False)
     read = {x for node in proto.graph.node for x in node.input}
-    held = sum(math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-               for t in proto.graph.initializer if t.name in read)
-    return int(held) + sum(graph.tensors[t].nbytes for t in graph.inputs)
+    held = sum(_tensor_bytes(t) for t in proto.graph.initializer if t.name in read)
+    return held + sum(graph.tensors[t].nbytes for t in graph.inputs)
 
 
 @dataclass(frozen=True)
@@ -335,8 +334,9 @@ class VerifyReport:
     method: str = RSS  # how every peak above was measured (ALLOCATOR only when all of them were counted)
     reference_rss_peak: int = 0  # the two runs' VmHWM figures, for comparison
     planned_rss_peak: int = 0
-    # the prediction without kernel scratch ORT takes with plain malloc (ScatterElements' index
-    # copy), which the allocation counter does not see: what a counted peak is compared with
+    # the prediction without kernel scratch ORT takes outside its allocator (HEAP_SCRATCH_OPS:
+    # ScatterElements' index copy, Dropout's mask), which the counter does not see: what a counted
+    # peak is compared with
     predicted_allocator_peak: int | None = None
 
     @property

@@ -154,13 +154,12 @@ def _one_node(op, inputs, out_shape, **attrs):
     from onnx import TensorProto as T
     from onnx import helper as h
 
+    from tests.test_function_ops import _model, _vi
+
     elem = {np.float32: T.FLOAT, np.bool_: T.BOOL}
-    g = h.make_graph([h.make_node(op, list(inputs), ["y"], **attrs)], op,
-                     [h.make_tensor_value_info(k, elem[v.dtype.type], v.shape) for k, v in inputs.items()],
-                     [h.make_tensor_value_info("y", T.FLOAT, out_shape)])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return _model(h.make_node(op, list(inputs), ["y"], **attrs),
+                  [_vi(k, elem[v.dtype.type], v.shape) for k, v in inputs.items()], [_vi("y", T.FLOAT, out_shape)],
+                  opset=17)
 
 
 _F = np.float32
