@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from onnx import helper
 
-from passes.onnx_export import ORT_INLINED_OPS, _attribute, _value_info, function_body, ir_version_for
+from passes.onnx_export import ORT_INLINED_OPS, attribute_proto, function_body, ir_version_for, tensor_value_info
 from passes.onnx_import import import_model
 from planner.graph import NO_TENSOR, Graph, GraphAppender, Node, TensorKind, fresh_name
 
@@ -65,8 +65,8 @@ class _Inliner(GraphAppender):
         name = lambda t: "" if t == NO_TENSOR else self.tensors[t].name  # noqa: E731
         proto = helper.make_node(node.op_type, [name(t) for t in node.inputs], [name(t) for t in node.outputs],
                                  name=node.name)
-        proto.attribute.extend(_attribute(k, v) for k, v in sorted(node.attrs.items()))
-        io_info = [_value_info(self.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
+        proto.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()))
+        io_info = [tensor_value_info(self.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
         body, info = function_body(proto, io_info, self.opsets, self.taken)
         if len(body) == 1 and body[0] is proto:
             return False  # onnx could not build it: the node stays (and ORT inlines it late)
@@ -75,8 +75,8 @@ class _Inliner(GraphAppender):
         inputs = list(dict.fromkeys(t for t in node.inputs if t != NO_TENSOR))
         outputs = [t for t in node.outputs if t != NO_TENSOR]
         model = helper.make_model(
-            helper.make_graph(body, node.name, [_value_info(self.tensors[t]) for t in inputs],
-                              [_value_info(self.tensors[t]) for t in outputs], value_info=info),
+            helper.make_graph(body, node.name, [tensor_value_info(self.tensors[t]) for t in inputs],
+                              [tensor_value_info(self.tensors[t]) for t in outputs], value_info=info),
             opset_imports=self.opsets)
         model.ir_version = ir_version_for(self.opsets)
         part = import_model(model)

@@ -59,11 +59,13 @@ ORT_INLINED_OPS = frozenset({
 })
 
 
-def _value_info(t: Tensor) -> onnx.ValueInfoProto:
+def tensor_value_info(t: Tensor) -> onnx.ValueInfoProto:
+    """The ValueInfoProto of one tensor of a Graph (name, element type, static shape)."""
     return helper.make_tensor_value_info(t.name, DTYPE_TO_ONNX[t.dtype], list(t.shape))
 
 
-def _attribute(name: str, value):
+def attribute_proto(name: str, value):
+    """An AttributeProto from a Node's attribute value (numpy scalars and tensors included)."""
     if isinstance(value, np.ndarray):
         return helper.make_attribute(name, numpy_helper.from_array(value))
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], np.ndarray):
@@ -111,9 +113,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
             name=node.name,
             domain=node.domain or None,
         )
-        n.attribute.extend(_attribute(k, v) for k, v in sorted(node.attrs.items()))
+        n.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()))
         if inline and node.op_type in ORT_INLINED_OPS and node.domain in ("", "ai.onnx"):
-            io_info = [_value_info(graph.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
+            io_info = [tensor_value_info(graph.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
             body, info = function_body(n, io_info, opsets, taken)
             nodes.extend(body)
             body_info.extend(info)
@@ -128,13 +130,13 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     io = set(graph.inputs) | set(graph.outputs)
     shaped = {node.inputs[pos] for node in graph.nodes if node.op_type in SHAPED_INPUT
               for pos in [SHAPED_INPUT[node.op_type]] if pos < len(node.inputs)}
-    shapes = [_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io and (
+    shapes = [tensor_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io and (
         value_info or t.id in shaped or graph.nodes[t.producer].op_type in ORT_ONLY_OPS)] + (body_info if value_info else [])
     g = helper.make_graph(
         nodes,
         graph.name,
-        [_value_info(graph.tensors[t]) for t in graph.inputs],
-        [_value_info(graph.tensors[t]) for t in graph.outputs],
+        [tensor_value_info(graph.tensors[t]) for t in graph.inputs],
+        [tensor_value_info(graph.tensors[t]) for t in graph.outputs],
         value_info=shapes,
     )
     model = helper.make_model(g, opset_imports=opsets, producer_name=producer)

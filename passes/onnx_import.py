@@ -291,7 +291,7 @@ def _map_external_data(model: onnx.ModelProto, folder: Path, display: str) -> No
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         target = _external_file(t, folder, display)
-        nbytes = _tensor_bytes(t)
+        nbytes = tensor_bytes(t)
         if t.data_type not in MAPPABLE or nbytes <= ASIDE_BYTES:
             # small ones are read: shape inference's data propagation needs the shape ints
             _load_tensor(t, folder, display)
@@ -712,7 +712,7 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     its bytes cleared and put back: protobuf's arena keeps a cleared field's bytes until the
     message goes, so each round held the weights once more (+4.3 GB on that model)."""
     big = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL
-           and _tensor_bytes(t) > ASIDE_BYTES]
+           and tensor_bytes(t) > ASIDE_BYTES]
     if not big:
         return model
     names = {t.name for t in big}
@@ -735,7 +735,7 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _tensor_bytes(t: onnx.TensorProto) -> int:
+def tensor_bytes(t: onnx.TensorProto) -> int:
     """Bytes of a tensor's data, from its dims (upb's ByteSize serializes it: 4.5 s for 512 MiB)."""
     if t.data_type not in MAPPABLE:
         return t.ByteSize()

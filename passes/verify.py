@@ -290,11 +290,11 @@ def held_base_bytes(path: str | os.PathLike, graph) -> int:
     graph's own base: import folds the file's constant subgraphs (a gradient's ConstantOfShape
     zeros, the ordering edges' Size(x) * 0) into initializers, which ORT computes during the run and
     the count sees there (the opt fixture's planned step: 26 KB counted twice, 1.006 of its budget)."""
-    from passes.onnx_import import _tensor_bytes, load_proto
+    from passes.onnx_import import tensor_bytes, load_proto
 
     proto, _, _ = load_proto(path, weights=False)
     read = {x for node in proto.graph.node for x in node.input}
-    held = sum(_tensor_bytes(t) for t in proto.graph.initializer if t.name in read)
+    held = sum(tensor_bytes(t) for t in proto.graph.initializer if t.name in read)
     return held + sum(graph.tensors[t].nbytes for t in graph.inputs)
 
 
