@@ -3,18 +3,22 @@ enough to keep every state it is an exact search in any order (the same least pe
 planner.least's any-order search, and no dearer than its cheapest plan in node order); in node
 order it misses the plans that compute a node unread only to keep first computes in that order;
 and it finds plans where the forward greedies find none (RL100 of the remat benchmark at 55%).
+The depth-first walk is complete: a plan exactly where one fits, and a dead end everywhere
+otherwise; it gets through where every beam ends in a dead end.
 Validity via the simulator, no timings."""
 from __future__ import annotations
 
 
 import pytest
+from dataclasses import replace
+
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from planner.chain_greedy import checkpoint_greedy
 from planner.cpsat import PlannerOptions
 from planner.greedy import evict_greedy, split_greedy
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
-from planner.pebble import Walk, plan_of, reverse_pebble, reverse_walk
+from planner.pebble import WALKS, Walk, depth_first_walk, plan_of, reverse_pebble, reverse_walk
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -130,3 +134,50 @@ def test_rl100_least_peak_is_its_floor_a_walk_reaches_it(benchmarks_dir):
     assert res.status == "infeasible" and res.least_exact and res.least_bytes == p.order_free_floor
     found = reverse_pebble(p, p.order_free_floor, in_order=False)
     assert found is not None and found[1].peak_bytes == p.order_free_floor
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.floats(0.3, 1.0))
+def test_depth_first_walk_finds_a_plan_exactly_where_one_fits(p, frac):
+    budget = max(p.base_bytes, p.budget_for(frac))
+    least = least_plan_any_order(p)[0]
+    found = depth_first_walk(p, budget)
+    assert (found.order is not None) == (least <= budget)
+    assert found.exhausted == (found.order is None)  # no plan: every state was visited
+    if found.order is not None:
+        sim = simulate(p, plan_of(p, found.order), budget)  # raises if invalid or over the budget
+        assert all(sim.compute_counts[v] == 1 for v in range(p.n) if not p.recomputable[v])
+
+
+def beams_dead_end() -> PlanningProblem:
+    """30 nodes (a random DAG, found by search) whose least peak over every order, 109 bytes, no
+    beam of WALKS reaches: each ends with no move left."""
+    preds = [[], [0], [0, 1], [0, 1, 2], [0, 1], [2, 3], [5], [3, 5, 6], [4, 5], [1, 4, 7], [3, 6], [8], [9],
+             [9], [6, 8], [10, 11, 14], [10, 13], [9], [10, 11], [12], [17], [13], [16, 18], [18],
+             [19, 20, 22], [21, 22], [20, 24, 25], [19, 20], [23, 26], [22, 26]]
+    size = [28, 8, 1, 30, 18, 21, 15, 24, 11, 28, 29, 27, 23, 28, 6, 30, 16, 24, 20, 16, 2, 23, 3, 29, 20,
+            30, 24, 10, 15, 9]
+    return PlanningProblem.build(size=size, cost=[1.0] * 30, preds=preds, name="beams_dead_end")
+
+
+def test_depth_first_walk_gets_through_where_every_beam_ends():
+    p = beams_dead_end()
+    assert p.memory_floor == 102 and p.unplanned_peak == 175
+    for walk in WALKS:
+        assert reverse_walk(p, 109, replace(walk, in_order=False)) is None, f"premise: {walk} gets through"
+    found = depth_first_walk(p, 109)
+    assert found.order is not None and simulate(p, plan_of(p, found.order), 109).peak_bytes <= 109
+    below = depth_first_walk(p, 108)
+    assert below.order is None and below.exhausted  # 109 is the least peak of every plan
+    plan, sim = reverse_pebble(p, 109, in_order=False)  # the beams first, then the depth-first walk
+    assert sim.peak_bytes <= 109 and sim.recomputes > 0
+    # the planner: the solve (given and memory-aware orders) ends without a plan, the walk rescues it
+    res = solve(p, 109, "cpsat", PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True))
+    assert res.status == "feasible" and res.order == "reverse-walk"
+    assert simulate(p, res.plan, 109).peak_bytes == res.peak_bytes <= 109
+
+
+def test_depth_first_walk_stops_at_its_cap():
+    p = beams_dead_end()
+    found = depth_first_walk(p, 108, max_states=100)
+    assert found.order is None and not found.exhausted and found.states == 101
