@@ -276,12 +276,13 @@ def plan_of(problem: PlanningProblem, order: Sequence[int], strategy: str = "rev
 
 
 def reverse_pebble(problem: PlanningProblem, budget: int, deadline: float = math.inf,
-                   in_order: bool = True, first: bool = False) -> tuple[Plan, Simulation] | None:
+                   in_order: bool = True, first: bool = False,
+                   depth_first: bool = True) -> tuple[Plan, Simulation] | None:
     """The cheapest plan within ``budget`` of the walks in :data:`WALKS` (first computes in node
     order, or in any order), simulated; in any order, where none of them gets through, the
-    depth-first walk's plan (:func:`depth_first_walk`). None when none gets through before
-    ``deadline`` (planner.clock.now() seconds). ``first``: the first plan found (whether any fits
-    is all the caller asks)."""
+    depth-first walk's plan (:func:`depth_first_walk`; not with ``depth_first`` False). None
+    when none gets through before ``deadline`` (planner.clock.now() seconds). ``first``: the
+    first plan found (whether any fits is all the caller asks)."""
     best: tuple[Plan, Simulation] | None = None
     for walk in (replace(w, in_order=in_order) for w in WALKS):
         if clock.now() > deadline or (best is not None and first):
@@ -298,16 +299,24 @@ def reverse_pebble(problem: PlanningProblem, budget: int, deadline: float = math
             raise AssertionError(f"reverse walk {walk}: {e}") from e
         if best is None or sim.added_time < best[1].added_time:
             best = (plan, sim)
-    if best is None and not in_order and clock.now() < deadline:
-        # every beam ended in a dead end: the complete walk, for any plan at all
-        order = depth_first_walk(problem, budget, deadline).order
-        if order is not None:
-            plan = plan_of(problem, order)
-            try:
-                best = (plan, simulate(problem, plan, budget))
-            except InvalidPlanError as e:
-                raise AssertionError(f"depth-first walk: {e}") from e
+    if best is None and not in_order and depth_first:
+        best = depth_first_plan(problem, budget, deadline)  # every beam ended in a dead end
     return best
+
+
+def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf) -> tuple[Plan, Simulation] | None:
+    """The plan of :func:`depth_first_walk` within ``budget``, simulated; None when the walk
+    finds none before ``deadline``."""
+    if clock.now() >= deadline:
+        return None
+    order = depth_first_walk(problem, budget, deadline).order
+    if order is None:
+        return None
+    plan = plan_of(problem, order)
+    try:
+        return plan, simulate(problem, plan, budget)
+    except InvalidPlanError as e:  # the walk's accounting and the simulator disagree: a bug
+        raise AssertionError(f"depth-first walk: {e}") from e
 
 
 def _moves(demand: int, owed: int, anc: list[int], size: list[int]) -> tuple[list[tuple[int, int, int]], int]:

@@ -37,7 +37,7 @@ from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_cos
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
-from planner.pebble import reverse_pebble
+from planner.pebble import depth_first_plan, reverse_pebble
 from planner.plan import SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
@@ -346,17 +346,24 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     holds no plan, it has none either; nor below the memory floor, where no plan in it fits). The
     two get up to a quarter of the time limit on top of the solve's: the walk the first half when
     both run (RL100 at 55%: its plan, +695%, where the long run finds none), the long run the rest
-    (RL1000 at 55%: its plan, +710%, where the walk finds none in all the time it gets)."""
+    (RL1000 at 55%: its plan, +710%, where the walk finds none in all the time it gets). Where the
+    walk's beams and the long run find none, the depth-first walk (complete, but its plans
+    recompute without measure) gets what is left of the quarter; without the long run, the
+    walk's window is the whole quarter, the depth-first walk after the beams."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
     greedy = res.status == "timeout" and budget >= problem.memory_floor
     found: list[tuple[Candidate, str, str]] = []
     half = 0.125 * options.time_limit if greedy else 0.0
-    if walk and (walked := _walk_until(problem, budget, deadline - half)) is not None:
+    # the beams' window; with the long run to come, the depth-first walk waits for what it leaves
+    if walk and (walked := _walk_until(problem, budget, deadline - half, depth_first=not greedy)) is not None:
         found.append((walked, "reverse-walk", "the reverse walk over every node order found a plan (planner/pebble.py"))
     if greedy and (long := long_run(problem, budget, deadline)) is not None:
         found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node order "
                                                   "(planner/tight_greedy.py"))
+    if walk and greedy and not found and (deep := depth_first_plan(problem, budget, deadline)) is not None:
+        found.append((Candidate(*deep), "reverse-walk", "the depth-first walk over every node order found a plan "
+                                                        "(planner/pebble.py"))
     if not found:
         return None
     cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
@@ -364,9 +371,11 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     return _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}")
 
 
-def _walk_until(problem: PlanningProblem, budget: int, deadline: float, first: bool = False) -> Candidate | None:
-    """The reverse walk's plan over every node order within ``budget``, searched until ``deadline``."""
-    found = reverse_pebble(problem, budget, deadline, in_order=False, first=first)
+def _walk_until(problem: PlanningProblem, budget: int, deadline: float, first: bool = False,
+                depth_first: bool = True) -> Candidate | None:
+    """The reverse walk's plan over every node order within ``budget``, searched until ``deadline``
+    (``depth_first``: the depth-first walk too, where the beams find none)."""
+    found = reverse_pebble(problem, budget, deadline, in_order=False, first=first, depth_first=depth_first)
     return None if found is None else Candidate(*found)
 
 

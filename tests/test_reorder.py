@@ -177,6 +177,7 @@ def test_a_timeout_over_both_orders_names_the_whole_time_and_the_lowest_plan(ben
     import planner.planning as planning
 
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: None)
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)  # nor the long greedy run
     p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.56)
