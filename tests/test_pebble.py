@@ -172,7 +172,7 @@ def test_depth_first_walk_gets_through_where_every_beam_ends():
     plan, sim = reverse_pebble(p, 109, in_order=False)  # the beams first, then the depth-first walk
     assert sim.peak_bytes <= 109 and sim.recomputes > 0
     # the planner: the solve (given and memory-aware orders) ends without a plan, the walk rescues it
-    res = solve(p, 109, "cpsat", PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True))
+    res = solve(p, 109, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
     assert res.status == "feasible" and res.order == "reverse-walk"
     assert simulate(p, res.plan, 109).peak_bytes == res.peak_bytes <= 109
 
