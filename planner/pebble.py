@@ -84,17 +84,8 @@ def reverse_walk(problem: PlanningProblem, budget: int, walk: Walk, deadline: fl
     redo = [bool(x) for x in p.recomputable]
     preds = p.pred_lists
     limit = budget - p.base_bytes
-    anc = [0] * n  # strict ancestors, as bit masks
-    for v in range(n):
-        m = 0
-        for u in preds[v]:
-            m |= anc[u] | (1 << u)
-        anc[v] = m
-    pred_mask = [sum(1 << u for u in preds[v]) for v in range(n)]
-    pinned = sum(1 << v for v in range(n) if p.pinned[v])
-    # outputs computed once and dropped at once: nodes nobody reads that are not pinned
-    owed0 = sum(1 << v for v in range(n) if not p.succ_lists[v] and not p.pinned[v])
-    mem0 = sum(size[v] for v in _bits(pinned))
+    anc = _ancestors(preds)
+    pred_mask, pinned, owed0, mem0 = _walk_start(p, size)
     if mem0 > limit:
         return None
     history: list[tuple[int, int]] = []  # (parent entry, node)
@@ -185,16 +176,9 @@ def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = ma
     redo = [bool(x) for x in p.recomputable]
     preds = [list(map(int, p.pred_lists[v])) for v in range(n)]
     limit = budget - p.base_bytes
-    pred_mask = [sum(1 << u for u in preds[v]) for v in range(n)]
-    anc = [0] * n  # strict ancestors, as bit masks (only where some node may not be recomputed)
     every_redo = all(redo)
-    if not every_redo:
-        for v in range(n):
-            for u in preds[v]:
-                anc[v] |= anc[u] | (1 << u)
-    pinned = sum(1 << v for v in range(n) if p.pinned[v])
-    owed0 = sum(1 << v for v in range(n) if not p.succ_lists[v] and not p.pinned[v])
-    mem0 = sum(size[v] for v in _bits(pinned))
+    anc = [] if every_redo else _ancestors(preds)  # only where some node may not be recomputed
+    pred_mask, pinned, owed0, mem0 = _walk_start(p, size)
     if mem0 > limit:
         return DepthFirst(None, True, 0)
 
@@ -317,6 +301,25 @@ def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = ma
         return plan, simulate(problem, plan, budget)
     except InvalidPlanError as e:  # the walk's accounting and the simulator disagree: a bug
         raise AssertionError(f"depth-first walk: {e}") from e
+
+
+def _ancestors(preds) -> list[int]:
+    """Each node's strict ancestors, as bit masks."""
+    anc = [0] * len(preds)
+    for v, inputs in enumerate(preds):
+        for u in inputs:
+            anc[v] |= anc[u] | (1 << u)
+    return anc
+
+
+def _walk_start(p: PlanningProblem, size: list[int]) -> tuple[list[int], int, int, int]:
+    """Where a backward walk starts: each node's inputs as a bit mask; the pinned outputs (demanded
+    from the end); the outputs owed (computed once and dropped at once: nodes nobody reads that
+    are not pinned); the bytes the pinned outputs hold."""
+    pred_mask = [sum(1 << u for u in p.pred_lists[v]) for v in range(p.n)]
+    pinned = sum(1 << v for v in range(p.n) if p.pinned[v])
+    owed = sum(1 << v for v in range(p.n) if not p.succ_lists[v] and not p.pinned[v])
+    return pred_mask, pinned, owed, sum(size[v] for v in _bits(pinned))
 
 
 def _moves(demand: int, owed: int, anc: list[int], size: list[int]) -> tuple[list[tuple[int, int, int]], int]:

@@ -348,20 +348,19 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     both run (RL100 at 55%: its plan, +695%, where the long run finds none), the long run the rest
     (RL1000 at 55%: its plan, +710%, where the walk finds none in all the time it gets). Where the
     walk's beams and the long run find none, the depth-first walk (complete, but its plans
-    recompute without measure) gets what is left of the quarter; without the long run, the
-    walk's window is the whole quarter, the depth-first walk after the beams."""
+    recompute without measure) gets what is left of the quarter (all of it after the beams,
+    where the long run does not run)."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
     greedy = res.status == "timeout" and budget >= problem.memory_floor
     found: list[tuple[Candidate, str, str]] = []
     half = 0.125 * options.time_limit if greedy else 0.0
-    # the beams' window; with the long run to come, the depth-first walk waits for what it leaves
-    if walk and (walked := _walk_until(problem, budget, deadline - half, depth_first=not greedy)) is not None:
+    if walk and (walked := _walk_until(problem, budget, deadline - half, depth_first=False)) is not None:
         found.append((walked, "reverse-walk", "the reverse walk over every node order found a plan (planner/pebble.py"))
     if greedy and (long := long_run(problem, budget, deadline)) is not None:
         found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node order "
                                                   "(planner/tight_greedy.py"))
-    if walk and greedy and not found and (deep := depth_first_plan(problem, budget, deadline)) is not None:
+    if walk and not found and (deep := depth_first_plan(problem, budget, deadline)) is not None:
         found.append((Candidate(*deep), "reverse-walk", "the depth-first walk over every node order found a plan "
                                                         "(planner/pebble.py"))
     if not found:
