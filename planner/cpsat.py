@@ -82,8 +82,9 @@ class PlannerOptions:
     deterministic: bool = True
     # Share of the remaining time phase 1 (find any plan within budget) may use.
     feasibility_share: float = 0.95
-    # The same when a fitting plan exists already (one too heavy to start phase 1 from): phase 2
-    # then searches from the better of that plan and phase 1's. Whatever the fallback costs: on
+    # The same when a fitting plan exists already (one too heavy to start phase 1 from, light
+    # enough to hint phase 2: heavy_hint_computations): phase 2 then searches from the better of
+    # that plan and phase 1's. Whatever the fallback costs: on
     # the resnet fixture (batch 32) at 60% the greedy's +111.9% plan kept phase 1 at its full share
     # without a plan, phase 2 never ran; with this share +105.9%. RL500 at 70%, RL1000 at 70/60%
     # and zoo:resnet at 50% gave the same plans either way (bench/results/phase1_share_stop36.md).
