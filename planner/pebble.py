@@ -158,6 +158,17 @@ class DepthFirst:
     states: int
 
 
+@dataclass(frozen=True)
+class DepthFirstPlan:
+    """:func:`depth_first_plan`'s answer: its plan and simulation, or None; ``exhausted``: the
+    walk visited every state without finding one. On a problem that cannot swap and whose
+    accounting is the runtime's (``PlanningProblem.runtime_exact``) that proves no plan, in any
+    node order and with any recomputes, fits the budget."""
+
+    found: tuple[Plan, Simulation] | None
+    exhausted: bool
+
+
 def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = math.inf,
                      max_states: int | None = None) -> DepthFirst:
     """The backward walk of :func:`reverse_walk` in any order, depth first with every state it
@@ -284,21 +295,21 @@ def reverse_pebble(problem: PlanningProblem, budget: int, deadline: float = math
         if best is None or sim.added_time < best[1].added_time:
             best = (plan, sim)
     if best is None and not in_order and depth_first:
-        best = depth_first_plan(problem, budget, deadline)  # every beam ended in a dead end
+        best = depth_first_plan(problem, budget, deadline).found  # every beam ended in a dead end
     return best
 
 
-def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf) -> tuple[Plan, Simulation] | None:
-    """The plan of :func:`depth_first_walk` within ``budget``, simulated; None when the walk
-    finds none before ``deadline``."""
+def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf) -> DepthFirstPlan:
+    """The plan of :func:`depth_first_walk` within ``budget``, simulated (None when the walk
+    finds none before ``deadline``), and whether that walk went through every state."""
     if clock.now() >= deadline:
-        return None
-    order = depth_first_walk(problem, budget, deadline).order
-    if order is None:
-        return None
-    plan = plan_of(problem, order)
+        return DepthFirstPlan(None, False)
+    walked = depth_first_walk(problem, budget, deadline)
+    if walked.order is None:
+        return DepthFirstPlan(None, walked.exhausted)
+    plan = plan_of(problem, walked.order)
     try:
-        return plan, simulate(problem, plan, budget)
+        return DepthFirstPlan((plan, simulate(problem, plan, budget)), False)
     except InvalidPlanError as e:  # the walk's accounting and the simulator disagree: a bug
         raise AssertionError(f"depth-first walk: {e}") from e
 

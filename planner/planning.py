@@ -38,10 +38,10 @@ from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
 from planner.pebble import depth_first_plan, reverse_pebble
-from planner.plan import SolveResult, SolverStats
+from planner.plan import Plan, SolveResult, SolverStats
 from planner.problem import PlanningProblem
 from planner.reorder import memory_order, permute, plan_in_original
-from planner.simulate import simulate
+from planner.simulate import Simulation, simulate
 from planner.swap_greedy import swap_greedy
 from planner.tight_greedy import long_run
 
@@ -349,7 +349,8 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     (RL1000 at 55%: its plan, +710%, where the walk finds none in all the time it gets). Where the
     walk's beams and the long run find none, the depth-first walk (complete, but its plans
     recompute without measure) gets what is left of the quarter (all of it after the beams,
-    where the long run does not run)."""
+    where the long run does not run); where it visits every state without a plan, the solve is
+    infeasible (:func:`_walked_through`)."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
     greedy = res.status == "timeout" and budget >= problem.memory_floor
@@ -360,14 +361,35 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     if greedy and (long := long_run(problem, budget, deadline)) is not None:
         found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node order "
                                                   "(planner/tight_greedy.py"))
-    if walk and not found and (deep := depth_first_plan(problem, budget, deadline)) is not None:
-        found.append((Candidate(*deep), "reverse-walk", "the depth-first walk over every node order found a plan "
-                                                        "(planner/pebble.py"))
+    if walk and not found:
+        deep = depth_first_plan(problem, budget, deadline)
+        if deep.found is not None:
+            found.append((Candidate(*deep.found), "reverse-walk", "the depth-first walk over every node order found "
+                                                                  "a plan (planner/pebble.py"))
+        elif deep.exhausted and problem.runtime_exact and not problem.can_swap:
+            # none fits; one byte more may (then that is the least), as the time left allows
+            return _walked_through(res, depth_first_plan(problem, budget + 1, deadline).found)
     if not found:
         return None
     cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
     after = f", after the solve ended without one: {res.note}" if res.note else ""
     return _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}")
+
+
+def _walked_through(res: SolveResult, above: tuple[Plan, Simulation] | None) -> SolveResult:
+    """``res`` (no plan within its budget) made infeasible: the depth-first walk went through every
+    state within the budget without a plan, so no recompute plan in any node order fits it (the
+    caller checked that the problem's accounting is the runtime's and that it cannot swap). The
+    least is then at least one byte more, and exactly that where a plan peaks there (``above``:
+    the walk's plan within one byte more, if it found one)."""
+    least = res.budget_bytes + 1
+    found = least if above is not None else _lowest_found(res)
+    exact = found == least
+    best = "" if exact or found is None else f" (best plan found: {found} bytes)"
+    return replace(res, status="infeasible", least_bytes=least, least_exact=exact, best_bytes=None if exact else found,
+                   note=f"the least memory any plan reaches is {'' if exact else 'at least '}{least} bytes{best}: the "
+                        f"depth-first walk over every node order's recompute plans (planner/pebble.py) went through "
+                        f"every state within {res.budget_bytes} bytes without one")
 
 
 def _walk_until(problem: PlanningProblem, budget: int, deadline: float, first: bool = False,

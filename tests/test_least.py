@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import planner.planning as planning
 from planner.cpsat import PlannerOptions
 from planner.least import cheapest_plan, least_plan
+from planner.pebble import DepthFirstPlan
 from planner.planning import least_peak, solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -46,7 +47,7 @@ def no_walk(monkeypatch) -> None:
     """The last resorts find nothing either: the reverse walk (planner/pebble.py: the beams and
     the depth-first walk) and the tight greedy's long run (planner/tight_greedy.long_run)."""
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
 
 
@@ -102,7 +103,7 @@ def test_a_solve_without_a_plan_takes_the_long_greedy_runs_plan(monkeypatch):
     p = far_readers(8)
     no_greedy(monkeypatch)
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     for opts in (replace(ONE, grown_computations=3), replace(ONE, grown_computations=3, reorder=False)):
         res = solve(p, 65, "cpsat", opts)
         assert res.status == "feasible" and res.order == "given" and res.least_bytes is None

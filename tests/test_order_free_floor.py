@@ -16,6 +16,7 @@ import planner.planning as planning
 from cli import _infeasible_error
 from planner.cpsat import PlannerOptions
 from planner.least import least_plan_any_order
+from planner.pebble import DepthFirstPlan
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.reorder import permute
@@ -119,7 +120,7 @@ def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(
     assert walked.status == "feasible" and walked.order == "reverse-walk"
     assert simulate(p, walked.plan, 150).peak_bytes == walked.peak_bytes <= 150
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)  # and where it does not
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)  # nor the long greedy run
     res = solve(p, 150, "cpsat", ONE)
     # before: "infeasible: the least memory any plan reaches is 200 bytes", with a plan at 110

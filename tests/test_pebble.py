@@ -19,6 +19,7 @@ from planner.cpsat import PlannerOptions
 from planner.greedy import evict_greedy, split_greedy
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.pebble import WALKS, Walk, depth_first_walk, plan_of, reverse_pebble, reverse_walk
+from planner import planning
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -175,6 +176,23 @@ def test_depth_first_walk_gets_through_where_every_beam_ends():
     res = solve(p, 109, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
     assert res.status == "feasible" and res.order == "reverse-walk"
     assert simulate(p, res.plan, 109).peak_bytes == res.peak_bytes <= 109
+
+
+def test_an_exhausted_walk_proves_the_least_peak():
+    # at 108 bytes the solve ends without a plan and the depth-first walk visits every state
+    # without one: no recompute plan in any order fits, and its plan at 109 makes that the least
+    p = beams_dead_end()
+    res = solve(p, 108, "cpsat", PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True))
+    assert res.status == "infeasible" and res.plan is None
+    assert res.least_bytes == 109 and res.least_exact and res.least_order == "any"
+    # with swaps a plan fits there (what the walk proved covers recompute plans only) ...
+    q = p.with_swap([0.5] * p.n)
+    swapped = solve(q, 108, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
+    assert swapped.status == "feasible" and simulate(q, swapped.plan, 108).swap_ins > 0
+    # ... so the last resorts never call a swap problem infeasible from the walk
+    timed_out = replace(res, status="timeout", least_bytes=None, least_exact=False, note="")
+    rescued = planning._rescue(q, timed_out, PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True), True)
+    assert rescued is None or rescued.status == "feasible"
 
 
 def test_depth_first_walk_stops_at_its_cap():

@@ -13,6 +13,7 @@ from passes.verify import planned_session_options
 from planner.baselines import greedy
 from planner.cpsat import PlannerOptions
 from planner.liveness import analyze
+from planner.pebble import DepthFirstPlan
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.reorder import RULES, _Profile, list_order, memory_order, permute, plan_in_original
@@ -177,7 +178,7 @@ def test_a_timeout_over_both_orders_names_the_whole_time_and_the_lowest_plan(ben
     import planner.planning as planning
 
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)  # nor the long greedy run
     p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.56)
