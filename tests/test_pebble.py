@@ -124,7 +124,10 @@ def test_rl100_at_55_percent_only_the_walk_fits(benchmarks_dir):
     assert res.status == "feasible" and res.order == "reverse-walk"
     sim = simulate(p, res.plan, budget)
     assert sim.peak_bytes == res.peak_bytes <= budget and sim.recomputes > 0
-    assert reverse_pebble(p, budget, in_order=False) is not None
+    walked = reverse_pebble(p, budget, in_order=False)
+    assert walked is not None
+    # the planner polishes the walk's plan (planner/polish.py): +695% of the step's time -> +64%
+    assert sim.added_time == res.added_time < 0.25 * walked[1].added_time
 
 
 def test_rl100_least_peak_is_its_floor_a_walk_reaches_it(benchmarks_dir):
