@@ -137,7 +137,7 @@ class _Copies:
         v = self.node[k]
         delta: list[tuple[int, int, int]] = []
         ends: dict[int, int] = {}
-        if self.readers[k] or k in self.kept:  # j serves k's readers (or stays to the end)
+        if self.readers[k]:  # j serves k's readers (k is not a pinned output's last copy)
             delta.append((end[j] + 1, k, size[v]))
             ends[j] = end[k]
         removed = [k]
@@ -194,14 +194,11 @@ class _Copies:
             mine.pop(bisect.bisect_left(mine, s))
         for c, steps in lost.items():
             self.readers[c] = [r for r in self.readers[c] if r not in steps]
-        if self.readers[k] or k in self.kept:
+        if self.readers[k]:
             for r in self.readers[k]:
                 self.inputs[r] = [j if c == k else c for c in self.inputs[r]]
             self.readers[j] = sorted(self.readers[j] + self.readers[k])
             self.readers[k] = []
-            if k in self.kept:
-                self.kept.discard(k)
-                self.kept.add(j)
         for c, e in ends.items():
             self.end[c] = e
 
