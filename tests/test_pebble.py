@@ -190,11 +190,11 @@ def test_an_exhausted_walk_proves_the_least_peak():
     assert res.least_bytes == 109 and res.least_exact and res.least_order == "any"
     # with swaps a plan fits there (what the walk proved covers recompute plans only) ...
     q = p.with_swap([0.5] * p.n)
-    swapped = solve(q, 108, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
+    swapped = solve(q, 108, "cpsat", PlannerOptions(time_limit=1, workers=1, seed=0, work_limit=True))
     assert swapped.status == "feasible" and simulate(q, swapped.plan, 108).swap_ins > 0
     # ... so the last resorts never call a swap problem infeasible from the walk
     timed_out = replace(res, status="timeout", least_bytes=None, least_exact=False, note="")
-    rescued = planning._rescue(q, timed_out, PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True), True)
+    rescued = planning._rescue(q, timed_out, PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True), True)
     assert rescued is None or rescued.status == "feasible"
 
 
