@@ -163,8 +163,10 @@ class _Copies:
         return delta, ends, removed, lost
 
     def fits(self, delta: list[tuple[int, int, int]], removed: list[int], budget: int) -> bool:
-        """Whether the steps where memory rises (the first change: lo .. hi-1) stay within
-        ``budget`` with every change made."""
+        """Whether the steps where memory rises (the kept copy's, :meth:`removal`'s first change
+        where it is one; every other change frees) stay within ``budget`` with every change made."""
+        if not delta or delta[0][2] <= 0:
+            return True  # nothing rises
         lo, hi, _ = delta[0]
         if lo >= hi:
             return True
@@ -232,7 +234,7 @@ def polish(problem: PlanningProblem, computes: Sequence[int], budget: int, deadl
             j = mine[at - 1]
             change = plan.removal(k, j)
             delta, _, gone, _ = change
-            if delta and delta[0][2] > 0 and not plan.fits(delta, gone, budget):
+            if not plan.fits(delta, gone, budget):
                 continue
             plan.remove(k, j, *change)
             removed += 1
