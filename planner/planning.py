@@ -11,6 +11,9 @@ fitting baseline, and its plan has passed simulate() against the budget. Problem
 order (planner/reorder.py) lowers the unplanned peak by ``reorder_min_gain``, cpsat solves in
 that order first (``reorder_share`` of the time), then in the given order, and keeps the cheaper;
 where a baseline fits in the given order and none in that one, only the given order is searched.
+Budgets near the least peak any order may reach (``early_walk_within``) get the depth-first walk
+over every order first (planner/pebble.py): its polished plan stands unless the solve finds a
+cheaper one, and where it visits every state without one the solve is infeasible at once.
 
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
 not fit. Budgets below :attr:`PlanningProblem.memory_floor` (the most one step needs, or the
@@ -37,7 +40,7 @@ from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_cos
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
-from planner.pebble import depth_first_plan, reverse_pebble
+from planner.pebble import DepthFirstPlan, depth_first_plan, reverse_pebble
 from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
 from planner.problem import PlanningProblem
@@ -95,6 +98,12 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
             if res.plan is not None:
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
+    early = _early_walk(problem, budget, options) if options.reorder else None
+    if early is not None and early.found is None:  # every state visited: no plan fits
+        stats = SolverStats(seed=options.seed, workers=options.workers, clock=_clock_name(options))
+        res = _walked_through(_empty(problem, budget, "cpsat", status="timeout", solver=stats),
+                              depth_first_plan(problem, budget + 1, clock.now() + _early_window(options)).found)
+        return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
     found = None
     if options.reorder and problem.n <= options.coarsen_above and budget < problem.unplanned_peak:
         work = options.reorder_work_per_s * options.time_limit
@@ -104,7 +113,10 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
             found = memory_order(problem, -math.inf, budget, work)
     res = (_solve_reordered(problem, budget, options, t0, *found) if found is not None
            else _solve_cpsat(problem, budget, options, t0))
-    if not options.reorder:  # its claims cover the given order only, and say so
+    walked = Candidate(*early.found) if early is not None else None
+    if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
+        res = _walked_first(problem, res, walked, options)
+    elif not options.reorder:  # its claims cover the given order only, and say so
         if res.plan is None and res.status == "timeout" and (rescued := _rescue(problem, res, options, False)):
             res = rescued
         elif res.least_bytes is not None:
@@ -356,7 +368,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     where the long run does not run); where it visits every state without a plan, the solve is
     infeasible (:func:`_walked_through`). The plans found are polished (planner/polish.py: the
     recomputes memory does not require dropped; RL250 at 60%, the depth-first walk's plan:
-    +131140% -> +223%) in what is left of the quarter, or :data:`POLISH_SHARE` of the time limit
+    +2195% -> +207.8%) in what is left of the quarter, or :data:`POLISH_SHARE` of the time limit
     where less is left."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
@@ -387,6 +399,44 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
     after = f", after the solve ended without one: {res.note}" if res.note else ""
     return _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}")
+
+
+def _early_window(options: PlannerOptions) -> float:
+    """Seconds the depth-first walk may take before the solve (:func:`_early_walk`)."""
+    return options.early_walk_share * options.time_limit
+
+
+def _early_walk(problem: PlanningProblem, budget: int, options: PlannerOptions) -> DepthFirstPlan | None:
+    """The depth-first walk's plan over every node order, polished, for a budget near the least
+    peak any order may reach (``PlannerOptions.early_walk_within``), before the solve: there the
+    model's plans (each node computed a few times, in one order) rarely fit, and the walk finds
+    one in seconds (RL250 at 60%). None where the budget is not that near, the problem may swap
+    or is large enough to be fused first, or the walk found nothing in its window; an exhausted
+    walk (``found`` None) proves no plan fits, where the problem's accounting is the runtime's."""
+    low, peak = problem.order_free_floor, problem.unplanned_peak
+    if problem.can_swap or problem.n > options.coarsen_above or not low <= budget < peak or \
+            budget - low > options.early_walk_within * (peak - low):
+        return None
+    deep = depth_first_plan(problem, budget, clock.now() + _early_window(options))
+    if deep.found is not None:
+        until = clock.now() + POLISH_SHARE * options.time_limit
+        return DepthFirstPlan(polished(problem, *deep.found, budget, until), False)
+    return deep if deep.exhausted and problem.runtime_exact else None
+
+
+def _walked_first(problem: PlanningProblem, res: SolveResult, walked: Candidate, options: PlannerOptions) -> SolveResult:
+    """``res`` with the early walk's plan (:func:`_early_walk`) in its place: the solve found none,
+    or a dearer one. The solve's bound holds for its own orders only: none is claimed."""
+    near = f"{options.early_walk_within:.0%}"
+    how = (f"the depth-first walk over every node order found a plan (planner/pebble.py), searched first: the budget "
+           f"is within {near} of the way from the least peak any order may reach ({problem.order_free_floor} bytes) "
+           f"to the unplanned peak; no bound on its added time")
+    if res.plan is None:
+        after = f"; the solve after it found none: {res.note}" if res.note else "; the solve after it found none"
+    else:
+        after = "; the solve after it found a dearer plan"
+    out = _found_elsewhere(res, walked, "reverse-walk", how + after)
+    return replace(out, solver=replace(out.solver, bound=None, gap=None))
 
 
 def _walked_through(res: SolveResult, above: tuple[Plan, Simulation] | None) -> SolveResult:

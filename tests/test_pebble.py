@@ -119,15 +119,17 @@ def test_rl100_at_55_percent_only_the_walk_fits(benchmarks_dir):
     for make in (evict_greedy, split_greedy, checkpoint_greedy, tight_greedy):
         plan = make(p, budget)
         assert plan is None or simulate(p, plan).peak_bytes > budget, f"premise: {make.__name__} fits"
-    # the walk gets an eighth of the limit on top (the tight greedy's long run the next eighth)
-    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=8, workers=1, seed=0, work_limit=True))
-    assert res.status == "feasible" and res.order == "reverse-walk"
+    # 2.0% of the way from the floor to the peak: the depth-first walk searches before the solve,
+    # in a quarter of the limit (it needs 0.05 work seconds), and the solve finds none after it
+    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
+    assert res.status == "feasible" and res.order == "reverse-walk" and "searched first" in res.note
+    assert res.solver.bound is None and res.solver.gap is None  # the solve's bounds hold for its orders only
     sim = simulate(p, res.plan, budget)
     assert sim.peak_bytes == res.peak_bytes <= budget and sim.recomputes > 0
-    walked = reverse_pebble(p, budget, in_order=False)
-    assert walked is not None
-    # the planner polishes the walk's plan (planner/polish.py): +695% of the step's time -> +64%
-    assert sim.added_time == res.added_time < 0.25 * walked[1].added_time
+    walked = depth_first_walk(p, budget)
+    assert walked.order is not None
+    # the planner polishes the walk's plan (planner/polish.py): +199.8% of the step's time -> +77.7%
+    assert sim.added_time == res.added_time < 0.5 * simulate(p, plan_of(p, walked.order)).added_time
 
 
 def test_rl100_least_peak_is_its_floor_a_walk_reaches_it(benchmarks_dir):
@@ -203,6 +205,21 @@ def test_an_exhausted_walk_proves_the_least_peak():
     timed_out = replace(res, status="timeout", least_bytes=None, least_exact=False, note="")
     rescued = planning._rescue(q, timed_out, PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True), True)
     assert rescued is None or rescued.status == "feasible"
+
+
+def test_an_exhausted_early_walk_is_infeasible_without_a_solve():
+    # 108 bytes is 8.2% of the way from the floor (102) to the peak (175): with the early walk
+    # asked for there, it goes through every state before any model is built
+    p = beams_dead_end()
+    opts = PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True)
+    res = solve(p, 108, "cpsat", replace(opts, early_walk_within=0.1))
+    assert res.status == "infeasible" and res.least_bytes == 109 and res.least_exact
+    assert res.solver.phases == ()  # no CP-SAT phase ran (at 5%, the default, the solve runs first:
+    # test_an_exhausted_walk_proves_the_least_peak)
+    # with swaps the walk's proof would not hold: no early claim
+    q = p.with_swap([0.5] * p.n)
+    swapped = solve(q, 108, "cpsat", replace(opts, time_limit=1, early_walk_within=0.1))
+    assert swapped.status == "feasible"
 
 
 def test_depth_first_walk_stops_at_its_cap():
