@@ -120,16 +120,18 @@ def test_rl100_at_55_percent_only_the_walk_fits(benchmarks_dir):
         plan = make(p, budget)
         assert plan is None or simulate(p, plan).peak_bytes > budget, f"premise: {make.__name__} fits"
     # 2.0% of the way from the floor to the peak: the depth-first walk searches before the solve,
-    # in a quarter of the limit (it needs 0.05 work seconds), and the solve finds none after it
-    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
+    # in a quarter of the limit (it needs 0.05 work seconds), the beams in the rest of it, and
+    # the solve finds none after them
+    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=4, workers=1, seed=0, work_limit=True))
     assert res.status == "feasible" and res.order == "reverse-walk" and "searched first" in res.note
     assert res.solver.bound is None and res.solver.gap is None  # the solve's bounds hold for its orders only
     sim = simulate(p, res.plan, budget)
     assert sim.peak_bytes == res.peak_bytes <= budget and sim.recomputes > 0
     walked = depth_first_walk(p, budget)
     assert walked.order is not None
-    # the planner polishes the walk's plan (planner/polish.py): +199.8% of the step's time -> +77.7%
-    assert sim.added_time == res.added_time < 0.5 * simulate(p, plan_of(p, walked.order)).added_time
+    # the planner polishes the plans (planner/polish.py) and keeps the cheaper: the walk's, +199.8%
+    # of the step's time, becomes +77.7%; the beams', +695%, becomes +64.2%: that one
+    assert sim.added_time == res.added_time < 0.35 * simulate(p, plan_of(p, walked.order)).added_time
 
 
 def test_rl100_least_peak_is_its_floor_a_walk_reaches_it(benchmarks_dir):
