@@ -13,7 +13,8 @@ that order first (``reorder_share`` of the time), then in the given order, and k
 where a baseline fits in the given order and none in that one, only the given order is searched.
 Budgets near the least peak any order may reach (``early_walk_within``) get the depth-first walk
 over every order and the beams first (planner/pebble.py): their polished plan stands unless the
-solve finds a cheaper one, and where it visits every state without one the solve is infeasible at once.
+solve finds a cheaper one, and where the walk visits every state without one the solve is
+infeasible at once.
 
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
 not fit. Budgets below :attr:`PlanningProblem.memory_floor` (the most one step needs, or the
@@ -410,9 +411,10 @@ def _early_walk(problem: PlanningProblem, budget: int, options: PlannerOptions) 
     """The depth-first walk's plan over every node order (or the beams', where cheaper), polished,
     for a budget near the least peak any order may reach (``PlannerOptions.early_walk_within``),
     before the solve: there the model's plans (each node computed a few times, in one order)
-    rarely fit, and the walk finds one in seconds (RL250 at 60%). None where the budget is not that near, the problem may swap
-    or is large enough to be fused first, or the walk found nothing in its window; an exhausted
-    walk (``found`` None) proves no plan fits, where the problem's accounting is the runtime's."""
+    rarely fit, and the walk finds one in seconds (RL250 at 60%). None where the budget is not
+    that near, the problem may swap or is large enough to be fused first, or the walk found
+    nothing in its window; an exhausted walk (``found`` None) proves no plan fits, where the
+    problem's accounting is the runtime's."""
     low, peak = problem.order_free_floor, problem.unplanned_peak
     if problem.can_swap or problem.n > options.coarsen_above or not low <= budget < peak or \
             budget - low > options.early_walk_within * (peak - low):
@@ -435,7 +437,7 @@ def _walked_first(problem: PlanningProblem, res: SolveResult, walked: Candidate,
     """``res`` with the early walk's plan (:func:`_early_walk`) in its place: the solve found none,
     or a dearer one. The solve's bound holds for its own orders only: none is claimed."""
     near = f"{options.early_walk_within:.0%}"
-    how = (f"the depth-first walk over every node order found a plan (planner/pebble.py), searched first: the budget "
+    how = (f"the reverse walks over every node order found a plan (planner/pebble.py), searched first: the budget "
            f"is within {near} of the way from the least peak any order may reach ({problem.order_free_floor} bytes) "
            f"to the unplanned peak; no bound on its added time")
     if res.plan is None:

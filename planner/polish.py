@@ -3,9 +3,9 @@
 The last resorts (planner/pebble.py's walks, planner/tight_greedy.py's long run) find plans where
 nothing else does, but they free every buffer as soon as they can and so recompute far more than
 memory requires: the depth-first walk's plan for RL250 at 60% of its peak computes its 250 nodes
-5,953 times (415,468 times in stop 41's move order). This pass takes any recompute-only plan as its sequence of computes, each copy
-freed right after its last read (:func:`planner.pebble.plan_of`), and removes recomputes one by
-one where the budget allows:
+5,953 times (415,468 times in stop 41's move order). This pass takes any recompute-only plan as
+its sequence of computes, each copy freed right after its last read
+(:func:`planner.pebble.plan_of`), and removes recomputes one by one where the budget allows:
 
 * Removing the recompute k of node v keeps v's copy before it (j) resident from its last read to
   k, so its readers read j: memory rises by size(v) over the steps between j's last read and k.
@@ -22,8 +22,8 @@ pass may stop at any point (``deadline``). The memory of a step is what
 whose accounting is the runtime's (``PlanningProblem.runtime_exact``): only those are polished.
 
 RL250 at 60%, the depth-first walk's plan: +2195% -> +207.8% added time (+131140% -> +223% in
-stop 41's move order); RL100 at 55%, the beams' plan: +695% ->
-+64%; RL1000 at 55%, the long run's: +710% -> +251%. The planner polishes the last resorts' plans
+stop 41's move order); RL100 at 55%, the beams' plan: +695% -> +64%; RL1000 at 55%, the long
+run's: +710% -> +251%. The planner polishes the last resorts' plans
 and a baseline's plan where a solve returns one (RL1000 at 60%, the tight greedy's: +225% ->
 +148%); CP-SAT's own plans lose nothing to it (RL100 at 60%: +21.36% either way).
 """
