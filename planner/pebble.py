@@ -211,10 +211,8 @@ def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = ma
         """The nodes a walk may go back over from a state: first computes, then recomputes
         (of nodes that may be recomputed), each highest first (an owed output is in no one's
         inputs, so never in ``demand`` too)."""
-        needed = 0
         members = list(_bits(demand | owed))
-        for v in members:
-            needed |= anc[v]
+        needed = _ancestors_of(members, anc)
         first = [t for t in reversed(members) if not (needed >> t) & 1]
         again = [t for t in reversed(members) if (needed >> t) & 1 and redo[t]]
         clock.charge(len(members) * MOVE_SECONDS)
@@ -361,10 +359,16 @@ def _moves(demand: int, owed: int, anc: list[int], size: list[int]) -> tuple[lis
     and not demanded), for each node demanded and each output owed, lowest node first; and the
     strict ancestors of the whole state. A node is never its own ancestor, so a move over a node
     among them is a recompute: another node of the state needs it earlier."""
-    needed = 0
-    for v in _bits(demand | owed):
-        needed |= anc[v]
-    return [(t, 0) for t in _bits(demand)] + [(s, size[s]) for s in _bits(owed)], needed
+    moves = [(t, 0) for t in _bits(demand)] + [(s, size[s]) for s in _bits(owed)]
+    return moves, _ancestors_of(_bits(demand | owed), anc)
+
+
+def _ancestors_of(nodes, anc: list[int]) -> int:
+    """The strict ancestors of ``nodes`` as a bit mask, from each node's (``anc``)."""
+    out = 0
+    for v in nodes:
+        out |= anc[v]
+    return out
 
 
 def _bits(mask: int):

@@ -415,9 +415,11 @@ def _early_walk(problem: PlanningProblem, budget: int, options: PlannerOptions) 
     that near, the problem may swap or is large enough to be fused first, or the walk found
     nothing in its window; an exhausted walk (``found`` None) proves no plan fits, where the
     problem's accounting is the runtime's."""
-    low, peak = problem.order_free_floor, problem.unplanned_peak
-    if problem.can_swap or problem.n > options.coarsen_above or not low <= budget < peak or \
-            budget - low > options.early_walk_within * (peak - low):
+    peak = problem.unplanned_peak
+    if problem.can_swap or problem.n > options.coarsen_above or budget >= peak:
+        return None  # (before the floor: most solves stop here)
+    low = problem.order_free_floor
+    if budget < low or budget - low > options.early_walk_within * (peak - low):
         return None
     end = clock.now() + _early_window(options)
     deep = depth_first_plan(problem, budget, end)
