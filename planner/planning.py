@@ -102,7 +102,7 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     early = _early_walk(problem, budget, options) if options.reorder else None
     if early is not None and early.found is None:  # every state visited: no plan fits
         stats = SolverStats(seed=options.seed, workers=options.workers, clock=_clock_name(options))
-        res = _walked_through(_empty(problem, budget, "cpsat", status="timeout", solver=stats),
+        res = _walked_through(problem, _empty(problem, budget, "cpsat", status="timeout", solver=stats),
                               depth_first_plan(problem, budget + 1, clock.now() + _early_window(options)).found)
         return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
     found = None
@@ -388,7 +388,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
                                                                   "a plan (planner/pebble.py"))
         elif deep.exhausted and problem.runtime_exact and not problem.can_swap:
             # none fits; one byte more may (then that is the least), as the time left allows
-            return _walked_through(res, depth_first_plan(problem, budget + 1, deadline).found)
+            return _walked_through(problem, res, depth_first_plan(problem, budget + 1, deadline).found)
     if not found:
         return None
     # their plans recompute far more than memory requires: polished, in what is left of the
@@ -450,20 +450,26 @@ def _walked_first(problem: PlanningProblem, res: SolveResult, walked: Candidate,
     return replace(out, solver=replace(out.solver, bound=None, gap=None))
 
 
-def _walked_through(res: SolveResult, above: tuple[Plan, Simulation] | None) -> SolveResult:
+def _walked_through(problem: PlanningProblem, res: SolveResult, above: tuple[Plan, Simulation] | None) -> SolveResult:
     """``res`` (no plan within its budget) made infeasible: the depth-first walk went through every
     state within the budget without a plan, so no recompute plan in any node order fits it (the
     caller checked that the problem's accounting is the runtime's and that it cannot swap). The
     least is then at least one byte more, and exactly that where a plan peaks there (``above``:
-    the walk's plan within one byte more, if it found one)."""
-    least = res.budget_bytes + 1
-    found = least if above is not None else _lowest_found(res)
+    the walk's plan within one byte more, if it found one). Where none does, the exact search over
+    every order (planner/least.py) gives the least on problems small enough for it."""
+    least, how = res.budget_bytes + 1, ""
+    searched = None if above is not None else least_plan_any_order(problem)
+    if searched is not None and searched[0] > res.budget_bytes:
+        least = found = searched[0]
+        how = " (its least: the exact search over every node order's plans, planner/least.py)"
+    else:
+        found = least if above is not None else _lowest_found(res)
     exact = found == least
     best = "" if exact or found is None else f" (best plan found: {found} bytes)"
     return replace(res, status="infeasible", least_bytes=least, least_exact=exact, best_bytes=None if exact else found,
                    note=f"the least memory any plan reaches is {'' if exact else 'at least '}{least} bytes{best}: the "
                         f"depth-first walk over every node order's recompute plans (planner/pebble.py) went through "
-                        f"every state within {res.budget_bytes} bytes without one")
+                        f"every state within {res.budget_bytes} bytes without one{how}")
 
 
 def _walk_until(problem: PlanningProblem, budget: int, deadline: float, first: bool = False,

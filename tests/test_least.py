@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import planner.planning as planning
@@ -173,8 +173,15 @@ def test_phase_1_grows_the_model_when_it_proves_none_of_its_plans_fits(monkeypat
     assert [ph["name"] for ph in res.solver.phases][:3] == ["feasibility"] * 3
 
 
+# CI's find: the early walk (planner/planning._early_walk) is exhausted at the floor, 6 B, and
+# finds none at 7 B either; the least, 8 B, comes from the exact search
+WALKED_PAST = PlanningProblem.build(size=[1, 3, 1, 2, 1, 3, 1, 1, 2, 1], cost=[0] * 10,
+                                    preds=[[], [0], [0], [0, 1], [0], [0], [0], [1], [2, 5], [3, 4, 8]])
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=layered(max_n=14), share=st.floats(0.0, 1.0))
+@example(p=WALKED_PAST, share=0.0)
 def test_infeasible_exactly_when_every_plan_is_over_the_budget(p, share):
     """On random small DAGs, with the greedies failing so that the model has to find the plans."""
     least = exact_least_peak(p)
