@@ -28,14 +28,20 @@ def one_worker(**kw) -> PlannerOptions:
     return PlannerOptions(time_limit=120, workers=1, seed=0, solver_params=WORK, reorder=False, **kw)
 
 
-def test_no_light_baseline_fits_so_phase_1_runs(rl100):
+@pytest.fixture(scope="module")
+def one_worker_solve(benchmarks_dir):
+    """RL100 at 68% solved once with :func:`one_worker`'s options (16 s), for the tests that read it."""
+    p = random_layered(benchmarks_dir, 100)
+    budget = int(0.68 * p.unplanned_peak)
+    return p, budget, solve(p, budget, "cpsat", one_worker())
+
+
+def test_no_light_baseline_fits_so_phase_1_runs(one_worker_solve):
     """At 68% only the tight-budget greedy fits, and its plan computes some node more often than
     a hint may (a fallback, +77%): phase 1 runs, and its plan is far cheaper than the fallback."""
-    p, budget = rl100
+    p, budget, res = one_worker_solve
     g = baseline(p, "greedy", budget)
-    opt = one_worker()
-    assert g is None or g.sim.peak_bytes > budget or g.sim.compute_counts.max() > opt.hint_computations
-    res = solve(p, budget, "cpsat", opt)
+    assert g is None or g.sim.peak_bytes > budget or g.sim.compute_counts.max() > one_worker().hint_computations
     assert res.solver.phases[0]["name"] == "feasibility"
     if g is not None and g.sim.peak_bytes <= budget:
         assert res.added_time < 0.5 * g.sim.added_time
@@ -74,9 +80,8 @@ def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, monkeypatch, hea
     assert res.added_time < g.sim.added_time
 
 
-def test_one_worker_phase_1_finds_a_plan_within_budget(rl100):
-    p, budget = rl100
-    res = solve(p, budget, "cpsat", one_worker())
+def test_one_worker_phase_1_finds_a_plan_within_budget(one_worker_solve):
+    p, budget, res = one_worker_solve
     assert res.status in ("feasible", "optimal")
     sim = simulate(p, res.plan, budget)  # raises when the plan does not fit
     assert sim.peak_bytes <= budget
@@ -96,11 +101,10 @@ def test_one_worker_phase_1_is_deterministic(rl100):
     assert a.solver.phases[0]["name"] == "feasibility"  # phase 1 ran, as the test is about
 
 
-def test_single_thread_search_alone_does_not_reach_it(rl100):
+def test_single_thread_search_alone_does_not_reach_it(one_worker_solve):
     """Why phase1_lns exists: the same work without LNS finds no plan of its own (the result is
     the greedy fallback or none), where the interleaved search finds one far cheaper."""
-    p, budget = rl100
-    lns = solve(p, budget, "cpsat", one_worker())
+    p, budget, lns = one_worker_solve
     alone = solve(p, budget, "cpsat", replace(one_worker(), phase1_lns=False, phase1_ignore_subsolvers=()))
     assert lns.plan is not None
     assert alone.plan is None or alone.added_time > 2 * lns.added_time
