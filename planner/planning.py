@@ -40,7 +40,8 @@ from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
-from planner.order_bound import INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, growing_closure_bound, larger_bound
+from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
+                                 larger_bound)
 from planner.pebble import DepthFirstPlan, depth_first_plan, reverse_pebble
 from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
@@ -748,10 +749,22 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 phases.append(moved)
                 if moved.objective < r2.objective:
                     r2 = replace(moved, bound=r2.bound)
+            if r2.status != "OPTIMAL" and closure is not None:
+                cut = _closure_cuts(m2, r2, left() * opt.closure_cuts_share, opt)
+                if cut is not None:
+                    phases.append(cut)
+                    bounds = [b for b in (r2.bound, cut.bound) if b is not None]
+                    # its plan is the best one: r2's, or a cheaper one a proof found on the way
+                    r2 = replace(cut, status="OPTIMAL" if cut.status == "OPTIMAL" else "FEASIBLE",
+                                 bound=max(bounds) if bounds else None)
+                    if r2.values is not None:
+                        m2.apply_hint(r2.values)
             if r2.status != "OPTIMAL":
                 more = m2.solve("optimize", left())
                 if more.plan is not None and (r2.objective is None or more.objective <= r2.objective):
-                    r2 = more
+                    # a bound proven before holds over every plan of the model: the larger stands
+                    bounds = [b for b in (r2.bound, more.bound) if b is not None]
+                    r2 = replace(more, bound=max(bounds) if bounds else None)
                 else:  # no better plan: the first one stands, with the better of the two bounds
                     bounds = [b for b in (r2.bound, more.bound) if b is not None]
                     r2 = replace(r2, bound=max(bounds) if bounds else None, wall_s=more.wall_s)
@@ -772,6 +785,48 @@ def _closure_guided(m2: RematModel, r2: PhaseResult, closure: ClosureBound | Non
         return None
     nodes = set(closure.nodes) | set(r2.plan.recomputed(m2.p.n))
     return m2.solve("closure-guided", time_limit, model=m2.restricted(sorted(nodes), int(round(r2.objective))))
+
+
+def _closure_cuts(m2: RematModel, r2: PhaseResult, time_limit: float, opt: PlannerOptions) -> PhaseResult | None:
+    """The closure bound raised by cuts (planner.order_bound.ClosureCuts): the relaxation names
+    the nodes a cheaper plan would recompute, with ``closure_cut_nodes`` of its cheapest others
+    and the best plan's own; phase 2's model restricted to them (as in :func:`_closure_guided`)
+    proves no cheaper plan recomputes only those, or finds one. Rounds go on until the
+    relaxation has no solution below the best plan (then that plan is optimal among the model's
+    plans), a restricted search ends without a proof, or time runs out. The result's bound holds
+    over the model's plans, like phase 2's own; its plan is the cheapest found. None where there
+    is nothing to start from."""
+    if r2.plan is None or r2.objective is None or time_limit <= 0.05:
+        return None
+    start = clock.now()
+    deadline = start + time_limit
+    best, cost = r2, int(round(r2.objective))
+    cuts = ClosureCuts(m2.p, m2.budget, m2.obj_cost, cost, deadline)
+    if not cuts.ready:
+        return None
+    bound, status, inside = r2.bound, "FEASIBLE", set(best.plan.recomputed(m2.p.n))
+    while deadline - clock.now() > 0.05:
+        name, low, nodes = cuts.solve(deadline - clock.now(), opt.seed)
+        if name == "INFEASIBLE":  # no plan cheaper than the best one passes the cuts
+            bound, status = cost, "OPTIMAL"
+            break
+        if low is None:
+            break
+        bound = low if bound is None else max(bound, low)
+        inside |= set(nodes)
+        inside |= set([i for i in cuts.candidates if i not in inside][:opt.closure_cut_nodes])
+        if deadline - clock.now() <= 0.05:
+            break
+        found = m2.solve("closure-cut", deadline - clock.now(), model=m2.restricted(sorted(inside), cost))
+        if found.plan is not None and found.objective is not None and found.objective < cost:
+            best, cost = found, int(round(found.objective))
+            cuts.below(cost)
+            if found.status != "OPTIMAL":  # not proven cheapest there yet: search it again
+                continue
+        elif found.status != "INFEASIBLE":  # no proof in time
+            break
+        cuts.cut(sorted(inside))
+    return PhaseResult("closure-cuts", status, clock.wall_since(start), cost, bound, best.plan, best.values)
 
 
 def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float, phases: list[PhaseResult],
