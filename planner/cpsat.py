@@ -123,14 +123,15 @@ class PlannerOptions:
     # the same way on any machine); the nodes it adds to the best plan's at first; and how many
     # steps in a row may find nothing cheaper before phase 2 searches on instead.
     node_lns_share: float = 0.7
-    # Share of what the node-set search leaves for the closure bound's cut rounds
-    # (planning._closure_cuts; RL250 at 70%: gap 9.41% -> 0.48%), and how many of the
-    # relaxation's cheapest other nodes each round adds to the nodes it searches.
-    closure_cuts_share: float = 1.0
-    closure_cut_nodes: int = 5
     node_lns_step: float = 0.5
     node_lns_size: int = 12
     node_lns_patience: int = 6
+    # Share of what the node-set search leaves for the closure bound's cut rounds
+    # (planning._closure_cuts; RL250 at 70%, 60 s: gap 9.41% -> 4.14%, the same plan), and how
+    # many of the relaxation's cheapest other nodes each round adds to the nodes it searches
+    # (10 stalled sooner: bench/results/closure_cuts_stop44.md).
+    closure_cuts_share: float = 1.0
+    closure_cut_nodes: int = 5
     # Share of the time limit the min-peak search may take below the floor, where the budget is
     # infeasible at once and the search only lowers the "lowest plan found" figure (RL100 at 50%:
     # 61.4% of the unplanned peak in 15 s, 60.1% in 60 s; the floor, 54.1%, is what it claims).

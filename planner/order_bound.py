@@ -306,7 +306,6 @@ def larger_bound(a: ClosureBound | None, b: ClosureBound | None) -> ClosureBound
     return max(b, a, key=lambda c: (c.value == INFEASIBLE, c.value, c.exact))
 
 
-
 class ClosureCuts:
     """:func:`closure_bound`'s relaxation over every step over budget, with cuts that a search of
     the exact model (planning._closure_cuts) proves: "no plan cheaper than the best one
