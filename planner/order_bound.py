@@ -173,16 +173,7 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
         return None
     m, events = built
     m.Minimize(sum(int(cost[i]) * z for (i, _), z in events.items()))
-    solver = cp_model.CpSolver()
-    clock.limit_solver(solver.parameters, deadline - clock.now())
-    # One worker with the full linearisation's LP. Measured (zoo:gpt 76/80%, RL100 60/70%, RL250
-    # 90%): 2.0/1.6/0.6/0.3/4.6 s, all exact; two interleaved workers with it 10.6/12.6/5.2/1.5 s
-    # and RL250 inexact; two without it 2.7/3.3/1.2/0.5 s and no bound at all on RL250.
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = int(seed)
-    solver.parameters.linearization_level = 2
-    status = solver.Solve(m)
-    clock.charge(solver.ResponseProto().deterministic_time)
+    solver, status = _solve_relaxation(m, deadline - clock.now(), seed)
     nodes: tuple[int, ...] = ()
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         nodes = tuple(sorted({i for (i, _), z in events.items() if solver.BooleanValue(z)}))
@@ -194,6 +185,21 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     if math.isfinite(bound) and bound > 0:
         return ClosureBound(int(math.ceil(bound - 1e-6)), False, nodes)
     return None
+
+
+def _solve_relaxation(m: cp_model.CpModel, time_limit: float, seed: int) -> tuple[cp_model.CpSolver, int]:
+    """(solver, status) of the closure relaxation ``m`` solved within ``time_limit``. One worker
+    with the full linearisation's LP. Measured (zoo:gpt 76/80%, RL100 60/70%, RL250 90%):
+    2.0/1.6/0.6/0.3/4.6 s, all exact; two interleaved workers with it 10.6/12.6/5.2/1.5 s and
+    RL250 inexact; two without it 2.7/3.3/1.2/0.5 s and no bound at all on RL250."""
+    solver = cp_model.CpSolver()
+    clock.limit_solver(solver.parameters, time_limit)
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = int(seed)
+    solver.parameters.linearization_level = 2
+    status = solver.Solve(m)
+    clock.charge(solver.ResponseProto().deterministic_time)
+    return solver, status
 
 
 def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadline: float
@@ -328,7 +334,6 @@ class ClosureCuts:
         if built is None:
             return
         self.m, self.events = built
-        self.cost = cost
         self.other = {j: self.m.NewBoolVar("") for j in range(problem.n)
                       if problem.recomputable[j] and int(cost[j]) > 0}
         self.objective = (sum(int(cost[i]) * z for (i, _), z in self.events.items())
@@ -351,13 +356,7 @@ class ClosureCuts:
     def solve(self, time_limit: float, seed: int = 0) -> tuple[str, float | None, tuple[int, ...]]:
         """(CP-SAT status name, proven lower bound or None, the nodes its best solution
         recomputes). INFEASIBLE: no plan below the last ``below`` passes the cuts."""
-        solver = cp_model.CpSolver()
-        clock.limit_solver(solver.parameters, time_limit)
-        solver.parameters.num_workers = 1  # as closure_bound, measured there
-        solver.parameters.random_seed = int(seed)
-        solver.parameters.linearization_level = 2
-        status = solver.Solve(self.m)
-        clock.charge(solver.ResponseProto().deterministic_time)
+        solver, status = _solve_relaxation(self.m, time_limit, seed)
         name = solver.StatusName(status)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return name, None, ()

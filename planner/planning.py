@@ -753,24 +753,27 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 cut = _closure_cuts(m2, r2, left() * opt.closure_cuts_share, opt)
                 if cut is not None:
                     phases.append(cut)
-                    bounds = [b for b in (r2.bound, cut.bound) if b is not None]
                     # its plan is the best one: r2's, or a cheaper one a proof found on the way
                     r2 = replace(cut, status="OPTIMAL" if cut.status == "OPTIMAL" else "FEASIBLE",
-                                 bound=max(bounds) if bounds else None)
+                                 bound=_larger(r2.bound, cut.bound))
                     if r2.values is not None:
                         m2.apply_hint(r2.values)
             if r2.status != "OPTIMAL":
                 more = m2.solve("optimize", left())
+                # a bound proven before holds over every plan of the model: the larger stands
+                bound = _larger(r2.bound, more.bound)
                 if more.plan is not None and (r2.objective is None or more.objective <= r2.objective):
-                    # a bound proven before holds over every plan of the model: the larger stands
-                    bounds = [b for b in (r2.bound, more.bound) if b is not None]
-                    r2 = replace(more, bound=max(bounds) if bounds else None)
-                else:  # no better plan: the first one stands, with the better of the two bounds
-                    bounds = [b for b in (r2.bound, more.bound) if b is not None]
-                    r2 = replace(r2, bound=max(bounds) if bounds else None, wall_s=more.wall_s)
+                    r2 = replace(more, bound=bound)
+                else:  # no better plan: the first one stands
+                    r2 = replace(r2, bound=bound, wall_s=more.wall_s)
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    """The larger of two lower bounds on one model's plans (either may be None)."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _closure_guided(m2: RematModel, r2: PhaseResult, closure: ClosureBound | None,

@@ -16,7 +16,7 @@ from tests.helpers import random_layered
 WORK = (("max_deterministic_time", 0.5),)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def rl100(benchmarks_dir):
     p = random_layered(benchmarks_dir, 100)
     return p, int(0.68 * p.unplanned_peak)
@@ -29,10 +29,9 @@ def one_worker(**kw) -> PlannerOptions:
 
 
 @pytest.fixture(scope="module")
-def one_worker_solve(benchmarks_dir):
+def one_worker_solve(rl100):
     """RL100 at 68% solved once with :func:`one_worker`'s options (16 s), for the tests that read it."""
-    p = random_layered(benchmarks_dir, 100)
-    budget = int(0.68 * p.unplanned_peak)
+    p, budget = rl100
     return p, budget, solve(p, budget, "cpsat", one_worker())
 
 
