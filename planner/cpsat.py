@@ -127,7 +127,8 @@ class PlannerOptions:
     node_lns_size: int = 12
     node_lns_patience: int = 6
     # Share of what the node-set search leaves for the closure bound's cut rounds
-    # (planning._closure_cuts; RL250 at 70%, 60 s: gap 9.41% -> 4.14%, the same plan), and how
+    # (planning._closure_cuts; RL250 at 70%, 60 s: gap 9.41% -> 4.14%, the same plan; 0.48% since
+    # the closure bounds search only under the best plan: bench/results/closure_below_stop45.md), and how
     # many of the relaxation's cheapest other nodes each round adds to the nodes it searches
     # (10 stalled sooner: bench/results/closure_cuts_stop44.md).
     closure_cuts_share: float = 1.0

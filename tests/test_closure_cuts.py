@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from planner.baselines import baseline
 from planner.cpsat import PhaseResult, PlannerOptions, RematModel
+from planner.order_bound import closure_bound
 from planner.planning import _closure_cuts
 from planner.simulate import simulate
 from tests.test_chain_greedy import layered
@@ -29,12 +30,15 @@ def test_cut_rounds_bound_the_models_optimum_from_below(p, share):
         return  # the oracle needs the model's optimum
     r2 = PhaseResult("start", "FEASIBLE", 0.0, m2.objective_of_counts(start.sim.compute_counts), None,
                      start.plan, None)
-    cut = _closure_cuts(m2, r2, 10, ONE)
-    if cut is None:  # nothing over budget unplanned: no relaxation to cut
-        return
-    assert cut.objective <= r2.objective
-    assert simulate(p, cut.plan, budget).peak_bytes <= budget
-    if cut.bound is not None:
-        assert cut.bound <= best.objective + 1e-6
-    if cut.status == "OPTIMAL":
-        assert cut.objective == best.objective
+    # alone, and from the closure bound proven before them (under the start's cost, as phase 2
+    # asks it): its value a floor for every round, its solution the first round's where exact
+    known = closure_bound(p, budget, m2.obj_cost, 10, below=int(round(r2.objective)))
+    for cut in (_closure_cuts(m2, r2, 10, ONE), _closure_cuts(m2, r2, 10, ONE, known)):
+        if cut is None:  # nothing over budget unplanned: no relaxation to cut
+            return
+        assert cut.objective <= r2.objective
+        assert simulate(p, cut.plan, budget).peak_bytes <= budget
+        if cut.bound is not None:
+            assert cut.bound <= best.objective + 1e-6
+        if cut.status == "OPTIMAL":
+            assert cut.objective == best.objective
