@@ -118,7 +118,15 @@ class PlannerOptions:
     # nodes the bound's solution or the best plan recomputes (planning._closure_guided; it stops
     # once optimal there: 0.8 s on RL250 at 70%, +2.079% -> +1.981%).
     closure_guided_share: float = 0.5
-    # Share of what is left after that for the node-set neighbourhood search (planner/node_lns.py);
+    # Share of what the guided search leaves for the closure bound's cut rounds
+    # (planning._closure_cuts; RL250 at 70%, 60 s: gap 9.41% -> 4.14%, the same plan; 0.48% since
+    # the closure bounds search only under the best plan and the rounds come before the node-set
+    # search: bench/results/closure_below_stop45.md), and how many of the relaxation's cheapest
+    # other nodes each round adds to the nodes it searches (10 stalled sooner:
+    # bench/results/closure_cuts_stop44.md).
+    closure_cuts_share: float = 1.0
+    closure_cut_nodes: int = 5
+    # Share of what is left after them for the node-set neighbourhood search (planner/node_lns.py);
     # the deterministic seconds one of its steps may take (on either clock, so that its steps end
     # the same way on any machine); the nodes it adds to the best plan's at first; and how many
     # steps in a row may find nothing cheaper before phase 2 searches on instead.
@@ -126,13 +134,6 @@ class PlannerOptions:
     node_lns_step: float = 0.5
     node_lns_size: int = 12
     node_lns_patience: int = 6
-    # Share of what the node-set search leaves for the closure bound's cut rounds
-    # (planning._closure_cuts; RL250 at 70%, 60 s: gap 9.41% -> 4.14%, the same plan; 0.48% since
-    # the closure bounds search only under the best plan: bench/results/closure_below_stop45.md), and how
-    # many of the relaxation's cheapest other nodes each round adds to the nodes it searches
-    # (10 stalled sooner: bench/results/closure_cuts_stop44.md).
-    closure_cuts_share: float = 1.0
-    closure_cut_nodes: int = 5
     # Share of the time limit the min-peak search may take below the floor, where the budget is
     # infeasible at once and the search only lowers the "lowest plan found" figure (RL100 at 50%:
     # 61.4% of the unplanned peak in 15 s, 60.1% in 60 s; the floor, 54.1%, is what it claims).

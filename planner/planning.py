@@ -713,8 +713,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     # The recompute-closure bound (planner.order_bound) often proves more than phase 2 does
     # (zoo:gpt at 80%: 4.91% of the step time against 2.68%). When the closure bound applies,
     # phase 2's first search gets ``phase2_share`` of the time; ending without a proof, the bound
-    # runs in its share, then the guided and node-set searches, then phase 2 again from the best
-    # plan (RL100 at 60%, 10 deterministic s: +26.20% -> +22.61%; bench/results/node_lns_stop21.md).
+    # runs in its share, then the guided search, the cut rounds and the node-set search, then
+    # phase 2 again from the best plan (RL100 at 60%, 10 deterministic s: +26.20% -> +22.61%; bench/results/node_lns_stop21.md).
     # Reported only: as a constraint it changed the search (RL100 at 60%: +31.33% against
     # +23.68%), and a callback stopping phase 2 on reaching it aborts CP-SAT 9.15 with 2
     # interleaved workers (VGG16 at 90%).
@@ -748,16 +748,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                     r2 = replace(guided, status="FEASIBLE", bound=r2.bound)
             if r2.values is not None:
                 m2.apply_hint(r2.values)
-            # then among plans recomputing the best plan's nodes and a few drawn at random
-            moved = node_lns(m2, r2, left() * opt.node_lns_share, opt.node_lns_step, opt.node_lns_size, opt.seed,
-                             opt.node_lns_patience)
-            # (it leaves m2 hinted with its best plan, r2's when it found none cheaper)
-            if moved is not None and moved.status == "OPTIMAL":  # no plan of the model is cheaper
-                r2 = moved
-            elif moved is not None:
-                phases.append(moved)
-                if moved.objective < r2.objective:
-                    r2 = replace(moved, bound=r2.bound)
+            # then the cut rounds, before the node-set search: their restricted searches look
+            # for cheaper plans too, and where they stop without a proof the node-set search
+            # gets what is left (RL250 at 70%: gap 0.48% twice, where after the node-set search
+            # 1.41% in 3 runs of 5; RL1000 at 90%: 82.64% -> 60.35%; bench/results/closure_below_stop45.md)
             if r2.status != "OPTIMAL" and closure is not None:
                 cut = _closure_cuts(m2, r2, left() * opt.closure_cuts_share, opt, closure)
                 if cut is not None:
@@ -767,6 +761,16 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                                  bound=_larger(r2.bound, cut.bound))
                     if r2.values is not None:
                         m2.apply_hint(r2.values)
+            # then among plans recomputing the best plan's nodes and a few drawn at random
+            moved = None if r2.status == "OPTIMAL" else node_lns(
+                m2, r2, left() * opt.node_lns_share, opt.node_lns_step, opt.node_lns_size, opt.seed, opt.node_lns_patience)
+            # (it leaves m2 hinted with its best plan, r2's when it found none cheaper)
+            if moved is not None and moved.status == "OPTIMAL":  # no plan of the model is cheaper
+                r2 = moved
+            elif moved is not None:
+                phases.append(moved)
+                if moved.objective < r2.objective:
+                    r2 = replace(moved, bound=r2.bound)
             if r2.status != "OPTIMAL":
                 more = m2.solve("optimize", left())
                 # a bound proven before holds over every plan of the model: the larger stands

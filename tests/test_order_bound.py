@@ -223,9 +223,20 @@ def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(benchmarks_dir):
     assert g is None or g.sim.added_time >= cb.value
 
 
-# after the node-set search: nothing (it proved the plan optimal), the closure bound's cut rounds
-# (planning._closure_cuts) and their result where they proved it, or phase 2 again after them
-PHASES_AFTER = ([], ["optimize"], ["closure-cuts", "closure-cuts"], ["closure-cuts", "optimize"])
+def _after_guided(names: list[str]) -> bool:
+    """After the guided search: the closure bound's cut rounds (planning._closure_cuts), where
+    they ran; where they did not prove the plan optimal, the node-set search (where time was
+    left); where that did not either, phase 2 again (where time was left). Last, the best plan's
+    phase: the one that proved it optimal, or the last that found it (phase 2's own again)."""
+    rest = list(names)
+    last = rest.pop() if rest else None
+    if rest[:1] == ["closure-cuts"]:
+        rest.pop(0)
+        if not rest and last == "closure-cuts":  # proved optimal, or no time left for the others
+            return True
+    if rest[:1] == ["node-lns"]:
+        rest.pop(0)
+    return not rest and last in ("closure-cuts", "node-lns", "optimize")
 
 
 def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir):
@@ -243,7 +254,7 @@ def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir)
     # the best plan's nodes and a few drawn at random, then from the best plan unless that search
     # proved it optimal; never dearer); without the bound phase 2 runs once
     names = [ph["name"] for ph in res.solver.phases]
-    assert names[:4] == ["feasibility", "optimize", "closure-guided", "node-lns"] and names[4:] in PHASES_AFTER
+    assert names[:3] == ["feasibility", "optimize", "closure-guided"] and _after_guided(names[3:]), names
     assert [ph["name"] for ph in alone.solver.phases] == ["feasibility", "optimize"]
     assert res.added_time <= alone.added_time
 
@@ -358,4 +369,4 @@ def test_an_extended_deadline_reaches_the_closure_bound_and_phase_2(benchmarks_d
     # the bound's share of the extra ~95 s (0.1 of it) is more than the whole 8 s limit
     assert len(limits) == 1 and limits[0] > opts.time_limit
     names = [ph["name"] for ph in res.solver.phases]
-    assert names[:4] == ["feasibility", "optimize", "closure-guided", "node-lns"] and names[4:] in PHASES_AFTER
+    assert names[:3] == ["feasibility", "optimize", "closure-guided"] and _after_guided(names[3:]), names
