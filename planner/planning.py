@@ -714,7 +714,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     # (zoo:gpt at 80%: 4.91% of the step time against 2.68%). When the closure bound applies,
     # phase 2's first search gets ``phase2_share`` of the time; ending without a proof, the bound
     # runs in its share, then the guided search, the cut rounds and the node-set search, then
-    # phase 2 again from the best plan (RL100 at 60%, 10 deterministic s: +26.20% -> +22.61%; bench/results/node_lns_stop21.md).
+    # phase 2 again from the best plan (RL100 at 60%, 10 deterministic s: +26.20% -> +22.61%;
+    # bench/results/node_lns_stop21.md).
     # Reported only: as a constraint it changed the search (RL100 at 60%: +31.33% against
     # +23.68%), and a callback stopping phase 2 on reaching it aborts CP-SAT 9.15 with 2
     # interleaved workers (VGG16 at 90%).
@@ -763,7 +764,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                         m2.apply_hint(r2.values)
             # then among plans recomputing the best plan's nodes and a few drawn at random
             moved = None if r2.status == "OPTIMAL" else node_lns(
-                m2, r2, left() * opt.node_lns_share, opt.node_lns_step, opt.node_lns_size, opt.seed, opt.node_lns_patience)
+                m2, r2, left() * opt.node_lns_share, opt.node_lns_step, opt.node_lns_size, opt.seed,
+                opt.node_lns_patience)
             # (it leaves m2 hinted with its best plan, r2's when it found none cheaper)
             if moved is not None and moved.status == "OPTIMAL":  # no plan of the model is cheaper
                 r2 = moved
