@@ -191,9 +191,11 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     the time (RL100 at 60%); below the given order's floor, ``order`` gets it all (the resnet
     fixture at 60%: its bound and the given order's infeasible solve took 14 of the 60 s)."""
     q = permute(problem, order)
-    # The given order's baselines first, once (on RL1000 the greedy alone takes 10-35 s), so its
-    # solve below gets what time is left, not its baselines' time on top. Not when q's plan ends
-    # it: within budget unplanned, that order needs no remat.
+    # The given order's baselines only where they decide something before its own solve (on
+    # RL1000 the greedy alone takes 10-35 s): whether a baseline fits in it where none fits in the
+    # memory-aware order (below). Elsewhere its solve runs them, in its own time, when it is
+    # searched at all: RL250 at 70%, where the closure bound rules the given order out, spent 3.7-4.2 s
+    # of 60 on its greedy that found nothing.
     def left() -> float:
         """Seconds of the whole limit not spent yet."""
         return max(0.0, options.time_limit - (clock.now() - t0))
@@ -202,23 +204,27 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         """``res`` as this solve's result: its wall time is the whole solve's."""
         return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)), **changes)
 
-    spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
     # Neither below the floor: no baseline fits there, and the solves below say infeasible at once.
     plannable = budget >= problem.memory_floor
-    cands = _baselines(problem, budget, clock.now() + spend) if plannable and q.unplanned_peak > budget else None
+    pace = _Pace()
+    q_cands = _baselines(q, budget, clock.now() + options.baseline_share * options.reorder_share * left()) \
+        if plannable else None
+    if plannable and not problem.can_swap and not _fits(q_cands, budget):
+        spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
+        cands = _baselines(problem, budget, clock.now() + spend)
+        if _fits(cands, budget):
+            # A baseline fits in the given order and none in the memory-aware one: that order is
+            # the harder one here, and its share of the time only delays the given order's search.
+            # RL100 at 60% on a 2-core machine twice slower than the one of the figures above: the
+            # memory-aware order found no plan in its 30 s, and the given order's phase 1 found its
+            # first plan after 26-29 s of its 30, leaving phase 2 1.6-3 s (+46%, or the greedy's +385%).
+            given = _solve_cpsat(problem, budget, replace(options, time_limit=left()), clock.now(), cands, pace)
+            return stamped(given, note=f"{given.note}; no baseline fits in the memory-aware order (from {rule!r}): "
+                                       f"planned in the given order only".strip("; "))
+    else:
+        cands = None  # the given order's solve runs them, if it comes to that
     # below the given order's floor no plan in it fits: the memory-aware order gets the whole time
     share = options.reorder_share * left() if plannable else left()
-    pace = _Pace()
-    q_cands = _baselines(q, budget, clock.now() + options.baseline_share * share) if plannable else None
-    if not problem.can_swap and _fits(cands, budget) and not _fits(q_cands, budget):
-        # A baseline fits in the given order and none in the memory-aware one: that order is the
-        # harder one here, and its share of the time only delays the given order's search. RL100
-        # at 60% on a 2-core machine twice slower than the one of the figures above: the
-        # memory-aware order found no plan in its 30 s, and the given order's phase 1 found its
-        # first plan after 26-29 s of its 30, leaving phase 2 1.6-3 s (+46%, or the greedy's +385%).
-        given = _solve_cpsat(problem, budget, replace(options, time_limit=left()), clock.now(), cands, pace)
-        return stamped(given, note=f"{given.note}; no baseline fits in the memory-aware order (from {rule!r}): "
-                                   f"planned in the given order only".strip("; "))
     cost, _ = objective_costs(problem.cost)  # q's units too: the same costs, permuted
 
     solved: list[ClosureBound | None] = []

@@ -210,6 +210,24 @@ def test_only_the_given_order_is_searched_where_only_it_has_a_fitting_baseline(b
     assert simulate(p, res.plan, budget).peak_bytes <= budget
 
 
+def test_the_given_order_runs_no_baseline_where_its_closure_bound_rules_it_out(benchmarks_dir, monkeypatch):
+    # RL250 at 70%: a baseline fits in the memory-aware order, and the given order's closure bound
+    # shows that no plan in it is cheaper than that order's. Its baselines (3.7-4.2 s of the 60,
+    # its greedy finding nothing) are then never run: the time goes to the order planned in.
+    import planner.planning as planning
+
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.7)
+    ran = []
+    real = planning._baselines
+    monkeypatch.setattr(planning, "_baselines", lambda problem, *a, **k: ran.append(problem) or real(problem, *a, **k))
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=20, solver_params=(("max_deterministic_time", 3.0),)))
+    assert res.plan is not None and res.order.startswith("memory-aware:")
+    assert "no plan in the given order is cheaper" in res.note
+    assert ran and all(q is not p for q in ran)  # the memory-aware order's only
+    assert simulate(p, res.plan, budget).peak_bytes <= budget
+
+
 def test_a_move_shifts_positions_as_taking_the_node_out_and_putting_it_back():
     from planner.reorder import _moved
 
