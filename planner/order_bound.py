@@ -338,10 +338,10 @@ class ClosureCuts:
     still satisfies every cut, and the relaxation's optimum (or CP-SAT's bound on it) is a lower
     bound on the recompute cost of every plan the cuts' proofs cover. RL250 at 70% (memory-aware
     order, plan 2487 units): 2253 -> 2475 (gap 9.41% -> 0.48%) in 8 rounds of 5 nodes more, which
-    a 60 s solve now gives them (33 s: the closure bounds before them search only under the best
-    plan, and they run before the node-set search; 2384, gap 4.14%, in the 24 s they had
-    before). Rounds of 10 nodes more stall sooner: the restricted search proves nothing over 63
-    nodes within 20 s."""
+    a 60 s solve now gives them (about 38 s: the closure bounds before them search only under the
+    best plan, they run before the node-set search, and the given order's baselines are not run;
+    2384, gap 4.14%, in the 24 s they had before). Rounds of 10 nodes more stall sooner: the
+    restricted search proves nothing over 63 nodes within 20 s."""
 
     def __init__(self, problem: PlanningProblem, budget: int, cost: Sequence[int], below: int, deadline: float):
         over = over_budget_steps(problem, budget)
