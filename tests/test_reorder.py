@@ -221,7 +221,7 @@ def test_the_given_order_runs_no_baseline_where_its_closure_bound_rules_it_out(b
     ran = []
     real = planning._baselines
     monkeypatch.setattr(planning, "_baselines", lambda problem, *a, **k: ran.append(problem) or real(problem, *a, **k))
-    res = solve(p, budget, "cpsat", replace(ONE, time_limit=20, solver_params=(("max_deterministic_time", 3.0),)))
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=2, work_limit=True))
     assert res.plan is not None and res.order.startswith("memory-aware:")
     assert "no plan in the given order is cheaper" in res.note
     assert ran and all(q is not p for q in ran)  # the memory-aware order's only
