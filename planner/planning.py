@@ -194,7 +194,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     # The given order's baselines only where they decide something before its own solve (on
     # RL1000 the greedy alone takes 10-35 s): whether a baseline fits in it where none fits in the
     # memory-aware order (below). Elsewhere its solve runs them, in its own time, when it is
-    # searched at all: RL250 at 70%, where the closure bound rules the given order out, spent 3.7-4.2 s
+    # searched at all: RL250 at 70%, where the closure bound rules the given order out, spent 2.5-4.2 s
     # of 60 on its greedy that found nothing.
     def left() -> float:
         """Seconds of the whole limit not spent yet."""

@@ -212,7 +212,7 @@ def test_only_the_given_order_is_searched_where_only_it_has_a_fitting_baseline(b
 
 def test_the_given_order_runs_no_baseline_where_its_closure_bound_rules_it_out(benchmarks_dir, monkeypatch):
     # RL250 at 70%: a baseline fits in the memory-aware order, and the given order's closure bound
-    # shows that no plan in it is cheaper than that order's. Its baselines (3.7-4.2 s of the 60,
+    # shows that no plan in it is cheaper than that order's. Its baselines (2.5-4.2 s of the 60,
     # its greedy finding nothing) are then never run: the time goes to the order planned in.
     import planner.planning as planning
 
