@@ -194,6 +194,58 @@ def test_closure_bound_counts_the_inputs_a_recompute_needs():
     assert res.status == "optimal" and res.solver.gap == 0.0
 
 
+def _one_held_across_a_recompute() -> PlanningProblem:
+    """0 (5 B) feeds 1 (9 B), 2 (3 B) and 4; 3 reads 1, 4 reads 0 and 2. Budget 14: while 2 runs, 1
+    must go (cost 6) and come back before 3; while 3 runs, 0 must go (cost 3) and come back
+    before 4. When 1 is made again, 0 is there as its input and 2 is held for 4: 9 + 5 + 3 = 17
+    bytes, so 2 must go too (cost 4): 13 in all."""
+    return PlanningProblem.build(size=[5, 9, 3, 2, 3], cost=[3, 6, 4, 4, 4], preds=[[], [0], [0], [1], [0, 2]])
+
+
+def test_the_recompute_before_a_step_holds_what_that_step_holds(monkeypatch):
+    from planner import order_bound
+    from planner.least import cheapest_plan
+
+    p = _one_held_across_a_recompute()
+    cost = p.cost.astype(np.int64)
+    cb = closure_bound(p, 14, cost, time_limit=10)
+    assert cb is not None and cb.exact and cb.value == 13 == cheapest_plan(p, 14)[0]
+    monkeypatch.setattr(order_bound._Closure, "tighten", lambda self, solver: 0)  # without the rule
+    assert closure_bound(p, 14, cost, time_limit=10).value == 9
+
+
+@st.composite
+def _small_problems(draw) -> tuple[PlanningProblem, int]:
+    """Random DAGs small enough for the exact search (planner/least.py), some with pinned outputs
+    and scratch, and a budget between their floor and their unplanned peak."""
+    from tests.helpers import draw_dag
+
+    preds, size, cost = draw_dag(draw, 14, 30)
+    n = len(size)
+    pinned = draw(st.lists(st.booleans(), min_size=n, max_size=n)) if draw(st.booleans()) else None
+    scratch = draw(st.lists(st.integers(0, 10), min_size=n, max_size=n)) if draw(st.booleans()) else None
+    p = PlanningProblem.build(size=size, cost=cost, preds=preds, pinned=pinned, scratch=scratch)
+    return p, draw(st.integers(p.memory_floor, max(p.memory_floor, p.unplanned_peak - 1)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_small_problems())
+def test_closure_bound_is_never_above_the_cheapest_of_every_plan(case):
+    # the exact search over every recompute plan in the order is the oracle: no relaxation step,
+    # the last-input rule included, may cut off the cheapest plan
+    from planner.least import cheapest_plan
+
+    p, budget = case
+    cb = closure_bound(p, budget, p.cost.astype(np.int64), time_limit=10)
+    found = cheapest_plan(p, budget)
+    if cb is None:
+        return
+    if cb.value == INFEASIBLE:
+        assert found is None
+    elif found is not None:
+        assert cb.value <= found[0] + 1e-9
+
+
 @pytest.mark.parametrize("cost", [[5, 7, 1, 1, 1, 1], [0.5e-6 / 3, 0.7e-6 / 3, 1e-7 / 3, 1e-7, 1e-7, 1e-7]])
 def test_a_plan_at_the_closure_bound_is_reported_optimal(cost, monkeypatch):
     # Phase 2 gets no search at all, so the greedy's plan (x and a again) stands. Its own bound
