@@ -152,8 +152,9 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
         it, RL100 at 60% 4760 units (plan 10205); with it 5629, exact in 4-5 s.
     Every fitting plan gives values for these, so the optimum (or CP-SAT's bound on it) is at
     most its recompute cost. Memory during recomputes is left out but for the last-input rule,
-    and steps are only linked through z, so the bound stays a relaxation. Measured (share of step time, the CP-SAT slot
-    model's bound in brackets, best plan after the arrow): RL100 at 60% 9.96% (4.06%) -> 23.68%;
+    and steps are only linked through z, so the bound stays a relaxation. Measured before that
+    rule (share of step time, the CP-SAT slot model's bound in brackets, best plan after the
+    arrow): RL100 at 60% 9.96% (4.06%) -> 23.68%;
     zoo:gpt at 80% 4.91% (2.68%) -> 5.36%, at 76% 8.49% (4.47%) -> 9.82%; 0.3-5 s each.
 
     ``steps``: only these of the steps over budget (default: all). Each step only adds
@@ -311,9 +312,9 @@ class _Closure:
         return [u for u in sorted(set(p.pred_lists[s])) if u not in r_prev and p.recomputable[u] and not p.pinned[u]]
 
     def _rule(self, s: int) -> list[tuple[int, int, list[tuple[int, int, list[int]]], int]]:
-        """The last-input rule at step s as data: per input x that may be made last, (x, its
-        literal's kind and key, the terms (size, node, events) of the buffers held, the room
-        they have). Kind 0: r[s-1, x]; kind 1: x's event between s-1 and s."""
+        """The last-input rule at step s as data: per input x that may be made last, (x, kind,
+        the buffers held as (size, node, its events between s-1 and s), the bytes they may take).
+        Kind 0: x made again is r[s-1, x]; kind 1: it is x's event between s-1 and s."""
         p, succ = self.p, self.p.succ_lists
         a_s, r_prev = self.steps[s][0], self.steps[s - 1][1]
         inputs = set(p.pred_lists[s])
