@@ -148,8 +148,11 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
       * the last-input rule, for steps s and s-1 both modelled, added where a solution breaks it
         (:meth:`_Closure.tighten`): of the inputs of s computed again between s-1 and s, the one
         made last is made while every other input of s, its own inputs and each buffer resident
-        at s that was not made again in between are resident, all within ``budget``. Without
-        it, RL100 at 60% 4760 units (plan 10205); with it 5629, exact in 4-5 s.
+        at s that was not made again in between are resident, all within ``budget`` (the other
+        inputs were made before it and stay until s; a buffer resident at s and not made in
+        between was resident before). An input with no r var at s-1 (an input of s-1, or s-1)
+        is that last one only through an event of its own between s-1 and s. Without the rule,
+        RL100 at 60% 4760 units (plan 10205); with it 5629, exact in 4-5 s.
     Every fitting plan gives values for these, so the optimum (or CP-SAT's bound on it) is at
     most its recompute cost. Memory during recomputes is left out but for the last-input rule,
     and steps are only linked through z, so the bound stays a relaxation. Measured before that
