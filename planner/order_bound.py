@@ -192,13 +192,12 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     m.Minimize(objective)
     if below is not None:
         m.Add(objective <= int(below) - 1)
-    solver, status, proven = _solve_tightened(built, deadline - clock.now(), seed)
+    solver, status, proven, settled = _solve_tightened(built, deadline - clock.now(), seed)
     nodes: tuple[int, ...] = ()
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         nodes = tuple(sorted({i for (i, _), z in events.items() if solver.BooleanValue(z)}))
     if status == cp_model.OPTIMAL:  # exact only when no step breaks the rule: else its time ran out
-        exact = not built.tighten(solver)
-        return ClosureBound(int(round(solver.ObjectiveValue())), exact, nodes)
+        return ClosureBound(int(round(solver.ObjectiveValue())), settled, nodes)
     if status == cp_model.INFEASIBLE:  # with ``below``: no solution under it
         return ClosureBound(INFEASIBLE, True) if below is None else ClosureBound(int(below), False)
     bound = solver.BestObjectiveBound()  # valid with or without a solution
@@ -228,18 +227,24 @@ def _solve_relaxation(m: cp_model.CpModel, time_limit: float, seed: int) -> tupl
     return solver, status
 
 
-def _solve_tightened(c: "_Closure", time_limit: float, seed: int) -> tuple[cp_model.CpSolver, int, float | None]:
-    """(solver, status, bound proven on the way) of ``c``'s model: solved, and while its optimum
-    breaks the last-input rule at some step, solved again with the rule there. Each optimum on
-    the way is a bound (its model only lacks constraints every plan meets); the last solve's own
-    bound adds to it. RL250 at 70% (memory-aware order): no step broken, one solve, as without
-    the rule; RL100 at 60%: 4760 -> 5629 units."""
+def _solve_tightened(c: "_Closure", time_limit: float, seed: int
+                     ) -> tuple[cp_model.CpSolver, int, float | None, bool]:
+    """(solver, status, bound proven on the way, whether the last optimum keeps the last-input
+    rule everywhere) of ``c``'s model: solved, and while its optimum breaks the rule at some
+    step, solved again with the rule there. Each optimum on the way is a bound (its model only
+    lacks constraints every plan meets); the last solve's own bound adds to it. RL250 at 70%
+    (memory-aware order): no step broken, one solve, as without the rule; RL100 at 60%: 4760 ->
+    5629 units."""
     deadline = clock.now() + time_limit
     proven: float | None = None
     while True:
         solver, status = _solve_relaxation(c.m, deadline - clock.now(), seed)
-        if status != cp_model.OPTIMAL or deadline - clock.now() <= 0.05 or not c.tighten(solver):
-            return solver, status, proven
+        if status != cp_model.OPTIMAL:
+            return solver, status, proven, False
+        if not c.tighten(solver):
+            return solver, status, proven, True
+        if deadline - clock.now() <= 0.05:  # broken, and no time to solve again
+            return solver, status, proven, False
         proven = solver.ObjectiveValue()
 
 
@@ -322,21 +327,21 @@ class _Closure:
         a_s, r_prev = self.steps[s][0], self.steps[s - 1][1]
         inputs = set(p.pred_lists[s])
         need = self.p.base_bytes + int(self.pinned_before[s]) + sum(int(p.size[u]) for u in inputs if not p.pinned[u])
+        held = []  # the buffers s holds that may be resident across the recompute, built once
+        for j in a_s:
+            if j in inputs or p.pinned[j]:
+                continue
+            again = [] if not p.recomputable[j] else [
+                k for k in range(bisect.bisect_right(succ[j], s - 1), bisect.bisect_right(succ[j], s) + 1)]
+            if any((j, k) not in self.events for k in again):
+                continue  # a recompute there has no event to show it: j may not be held
+            held.append((int(p.size[j]), j, again))
         out = []
         for x in [x for x in sorted(inputs) if x in r_prev] + self.others(s):
             own = set(p.pred_lists[x])
-            terms = []
-            for j in a_s:
-                if j in inputs or j in own or p.pinned[j]:
-                    continue
-                again = [] if not p.recomputable[j] else [
-                    k for k in range(bisect.bisect_right(succ[j], s - 1), bisect.bisect_right(succ[j], s) + 1)]
-                if any((j, k) not in self.events for k in again):
-                    continue  # a recompute there has no event to show it: j may not be held
-                terms.append((int(p.size[j]), j, again))
             room = (self.budget - need - int(p.scratch[x]) + int(p.credit[x])
                     - sum(int(p.size[q]) for q in own - inputs if not p.pinned[q]))
-            out.append((x, 0 if x in r_prev else 1, terms, room))
+            out.append((x, 0 if x in r_prev else 1, [h for h in held if h[1] not in own], room))
         return out
 
     def tighten(self, solver: cp_model.CpSolver) -> int:
@@ -347,10 +352,9 @@ class _Closure:
             if s - 1 not in self.steps or s in self.ruled:
                 continue
             a_s, r_prev = self.steps[s][0], self.steps[s - 1][1]
+            if not any(x in r_prev and solver.BooleanValue(r_prev[x]) for x in self.p.pred_lists[s]):
+                continue  # no input of s made again between s-1 and s: nothing to check
             rule = self._rule(s)
-            made = [x for x, kind, _, _ in rule if kind == 0 and solver.BooleanValue(r_prev[x])]
-            if not made:
-                continue
 
             def fits(x: int, kind: int, terms, room: int) -> bool:
                 if not solver.BooleanValue(r_prev[x] if kind == 0 else
@@ -506,7 +510,7 @@ class ClosureCuts:
     def solve(self, time_limit: float, seed: int = 0) -> tuple[str, float | None, tuple[int, ...]]:
         """(CP-SAT status name, proven lower bound or None, the nodes its best solution
         recomputes). INFEASIBLE: no plan below the last ``below`` passes the cuts."""
-        solver, status, proven = _solve_tightened(self.closure, time_limit, seed)
+        solver, status, proven, _ = _solve_tightened(self.closure, time_limit, seed)
         name = solver.StatusName(status)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if proven is not None:  # an earlier solve's optimum still bounds
