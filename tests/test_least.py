@@ -17,6 +17,7 @@ from planner.least import cheapest_plan, least_plan
 from planner.pebble import DepthFirstPlan
 from planner.planning import least_peak, solve
 from planner.problem import PlanningProblem
+from planner.reorder import permute
 from planner.simulate import simulate
 from tests.test_chain_greedy import layered
 from tests.test_memory_floor import exact_least_peak
@@ -239,6 +240,35 @@ def test_the_planners_optimal_is_the_exact_cheapest_in_its_order(p, share):
     assert res.plan is not None and simulate(p, res.plan, budget).peak_bytes <= budget
     if found is not None:
         assert res.status == "optimal" and res.added_time == pytest.approx(found[0], abs=1e-9)
+
+
+def first_compute_order(plan) -> list[int]:
+    """The order in which ``plan`` computes each node for the first time."""
+    seen: dict[int, None] = {}
+    for e in plan.events:
+        if e.op == "compute":
+            seen.setdefault(e.node, None)
+    return list(seen)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=layered(max_n=12), share=st.floats(0.0, 1.0))
+def test_the_planners_bound_and_optimum_hold_in_the_order_it_planned_in(p, share):
+    """With reordering on (the default), the plan's bound and an "optimal" status are claims
+    about plans in the order it planned in (``SolveResult.order``): the exact search in that
+    order never finds a plan cheaper than the bound, nor one cheaper than an optimal plan."""
+    least = exact_least_peak(p)
+    budget = int(least + share * (p.unplanned_peak - least))
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=1))
+    assert res.plan is not None and simulate(p, res.plan, budget).peak_bytes <= budget
+    order = first_compute_order(res.plan)
+    assert sorted(order) == list(range(p.n))
+    found = cheapest_plan(permute(p, order), budget)
+    assert found is not None and found[0] <= res.added_time + 1e-9  # the planner's plan is one of them
+    if res.solver.bound is not None:
+        assert res.solver.bound <= found[0] + 1e-9
+    if res.status == "optimal":
+        assert res.added_time == pytest.approx(found[0], abs=1e-9)
 
 
 def test_without_the_least_search_the_greedy_names_the_lowest_plan(monkeypatch):
