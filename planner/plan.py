@@ -139,7 +139,9 @@ class SolveResult:
     # "given": the plan computes nodes first in the problem's order; "memory-aware:<start>": in
     # the order planner/reorder.py found from that start (bound and gap are then for that order);
     # "exact-search": the order of planner.least.least_plan_any_order's least-peak plan (a small
-    # problem whose searched orders hold no plan within the budget)
+    # problem whose searched orders hold no plan within the budget); "reverse-walk": the order a
+    # last resort's walk over every order took (planner/pebble.py; bound and gap, where given, are
+    # for that order: planning._in_walk_order)
     order: str = "given"
 
     @property

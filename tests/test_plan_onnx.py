@@ -433,6 +433,28 @@ def test_a_last_resorts_plan_runs_with_the_same_numbers_and_peak(monkeypatch, la
     assert measured == pytest.approx(pm.peak_bytes - pm.planned.base_bytes, rel=0.05)
 
 
+def test_a_walks_plan_is_searched_on_in_its_own_node_order(monkeypatch):
+    """zoo:cnn?depth=1 at 70%: no plan in the given or the memory-aware order fits; the reverse
+    walk over every order finds one. CP-SAT in the order that plan takes, hinted with it, finds
+    one less than half as dear and proves it optimal there (planning._in_walk_order): the bound
+    and "optimal" are claims about that order. Without that search the walk's plan stands, with
+    no bound."""
+    from planner import planning
+
+    graph = training_graph(import_model("zoo:cnn?depth=1"))
+    budget = int(analyze(graph).peak_bytes * 0.7)
+    opts = PlannerOptions(time_limit=10, workers=1, seed=0, work_limit=True)
+    pm = plan_graph(graph, budget, options=opts)
+    assert pm.ok and pm.peak_bytes <= budget, pm.result.note
+    assert pm.result.order == "reverse-walk" and pm.result.status == "optimal"
+    assert pm.result.solver.gap == 0 and "then CP-SAT in that plan's node order" in pm.result.note
+    monkeypatch.setattr(planning, "_in_walk_order", lambda problem, res, *a: res)
+    walked = plan_graph(graph, budget, options=opts)
+    assert walked.ok and walked.result.order == "reverse-walk" and walked.result.status == "feasible"
+    assert walked.result.solver.bound is None and "no bound on its added time" in walked.result.note
+    assert 0 < pm.result.added_time < 0.5 * walked.result.added_time
+
+
 def test_an_old_opset_model_is_upgraded_planned_and_verified(tmp_path):
     """An opset-9 CNN as the ONNX zoo has them: LRN, a MaxPool with overlapping windows (its
     gradient needs opset 16) and Dropout-7 with an unread mask. memplan says it upgrades the model,
