@@ -116,7 +116,9 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
            else _solve_cpsat(problem, budget, options, t0))
     walked = Candidate(*early.found) if early is not None else None
     if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
-        res = _walked_first(problem, res, walked, options)
+        # what the solve left of its limit (it ends early where it proves its orders hold no plan)
+        res = _in_plan_order(problem, _walked_first(problem, res, walked, options), walked, options,
+                             t0 + options.time_limit)
     elif not options.reorder:  # its claims cover the given order only, and say so
         if res.plan is None and res.status == "timeout" and \
                 (rescued := _rescue(problem, res, options, False, t0 + options.time_limit)):
@@ -160,9 +162,11 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
         if at_floor is not None:  # a plan reaches the floor: nothing lower is possible
             exact = (at_floor.sim.peak_bytes, at_floor.plan)
     if exact is not None and exact[0] <= res.budget_bytes:  # a plan in another order fits
-        return _found_elsewhere(res, Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes)), "exact-search",
-                                f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
-                                f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
+        least = Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes))
+        found = _found_elsewhere(res, least, "exact-search",
+                                 f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
+                                 f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
+        return _in_plan_order(problem, found, least, options, end)  # that plan's peak is least, not its cost
     if exact is not None:
         return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
                        note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
@@ -389,7 +393,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     recomputes memory does not require dropped; RL250 at 60%, the depth-first walk's plan:
     +2195% -> +207.8%) in what is left of the quarter, or :data:`POLISH_SHARE` of the time limit
     where less is left. A walk's plan then hints CP-SAT in its own node order
-    (:func:`_in_walk_order`) until ``end`` (the solve's own limit) or the quarter's end, whichever
+    (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the quarter's end, whichever
     is later."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
@@ -425,17 +429,18 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
         after = f", after the solve ended without one: {res.note}" if res.note else ""
     out = _found_elsewhere(res, cand, order, f"{how}; no bound on its added time){after}")
     if order == "reverse-walk":
-        out = _in_walk_order(problem, out, cand, options, max(end, deadline))
+        out = _in_plan_order(problem, out, cand, options, max(end, deadline))
     return out
 
 
-def _in_walk_order(problem: PlanningProblem, res: SolveResult, walked: Candidate, options: PlannerOptions,
+def _in_plan_order(problem: PlanningProblem, res: SolveResult, walked: Candidate, options: PlannerOptions,
                    until: float) -> SolveResult:
-    """``res`` (a walk's plan, ``walked``) or, where cheaper, the plan CP-SAT finds in the node
-    order that plan computes nodes first in, hinted with it, until ``until``; its bound and gap
-    are for plans in that order. The walks pick the order only to fit the budget, and their
-    plans, polished, still recompute far more than that order needs: zoo:cnn at 65% (30 s), the
-    walk's +271.45%, CP-SAT's in its order +23.52%, proven optimal there in 9.2 s."""
+    """``res`` (with ``walked``'s plan: a walk's over every node order, or the exact search's
+    least-peak plan) or, where cheaper, the plan CP-SAT finds in the node order that plan
+    computes nodes first in, hinted with it, until ``until``; its bound and gap are for plans in
+    that order. Those searches pick the order only to fit the budget, and their plans, polished,
+    still recompute far more than that order needs: zoo:cnn at 65% (30 s), the walk's +271.45%,
+    CP-SAT's in its order +23.52%, proven optimal there in 9.2 s."""
     if until - clock.now() < MIN_SEARCH_S:
         return res
     order = list(dict.fromkeys(e.node for e in walked.plan.events if e.op == "compute"))
@@ -449,13 +454,14 @@ def _in_walk_order(problem: PlanningProblem, res: SolveResult, walked: Candidate
     cands = _baselines(q, res.budget_bytes, t0 + options.baseline_share * (until - t0))
     cands["walk"] = Candidate(hint, simulate(q, hint, res.budget_bytes))
     there = _solve_cpsat(q, res.budget_bytes, replace(options, time_limit=until - t0), t0, cands)
-    if there.plan is None or there.added_time >= walked.sim.added_time:
-        return res
+    if there.plan is None or there.added_time > walked.sim.added_time:
+        return res  # (as cheap: its plan stands, for the bound and status it comes with)
     plan = plan_in_original(there.plan, order)
     sim = simulate(problem, plan, res.budget_bytes)  # over budget here is a bug: it raises
-    note = (f"{res.note.replace('; no bound on its added time)', ')')}; then CP-SAT in that plan's node order, "
-            f"hinted with it: {walked.sim.added_time:.6g} -> {sim.added_time:.6g} added time; bound and gap are "
-            f"for that order")
+    change = (f"{walked.sim.added_time:.6g} -> {sim.added_time:.6g} added time" if sim.added_time < walked.sim.added_time
+              else "none cheaper")
+    note = (f"{res.note.replace('; no bound on its added time', '')}; then CP-SAT in that plan's node order, "
+            f"hinted with it: {change}; bound and gap are for that order")
     return replace(res, status=there.status, plan=replace(plan, strategy="cpsat"), peak_bytes=sim.peak_bytes,
                    added_time=sim.added_time, solver=replace(res.solver, bound=there.solver.bound,
                                                              gap=there.solver.gap), note=note)

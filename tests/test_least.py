@@ -84,7 +84,8 @@ def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch
     p = far_readers(8)
     no_greedy(monkeypatch)
     walked = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))  # the model is not grown
-    assert walked.status == "feasible" and walked.order == "reverse-walk"  # the walk's plan
+    # the walk's order, searched by CP-SAT hinted with the walk's plan (planning._in_plan_order)
+    assert walked.status in ("feasible", "optimal") and walked.order == "reverse-walk"
     assert simulate(p, walked.plan, 65).peak_bytes == walked.peak_bytes <= 65
     no_walk(monkeypatch)
     res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))

@@ -106,7 +106,8 @@ def test_where_the_orders_searched_hold_no_plan_the_exact_search_gives_one(monke
     p = gradient_first()
     monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)  # no other order searched
     res = solve(p, 150, "cpsat", ONE)
-    assert res.status == "feasible" and res.order == "exact-search"
+    # optimal in the order of the exact search's plan (a, b, c, g): CP-SAT searched it next
+    assert res.status == "optimal" and res.order == "exact-search" and res.solver.gap == 0
     assert simulate(p, res.plan, 150).peak_bytes == res.peak_bytes == 110
     below = solve(p, 109, "cpsat", ONE)
     assert below.status == "infeasible" and below.least_bytes == 110 and below.least_exact
@@ -117,7 +118,7 @@ def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(
     monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)
     monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
     walked = solve(p, 150, "cpsat", ONE)  # the reverse walk over every order finds the plan
-    assert walked.status == "feasible" and walked.order == "reverse-walk"
+    assert walked.status == "optimal" and walked.order == "reverse-walk"  # (in that plan's order)
     assert simulate(p, walked.plan, 150).peak_bytes == walked.peak_bytes <= 150
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)  # and where it does not
     monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))

@@ -436,7 +436,7 @@ def test_a_last_resorts_plan_runs_with_the_same_numbers_and_peak(monkeypatch, la
 def test_a_walks_plan_is_searched_on_in_its_own_node_order(monkeypatch):
     """zoo:cnn?depth=1 at 70%: no plan in the given or the memory-aware order fits; the reverse
     walk over every order finds one. CP-SAT in the order that plan takes, hinted with it, finds
-    one less than half as dear and proves it optimal there (planning._in_walk_order): the bound
+    one less than half as dear and proves it optimal there (planning._in_plan_order): the bound
     and "optimal" are claims about that order. Without that search the walk's plan stands, with
     no bound."""
     from planner import planning
@@ -448,7 +448,7 @@ def test_a_walks_plan_is_searched_on_in_its_own_node_order(monkeypatch):
     assert pm.ok and pm.peak_bytes <= budget, pm.result.note
     assert pm.result.order == "reverse-walk" and pm.result.status == "optimal"
     assert pm.result.solver.gap == 0 and "then CP-SAT in that plan's node order" in pm.result.note
-    monkeypatch.setattr(planning, "_in_walk_order", lambda problem, res, *a: res)
+    monkeypatch.setattr(planning, "_in_plan_order", lambda problem, res, *a: res)
     walked = plan_graph(graph, budget, options=opts)
     assert walked.ok and walked.result.order == "reverse-walk" and walked.result.status == "feasible"
     assert walked.result.solver.bound is None and "no bound on its added time" in walked.result.note
