@@ -454,8 +454,10 @@ def _in_plan_order(problem: PlanningProblem, res: SolveResult, walked: Candidate
     cands = _baselines(q, res.budget_bytes, t0 + options.baseline_share * (until - t0))
     cands["walk"] = Candidate(hint, simulate(q, hint, res.budget_bytes))
     there = _solve_cpsat(q, res.budget_bytes, replace(options, time_limit=until - t0), t0, cands)
+    # a dearer plan (or none): the last resort's stands; an as-cheap one replaces it, for the bound
+    # and status it comes with
     if there.plan is None or there.added_time > walked.sim.added_time:
-        return res  # (as cheap: its plan stands, for the bound and status it comes with)
+        return res
     plan = plan_in_original(there.plan, order)
     sim = simulate(problem, plan, res.budget_bytes)  # over budget here is a bug: it raises
     change = (f"{walked.sim.added_time:.6g} -> {sim.added_time:.6g} added time" if sim.added_time < walked.sim.added_time
