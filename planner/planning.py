@@ -45,7 +45,7 @@ from planner.pebble import DepthFirstPlan, depth_first_plan, reverse_pebble
 from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
 from planner.problem import PlanningProblem
-from planner.reorder import memory_order, permute, plan_in_original
+from planner.reorder import first_compute_order, memory_order, permute, plan_in_order, plan_in_original
 from planner.simulate import Simulation, simulate
 from planner.swap_greedy import swap_greedy
 from planner.tight_greedy import long_run
@@ -443,13 +443,11 @@ def _in_plan_order(problem: PlanningProblem, res: SolveResult, walked: Candidate
     CP-SAT's in its order +23.52%, proven optimal there in 9.2 s."""
     if until - clock.now() < MIN_SEARCH_S:
         return res
-    order = list(dict.fromkeys(e.node for e in walked.plan.events if e.op == "compute"))
+    order = first_compute_order(walked.plan)
     if len(order) != problem.n:
         return res
     q = permute(problem, order)
-    at = np.empty(problem.n, dtype=np.int64)
-    at[order] = np.arange(problem.n)
-    hint = plan_in_original(walked.plan, at.tolist())  # the same events over q's nodes
+    hint = plan_in_order(walked.plan, order)
     t0 = clock.now()
     cands = _baselines(q, res.budget_bytes, t0 + options.baseline_share * (until - t0))
     cands["walk"] = Candidate(hint, simulate(q, hint, res.budget_bytes))

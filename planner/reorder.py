@@ -116,6 +116,20 @@ def plan_in_original(plan: Plan, order: list[int] | tuple[int, ...]) -> Plan:
     return Plan(tuple(Event(e.op, int(order[e.node])) for e in plan.events), plan.strategy)
 
 
+def plan_in_order(plan: Plan, order: list[int] | tuple[int, ...]) -> Plan:
+    """A plan for ``problem`` as the same events over ``permute(problem, order)`` (the inverse of
+    :func:`plan_in_original`)."""
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+    return plan_in_original(plan, pos.tolist())
+
+
+def first_compute_order(plan: Plan) -> list[int]:
+    """The nodes in the order ``plan`` computes each for the first time (the order a plan found
+    outside the solver's own orders plans in)."""
+    return list(dict.fromkeys(e.node for e in plan.events if e.op == "compute"))
+
+
 class _Profile:
     """Unplanned memory per position of any order of one problem (numpy, O(n + E) per order):
     ``PlanningProblem.unplanned_memory`` of ``permute(problem, order)``, without building it."""

@@ -15,6 +15,7 @@ from planner.order_bound import (INFEASIBLE, _spread_peaks, closure_bound, fixed
                                  over_budget_steps)
 from planner.planning import solve
 from planner.problem import PlanningProblem
+from planner.reorder import first_compute_order
 from planner.simulate import simulate
 from tests.helpers import random_layered
 from tests.test_planner_props import _options, dags
@@ -22,10 +23,7 @@ from tests.test_reorder import ONE, two_branches
 
 
 def _first_computes_in_order(plan) -> bool:
-    seen: list[int] = []
-    for e in plan.events:
-        if e.op == "compute" and e.node not in seen:
-            seen.append(e.node)
+    seen = first_compute_order(plan)
     return seen == sorted(seen)
 
 
