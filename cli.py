@@ -55,8 +55,50 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except MemoryError:
             click.echo("memplan: error: out of host memory; try a smaller model size or batch", err=True)
             sys.exit(EXIT_FAILED)
+        except OSError as err:  # a folder given as a file, a file that cannot be written, a full disk
+            where = f"{err.filename}: " if err.filename else ""
+            click.echo(f"memplan: error: {where}{err.strerror or err}", err=True)
+            sys.exit(EXIT_USAGE)
 
     return wrapper
+
+
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class OneLineErrors(click.Group):
+    """Click's own usage errors (a bad option value, an unknown option, a missing argument) as one
+    stderr line, like memplan's errors, instead of click's four-line usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except _NO_ARGS as err:  # bare `memplan`: the help, as click prints it
+            click.echo(err.format_message(), err=True)
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as err:
+            ctx = err.ctx
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            click.echo(f"memplan: error: {err.format_message()}{hint}", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as err:
+            click.echo(f"memplan: error: {err.format_message()}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("memplan: aborted", err=True)
+            sys.exit(EXIT_FAILED)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def plan_digest(obj: dict) -> str:
+    """SHA-256 of a plan object's fields (all but this one), as canonical JSON: unchanged by
+    reformatting the file, changed by any edit of a value."""
+    import hashlib
+
+    body = {k: v for k, v in obj.items() if k != "plan_digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def emit_json(obj: Any) -> None:
@@ -76,6 +118,20 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses nan and infinities (click's FloatRange lets both through)."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
 def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:
     """``--dim batch=32 --dim seq=128`` -> {"batch": 32, "seq": 128}."""
     out: dict[str, int] = {}
@@ -83,11 +139,14 @@ def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit() or int(value) <= 0:
             raise UsageError(f"--dim {item!r} must look like NAME=POSITIVE_INT, e.g. --dim batch=32")
-        out[name.strip()] = int(value)
+        name = name.strip()
+        if name in out and out[name] != int(value):
+            raise UsageError(f"--dim {name} is given twice ({out[name]} and {int(value)}); keep one")
+        out[name] = int(value)
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
 @click.version_option(package_name="memplan")
 def main(verbose: int) -> None:
@@ -164,8 +223,8 @@ def inspect(model: str, train: bool, add_loss: str | None, dims: tuple[str, ...]
 @click.argument("planned", metavar="OUT.onnx")
 @dim_option
 @click.option("--seed", default=0, show_default=True, help="Seed of the generated inputs.")
-@click.option("--rtol", default=0.0, show_default=True, help="Relative tolerance (0: bit-identical).")
-@click.option("--atol", default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--rtol", type=FiniteFloat(min=0), default=0.0, show_default=True, help="Relative tolerance (0: bit-identical).")
+@click.option("--atol", type=FiniteFloat(min=0), default=0.0, show_default=True, help="Absolute tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handles_errors
 def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: float, atol: float, as_json: bool) -> None:
@@ -185,14 +244,21 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
 
+    if planned.startswith("zoo:") or not Path(planned).is_file():
+        raise UsageError(f"OUT.onnx {planned!r} is not a file: give MODEL first, then the .onnx file that memplan "
+                         "plan --emit or memplan rewrite wrote")
     meta = {p.key: p.value for p in load_header(planned).metadata_props}  # the runs read the file
-    made_with = json.loads(meta.get("memplan.plan", "{}"))
+    if "memplan.plan" not in meta:
+        raise UsageError(f"{planned} carries no memplan plan (its metadata has no memplan.plan entry): give a model "
+                         "written by memplan plan --emit or memplan rewrite")
+    made_with = json.loads(meta["memplan.plan"])
     graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {})
     graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
     planned_graph = import_model(planned)
+    _same_signature(graph, planned_graph, model, planned)
     # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
     planned_lv = analyze(planned_graph, model=MemoryModel(host_copies_resident=True))
     predicted = planned_lv.dynamic_peak
@@ -286,6 +352,23 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         sys.exit(EXIT_FAILED)
 
 
+def _same_signature(graph, planned_graph, model: str, planned: str) -> None:
+    """Refuse to compare runs of two different models: every input of MODEL's step must be an
+    input of OUT.onnx with its element type, and every output an output (a plan renames nothing
+    there; a pinned file adds an unfed input)."""
+    def signature(g, ids):
+        return {g.tensors[t].name: g.tensors[t].dtype for t in ids}
+
+    ins, outs = signature(graph, graph.inputs), signature(graph, graph.outputs)
+    p_ins, p_outs = signature(planned_graph, planned_graph.inputs), signature(planned_graph, planned_graph.outputs)
+    missing = [f"input {k}" for k, v in ins.items() if p_ins.get(k) != v]
+    missing += [f"output {k}" for k, v in outs.items() if p_outs.get(k) != v]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise UsageError(f"{planned} does not have {model!r}'s {shown}; give the model it was planned from, "
+                         "with the same --dim, or plan it with memplan plan MODEL --emit OUT.onnx")
+
+
 def _share_of_unplanned(note: str, best: int | None, unplanned: int | None) -> str:
     """``note`` with the lowest plan's peak also given as a share of the model's unplanned peak."""
     if best is None or not unplanned:
@@ -377,31 +460,58 @@ def _training_available() -> bool:
     return importlib.util.find_spec("passes.autodiff") is not None
 
 
-def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: tuple[str, ...] = ()) -> None:
-    """Before any work: every file memplan will write lands in an existing folder, never on top
-    of an input, and no two options write the same file (``-o p.json --emit p.json`` wrote the
-    plan, then the model over it). The options in ``models`` write ONNX models, whose weights may
-    go to ``<file>.data`` beside them: never the data file an input model reads."""
+def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: tuple[str, ...] = (),
+                     stdout: tuple[str, ...] = ()) -> None:
+    """Before any work: every file memplan will write lands in a folder it can write in, never on
+    top of an input (a model, the data file its weights lie in, a profile, a graph), and no two
+    options write the same file (``-o p.json --emit p.json`` wrote the plan, then the model over
+    it). The options in ``models`` write ONNX models, whose weights may go to ``<file>.data``
+    beside them: never the data file an input model reads. ``-`` means stdout only for the
+    options in ``stdout``; elsewhere it is refused (it would be a file named ``-``)."""
     from pathlib import Path
 
-    taken = {Path(p).resolve(): "an input" for p in inputs if p and not p.startswith("zoo:")}
+    taken = {}
+    for p in inputs:
+        if p and not p.startswith("zoo:"):
+            taken[Path(p).resolve()] = "an input"
+            for data in _external_files(p):
+                taken[data] = f"the data file {p} reads its weights from"
     for option, path in outputs.items():
-        if not path or path == "-":
+        if not path or (path == "-" and option in stdout):
             continue
+        if path == "-":
+            raise UsageError(f"{option} - would write a file named '-' ({option} does not print to stdout); "
+                             "give a file name")
         target = Path(path).resolve()
         if not target.parent.is_dir():
             raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
+        if target.is_dir():
+            raise UsageError(f"{option} {path} is a folder; give a file name")
         if target in taken:
             raise UsageError(f"{option} {path} is {taken[target]}; choose another file name")
+        _writable_folder(option, path, target.parent)
         taken[target] = f"written by {option} too"
     for option in models:
         path = outputs.get(option)
         data = Path(f"{path}.data").resolve() if path else None
-        if data is not None and data.exists():
-            reader = next((m for m in inputs if data in _external_files(m)), None)
-            if reader is not None:
-                raise UsageError(f"{option} {path} would write its weights over {data.name}, which {reader} reads "
-                                 "its weights from; choose another file name")
+        if data is not None and data in taken:
+            raise UsageError(f"{option} {path} would write its weights over {data.name}, which is {taken[data]}; "
+                             "choose another file name")
+
+
+def _writable_folder(option: str, path: str, folder) -> None:
+    """Refuse ``option`` before any work when ``folder`` takes no new file (permissions, a
+    read-only or immutable folder), rather than after a long solve."""
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".memplan-probe-", dir=folder)
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot write in folder {folder} ({err.strerror}); "
+                         "choose another folder") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _external_files(model: str) -> set:
@@ -430,7 +540,7 @@ def _external_files(model: str) -> set:
 @add_loss_option
 @click.option("--device", default=None, help="Device profile the planner prices time on (default h100).")
 @dim_option
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--time-limit", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Seconds per plan (default 30).")
 @click.option("--no-plan", is_flag=True, help="Only 'fits as is' counts; do not try to plan.")
 @click.option("--deterministic", is_flag=True, help="Count --time-limit in CP-SAT's deterministic seconds: "
@@ -470,7 +580,7 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     if any(item.train for item in items) and not _training_available():
         raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
     inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
-    _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs)
+    _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs, stdout=("--markdown",))
 
     verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
                                progress=lambda line: click.echo(f"memplan: {line}", err=True), arena=check_arena_fn)
@@ -493,11 +603,11 @@ def optimizer_options(f):
     for opt in reversed([
         click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default=None,
                      help="Append an update step (default: none for train-graph, adam for train)."),
-        click.option("--lr", type=float, default=None, help="Learning rate (default 0.01 sgd, 0.003 adam)."),
-        click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum."),
-        click.option("--beta1", type=float, default=0.9, show_default=True, help="Adam beta1."),
-        click.option("--beta2", type=float, default=0.999, show_default=True, help="Adam beta2."),
-        click.option("--weight-decay", type=float, default=0.0, show_default=True, help="L2 weight decay."),
+        click.option("--lr", type=FiniteFloat(), default=None, help="Learning rate (default 0.01 sgd, 0.003 adam)."),
+        click.option("--momentum", type=FiniteFloat(), default=0.0, show_default=True, help="SGD momentum."),
+        click.option("--beta1", type=FiniteFloat(), default=0.9, show_default=True, help="Adam beta1."),
+        click.option("--beta2", type=FiniteFloat(), default=0.999, show_default=True, help="Adam beta2."),
+        click.option("--weight-decay", type=FiniteFloat(), default=0.0, show_default=True, help="L2 weight decay."),
         click.option("--freeze", multiple=True, metavar="PATTERN",
                      help="Initializers (glob on the name) that get no gradient; repeatable."),
         click.option("--loss", default=None, help="Loss output (default: the first scalar float output)."),
@@ -508,10 +618,27 @@ def optimizer_options(f):
     return f
 
 
+def _freeze_patterns_match(forward, patterns) -> None:
+    """Each --freeze pattern names some trainable initializer: a typo would train what was meant
+    to stay frozen, silently."""
+    import fnmatch
+
+    from planner.graph import TensorKind
+
+    trainable = [t.name for t in forward.tensors if t.kind is TensorKind.TRAINABLE]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in trainable):
+            shown = ", ".join(trainable[:5]) + (", ..." if len(trainable) > 5 else "")
+            raise UsageError(f"--freeze {pattern!r} matches no trainable initializer (they are: {shown or 'none'}); "
+                             "fix the pattern (a glob on the initializer's name)")
+
+
 def _train_options(optimizer, lr, momentum, beta1, beta2, weight_decay, freeze, loss, default_optimizer, **extra):
     from passes.autodiff import TrainOptions
 
     kind = optimizer or default_optimizer
+    if kind == "none" and lr is not None:
+        raise UsageError("--lr is the optimizer step's learning rate; add --optimizer sgd or adam (or drop --lr)")
     lr = lr if lr is not None else (0.003 if kind == "adam" else 0.01)
     return TrainOptions.from_kwargs(loss=loss, freeze=freeze, optimizer=kind, lr=lr, momentum=momentum,
                                     beta1=beta1, beta2=beta2, weight_decay=weight_decay, **extra)
@@ -539,6 +666,7 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
     _output_paths_ok({"-o": output}, [model], models=("-o",))
     options = _train_options(default_optimizer="none", keep_grads=keep_grads, **flags)
     forward = load_graph(model, parse_dims(dims))
+    _freeze_patterns_match(forward, options.freeze)
     step = build_training_graph(forward, options)
     write_model(step.graph, output, check=lambda path: check_model(path, full=True),
                 metadata={"memplan.train": json_lib.dumps(options.as_kwargs())})
@@ -583,6 +711,7 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         # as build_training_graph does, for the forward train() reads too
         _, (forward, loss) = with_upgrades(forward, lambda f: append_loss(f, options.add_loss))
         options = replace(options, add_loss=None, loss=loss)
+    _freeze_patterns_match(forward, options.freeze)
     result = train(build_training_graph(forward, options), forward, steps, seed=seed, provider=provider)
     info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,
             "steps": steps, "provider": result.provider, "seconds": result.seconds, **summary(result)}
@@ -707,15 +836,15 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--forward", is_flag=True, help="ONNX models: plan the graph as it is (no training step).")
 @click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default="none", show_default=True,
               help="ONNX models: optimizer step added to the training graph.")
-@click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate of --optimizer.")
+@click.option("--lr", type=FiniteFloat(), default=0.01, show_default=True, help="Learning rate of --optimizer.")
 @add_loss_option
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan may take a quarter more for its last resorts).")
+@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan may take a quarter more for its last resorts).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
-@click.option("--swap-bandwidth", type=float, default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
+@click.option("--swap-bandwidth", type=FiniteFloat(), default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None, help="ONNX models: write the planned model here.")
@@ -730,7 +859,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen; --budget is ignored.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
-@click.option("--max-added-time", "max_added_pct", type=click.FloatRange(min=0), default=None,
+@click.option("--max-added-time", "max_added_pct", type=FiniteFloat(min=0), default=None,
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, add_loss, time_limit, seed,
@@ -752,9 +881,19 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     train = {"optimizer": optimizer, "lr": lr, "add_loss": add_loss}  # ONNX models: how the step is built
     if add_loss and is_remat_json(model):
         raise UsageError("--add-loss applies to ONNX models; a JSON graph is a training graph already")
+    onnx_only = {"--dim": bool(dims), "--forward": forward, "--optimizer": optimizer != "none", "--arena": arena,
+                 "--pin-order": pin_order, "--swap": swap, "--device": device_name != "H100"}
+    given = [flag for flag, on in onnx_only.items() if on]
+    if given and is_remat_json(model):
+        raise UsageError(f"{given[0]} applies to ONNX models; a JSON graph is a training graph with its own node "
+                         "costs (swap with --swap-bandwidth BW)")
+    if swap_bandwidth is not None and not is_remat_json(model):
+        raise UsageError("--swap-bandwidth applies to JSON graphs; an ONNX model swaps over its --device's host link "
+                         "with --swap")
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
                              reorder=not fixed_order, work_limit=deterministic)
-    _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model], models=("--emit",))
+    profile = [costs] if costs not in ("device", "measured") else []  # an ORT profile is read too
+    _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model, *profile], models=("--emit",))
     if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
     if ort_arena and (is_remat_json(model) or sweep_png):
@@ -785,6 +924,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                                                             costs, ort_arena)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
+    obj["plan_digest"] = plan_digest(obj)  # memplan rewrite refuses an edited plan
     if as_json:
         emit_json(obj)
     if result.plan is None:
@@ -854,6 +994,10 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     _, node_time, transfer, overlap = _device_costs(device_name)
     if model.startswith("zoo:"):
         name, opts = models.parse_spec(model)
+        if batch_dim not in models.ZOO[name].option_names:
+            raise UsageError(f"--batch-dim {batch_dim!r}: zoo:{name} has no such option (options: "
+                             f"{', '.join(models.ZOO[name].option_names)}); name the one to grow with --batch-dim")
+
         def spec_at(b: int) -> tuple[str, dict]:
             return models.format_spec(name, {**opts, batch_dim: b}), dims
     else:
@@ -894,12 +1038,22 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
            "probes": [{"batch": b, "kind": k, "fits": f} for b, k, f in result.probes]}
     if as_json:
         emit_json(obj)
-        return
+        return _some_batch_fits(result, model, budget)
     click.echo(f"{model} under {format_bytes(budget)}:")
     click.echo(f"  largest batch unplanned  {result.unplanned}")
     click.echo(f"  largest batch planned    {result.planned}"
                + (f"  ({result.ratio:.2f}x, +{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
                   if pm is not None and result.ratio else ""))
+    _some_batch_fits(result, model, budget)
+
+
+def _some_batch_fits(result, model: str, budget: int) -> None:
+    """--max-batch fails (exit 1) when not even batch 1 fits, planned or not."""
+    from planner.units import format_bytes
+
+    if not result.planned and not result.unplanned:
+        raise BudgetInfeasibleError(f"{model}: not even batch 1 fits {format_bytes(budget)}, planned or not; "
+                                    "try a larger --budget")
 
 
 def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_bandwidth, swap_overlap,
@@ -1013,10 +1167,17 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     from passes.onnx_export import write_model
     from passes.plan_model import fingerprint
     from passes.pin_order import pin_order
-    from passes.rewrite import apply_schedule
+    from passes.rewrite import PlanMismatchError, apply_schedule
     from planner.liveness import analyze
     from planner.units import format_bytes
 
+    from planner.problem import is_remat_json
+
+    if plan_path.startswith("zoo:") or plan_path.endswith(".onnx"):
+        raise UsageError(f"PLAN.json {plan_path!r} is not a plan file: the arguments are MODEL PLAN.json -o OUT.onnx")
+    if is_remat_json(model):
+        raise UsageError(f"memplan rewrite writes ONNX models; {model} is a JSON graph, whose plan (memplan plan "
+                         "-o) is the result")
     _output_paths_ok({"-o": output}, [model, plan_path], models=("-o",))
     try:
         with open(plan_path) as fh:
@@ -1027,15 +1188,26 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
         raise UsageError(f"{plan_path}: not a plan JSON file ({err})") from None
     if not isinstance(obj, dict) or obj.get("schema") != "memplan.plan/1" or "model_fingerprint" not in obj:
         raise UsageError(f"{plan_path}: not a memplan.plan/1 plan of an ONNX model; write one with memplan plan -o")
+    if obj.get("plan_digest", plan_digest(obj)) != plan_digest(obj):
+        raise UsageError(f"{plan_path} was changed after memplan plan wrote it (its plan_digest no longer matches "
+                         "its fields); make a new plan with memplan plan -o")
     train = obj.get("train")
     graph, _ = _graph_to_plan(model, obj.get("dims") or {}, train is None, **(train or {}))
     if fingerprint(graph) != obj["model_fingerprint"]:
         raise UsageError(f"{plan_path} was made for another model than {model!r} (or the model changed); "
                          "make a new plan with memplan plan")
-    planned = apply_schedule(graph, obj.get("schedule") or [])
+    try:
+        planned = apply_schedule(graph, obj.get("schedule") or [])
+    except PlanMismatchError as err:
+        raise UsageError(f"{plan_path}: {err}; make a new plan with memplan plan -o") from None
+    peak = analyze(planned).peak_bytes
+    budget = obj.get("budget_bytes")
+    if isinstance(budget, int) and peak > budget:
+        raise UsageError(f"{plan_path}: its schedule peaks at {peak} bytes, over its budget_bytes {budget}; "
+                         "make a new plan with memplan plan -o")
     if pin:
         planned = pin_order(planned)
-    peak = analyze(planned).peak_bytes
+        peak = analyze(planned).peak_bytes
     made = {k: obj.get(k) for k in ("dims", "train", "device", "costs", "budget_bytes", "model_fingerprint")}
     if obj.get("compute_time"):
         made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
@@ -1061,13 +1233,13 @@ def _bench_group() -> click.Group:
 @click.option("--graph", "graphs", multiple=True, help="Graph label (VGG16, ResNet50, RL100, ...); repeatable. Default: all.")
 @click.option("--budgets", default="90,80,70,60,50,40", show_default=True, help="Percentages of the no-remat peak.")
 @click.option("--strategies", default="cpsat,greedy,chen", show_default=True)
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
               help="CP-SAT seconds per solve for graphs up to 400 nodes (doubled above).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
-@click.option("--swap-bandwidth", type=float, default=None,
+@click.option("--swap-bandwidth", type=FiniteFloat(), default=None,
               help="Host link in bytes per cost unit: buffers may also be swapped out and back (off by default).")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True,
               help="With --swap-bandwidth: transfers overlap compute.")
@@ -1086,11 +1258,11 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     from planner.fileio import atomic_write
     from planner.planning import STRATEGIES
 
-    _output_paths_ok({"-o": output, "--markdown": md_path}, [])
     _check_swap_bandwidth(swap_bandwidth)
     folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
     if not folder.is_dir():
         raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
+    _output_paths_ok({"-o": output, "--markdown": md_path}, [str(p) for p in sorted(folder.glob("*.json"))])
     try:
         fractions = [float(x) / 100 for x in budgets.split(",") if x.strip()]
     except ValueError:
@@ -1130,7 +1302,7 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
 @click.option("--capacity", help="Arena size (bytes or 1MiB style): every offset + size must fit.")
 @click.option("--minimize", is_flag=True, help="Least arena height (within --capacity if given). "
               "The default when --capacity is not given.")
-@click.option("--time-limit", type=float, default=10.0, show_default=True,
+@click.option("--time-limit", type=FiniteFloat(min=0), default=10.0, show_default=True,
               help="Seconds for the exact search; the best valid placement found is returned.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the solution CSV (the problem's columns plus offset).")
@@ -1143,8 +1315,6 @@ def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit
     from planner.alloc_io import read_csv, write_solution
     from planner.units import format_bytes, parse_bytes
 
-    if time_limit < 0:
-        raise UsageError(f"--time-limit {time_limit} must be >= 0 seconds")
     _output_paths_ok({"-o": output}, [problem])
     cap = parse_bytes(capacity, "--capacity") if capacity else None
     buffers, _ = read_csv(problem)

@@ -23,6 +23,10 @@ SIZES = ("small", "large")
 
 PREFIX = "zoo:"
 
+#: The largest value an integer size option (batch, layers, widths) takes: far past any model
+#: a machine holds, and short of the sizes whose shapes alone exhaust host memory (batch 10^11).
+MAX_OPTION = 1 << 20
+
 _INT = re.compile(r"[+-]?\d+")
 
 
@@ -33,7 +37,7 @@ class ZooModel:
     ``presets[size]`` holds a value for every option except ``size`` (so it also defines the option
     names and their types); ``choices`` lists the legal values of string options; ``minimum``
     overrides the default lower bound 1 of integer options and ``maximum`` gives the few that have
-    an upper bound (flags); ``make`` gets the resolved options.
+    an upper bound below MAX_OPTION (flags); ``make`` gets the resolved options.
     """
 
     name: str
@@ -72,7 +76,7 @@ class ZooModel:
                     f"zoo:{self.name} option {key}={value!r} is not one of: {', '.join(self.choices[key])}"
                 )
             return value
-        low, high = self.minimum.get(key, 1), self.maximum.get(key)
+        low, high = self.minimum.get(key, 1), self.maximum.get(key, None if key == "seed" else MAX_OPTION)
         in_range = isinstance(value, int) and value >= low and (high is None or value <= high)
         if isinstance(value, bool) or not in_range:
             legal = f">= {low}" if high is None else f"in {low}..{high}"

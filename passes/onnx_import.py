@@ -114,12 +114,26 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = 
         raise ModelImportError(f"{text}: not a valid ONNX protobuf (truncated or not an ONNX file)") from None
     if not model.opset_import or not model.graph.output:
         raise ModelImportError(f"{text}: not an ONNX model (no opset or no graph outputs)")
+    _known_versions(model, text)
     folder = path.resolve().parent
     if weights == "mapped":
         _map_external_data(model, folder, text)
     elif weights:
         _load_external_data(model, folder, text)
     return model, folder, text
+
+
+def _known_versions(model: onnx.ModelProto, text: str) -> None:
+    """Refuse a model from an ONNX newer than the installed one: its operators' meaning at that
+    opset is unknown here, and ONNX Runtime would refuse it later, after the planning."""
+    newest = onnx.defs.onnx_opset_version()
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None and opset > newest:
+        raise ModelImportError(f"{text}: uses ONNX opset {opset}; the installed onnx {onnx.__version__} knows opsets up "
+                               f"to {newest}: export the model with opset {newest} or lower, or upgrade onnx")
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelImportError(f"{text}: has IR version {model.ir_version}; the installed onnx {onnx.__version__} "
+                               f"reads up to {onnx.IR_VERSION}: export it with an older IR version, or upgrade onnx")
 
 
 def load_header(spec: str | os.PathLike) -> onnx.ModelProto:
@@ -1007,7 +1021,9 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
                     f"{display}: node {node.name!r} ({node.op_type}) makes a sequence, {name!r}; memplan plans "
                     "tensors only: export the model without sequence ops (a fixed number of tensors)"
                 )
-            shape, et = _require_shape(name, shapes, display, f"output of node {node.name!r} ({node.op_type})")
+            given = ", ".join(str(list(b.tensor(t).shape)) for t in ins if t != NO_TENSOR)
+            shape, et = _require_shape(name, shapes, display, f"output of node {node.name!r} ({node.op_type}) "
+                                       f"with inputs of shape {given or 'none'}")
             outs.append((name, _dtype(et, name, display), shape))
         attrs = {a.name: _attr_value(a, node, display) for a in node.attribute}
         name = node.name if node.name and not _node_name_taken(b, node.name) else None
@@ -1099,8 +1115,9 @@ def _check_broadcast(node: onnx.NodeProto, shapes: list[tuple[int, ...]], displa
 def _require_shape(name: str, shapes: Mapping[str, tuple[tuple[int, ...], int]], display: str, what: str):
     if name not in shapes:
         raise ModelImportError(
-            f"{display}: cannot infer a static shape for tensor {name!r} ({what}); bind symbolic dims with "
-            "--dim NAME=VALUE or export the model with static shapes"
+            f"{display}: cannot infer a static shape for tensor {name!r} ({what}); a symbolic dim may be unbound "
+            "(bind it with --dim NAME=VALUE, or export the model with static shapes), or the shapes may not fit the "
+            "op (fix or re-export the model)"
         )
     return shapes[name]
 

@@ -154,7 +154,7 @@ class _Rewriter:
         if missing:
             raise PlanMismatchError(
                 f"the plan never computes node {missing[0]!r} ({len(missing)} nodes missing); "
-                "it was made for another model"
+                "it is another model's plan, or an edited one"
             )
         for tid in self.g.outputs:
             self.b.output(self._read(tid, "graph output"))

@@ -18,7 +18,7 @@ import numpy as np
 from passes.autodiff import TrainingStep
 from passes.gradcheck import params_as_inputs
 from passes.onnx_export import export_model, fill_weights, initializer_values
-from planner.errors import UsageError
+from planner.errors import ModelImportError, UsageError
 from planner.graph import Graph
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,13 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     # the weights are fed: the session's model holds only the frozen ones (no proto of them all)
     model = fill_weights(params_as_inputs(export_model(step.graph, weights=False), step.params),
                          initializer_values(step.graph))
-    session = ort.InferenceSession(model.SerializeToString(), providers=providers[provider])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=providers[provider])
+    except Exception as err:  # ORT's own exception types (Fail, InvalidGraph, ...)
+        raise _ort_refused(err, "load") from None
+    if provider == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
+        raise UsageError("--provider cuda: ONNX Runtime could not start its CUDA provider here (no GPU, or the "
+                         "CUDA and cuDNN libraries it needs are missing; -v shows ORT's warning); use --provider cpu")
     weights: dict[str, np.ndarray] = {p: np.asarray(step.graph.values[step.graph.by_name[p]]) for p in step.params}
     state: dict[str, np.ndarray] = {s.input: s.initial for s in step.state}
     outputs = [step.loss] + [step.updates[p] for p in step.params] + [s.output for s in step.state]
@@ -116,12 +122,23 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     losses = []
     start = time.perf_counter()
     for k in range(steps):
-        values = session.run(outputs, {**task.batch(), **weights, **state})
+        try:
+            values = session.run(outputs, {**task.batch(), **weights, **state})
+        except Exception as err:
+            raise _ort_refused(err, "run") from None
         losses.append(float(np.asarray(values[0]).reshape(())))
         weights = dict(zip(step.params, values[1:1 + len(step.params)]))
         state = {s.input: v for s, v in zip(step.state, values[1 + len(step.params):])}
         log.info("step %d loss %.5f", k, losses[-1])
     return TrainResult(tuple(losses), task.task, time.perf_counter() - start, session.get_providers()[0])
+
+
+def _ort_refused(err: Exception, what: str) -> Exception:
+    """ORT's error as memplan's one line; anything else stays what it is (a bug to see)."""
+    if not type(err).__module__.startswith("onnxruntime"):
+        return err
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ModelImportError(f"ONNX Runtime could not {what} the training step: {first[:300]}")
 
 
 def summary(result: TrainResult) -> Mapping[str, float]:

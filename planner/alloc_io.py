@@ -26,6 +26,8 @@ _ALIASES = {
     "offset": ("offset",),
     "gaps": ("gaps",),
 }
+#: The largest time or size a row may give: sums of many stay within int64 in the solvers.
+MAX_VALUE = 2**50
 _FORMAT = "expected a header like 'id,lower,upper,size[,alignment]'"
 
 
@@ -40,6 +42,7 @@ def read_csv(path: str | os.PathLike) -> tuple[list[Buffer], list[int] | None]:
 
 
 def parse_csv(text: str, name: str = "<csv>") -> tuple[list[Buffer], list[int] | None]:
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as spreadsheet exports write
     rows = [r for r in csv.reader(io.StringIO(text)) if any(cell.strip() for cell in r)]
     if not rows:
         raise ModelImportError(f"{name}: empty file; {_FORMAT}")
@@ -56,7 +59,10 @@ def parse_csv(text: str, name: str = "<csv>") -> tuple[list[Buffer], list[int] |
             offsets.append(offset)
     if not buffers:
         raise ModelImportError(f"{name}: no buffers after the header; add one row per buffer")
-    check_buffers(buffers)  # duplicate ids
+    try:
+        check_buffers(buffers)  # duplicate ids
+    except ModelImportError as err:
+        raise ModelImportError(f"{name}: {err}") from None
     return buffers, offsets
 
 
@@ -82,9 +88,12 @@ def _buffer(values: dict[str, str], where: str) -> tuple[Buffer, int | None]:
 
     def integer(key: str) -> int:
         try:
-            return int(values[key].strip())
+            value = int(values[key].strip())
         except ValueError:
             raise ModelImportError(f"{where}: {key} {values[key].strip()!r} is not an integer") from None
+        if abs(value) > MAX_VALUE:
+            raise ModelImportError(f"{where}: {key} {value} is out of range (the largest allowed is 2**50)")
+        return value
 
     buffer = Buffer(
         id=values["id"].strip(), lower=integer("lower"),

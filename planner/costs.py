@@ -133,9 +133,13 @@ def read_ort_profile(path: str | Path, statistic: str = "mean") -> dict[str, flo
         if not name.endswith("_kernel_time"):
             continue
         try:
-            durations[name[: -len("_kernel_time")]].append(float(ev.get("dur", 0.0)) * 1e-6)
+            dur = float(ev.get("dur", 0.0))
         except (TypeError, ValueError):
             raise UsageError(f"{path}: event {name!r} has a non-numeric dur; is it an ORT profile?") from None
+        if not (math.isfinite(dur) and dur >= 0):
+            raise UsageError(f"{path}: event {name!r} has dur {ev.get('dur')!r}; kernel times are finite and >= 0 "
+                             "microseconds: profile the run again")
+        durations[name[: -len("_kernel_time")]].append(dur * 1e-6)
     if not durations:
         raise UsageError(f"{path}: no node kernel events; profile a run with SessionOptions.enable_profiling = True")
     reduce = {"mean": statistics.fmean, "median": statistics.median}[statistic]

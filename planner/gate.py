@@ -103,7 +103,8 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
     """Validate and build a CheckItem; every problem is a UsageError naming ``where`` and the fix."""
     prefix = f"{where}: " if where else ""
     if not budgets:
-        raise UsageError(f"{prefix}no budget for {model!r}; give --budget B (e.g. 8GiB or 60%)")
+        fix = 'add budget = "8GiB" (or "60%") to the entry, or give --budget' if where else "give --budget B"
+        raise UsageError(f"{prefix}no budget for {model!r}; {fix} (e.g. 8GiB or 60%)")
     parsed = []
     for text in budgets:
         try:

@@ -186,7 +186,9 @@ class _Section:
     def only(self, allowed: Sequence[str]) -> None:
         unknown = sorted(set(self.table) - set(allowed))
         if unknown:
-            raise UsageError(f"{self.where}: unknown key {unknown[0]!r}; allowed keys: {', '.join(allowed)}")
+            hint = (" (memplan.toml has no [tool.memplan] header: its keys sit at the top level)"
+                    if unknown[0] == "tool" and self.path.name != "pyproject.toml" else "")
+            raise UsageError(f"{self.where}: unknown key {unknown[0]!r}{hint}; allowed keys: {', '.join(allowed)}")
 
     def get(self, key: str) -> Any:
         """The value of ``key`` (None when absent), checked against what the key takes."""

@@ -465,8 +465,17 @@ def _problem_from_node_link(data: dict[str, Any], stem: str) -> PlanningProblem:
     if len(set(keys)) != len(keys):
         raise ValueError("'id' (duplicate node ids)")
     cost_key, ram_key = ("duration", "out_cost") if layered else ("cost_cpu", "cost_ram")
-    cost = {k: nd[cost_key] for k, nd in zip(keys, nodes)}
-    ram = {k: int(nd[ram_key]) for k, nd in zip(keys, nodes)}
+    if not nodes:
+        raise ValueError("'nodes' (empty: the graph has no nodes)")
+
+    def number(nd: dict[str, Any], key: str, k: int) -> float:
+        value = nd[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"'{key}' (node {k}: {value!r} is not a number)")
+        return value
+
+    cost = {k: number(nd, cost_key, k) for k, nd in zip(keys, nodes)}
+    ram = {k: int(number(nd, ram_key, k)) for k, nd in zip(keys, nodes)}
     src_key, dst_key = ("0", "1") if layered else ("source", "target")
     succ: dict[int, list[int]] = {k: [] for k in keys}
     for link in data["links"]:

@@ -32,6 +32,10 @@ class Budget:
         return format_bytes(self.bytes) if self.bytes is not None else f"{self.fraction * 100:g}%"
 
 
+#: The largest byte size memplan takes (it fits an int64 with room for sums of a few).
+MAX_BYTES = 2**62
+
+
 def parse_bytes(text: str, what: str = "size") -> int:
     """Parse ``512MiB`` / ``1.5GB`` / ``4096`` into bytes; raise UsageError naming the problem."""
     m = _RE.match(str(text))
@@ -43,8 +47,10 @@ def parse_bytes(text: str, what: str = "size") -> int:
             f"{what} {text!r} has unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
         )
     value = float(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise UsageError(f"{what} {text!r} must be positive")
+    if value > MAX_BYTES:
+        raise UsageError(f"{what} {text!r} is more than any machine holds (at most 4 EiB, 2**62 bytes)")
+    if round(value) < 1:
+        raise UsageError(f"{what} {text!r} must be at least 1 byte")
     return int(round(value))
 
 

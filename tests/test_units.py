@@ -22,13 +22,19 @@ def test_percentages_resolve_against_the_unplanned_peak():
 
 
 @pytest.mark.parametrize("text, says", [
-    ("abc", "is not a byte size"), ("0", "must be positive"), ("12XB", "unknown unit 'XB'"),
+    ("abc", "is not a byte size"), ("0", "must be at least 1 byte"), ("12XB", "unknown unit 'XB'"),
+    ("0.4", "must be at least 1 byte"), ("0.5B", "must be at least 1 byte"),
+    ("1e400", "more than any machine holds"), ("1e300TiB", "more than any machine holds"),
     ("-5%", "is not a percentage"), ("0%", "(0, 1000]"), ("2000%", "(0, 1000]"), ("%", "is not a percentage"),
 ])
 def test_mistyped_budgets_name_what_is_wrong(text, says):
     with pytest.raises(UsageError) as err:
         parse_budget(text)
     assert says in str(err.value) and repr(text) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_smallest_size_rounds_to_one_byte():
+    assert parse_bytes("0.6B") == 1 and parse_bytes("4TiB") == 4 << 40
 
 
 def test_format_bytes():

@@ -161,7 +161,8 @@ def test_parse_spec_round_trips(spec, expected):
         ("zoo:gpt?batchsize=2", ["'batchsize'", "batch", "heads", "vocab"]),
         ("zoo:mlp?batch=2.5", ["batch", "integer", "2.5"]),
         ("zoo:mlp?batch=eight", ["batch", "integer", "'eight'"]),
-        ("zoo:mlp?batch=0", ["batch", ">= 1", "0"]),
+        ("zoo:mlp?batch=0", ["batch", "in 1..1048576", "0"]),
+        ("zoo:gpt?batch=99999999999", ["batch", "in 1..1048576"]),  # sizes whose shapes alone fill host memory
         ("zoo:mlp?size=huge", ["size", "'huge'", "small, large"]),
         ("zoo:unet?upsample=cubic", ["upsample", "'cubic'", "nearest, linear"]),
         ("zoo:gpt?logits=2", ["logits", "0..1"]),
@@ -186,7 +187,7 @@ def test_bad_specs_raise_one_line_usage_errors(spec, words):
         ("unet", {"hw": 20, "depth": 3}, ["hw=20", "2**depth=8"]),
         ("transformer", {}, ["'transformer'", "gpt"]),
         ("mlp", {"batch": True}, ["batch", "integer"]),
-        ("gpt", {"vocab": 10**8}, ["protobuf limit", "vocab"]),  # refused before any weight is drawn
+        ("gpt", {"vocab": 2**20, "dim": 1024}, ["protobuf limit", "vocab"]),  # refused before any weight is drawn
     ],
 )
 def test_build_rejects_bad_combinations(name, options, words):

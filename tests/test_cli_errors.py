@@ -1,0 +1,275 @@
+"""Bad input on the command line: one stderr line, the documented exit code, no traceback, no
+file written, and every file the user gave left as it was (the CLI audit of stop 48)."""
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+import cli
+from planner.errors import ModelImportError
+from tests.helpers import parse_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MLP = """
+<ir_version: 8, opset_import: ["" : 17]>
+mlp (float[8, 16] x) => (float loss) <float[16, 32] W1, float[32, 4] W2>
+{
+    h = MatMul(x, W1)
+    r = Relu(h)
+    y = MatMul(r, W2)
+    loss = ReduceMean<keepdims: int = 0>(y)
+}
+"""
+
+
+def memplan(*args):
+    """The installed command line, in a process of its own (exit code, stdout, stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memplan: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def folder_state(folder: Path) -> dict:
+    return {p.name: digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture
+def external_model(tmp_path):
+    """mlp.onnx with its weights in weights.bin beside it."""
+    model = parse_model(MLP)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.standard_normal((32, 4)).astype(np.float32), "W2"),
+    ])
+    path = tmp_path / "mlp.onnx"
+    onnx.save_model(model, path, save_as_external_data=True, location="weights.bin", size_threshold=0)
+    assert (tmp_path / "weights.bin").is_file()
+    return path
+
+
+def test_click_usage_errors_are_one_line():
+    for args in (["plan", "zoo:cnn", "--budget", "70%", "--time-limit", "0"],
+                 ["plan", "zoo:cnn", "--budget", "70%", "--time-limit", "nan"],
+                 ["plan", "zoo:cnn", "--budget", "70%", "--strategy", "nope"],
+                 ["alloc", "x.csv", "--time-limit", "inf"],
+                 ["verify", "zoo:cnn", "x.onnx", "--rtol", "-1"],
+                 ["plan"], ["nope"]):
+        rc, out, err = memplan(*args)
+        assert rc == 2, (args, err)
+        line = one_line(err)
+        assert "Usage:" not in err and "--help" in line, (args, line)
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "70%", "--time-limit", "nan")
+    assert "'--time-limit': 'nan' is not a finite number" in err
+    rc, out, _ = memplan("--version")
+    assert rc == 0 and "version" in out
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "{model}", "--budget", "90%", "--time-limit", "1", "--emit", "{target}"],
+    ["plan", "{model}", "--budget", "90%", "--time-limit", "1", "-o", "{target}"],
+    ["inspect", "{model}", "--plot", "{target}"],
+    ["train-graph", "{model}", "-o", "{target}"],
+])
+def test_the_data_file_an_input_model_reads_is_never_written(external_model, command):
+    folder = external_model.parent
+    before = folder_state(folder)
+    args = [a.format(model=external_model, target=folder / "weights.bin") for a in command]
+    rc, _, err = memplan(*args)
+    assert rc == 2
+    assert "is the data file" in one_line(err) and "mlp.onnx reads its weights from" in err
+    assert folder_state(folder) == before
+
+
+def test_a_costs_profile_is_an_input(tmp_path):
+    profile = tmp_path / "prof.json"
+    profile.write_text("[]")
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--costs", profile, "-o", profile)
+    assert rc == 2 and "is an input" in one_line(err)
+    assert profile.read_text() == "[]"
+
+
+def test_bench_remat_never_writes_over_a_graph(benchmarks_dir):
+    graph = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    before = digest(graph)
+    rc, _, err = memplan("bench", "remat", "--dir", graph.parent, "--graph", "RL100", "--budgets", "80",
+                         "--strategies", "greedy", "-o", graph)
+    assert rc == 2 and "is an input" in one_line(err)
+    assert digest(graph) == before
+
+
+def test_dash_is_no_file_name_except_where_it_means_stdout(tmp_path):
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "-o", "-", "--emit", "-")
+    assert rc == 2 and "-o - would write a file named '-'" in one_line(err)
+    assert not (ROOT / "-").exists()
+
+
+def test_an_unwritable_folder_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Checked up front (as root, chmod does not stop writes: the probe file is what counts)."""
+    import tempfile
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == locked.resolve():
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    solved = []
+    monkeypatch.setattr(cli, "_plan_onnx", lambda *a, **k: solved.append(1))
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:cnn", "--budget", "90%", "-o", str(tmp_path / "ok.json"),
+                                        "--emit", str(locked / "p.onnx")])
+    assert res.exit_code == 2, res.output
+    assert "cannot write in folder" in one_line(res.stderr) and "choose another folder" in res.stderr
+    assert not solved and not (tmp_path / "ok.json").exists() and not list(locked.iterdir())
+
+
+def test_an_os_error_while_writing_is_one_line(tmp_path, monkeypatch):
+    import os
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "replace", refuse)  # what atomic_write's last step meets on a full disk
+    res = CliRunner().invoke(cli.main, ["inspect", "zoo:cnn", "--plot", str(tmp_path / "t.png")])
+    assert res.exit_code == 2
+    assert one_line(res.stderr).endswith("t.png: No space left on device")
+    assert not list(tmp_path.iterdir())  # nor the temp file beside it
+
+
+def test_alloc_csv_values_out_of_range_and_a_byte_order_mark(tmp_path):
+    from planner.alloc_io import read_csv
+
+    huge = tmp_path / "huge.csv"
+    huge.write_text("id,lower,upper,size\n0,0,10,99999999999999999999\n")
+    with pytest.raises(ModelImportError, match=r"huge.csv line 2: size 99999999999999999999 is out of range"):
+        read_csv(huge)
+    dup = tmp_path / "dup.csv"
+    dup.write_text("id,lower,upper,size\n0,0,10,100\n0,5,15,200\n")
+    with pytest.raises(ModelImportError, match=r"dup.csv: .*'0'"):
+        read_csv(dup)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufeffid,lower,upper,size\n0,0,10,100\n".encode())
+    buffers, _ = read_csv(bom)
+    assert [(b.id, b.size) for b in buffers] == [("0", 100)]
+
+
+def test_a_model_from_a_newer_onnx_is_refused(tmp_path):
+    model = parse_model(MLP)
+    model.opset_import[0].version = 99
+    path = tmp_path / "new.onnx"
+    path.write_bytes(model.SerializeToString())
+    for command in (["inspect", path], ["train", path, "--steps", "1"], ["plan", path, "--budget", "90%"]):
+        rc, _, err = memplan(*command)
+        assert rc == 3 and "uses ONNX opset 99" in one_line(err), command
+
+
+def test_a_json_graph_with_a_bad_field(tmp_path):
+    graph = {"directed": True, "multigraph": False, "graph": {"name": "g"},
+             "nodes": [{"id": 0, "cost_cpu": 5, "cost_ram": 4}, {"id": 1, "cost_cpu": "abc", "cost_ram": 4}],
+             "links": [{"source": 0, "target": 1}]}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph))
+    rc, _, err = memplan("plan", path, "--budget", "90%")
+    assert rc == 3 and "'cost_cpu' (node 1: 'abc' is not a number)" in one_line(err)
+    path.write_text(json.dumps({**graph, "nodes": [], "links": []}))
+    rc, _, err = memplan("plan", path, "--budget", "90%")
+    assert rc == 3 and "the graph has no nodes" in one_line(err)
+
+
+def test_training_flags_that_would_do_nothing(tmp_path):
+    out = tmp_path / "step.onnx"
+    rc, _, err = memplan("train-graph", "zoo:cnn", "-o", out, "--freeze", "typo*")
+    assert rc == 2 and "--freeze 'typo*' matches no trainable initializer" in one_line(err)
+    rc, _, err = memplan("train-graph", "zoo:cnn", "-o", out, "--lr", "0.1")
+    assert rc == 2 and "add --optimizer sgd or adam" in one_line(err)
+    rc, _, err = memplan("inspect", "zoo:cnn", "--dim", "batch=2", "--dim", "batch=3")
+    assert rc == 2 and "--dim batch is given twice (2 and 3)" in one_line(err)
+    assert not out.exists()
+
+
+def test_max_batch_fails_when_no_batch_fits():
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "1KB", "--max-batch", "--time-limit", "1")
+    assert rc == 1 and "not even batch 1 fits" in one_line(err)
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "1MB", "--max-batch", "--batch-dim", "nope")
+    assert rc == 2 and "--batch-dim 'nope': zoo:cnn has no such option" in one_line(err)
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """zoo:cnn planned at 90%: its plan JSON and its planned model."""
+    folder = tmp_path_factory.mktemp("planned")
+    plan, model = folder / "p.json", folder / "p.onnx"
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--time-limit", "2", "--deterministic",
+                         "-o", plan, "--emit", model)
+    assert rc == 0, err
+    return plan, model
+
+
+def test_rewrite_refuses_an_edited_plan(planned, tmp_path):
+    plan, _ = planned
+    obj = json.loads(plan.read_text())
+    reformatted = tmp_path / "reformatted.json"
+    reformatted.write_text(json.dumps(obj))  # the same fields, written another way
+    rc, out, err = memplan("rewrite", "zoo:cnn", reformatted, "-o", tmp_path / "a.onnx")
+    assert rc == 0, err
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({**obj, "budget_bytes": 1}))
+    rc, _, err = memplan("rewrite", "zoo:cnn", edited, "-o", tmp_path / "b.onnx")
+    assert rc == 2 and "was changed after memplan plan wrote it" in one_line(err)
+    # a plan without a digest (an older file) is still replayed against its own budget
+    old = {k: v for k, v in obj.items() if k != "plan_digest"}
+    edited.write_text(json.dumps({**old, "budget_bytes": 1}))
+    rc, _, err = memplan("rewrite", "zoo:cnn", edited, "-o", tmp_path / "b.onnx")
+    assert rc == 2 and "over its budget_bytes 1" in one_line(err)
+    renamed = json.loads(json.dumps(old))
+    first = next(e for e in renamed["schedule"] if e["op"] == "compute")
+    first["node"] += "X"
+    edited.write_text(json.dumps(renamed))
+    rc, _, err = memplan("rewrite", "zoo:cnn", edited, "-o", tmp_path / "b.onnx")
+    assert rc == 2 and f"computes node {first['node']!r}, which this model does not have" in one_line(err)
+    rc, _, err = memplan("rewrite", "zoo:cnn", "zoo:cnn", "-o", tmp_path / "b.onnx")
+    assert rc == 2 and "the arguments are MODEL PLAN.json -o OUT.onnx" in one_line(err)
+    assert not (tmp_path / "b.onnx").exists()
+
+
+def test_verify_refuses_what_it_cannot_compare(planned, tmp_path):
+    _, model = planned
+    rc, _, err = memplan("verify", model, "zoo:cnn")
+    assert rc == 2 and "OUT.onnx 'zoo:cnn' is not a file: give MODEL first" in one_line(err)
+    step = tmp_path / "step.onnx"
+    assert memplan("train-graph", "zoo:cnn", "-o", step)[0] == 0
+    rc, _, err = memplan("verify", "zoo:cnn", step)
+    assert rc == 2 and "carries no memplan plan" in one_line(err)
+    rc, _, err = memplan("verify", "zoo:gpt", model)
+    assert rc == 2 and "planned for another model" in one_line(err)
+
+
+def test_an_option_for_the_other_kind_of_model_is_refused(benchmarks_dir):
+    graph = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
+    for flags, first in ((["--dim", "batch=2"], "--dim"), (["--device", "T4"], "--device"),
+                         (["--optimizer", "adam"], "--optimizer"), (["--pin-order"], "--pin-order")):
+        rc, _, err = memplan("plan", graph, "--budget", "90%", *flags)
+        assert rc == 2 and f"{first} applies to ONNX models" in one_line(err), flags
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--swap-bandwidth", "1e9")
+    assert rc == 2 and "--swap-bandwidth applies to JSON graphs" in one_line(err)
