@@ -92,11 +92,12 @@ class OneLineErrors(click.Group):
 
 
 def plan_digest(obj: dict) -> str:
-    """SHA-256 of a plan object's fields (all but this one), as canonical JSON: unchanged by
-    reformatting the file, changed by any edit of a value."""
+    """SHA-256 of a plan object's fields, as canonical JSON: unchanged by reformatting the file,
+    changed by any edit of a value. Left out: the digest itself and the solver's report (its wall
+    times differ run to run, so the same plan keeps the same digest; rewrite reads none of it)."""
     import hashlib
 
-    body = {k: v for k, v in obj.items() if k != "plan_digest"}
+    body = {k: v for k, v in obj.items() if k not in ("plan_digest", "solver")}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_json_default)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -273,3 +273,14 @@ def test_an_option_for_the_other_kind_of_model_is_refused(benchmarks_dir):
         assert rc == 2 and f"{first} applies to ONNX models" in one_line(err), flags
     rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--swap-bandwidth", "1e9")
     assert rc == 2 and "--swap-bandwidth applies to JSON graphs" in one_line(err)
+
+
+def test_the_same_plan_has_the_same_digest(planned, tmp_path):
+    """The digest leaves out the solver's report (wall times): a deterministic plan made again
+    carries the same one."""
+    plan, _ = planned
+    again = tmp_path / "again.json"
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--time-limit", "2", "--deterministic", "-o", again)
+    assert rc == 0, err
+    first, second = json.loads(plan.read_text()), json.loads(again.read_text())
+    assert first["plan_digest"] == second["plan_digest"] == cli.plan_digest(second)
