@@ -136,6 +136,10 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
             later[v] |= later[int(w)] | 1 << int(w)
     lower = [int(x) for x in p.order_free_need]
     base = p.base_bytes
+    # a companion (PlanningProblem.companion: bytes the runtime makes with its node and holds to
+    # the end) runs right after its node's first compute, as the runtime makes them, never apart
+    companion = [bool(x) for x in p.companion] if p.companion is not None else [False] * n
+    glued = [v + 1 if v + 1 < n and companion[v + 1] else -1 for v in range(n)]
 
     def still(done: int) -> int:
         """The most a node still to run needs, in every order."""
@@ -153,13 +157,22 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
                 if pinned >> v & 1:
                     continue
                 nxt, new, ev = (done, mask & ~(1 << v)), peak, (Event("free", v),)
+            elif companion[v]:
+                continue  # made with its node's first compute below
             elif (not done >> v & 1 or again[v]) and preds[v] & mask == preds[v]:
                 ran = done | 1 << v
                 after = mask | 1 << v
+                top = base + held + need[v]
+                computes = [v]
+                if glued[v] >= 0 and not done >> glued[v] & 1:  # v's first compute: its companion now
+                    c = glued[v]
+                    top = max(top, base + held + size[v] + need[c])
+                    ran, after = ran | 1 << c, after | 1 << c
+                    computes.append(c)
                 gone = sum(1 << u for u in range(n) if after >> u & 1 and not pinned >> u & 1
                            and later[u] & ~ran == 0)
-                nxt, new = (ran, after & ~gone), max(peak, base + held + need[v])
-                ev = (Event("compute", v), *(Event("free", u) for u in range(n) if gone >> u & 1))
+                nxt, new = (ran, after & ~gone), max(peak, top)
+                ev = (*(Event("compute", u) for u in computes), *(Event("free", u) for u in range(n) if gone >> u & 1))
             else:
                 continue
             order = (max(new, still(nxt[0])), -bin(nxt[0]).count("1"))

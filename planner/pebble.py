@@ -271,7 +271,8 @@ def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = ma
 
 def plan_of(problem: PlanningProblem, order: Sequence[int], strategy: str = "reverse") -> Plan:
     """Events for computes in ``order``: each copy freed right after its last read (pinned
-    outputs never)."""
+    outputs never); a companion computed right after its node's first compute (:func:`glued`)."""
+    order = glued(problem, order)
     preds = problem.pred_lists
     latest: dict[int, int] = {}  # node -> index of its latest compute so far
     last_read: dict[int, int] = {}  # compute index -> index of the last compute reading it
@@ -289,6 +290,42 @@ def plan_of(problem: PlanningProblem, order: Sequence[int], strategy: str = "rev
         events.append(Event("compute", t))
         events.extend(Event("free", u) for u in free_after.get(k, ()))
     return Plan(tuple(events), strategy)
+
+
+def glued(problem: PlanningProblem, order: Sequence[int]) -> list[int]:
+    """``order`` with each companion (``PlanningProblem.companion``: bytes the runtime makes with
+    its node and holds to the end, an unread output's) computed right after its node's first
+    compute. The walks treat a companion as a pinned node of its own, which they may compute
+    anywhere after its node, even by recomputing the node for it at the end; the runtime makes
+    those bytes with the node (the rewritten model held them from there: 13 KB over a 116 KB
+    budget). Moved there, its bytes may overshoot the budget: :func:`fitting` says."""
+    comp = problem.companion
+    if comp is None:
+        return list(order)
+    out: list[int] = []
+    seen: set[int] = set()
+    for t in order:
+        if comp[t]:
+            continue
+        out.append(t)
+        if t not in seen and t + 1 < problem.n and comp[t + 1]:
+            out.append(t + 1)
+        seen.add(t)
+    return out
+
+
+def fitting(problem: PlanningProblem, plan: Plan, budget: int, what: str) -> Simulation | None:
+    """``plan`` simulated, or None where it peaks over ``budget`` only because :func:`glued` moved
+    a companion to its node (any other breach is a bug: the walk's accounting is the simulator's)."""
+    try:
+        sim = simulate(problem, plan)
+    except InvalidPlanError as e:
+        raise AssertionError(f"{what}: {e}") from e
+    if sim.peak_bytes <= budget:
+        return sim
+    if problem.companion is None:
+        raise AssertionError(f"{what}: peaks at {sim.peak_bytes} bytes, over the budget {budget}")
+    return None
 
 
 def reverse_pebble(problem: PlanningProblem, budget: int, deadline: float = math.inf,
@@ -309,10 +346,9 @@ def reverse_pebble(problem: PlanningProblem, budget: int, deadline: float = math
         if order is None:
             continue
         plan = plan_of(problem, order)
-        try:
-            sim = simulate(problem, plan, budget)
-        except InvalidPlanError as e:  # the walk's accounting and the simulator disagree: a bug
-            raise AssertionError(f"reverse walk {walk}: {e}") from e
+        sim = fitting(problem, plan, budget, f"reverse walk {walk}")
+        if sim is None:
+            continue
         if best is None or sim.added_time < best[1].added_time:
             best = (plan, sim)
     if best is None and not in_order and depth_first:
@@ -329,10 +365,8 @@ def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = ma
     if walked.order is None:
         return DepthFirstPlan(None, walked.exhausted)
     plan = plan_of(problem, walked.order)
-    try:
-        return DepthFirstPlan((plan, simulate(problem, plan, budget)), False)
-    except InvalidPlanError as e:  # the walk's accounting and the simulator disagree: a bug
-        raise AssertionError(f"depth-first walk: {e}") from e
+    sim = fitting(problem, plan, budget, "depth-first walk")
+    return DepthFirstPlan(None if sim is None else (plan, sim), False)
 
 
 def _ancestors(preds) -> list[int]:

@@ -36,10 +36,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from planner import clock
-from planner.pebble import plan_of
+from planner.pebble import fitting, plan_of
 from planner.plan import Plan
 from planner.problem import PlanningProblem
-from planner.simulate import InvalidPlanError, Simulation, simulate
+from planner.simulate import Simulation
 
 #: Steps per block of the memory profile.
 BLOCK = 512
@@ -253,8 +253,5 @@ def polished(problem: PlanningProblem, plan: Plan, sim: Simulation, budget: int,
         return plan, sim
     order = polish(problem, [e.node for e in plan.events if e.op == "compute"], budget, deadline, keep_firsts)
     better = plan_of(problem, order, plan.strategy)
-    try:
-        out = simulate(problem, better, budget)
-    except InvalidPlanError as e:  # the profile and the simulator disagree: a bug
-        raise AssertionError(f"polished plan: {e}") from e
-    return (better, out) if out.added_time < sim.added_time else (plan, sim)
+    out = fitting(problem, better, budget, "polished plan")
+    return (better, out) if out is not None and out.added_time < sim.added_time else (plan, sim)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import planner.planning as planning
 from planner.cpsat import PlannerOptions
-from planner.least import cheapest_plan, least_plan
+from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.pebble import DepthFirstPlan
 from planner.planning import least_peak, solve
 from planner.problem import PlanningProblem
@@ -291,3 +291,28 @@ def test_max_batch_and_sweep_probes_skip_the_least_search(monkeypatch):
     monkeypatch.setattr(sweep_mod, "solve", lambda p, b, s, o: shares.append(o.least_share) or real_solve(p, b, s, o))
     sweep_mod.sweep(far_readers(3), [0.9, 0.3], ["greedy"], ONE)
     assert shares == [0.0, 0.0] and ONE.least_share > 0
+
+
+def _floating_companion() -> PlanningProblem:
+    """0 -> 1 -> 3, and node 2 the companion of 1 (100 bytes the runtime makes with 1 and holds to
+    the end, as an unread output): kept apart from 1, the companion could wait until 3 has run
+    and gone (a peak of 110 bytes); the runtime holds it from 1 on (210)."""
+    return PlanningProblem.build(size=[10, 10, 100, 100], cost=[1.0, 1.0, 0.0, 1.0], preds=[[], [0], [1], [1]],
+                                 pinned=[False, False, True, False], recomputable=[True, True, False, True],
+                                 companion=[False, False, True, False])
+
+
+def test_a_companion_is_made_with_its_node_in_every_order():
+    """The fuzzed ONNX models of stop 48: the exact search over every order (and the reverse
+    walks) made a Split's unread outputs at the end of the step, where the rewritten model holds
+    them from the Split on, and the plan overshot its budget once rewritten."""
+    from planner.pebble import plan_of
+
+    problem = _floating_companion()
+    least, plan = least_plan_any_order(problem)
+    computes = [e.node for e in plan.events if e.op == "compute"]
+    assert least == 210 == simulate(problem, plan).peak_bytes
+    assert computes[computes.index(1) + 1] == 2
+    # a walk's order that makes the companion last is made with its node
+    glued = [e.node for e in plan_of(problem, [0, 1, 3, 2]).events if e.op == "compute"]
+    assert glued == [0, 1, 2, 3]
