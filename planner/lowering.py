@@ -182,6 +182,10 @@ def lower(
                     p = int(group_of[graph.tensors[t].producer])
                     if p != j:
                         preds[j].add(p)
+    # ORT holds an output nobody reads to the end of the run, that of every run of its node: a
+    # recompute would make another such copy (a Split recomputed for its read half held the other
+    # half twice: the rewritten model overshot its budget, stop 48's fuzzing)
+    recomputable &= unread == 0
     # per group, the least bytes of its buffers any reader in another group reads
     read = size.copy()
     counted = {int(lv.buffer_of[t]) for bs in buffers for t in bs}
