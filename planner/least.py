@@ -21,9 +21,11 @@ there are at most about 2^(n+1) states; the search gives up past ``max_states``.
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
+from planner import clock
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
@@ -112,13 +114,14 @@ def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
 
 
 def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
-                         max_states: int = MAX_STATES) -> tuple[int, Plan] | None:
+                         max_states: int = MAX_STATES, deadline: float = math.inf) -> tuple[int, Plan] | None:
     """:func:`least_plan` over plans in every node order: (least peak, a plan reaching it), its
     nodes first computed in whatever order that plan takes; None where :func:`least_plan` gives
     up. A state is (nodes computed so far, resident set): any node whose inputs are resident may
     run next, a first time or again; a buffer is freed at once when every node that depends on it
     has run. States are ordered by the most any node still to run needs in every order
-    (``PlanningProblem.order_free_need``), A*-like. On far_readers(6) of the tests (20 nodes):
+    (``PlanningProblem.order_free_need``), A*-like; None also past ``deadline`` (planner.clock).
+    On far_readers(6) of the tests (20 nodes):
     106 k states, about 1 s."""
     p = problem
     n = p.n
@@ -148,9 +151,11 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
     best: dict[tuple[int, int], int] = {(0, 0): base}
     parent: dict[tuple[int, int], tuple[tuple[int, int], tuple[Event, ...]]] = {}
     heap = [(max(base, still(0)), 0, base, 0, 0)]
-    for peak, (done, mask) in _settled(heap, best):
+    for settled, (peak, (done, mask)) in enumerate(_settled(heap, best)):
         if done == everything and mask == pinned:
             return peak, Plan(_events(parent, (done, mask)), "exact")
+        if settled % 1024 == 0 and clock.now() > deadline:
+            return None  # (pure Python: on the work clock, which it does not charge, it never stops here)
         held = sum(size[v] for v in range(n) if mask >> v & 1)
         for v in range(n):
             if mask >> v & 1:
