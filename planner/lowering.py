@@ -239,6 +239,10 @@ def lower(
     # recomputed (the rewrite binds graph outputs to the first computation), never swapped.
     # Unread outputs under 0.1% of the peak stay in the base.
     moved = np.where(unread >= max(1, lv.peak_bytes // 1000), unread, 0)
+    # ORT allocates them with the node's other outputs, while its inputs are still held: counted
+    # in its step as scratch too (the companion right after it comes when an input that dies there
+    # is gone; a Split's unread half was 17% of a fuzzed model's peak, left out of its step)
+    scratch = scratch + moved
     unpin = pinned & (kept < size)
     split = np.flatnonzero(unpin | (moved > 0)).tolist()
     dangling -= int(moved.sum())
