@@ -117,6 +117,13 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
                 "plan; drop --no-plan (plan = false) or give an absolute size such as 8GiB"
             )
         parsed.append((str(text), budget))
+    if options.get("device"):  # checked with --no-plan too: a typo is not a pass
+        from planner.devices import device
+
+        try:
+            device(options["device"])
+        except UsageError as err:
+            raise UsageError(f"{prefix}{err}") from None
     arena = options.get("ort_arena")
     if arena is not None and arena not in ORT_ARENA_CHOICES:
         raise UsageError(f"{prefix}ort_arena must be one of {', '.join(ORT_ARENA_CHOICES)}, got {arena!r}")

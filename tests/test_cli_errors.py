@@ -284,3 +284,8 @@ def test_the_same_plan_has_the_same_digest(planned, tmp_path):
     assert rc == 0, err
     first, second = json.loads(plan.read_text()), json.loads(again.read_text())
     assert first["plan_digest"] == second["plan_digest"] == cli.plan_digest(second)
+
+
+def test_check_names_an_unknown_device_without_a_plan_too():
+    rc, _, err = memplan("check", "zoo:cnn", "--budget", "10MiB", "--no-plan", "--device", "nope")
+    assert rc == 2 and "--device 'nope' is not a known profile" in one_line(err)
