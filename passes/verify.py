@@ -27,7 +27,7 @@ import onnx
 
 from passes import alloc_counter
 from passes.onnx_export import save_model
-from planner.errors import PlannerError
+from planner.errors import PlannerError, UsageError
 
 
 @dataclass(frozen=True)
@@ -443,11 +443,18 @@ def verify_models(
     ``numerics``: (what it is, a model) computing what ``reference`` computes with the kernels the
     planned file makes ORT use (a pinned file reads Conv weights through views); the outputs are
     compared with its outputs, and the largest difference from ``reference``'s is reported."""
-    ref_names = set(_output_names(reference))
-    missing = [name for name in _output_names(planned) if name not in ref_names]
+    (ref_in, ref_out), (got_in, got_out) = _signature(reference), _signature(planned)
+    extra = [name for name in got_out if name not in ref_out]
+    if extra:
+        raise UsageError(f"the planned model has output {extra[0]!r} that the reference lacks; "
+                         "was it made from this MODEL?")
+    # every input and output of the reference, with its element type (a pinned file adds an unfed input)
+    missing = [f"input {k}" for k, t in ref_in.items() if got_in.get(k) != t]
+    missing += [f"output {k}" for k, t in ref_out.items() if got_out.get(k) != t]
     if missing:
-        raise PlannerError(f"the planned model has output {missing[0]!r} that the reference lacks; "
-                           "was it made from this MODEL?")
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise UsageError(f"the planned model does not have the reference's {shown}; was it made from this MODEL "
+                         "(with the same --dim)?")
     ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1)
     got = measure_peak(planned, feeds, keep_outputs=True, repeats=1)
     default = measure_peak(planned, feeds, session=ORT_DEFAULT, repeats=1)
@@ -472,12 +479,17 @@ def verify_models(
                         predicted_allocator_peak)
 
 
-def _output_names(model: onnx.ModelProto | str | os.PathLike) -> list[str]:
+def _signature(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, int], dict[str, int]]:
+    """Element type by name of ``model``'s inputs, and of its outputs."""
     if not isinstance(model, onnx.ModelProto):  # a file: its weights, inside or beside it, unread
         from passes.onnx_import import load_proto
 
         model = load_proto(str(model), weights="mapped")[0]
-    return [o.name for o in model.graph.output]
+
+    def typed(values) -> dict[str, int]:
+        return {v.name: v.type.tensor_type.elem_type for v in values}
+
+    return typed(model.graph.input), typed(model.graph.output)
 
 
 _ARENA_CHILD = r"""

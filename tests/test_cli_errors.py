@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 import cli
-from planner.errors import ModelImportError
+from planner.errors import ModelImportError, UsageError
 from tests.helpers import parse_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,3 +289,20 @@ def test_the_same_plan_has_the_same_digest(planned, tmp_path):
 def test_check_names_an_unknown_device_without_a_plan_too():
     rc, _, err = memplan("check", "zoo:cnn", "--budget", "10MiB", "--no-plan", "--device", "nope")
     assert rc == 2 and "--device 'nope' is not a known profile" in one_line(err)
+
+
+def test_verify_compares_only_runs_of_the_same_signature():
+    """Before any run: the planned model has each input and output of the reference, with its
+    element type (ORT otherwise failed on the feeds, "Unexpected input data type")."""
+    from passes.verify import verify_models
+
+    reference = parse_model(MLP)
+    renamed = parse_model(MLP.replace("x", "z"))
+    retyped = parse_model(MLP.replace("float[8, 16] x", "double[8, 16] x"))
+    for planned, words in ((renamed, "does not have the reference's input x"),
+                           (retyped, "does not have the reference's input x")):
+        with pytest.raises(UsageError, match=words):
+            verify_models(reference, planned, {}, predicted_planned_peak=0, base_bytes=0)
+    extra = parse_model(MLP.replace("=> (float loss)", "=> (float loss, float[8, 32] h)"))
+    with pytest.raises(UsageError, match="the planned model has output 'h' that the reference lacks"):
+        verify_models(reference, extra, {}, predicted_planned_peak=0, base_bytes=0)
