@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from planner.devices import device as device_profile
 from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError, UsageError
 from planner.graph import Graph
 from planner.liveness import analyze
@@ -118,10 +119,8 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
             )
         parsed.append((str(text), budget))
     if options.get("device"):  # checked with --no-plan too: a typo is not a pass
-        from planner.devices import device
-
         try:
-            device(options["device"])
+            device_profile(options["device"])
         except UsageError as err:
             raise UsageError(f"{prefix}{err}") from None
     arena = options.get("ort_arena")

@@ -142,7 +142,7 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
     # a companion (PlanningProblem.companion: bytes the runtime makes with its node and holds to
     # the end) runs right after its node's first compute, as the runtime makes them, never apart
     companion = [bool(x) for x in p.companion] if p.companion is not None else [False] * n
-    glued = [v + 1 if v + 1 < n and companion[v + 1] else -1 for v in range(n)]
+    glued = p.companion_of
 
     def still(done: int) -> int:
         """The most a node still to run needs, in every order."""

@@ -271,8 +271,9 @@ def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = ma
 
 def plan_of(problem: PlanningProblem, order: Sequence[int], strategy: str = "reverse") -> Plan:
     """Events for computes in ``order``: each copy freed right after its last read (pinned
-    outputs never); a companion computed right after its node's first compute (:func:`glued`)."""
-    order = glued(problem, order)
+    outputs never); a companion computed right after its node's first compute
+    (:meth:`PlanningProblem.glued`)."""
+    order = problem.glued(order)
     preds = problem.pred_lists
     latest: dict[int, int] = {}  # node -> index of its latest compute so far
     last_read: dict[int, int] = {}  # compute index -> index of the last compute reading it
@@ -292,31 +293,10 @@ def plan_of(problem: PlanningProblem, order: Sequence[int], strategy: str = "rev
     return Plan(tuple(events), strategy)
 
 
-def glued(problem: PlanningProblem, order: Sequence[int]) -> list[int]:
-    """``order`` with each companion (``PlanningProblem.companion``: bytes the runtime makes with
-    its node and holds to the end, an unread output's) computed right after its node's first
-    compute. The walks treat a companion as a pinned node of its own, which they may compute
-    anywhere after its node, even by recomputing the node for it at the end; the runtime makes
-    those bytes with the node (the rewritten model held them from there: 13 KB over a 116 KB
-    budget). Moved there, its bytes may overshoot the budget: :func:`fitting` says."""
-    comp = problem.companion
-    if comp is None:
-        return list(order)
-    out: list[int] = []
-    seen: set[int] = set()
-    for t in order:
-        if comp[t]:
-            continue
-        out.append(t)
-        if t not in seen and t + 1 < problem.n and comp[t + 1]:
-            out.append(t + 1)
-        seen.add(t)
-    return out
-
-
 def fitting(problem: PlanningProblem, plan: Plan, budget: int, what: str) -> Simulation | None:
-    """``plan`` simulated, or None where it peaks over ``budget`` only because :func:`glued` moved
-    a companion to its node (any other breach is a bug: the walk's accounting is the simulator's)."""
+    """``plan`` simulated, or None where it peaks over ``budget`` only because
+    :meth:`PlanningProblem.glued` moved a companion to its node (any other breach is a bug: the
+    walk's accounting is the simulator's)."""
     try:
         sim = simulate(problem, plan)
     except InvalidPlanError as e:

@@ -245,12 +245,7 @@ def _glued_order(problem: PlanningProblem, min_gain: float, budget: int | None,
     found = memory_order(merged, min_gain, budget, max_work)
     if found is None:
         return None
-    order: list[int] = []
-    for v in keep[found[0]].tolist():
-        order.append(v)
-        if v + 1 < p.n and p.companion[v + 1]:
-            order.append(v + 1)
-    return order, found[1]
+    return p.glued(keep[found[0]].tolist()), found[1]
 
 
 def _moved(pos: np.ndarray, v: int, anchor: int, before: bool) -> np.ndarray:

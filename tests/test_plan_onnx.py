@@ -19,6 +19,7 @@ from passes.plan_model import plan_graph
 from passes.verify import measure_peak, planned_session_options
 from planner.cpsat import PlannerOptions
 from planner.liveness import analyze
+from planner.lowering import lower
 from planner.simulate import simulate
 from planner.units import format_bytes
 
@@ -528,16 +529,19 @@ g (float[64, 64] x) => (float loss) <float[64, 32] W>
 """
 
 
-def test_a_node_with_an_unread_output_is_never_recomputed():
-    """ORT holds an output nobody reads (here the Split's b) to the end of the run, that of every
-    run of its node: the fuzzed models of stop 48 whose Split was recomputed held b twice, and
-    the rewritten model overshot the budget the plan kept."""
-    from planner.lowering import lower
+def _split_half_unread_step():
     from tests.helpers import parse_model
 
     model = parse_model(SPLIT_HALF_UNREAD)
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((64, 32), np.float32), "W"))
-    graph = training_graph(import_model(model))
+    return training_graph(import_model(model))
+
+
+def test_a_node_with_an_unread_output_is_never_recomputed():
+    """ORT holds an output nobody reads (here the Split's b) to the end of the run, that of every
+    run of its node: the fuzzed models of stop 48 whose Split was recomputed held b twice, and
+    the rewritten model overshot the budget the plan kept."""
+    graph = _split_half_unread_step()
     problem, _ = lower(graph)
     assert "Split_1 (unread outputs)" in problem.names
     assert not problem.recomputable[problem.names.index("Split_1")]
@@ -548,12 +552,7 @@ def test_an_unread_output_is_counted_in_its_nodes_step():
     """ORT allocates a Split's unread half with the read one while the Split's input is still
     held; the lowering counted it only at the companion after the Split, where the input was
     gone, and the problem's unplanned peak came out 17% under the model's (fuzz seed 1014)."""
-    from planner.lowering import lower
-    from tests.helpers import parse_model
-
-    model = parse_model(SPLIT_HALF_UNREAD)
-    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((64, 32), np.float32), "W"))
-    graph = training_graph(import_model(model))
+    graph = _split_half_unread_step()
     problem, _ = lower(graph)
     split = problem.names.index("Split_1")
     lv = analyze(graph)
