@@ -60,6 +60,7 @@ class _Rewriter:
         # where their optional outputs differ); one reading a fresh copy follows that copy anyway
         self.emitted: set[tuple[int, tuple[int, ...]]] = set()
         self.skipped: set[int] = set()  # tensors whose current computation was not emitted (never read)
+        self.freed_swaps: set[int] = set()  # tensors a swap-out nobody swaps back in freed instead
 
     # ---- setup ---------------------------------------------------------------------------
     def _copy_constants(self) -> None:
@@ -82,15 +83,20 @@ class _Rewriter:
                              if t != NO_TENSOR and g.tensors[t].producer >= 0)
         return live
 
-    def _reads(self, schedule: Sequence[Mapping[str, object]]) -> dict[int, set[int]]:
-        """For each emitted compute event: the output tensors some later emitted event reads from it.
+    def _reads(self, schedule: Sequence[Mapping[str, object]],
+               dead: frozenset[int] = frozenset()) -> dict[int, set[int]]:
+        """For each emitted compute or swap-in event: the tensors some later emitted event reads
+        from it.
 
         A computation is emitted when a graph output, a swap-out or another emitted computation reads
         it (walking the schedule backwards, as reads only go forwards), or when no graph output
         depends on its node at all. A computation read only by computations that are not emitted
-        is not emitted either: ORT would keep its unread outputs to the end of the run.
+        is not emitted either: ORT would keep its unread outputs to the end of the run. So is a
+        swap-in nobody emitted reads (the plan moves a node's outputs as one buffer; a reader may
+        need only some of them). ``dead``: swap-out events to take as frees (none of their
+        swap-ins is emitted), so that they read nothing.
         """
-        live: dict[int, int] = {}  # tensor -> index of the compute event whose copy is current
+        live: dict[int, int] = {}  # tensor -> index of the compute or swap-in event whose copy is current
         sources: dict[int, list[tuple[int, int]]] = {}  # compute event -> (producer event, tensor) it reads
         used: dict[int, set[int]] = {}
         outputs = self.g.output_set
@@ -105,9 +111,13 @@ class _Rewriter:
             elif op in ("free", "swap_out"):
                 t = self.g.by_name.get(ev.get("tensor"))  # type: ignore[arg-type]
                 if t in live:
-                    if op == "swap_out":
+                    if op == "swap_out" and i not in dead:
                         used.setdefault(live[t], set()).add(t)
                     del live[t]
+            elif op == "swap_in":
+                t = self.g.by_name.get(ev.get("tensor"))  # type: ignore[arg-type]
+                if t is not None:
+                    live[t] = i
         for t in self.g.outputs:
             if t in live:
                 used.setdefault(live[t], set()).add(t)
@@ -122,7 +132,9 @@ class _Rewriter:
 
     def run(self, schedule: Sequence[Mapping[str, object]]) -> Graph:
         self._copy_constants()
-        used = self._reads(schedule)  # the compute events to emit, and what is read from each
+        dead = self._dead_swap_outs(schedule, used := self._reads(schedule))
+        if dead:
+            used = self._reads(schedule, dead)  # the events to emit, and what is read from each
         # outputs some computation's copy is read from: any other copy left unread would dangle
         self.wanted_outputs = {t for outs in used.values() for t in outs} - set(self.g.outputs)
         for k, event in enumerate(schedule):
@@ -145,9 +157,20 @@ class _Rewriter:
             elif op == "free":
                 self._free(self._tensor(event, k))
             elif op == "swap_out":
-                self._swap_out(self._tensor(event, k))
+                if k in dead:  # nothing reads it back: a free
+                    self._free(tid := self._tensor(event, k))
+                    self.freed_swaps.add(tid)
+                else:
+                    self._swap_out(self._tensor(event, k))
             elif op == "swap_in":
-                self._swap_in(self._tensor(event, k))
+                tid = self._tensor(event, k)
+                if k in used:
+                    self._swap_in(tid)
+                elif tid not in self.swapped and tid not in self.freed_swaps:
+                    raise PlanMismatchError(f"the plan swaps {self.g.tensors[tid].name!r} in before swapping it out")
+                else:  # nobody reads this copy: ORT would keep it to the end of the run
+                    self.current[tid] = None
+                    self.skipped.add(tid)
             else:
                 raise PlanMismatchError(f"schedule event {k} has unknown op {op!r}")
         missing = [n.name for n in self.g.nodes if n.id not in self.computed]
@@ -159,6 +182,22 @@ class _Rewriter:
         for tid in self.g.outputs:
             self.b.output(self._read(tid, "graph output"))
         return self.b.build()
+
+    def _dead_swap_outs(self, schedule: Sequence[Mapping[str, object]], used: Mapping[int, set[int]]) -> frozenset[int]:
+        """Swap-out events none of whose swap-ins (up to the tensor's next swap-out) is read."""
+        dead: set[int] = set()
+        out_at: dict[int, int] = {}  # tensor -> its last swap-out event whose swap-ins are all unread so far
+        for k, ev in enumerate(schedule):
+            op = ev.get("op")
+            if op not in ("swap_out", "swap_in"):
+                continue
+            t = self.g.by_name.get(ev.get("tensor"))  # type: ignore[arg-type]
+            if op == "swap_out":
+                out_at[t] = k
+                dead.add(k)
+            elif k in used and t in out_at:
+                dead.discard(out_at[t])
+        return frozenset(dead)
 
     # ---- lookups ---------------------------------------------------------------------------
     def _node(self, event: Mapping[str, object], k: int) -> Node:
