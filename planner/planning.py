@@ -362,6 +362,16 @@ def _model_bound_note(problem: PlanningProblem, computations: int, best: int | N
             f"{problem.memory_floor} bytes")
 
 
+def _counted_note(problem: PlanningProblem, counted: int) -> str:
+    """Why a small problem has no plan when the exact search (planner/least.py) found its least
+    peak over the budget in memplan's accounting, which gives in-place outputs buffers of their
+    own: ONNX Runtime may reuse those buffers and go lower, which memplan does not plan for."""
+    return (f"no plan within the budget found: the least memory any plan reaches with every output in a "
+            f"buffer of its own is {counted} bytes (exact search); ONNX Runtime's in-place reuse may go "
+            f"lower, which memplan does not plan for; the least memory any plan reaches is at least "
+            f"{problem.memory_floor} bytes")
+
+
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
     note = f"{TIMED_OUT} {seconds:.3g} s)"
     if best is None:
@@ -735,12 +745,18 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                               note="no plan of the solver's model fits; the exact search's cheapest plan "
                                    "(planner/least.py)")
             exact = least_plan(problem)  # none fits, or the search gave up on the cheapest
+            counted = None  # the least peak in the problem's own accounting, where the runtime's differs
             if exact is not None and exact[0] > budget:
                 if problem.runtime_exact:
                     return _infeasible(problem, budget, opt, t0, phases, least=(exact[0], exact[0], True))
-                exact = None  # that least is the problem's accounting; the runtime may go lower
+                counted, exact = exact[0], None  # the runtime may go lower: not a claim about the model
             if exact is not None:  # the least-peak plan fits: a fallback
                 fallback = Candidate(exact[1], simulate(problem, exact[1], budget))
+            elif counted is not None:
+                # every plan was searched, with more computations than any cap: raising
+                # --max-computations cannot help (repro_3 of stop 48's fuzzing)
+                return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
+                              solver=_stats(opt, t0, None, None, phases), note=_counted_note(problem, counted))
             else:
                 proven = r1.status == "OPTIMAL" or (r1.bound is not None and r1.bound > target)
                 if proven and opt.max_computations < opt.grown_computations and pace.room(left()):

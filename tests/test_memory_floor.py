@@ -209,3 +209,17 @@ def test_the_floor_counts_an_input_node_with_the_outputs_its_readers_read():
     assert p.size[s] == 2048 and p.read_bytes[s] == 1024
     e_step = p.names.index("E")
     assert p.runtime_need[e_step] == p.step_need[e_step] - 1024
+
+
+def test_a_small_problem_whose_runtime_may_go_lower_names_the_exact_least_not_the_computation_cap():
+    """A chain whose middle output may take over its input's buffer (``in_place``): memplan's
+    accounting holds both (200 bytes), ORT may hold one (the floor: 110). Below 200 the exact
+    search has settled every plan memplan can write, so the note gives that least and does not
+    send the user to --max-computations (fuzzed repro_3, stop 48)."""
+    p = PlanningProblem.build(size=[100, 100, 10], cost=[1.0, 1.0, 1.0], preds=[[], [0], [1]],
+                              in_place=[0, 100, 0])
+    assert not p.runtime_exact and p.memory_floor == 110 and p.unplanned_peak == 200
+    res = solve(p, 150, "cpsat", PlannerOptions(time_limit=5, workers=1))
+    assert res.plan is None and res.status == "timeout"
+    assert "buffer of its own is 200 bytes (exact search)" in res.note
+    assert "at least 110 bytes" in res.note and "--max-computations" not in res.note
