@@ -131,6 +131,7 @@ def plan_graph(
     arena_over = None  # the least arena need of a plan that fit the budget but not the arena
     best: PlannedModel | None = None  # with ort_arena: the cheapest plan that fits the arena
     fits_at = fails_at = None  # with ort_arena: the highest target that fit it, the lowest above that did not
+    lowest_over = None  # the least peak of a plan that overshot the budget once rewritten
     options = options or PlannerOptions()
     for attempt in range(MAX_TIGHTENING + 1):
         # each re-solve gets half the time of the one before: the whole stays within twice
@@ -148,6 +149,7 @@ def plan_graph(
             peak = analyze(planned).peak_bytes
             if peak > budget:
                 log.info("rewritten graph peaks %d bytes over the budget; re-solving tighter", peak - budget)
+                lowest_over = peak if lowest_over is None else min(lowest_over, peak)
                 target -= (peak - budget) << attempt  # doubling: a heuristic's plan may not move for a small step
                 continue
             need = None if ort_arena is None else ort_arena.need(planned)
@@ -186,8 +188,9 @@ def plan_graph(
                               "better; try a larger budget")
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
-                         note="the plans found overshoot the budget once rewritten into the model, and tighter "
-                              "solves found none; try a slightly larger budget")
+                         note=f"the plans found overshoot the budget once rewritten into the model (the lowest "
+                              f"peaks at {lowest_over} bytes: a budget of that fits it), and tighter solves "
+                              f"found none")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over)
 
 
