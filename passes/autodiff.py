@@ -123,11 +123,13 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     # (tensor ids are kept, so ``loss`` and ``candidates`` stay valid).
     forward = unroll_recurrent(forward, _recurrent_to_unroll(forward, loss, candidates))
     active = _forward_activity(forward, candidates)
+    _refuse_dropped_outputs(forward, loss, active)
     on_path, useful = _backward_reach(forward, loss, active)
     params = [t for t in candidates if useful[t]]
     if not params:
+        only = _undifferentiated(forward, loss, candidates)
         raise ModelImportError(
-            f"loss {forward.tensors[loss].name!r} depends on no trainable initializer"
+            f"loss {forward.tensors[loss].name!r} depends on " + (only or "no trainable initializer")
             + (f" (frozen: {', '.join(options.freeze)})" if options.freeze else "")
             + "; there is nothing to train"
         )
@@ -205,8 +207,50 @@ def _forward_activity(graph: Graph, params: Sequence[int]) -> list[bool]:
     return active
 
 
-def _backward_reach(graph: Graph, loss: int, active: list[bool]) -> tuple[list[int], list[bool]]:
-    """Nodes on a differentiable path to the loss (forward order) and the tensors that need grads."""
+def _refuse_dropped_outputs(graph: Graph, loss: int, active: list[bool]) -> None:
+    """Refuse a loss that depends, differentiably, on a float output whose gradient the node's rule
+    does not build (SoftmaxCrossEntropyLoss's log_prob, LayerNormalization's Mean): that part of
+    the gradient would be left out without a word (fuzzed, stop 49: log_prob in a label-smoothing
+    loss gave a gradient 116% off)."""
+    dropped: dict[int, tuple[Node, int]] = {}
+    for node in graph.nodes:
+        rule = _rule(node)
+        if rule is None or _stops_gradient(node) or not any(active[node.inputs[i]] for i in _rule_inputs(graph, node)):
+            continue
+        for k, t in enumerate(node.outputs):
+            if t != NO_TENSOR and graph.tensors[t].dtype in FLOAT_DTYPES and not rule.carries(k):
+                dropped[t] = (node, k)
+    if not dropped:
+        return
+    seeded = _forward_activity(graph, list(dropped))
+    _, useful = _backward_reach(graph, loss, [a or b for a, b in zip(active, seeded)], strict=False)
+    for t, (node, k) in dropped.items():
+        if useful[t]:
+            carried = ", ".join(str(j) for j in _rule(node).grad_outputs or ())
+            raise ModelImportError(
+                f"loss {graph.tensors[loss].name!r} depends on output {k} ({graph.tensors[t].name!r}) of node "
+                f"{node.name!r} ({node.op_type}), and memplan builds that op's gradient through output "
+                f"{carried} only; compute the loss from that output, or freeze the weights before the node "
+                "with --freeze PATTERN"
+            )
+
+
+def _undifferentiated(graph: Graph, loss: int, candidates: Sequence[int]) -> str:
+    """Where a loss reads trainable initializers only through inputs no rule differentiates (a
+    Clip bound, a Pad value): which, for the no-trainable-initializer error."""
+    ancestors = _loss_ancestors(graph, loss)
+    read = [t for t in candidates if any(t in graph.nodes[n].inputs for n in ancestors)]
+    if not read:
+        return ""
+    names = ", ".join(repr(graph.tensors[t].name) for t in read[:3]) + (", ..." if len(read) > 3 else "")
+    return (f"the trainable initializers {names} only through inputs memplan builds no gradient for "
+            "(such as a Clip bound or a Pad value)")
+
+
+def _backward_reach(graph: Graph, loss: int, active: list[bool],
+                    strict: bool = True) -> tuple[list[int], list[bool]]:
+    """Nodes on a differentiable path to the loss (forward order) and the tensors that need grads.
+    ``strict``: refuse a node on the path without a gradient rule."""
     useful = [False] * len(graph.tensors)
     useful[loss] = True
     on_path: list[int] = []
@@ -218,7 +262,7 @@ def _backward_reach(graph: Graph, loss: int, active: list[bool]) -> tuple[list[i
         wanted = [node.inputs[i] for i in _rule_inputs(graph, node) if active[node.inputs[i]]]
         if not wanted:
             continue
-        if _rule(node) is None:
+        if _rule(node) is None and strict:
             _no_rule(graph, node)
         on_path.append(node.id)
         for t in wanted:

@@ -163,6 +163,34 @@ def test_unsupported_op_off_path_and_freeze(tmp_path):
     assert "c" not in step.params and "c_grad" not in step.graph.by_name
 
 
+def test_a_loss_through_an_output_without_a_gradient_is_refused_not_dropped():
+    """LayerNormalization's rule builds the gradient through Y only: a loss reading its Mean would
+    have got no gradient from it without a word (fuzzed, stop 49). It is refused, naming the node
+    and the output."""
+    rng = np.random.default_rng(2)
+    n = helper.make_node
+    nodes = [n("LayerNormalization", ["x", "s", "b"], ["y", "mu", "isd"], axis=-1, name="ln"),
+             n("ReduceSum", ["y"], ["t"], keepdims=0), n("ReduceSum", ["mu"], ["u"], keepdims=0),
+             n("Add", ["t", "u"], ["loss"])]
+    model = _model(nodes, {"x": rng.standard_normal((2, 3)), "s": np.ones(3), "b": np.zeros(3)}, {})
+    with pytest.raises(ModelImportError) as err:
+        build_training_graph(import_model(model))
+    assert "output 1 ('mu') of node 'ln' (LayerNormalization)" in str(err.value)
+    assert "through output 0 only" in str(err.value)
+
+
+def test_trainable_initializers_read_only_where_no_gradient_flows_are_named():
+    """Clip's bounds get no gradient: a loss that reads trainable initializers only there names
+    them, not "depends on no trainable initializer" (fuzzed, stop 49)."""
+    n = helper.make_node
+    model = _model([n("Clip", ["x", "lo", "hi"], ["y"]), n("ReduceSum", ["y"], ["loss"], keepdims=0)],
+                   {"lo": np.asarray(-0.5), "hi": np.asarray(0.5)}, {"x": np.ones((2, 3))})
+    with pytest.raises(ModelImportError) as err:
+        build_training_graph(import_model(model))
+    assert "the trainable initializers 'lo', 'hi' only through inputs memplan builds no gradient for" \
+        in str(err.value)
+
+
 def test_batchnorm_running_stats_not_trainable():
     rng = np.random.default_rng(1)
     n = helper.make_node
@@ -220,16 +248,18 @@ def test_adam_two_steps_match_numpy():
     assert float(state["adam_step"]) == 2.0
 
 
-def test_dropout_in_training_uses_the_forward_mask():
+@pytest.mark.parametrize("fed", [False, True], ids=["constant_mode", "mode_fed_at_run_time"])
+def test_dropout_in_training_uses_the_forward_mask(fed):
     """loss = sum(R * dropout(x)) so grad_x = R * mask / (1 - p) and loss == sum(x * grad_x)."""
     rng = np.random.default_rng(3)
     n = helper.make_node
     nodes = [n("Dropout", ["x", "ratio", "train"], ["y"], seed=5), n("Mul", ["y", "r"], ["yr"]),
              n("ReduceSum", ["yr"], ["loss"], keepdims=0)]
-    model = _model(nodes, {"x": rng.standard_normal((8, 16)), "ratio": np.asarray(0.25), "train": np.asarray(True)},
-                   {"r": rng.standard_normal((8, 16))}, opset=17)
+    mode = {"train": np.asarray(True)}
+    model = _model(nodes, {"x": rng.standard_normal((8, 16)), "ratio": np.asarray(0.25), **({} if fed else mode)},
+                   {"r": rng.standard_normal((8, 16)), **(mode if fed else {})}, opset=17)
     step = build_training_graph(import_model(model), TrainOptions(freeze=("ratio",)))
-    feeds = {"r": rng.standard_normal((8, 16))}
+    feeds = {"r": rng.standard_normal((8, 16)), **(mode if fed else {})}
     loss, grads = gradcheck.run_training_step(step, feeds)
     x = import_model(model).values[import_model(model).by_name["x"]]
     kept = grads["x"] != 0

@@ -276,6 +276,13 @@ CASES = {
     "resize_linear_align_corners_sizes": (
         [node("Resize", ["x", "", "", "sz"], ["y"], mode="linear", coordinate_transformation_mode="align_corners")],
         {"x": rnd(1, 1, 3, 4)}, {"consts": {"sz": ints(1, 1, 5, 7)}}),
+    # keep_aspect_ratio_policy maps with sizes / input (5/3), not the rounded output (7/4; stop 49)
+    "resize_nearest_keep_ratio_not_smaller": (
+        [node("Resize", ["x", "", "", "sz"], ["y"], mode="nearest", axes=[2, 3], keep_aspect_ratio_policy="not_smaller")],
+        {"x": rnd(1, 1, 3, 4)}, {"consts": {"sz": ints(5, 5)}, "opset": 18}),
+    "resize_linear_keep_ratio_not_larger": (
+        [node("Resize", ["x", "", "", "sz"], ["y"], mode="linear", axes=[2, 3], keep_aspect_ratio_policy="not_larger")],
+        {"x": rnd(1, 1, 3, 5)}, {"consts": {"sz": ints(7, 7)}, "opset": 18}),
     "resize_linear_pytorch_half_pixel": (
         [node("Resize", ["x", "", "sc"], ["y"], mode="linear", coordinate_transformation_mode="pytorch_half_pixel")],
         {"x": rnd(2, 1, 4, 3)}, {"consts": {"sc": np.asarray([1, 1, 1.5, 2], np.float32)}}),
@@ -291,11 +298,20 @@ CASES = {
                                          "inputs": {"w": rnd(3, low=0.2)}}),
     "sce_none": ([node("SoftmaxCrossEntropyLoss", ["s", "t"], ["y"], reduction="none")], {"s": rnd(3, 4)},
                  {"consts": {"t": ints(3, 0, 1)}}),
+    # log_prob in the loss too (label smoothing), or alone: its gradient was dropped (fuzzed, stop 49)
+    "sce_log_prob_too": ([node("SoftmaxCrossEntropyLoss", ["s", "t"], ["y", "lp"])], {"s": rnd(4, 3)},
+                         {"consts": {"t": ints(0, 2, 1, 2)}, "outputs": ["y", "lp"]}),
+    "sce_log_prob_only_spatial_ignore": ([node("SoftmaxCrossEntropyLoss", ["s", "t"], ["y", "lp"], ignore_index=1)],
+                                         {"s": rnd(2, 3, 2)},
+                                         {"consts": {"t": np.asarray([[0, 1], [2, 1]], I64)}, "outputs": ["lp"]}),
     "nll_mean_ignore": ([node("NegativeLogLikelihoodLoss", ["s", "t"], ["y"], ignore_index=0)], {"s": rnd(4, 3)},
                         {"consts": {"t": ints(0, 2, 1, 2)}}),
     "dropout_ratio0_training": ([node("Dropout", ["x", "r", "tm"], ["y"])], {"x": rnd(3, 4)},
                                 {"consts": {"r": np.asarray(0.0), "tm": np.asarray(True)}}),
     "dropout_inference": ([node("Dropout", ["x"], ["y"])], {"x": rnd(3, 4)}, {}),
+    # training_mode fed at run time, false: the identity (the gradient was scaled by 1/0.7; stop 49)
+    "dropout_runtime_mode_off": ([node("Dropout", ["x", "r", "tm"], ["y"])], {"x": rnd(3, 4)},
+                                 {"consts": {"r": np.asarray(0.3)}, "inputs": {"tm": np.asarray(False)}}),
     # ---- trigonometric and hyperbolic (inputs inside each domain, away from its edges) ----
     "tan": ([node("Tan", ["a"], ["y"])], {"a": 0.5 * rnd(2, 3)}, {}),
     "sinh_cosh": ([node("Sinh", ["a"], ["s"]), node("Cosh", ["s"], ["y"])], {"a": rnd(2, 3)}, {}),

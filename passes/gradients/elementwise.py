@@ -445,12 +445,20 @@ def _dropout_mask(node, tensor_of, value_of):
 
 @register("Dropout", extra_outputs=_dropout_mask)
 def dropout(ctx: BackwardContext) -> dict[int, int]:
-    """Identity when not training or ratio 0; else g * mask / (1 - ratio) with the forward's mask."""
+    """Identity when not training or ratio 0; else g * mask / (1 - ratio) with the forward's mask.
+    A training_mode fed at run time scales by 1 / (1 - ratio * training_mode): not training, the
+    forward is the identity and its mask all true (fuzzed, stop 49: the gradient was 1/(1-ratio)
+    times too large)."""
     em, g = ctx.em, ctx.dy()
     if not _dropout_active(ctx.node, ctx.const_value):
         return {0: g}
     ratio_const = ctx.const_input(1)
     kept = em.where(ctx.y(1), g, em.scalar(0.0, g))
+    if ctx.const_input(2) is None:  # training_mode fed at run time
+        ratio = em.scalar(0.5 if ratio_const is None else float(ratio_const.reshape(())), g) \
+            if ratio_const is not None or not ctx.has_input(1) else em.cast(ctx.x(1), em.dtype(g))
+        dropped = em.mul(ratio, em.cast(ctx.x(2), em.dtype(g)))
+        return {0: em.div(kept, em.sub(em.scalar(1.0, g), dropped))}
     if ratio_const is not None or not ctx.has_input(1):
         ratio = 0.5 if ratio_const is None else float(ratio_const.reshape(()))
         return {0: em.scale(kept, 1.0 / (1.0 - ratio))}

@@ -247,11 +247,19 @@ def _log_prob_output(node, tensor_of, value_of):
     return {1: ("log_prob", scores.dtype, scores.shape)}
 
 
-@register("SoftmaxCrossEntropyLoss", extra_outputs=_log_prob_output)
+@register("SoftmaxCrossEntropyLoss", extra_outputs=_log_prob_output, outputs=(0, 1))
 def softmax_cross_entropy(ctx: BackwardContext) -> dict[int, int]:
-    """d scores = (softmax - onehot(label)) * coefficient, softmax = exp(log_prob)."""
-    probs = ctx.em.unary("Exp", ctx.y(1))
-    return {0: _times_coefficients(ctx, _one_hot_minus(ctx, probs))}
+    """d scores = (softmax - onehot(label)) * coefficient, softmax = exp(log_prob); and where the
+    loss reads log_prob too (label smoothing), its gradient g as LogSoftmax's over the class axis:
+    g - softmax * sum(g)."""
+    em = ctx.em
+    probs = em.unary("Exp", ctx.y(1))
+    terms = []
+    if ctx.dy(0) is not None:
+        terms.append(_times_coefficients(ctx, _one_hot_minus(ctx, probs)))
+    if (g := ctx.dy(1)) is not None:
+        terms.append(em.sub(g, em.mul(probs, em.reduce_sum(g, [1]))))
+    return {0: terms[0] if len(terms) == 1 else em.add(*terms)}
 
 
 @register("NegativeLogLikelihoodLoss")

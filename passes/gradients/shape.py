@@ -474,8 +474,11 @@ def resize(ctx: BackwardContext) -> dict[int, int]:
         for a, s in zip(axes, given.reshape(-1)):
             scales[a] = float(s)
     elif ctx.has_input(3) and ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        # the scale ORT maps with is the asked sizes' over the input's, not the rounded output's
+        # (sizes 5x5 of 3x4, not_smaller: 5/3, where the 5x7 output gives 7/4; fuzzed, stop 49)
         pick = min if ctx.attr("keep_aspect_ratio_policy") == "not_larger" else max
-        common = pick(y_shape[a] / x_shape[a] for a in axes)
+        sizes = ctx.require_const(3, "sizes").reshape(-1)
+        common = pick(float(sizes[k]) / x_shape[a] for k, a in enumerate(axes))
         for a in axes:
             scales[a] = common
     g = ctx.dy()
