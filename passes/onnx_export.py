@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper, shape_inference
 from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE,
                                 RAW_DATA_FIELD, field_head, is_stub)
-from planner.errors import ModelImportError
+from planner.errors import GraphError, ModelImportError
 from planner.fileio import atomic_write, write_mode
 from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
 from planner.units import format_bytes
@@ -229,7 +229,17 @@ def ir_version_for(opsets) -> int:
 
 def check_model(model: onnx.ModelProto | str, full: bool = True) -> None:
     """onnx.checker, skipping ORT-only ops (MemcpyToHost/FromHost) that it does not know. A file
-    (a path) is checked with its external data, which a proto over 2 GB cannot be."""
+    (a path) is checked with its external data, which a proto over 2 GB cannot be. A model the
+    checker refuses is a GraphError of one line (memplan wrote it: a bug to report)."""
+    try:
+        _check_model(model, full)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise GraphError(f"onnx's checker refuses the model memplan built ({first}); this is a memplan bug: "
+                         "please report it with the input model") from err
+
+
+def _check_model(model: onnx.ModelProto | str, full: bool) -> None:
     if isinstance(model, str):
         onnx.checker.check_model(model, full_check=full)
         return

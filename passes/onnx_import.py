@@ -999,6 +999,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
             ins.append(b.id(name) if name else NO_TENSOR)
         if node.op_type in BROADCASTING and node.domain in ("", "ai.onnx"):
             _check_broadcast(node, [b.tensor(t).shape for t in ins if t != NO_TENSOR], display, dims_bound)
+        if node.op_type == "Einsum" and node.domain in ("", "ai.onnx"):
+            _check_einsum_letters(node, [b.tensor(t).shape for t in ins], display)
         outs = []
         for k, name in enumerate(node.output):
             if not name or (name not in shapes and name not in read and _optional_output(node, k, opsets)):
@@ -1094,6 +1096,27 @@ SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert"
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Equal", "Greater", "GreaterOrEqual",
                           "Less", "LessOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "BitShift",
                           "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"})
+
+
+def _check_einsum_letters(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str) -> None:
+    """Refuse an Einsum whose operands give one letter different sizes (one of them 1: ORT and
+    numpy broadcast it). onnx's shape inference takes one operand's size, so the output's shape
+    would be wrong, and onnx's checker refuses the gradient's Einsums (fuzzed, stop 49)."""
+    attr = next((a for a in node.attribute if a.name == "equation"), None)
+    if attr is None:
+        return
+    lhs = attr.s.decode().replace(" ", "").split("->")[0].split(",")
+    seen: dict[str, int] = {}
+    for term, shape in zip(lhs, shapes):
+        if "." in term or len(term) != len(shape):
+            continue
+        for letter, d in zip(term, shape):
+            if seen.setdefault(letter, int(d)) != int(d):
+                raise ModelImportError(
+                    f"{display}: node {node.name!r} (Einsum) gives index {letter!r} sizes {seen[letter]} and {d} in "
+                    f"'{attr.s.decode()}'; onnx's shape inference does not broadcast an Einsum's letters, so "
+                    "memplan cannot size its output: Expand the operand to the other's size first"
+                )
 
 
 def _check_broadcast(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str, dims_bound: bool) -> None:

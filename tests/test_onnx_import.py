@@ -471,3 +471,36 @@ def test_weights_inside_a_large_file_are_mapped_too(tmp_path, monkeypatch):
     res = CliRunner().invoke(cli.main, ["verify", str(src), str(out), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["outputs_equal"] is True
+
+
+def test_an_einsum_that_broadcasts_a_letter_is_refused_in_one_line():
+    """ORT and numpy broadcast 'ij,ij->ij' on [1, 3] and [2, 3]; onnx's shape inference gives the
+    output [1, 3], and the gradient's Einsums failed onnx's checker with a traceback (stop 49)."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    ein (float[2, 3] r) => (float loss) <float[1, 3] a = {1.0, 2.0, 3.0}, float[2, 3] b = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0}>
+    {
+        y = Einsum<equation: string = "ij,ij->ij">(a, b)
+        z = Mul(y, r)
+        loss = ReduceSum<keepdims: int = 0>(z)
+    }
+    """)
+    with pytest.raises(ModelImportError, match=r"\(Einsum\) gives index 'i' sizes 1 and 2 in 'ij,ij->ij'") as err:
+        import_model(model)
+    assert "\n" not in str(err.value)
+
+
+def test_a_model_the_checker_refuses_is_one_line_naming_a_memplan_bug():
+    """check_model runs on what memplan writes; onnx's own error was a traceback (stop 49)."""
+    from planner.errors import GraphError
+
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    bad (float[2, 3] x) => (float[3, 3] y)
+    {
+        y = Relu(x)
+    }
+    """)
+    with pytest.raises(GraphError, match="onnx's checker refuses the model memplan built .* memplan bug") as err:
+        check_model(model)
+    assert "\n" not in str(err.value)
