@@ -22,7 +22,8 @@ tests/test_peak_accuracy.py):
     a view or in-place op, and stays to the end; so does a buffer that nobody reads;
   * kernel scratch lives only during its node: Where a temporary per branch of shape broadcast(cond,
     branch), Conv MLAS's im2col working buffer (all of it, a panel per thread, or none),
-    ConvTranspose its column buffer, ScatterElements an int64 copy of its indices, Dropout a bool
+    ConvTranspose its column buffer, Einsum its transposed operands and pairwise products
+    (planner/einsum_memory.py), ScatterElements an int64 copy of its indices, Dropout a bool
     mask when the graph takes none, SoftmaxCrossEntropyLoss the temporaries of its function body
     (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs);
   * every tensor and kernel working buffer ORT's allocator gives takes whole 64-byte lines;
@@ -39,6 +40,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from planner.einsum_memory import einsum_scratch
 from planner.errors import GraphError
 from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor_bytes
 
@@ -142,6 +144,12 @@ class MemoryModel:
             per = x.nbytes // max(1, math.prod(x.shape))
             padded = per * (c + int(node.attr("size", 1)) - 1) * h * w
             return self.buffer_bytes(x.nbytes) + self.buffer_bytes(padded)
+        if op == "Einsum" and node.domain in ("", "ai.onnx"):
+            ins = [graph.tensors[t] for t in node.inputs if t != NO_TENSOR]
+            equation = node.attr("equation")
+            equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+            y = graph.tensors[node.outputs[0]]
+            return einsum_scratch(equation, [x.shape for x in ins], DTYPE_BITS[y.dtype] / 8, self.buffer_bytes)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR

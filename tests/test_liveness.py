@@ -312,3 +312,30 @@ def test_full_im2col_conv_peak_matches_ort():
     # 5%, the planner's bar: eight fresh processes read 0.957-0.974 of the prediction on the 2-core
     # machine, the CI simulation once 0.969: at 3% it failed 5 of 12 runs. One panel would read 0.008.
     assert predicted == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("bchw,wv->bchv", [(4, 16, 16, 16), (16, 16)]),  # the fuzzed plan that measured 1.5x (stop 49)
+    ("bchw,bchv->wv", [(4, 16, 16, 16), (4, 16, 16, 16)]),  # its weight gradient: both sides moved
+    ("bhqd,bhkd->bhqk", [(2, 4, 32, 16), (2, 4, 32, 16)]),  # one operand out of order up front
+    ("ca,bc,bac->bac", [(16, 16), (3, 16), (3, 16, 16)]),  # three operands
+    ("a,badc->abcd", [(16,), (16, 16, 8, 16)]),  # the output transposed before its copy
+    ("cab->ba", [(24, 16, 3)]),  # one operand, summed first
+])
+def test_einsum_working_memory_is_counted_to_the_byte(equation, shapes):
+    """ORT's Einsum transposes operands and holds each pair's MatMul product from its allocator
+    (planner/einsum_memory.py); a plan with three Einsums measured 1.50x its prediction and 27%
+    over its budget without them. The counted peak of one Einsum equals the model's."""
+    from passes import alloc_counter
+
+    if alloc_counter.library() is None:
+        pytest.skip("no C compiler to build the allocation counter")
+    b = GraphBuilder()
+    ins = [b.input(f"x{i}", "float32", s) for i, s in enumerate(shapes)]
+    lhs, out = equation.split("->")
+    dims = {c: d for t, s in zip(lhs.split(","), shapes) for c, d in zip(t, s)}
+    (y,) = b.node("Einsum", ins, [("y", "float32", tuple(dims[c] for c in out))], name="e", attrs={"equation": equation})
+    b.output(y)
+    g = b.build()
+    feeds = {f"x{i}": np.ones(s, np.float32) for i, s in enumerate(shapes)}
+    assert measure_peak(export_model(g), feeds, repeats=1).peak_bytes == analyze(g).dynamic_peak

@@ -1,0 +1,190 @@
+"""The working memory ONNX Runtime's Einsum kernel takes from its allocator, per node.
+
+ORT's CPU (and CUDA) Einsum contracts its operands one pair at a time with MatMul. Read from its
+design (einsum_compute_preprocessor, einsum_typed_compute_processor) and checked byte for byte
+against passes/alloc_counter.py on single-node models (tests/test_liveness.py), its temporaries are:
+
+  * each operand whose letters are not in the order they first appear in the equation is
+    transposed into that order once, up front; those copies live to the end of the node;
+  * the letters only operand 0 has (not in the output) are summed out of it first (a ReduceSum);
+  * each pair (the running result, the next operand): a letter to be summed that only one side
+    has is summed out of that side; each side is transposed to MatMul's layout where its letters
+    are out of that layout ([shared, left-only, summed, right-only] and [shared, summed,
+    right-only, left-only]); the MatMul's product; before the last pair the product is
+    transposed back to the equation's letter order where needed;
+  * the last product, transposed to the output's order where needed, is copied into the node's
+    output, which is allocated at that moment.
+
+Operands with an ellipsis or a repeated letter (a diagonal) are not modelled: for those the bound
+is every input and the output once more, which held on every equation measured.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+
+def einsum_scratch(equation: str, shapes: Sequence[Sequence[int]], itemsize: float,
+                   buffer_bytes: Callable[[int], int]) -> int:
+    """Bytes the Einsum ``equation`` on operands of ``shapes`` holds besides its inputs and output,
+    at its worst moment, as liveness counts a step (inputs + output + scratch); ``buffer_bytes``
+    rounds a tensor's bytes to what the allocator hands out."""
+    def nbytes(elements: int) -> int:
+        return buffer_bytes(math.ceil(elements * itemsize))
+
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # implicit output: the letters seen once, in alphabetical order
+        out = "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
+    dims: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        for c, d in zip(term, shape):
+            dims[c] = max(dims.get(c, 1), int(d))
+    out_bytes = nbytes(math.prod(dims.get(c, 1) for c in out))
+    if "." in eq or len(terms) != len(shapes) or any(len(set(t)) != len(t) or len(t) != len(s)
+                                                    for t, s in zip(terms, shapes)):
+        return sum(nbytes(math.prod(s)) for s in shapes) + out_bytes
+    return _Replay(terms, out, shapes, nbytes, out_bytes).run()
+
+
+class _Replay:
+    """The kernel's allocations in order; ``worst`` is the scratch as liveness counts it."""
+
+    def __init__(self, terms, out, shapes, nbytes, out_bytes):
+        self.letters = list(dict.fromkeys("".join(terms)))  # in order of first appearance
+        self.out = out
+        self.nbytes = nbytes
+        self.out_bytes = out_bytes
+        self.live = 0  # temporaries held now
+        self.worst = 0
+        self.output_made = False
+        rank = len(self.letters)
+        # each operand with every letter of the equation, 1 where it has none (homogenized)
+        self.shapes = []
+        for term, shape in zip(terms, shapes):
+            full = [1] * rank
+            for c, d in zip(term, shape):
+                full[self.letters.index(c)] = int(d)
+            self.shapes.append(full)
+        self.terms = terms
+        last = {c: max(k for k, t in enumerate(terms) if c in t) for c in self.letters}
+        # per operand, the letters summed after it (seen last there, not in the output)
+        self.summed = [[self.letters.index(c) for c in self.letters if c not in out and last[c] == k]
+                       for k in range(len(terms))]
+
+    def alloc(self, elements: int) -> int:
+        size = self.nbytes(elements)
+        self.live += size
+        self._note()
+        return size
+
+    def free(self, size: int) -> None:
+        self.live -= size
+
+    def _note(self) -> None:
+        # liveness counts the output for the whole step: before it is made, the temporaries
+        # beyond its size are the scratch; after, all of them
+        self.worst = max(self.worst, self.live if self.output_made else self.live - self.out_bytes)
+
+    def run(self) -> int:
+        held = []  # the up-front transposed copies, alive to the end
+        for term, full in zip(self.terms, self.shapes):
+            order = [self.letters.index(c) for c in term]
+            if order != sorted(order):
+                held.append(self.alloc(math.prod(full)))
+        result = None  # (size, shape) of the running result when it is a temporary
+        shape = self.shapes[0]
+        if self.summed[0]:
+            shape = [1 if i in self.summed[0] else d for i, d in enumerate(shape)]
+            result = self.alloc(math.prod(shape))
+        if len(self.terms) == 1:
+            self._finalize(math.prod(shape), [i for i in range(len(shape)) if i not in self.summed[0]])
+            return max(0, self.worst)
+        for k in range(1, len(self.terms)):
+            result, shape = self._pair(result, shape, self.shapes[k], self.summed[k], k == len(self.terms) - 1)
+        return max(0, self.worst)
+
+    def _pair(self, result, left, right, summed, final):
+        """One pairwise contraction; returns the new running result (size, or None) and its shape."""
+        cur_left = cur_right = None
+        lro, lo, ro = [], [], []
+        reduced = 1
+        left, right = list(left), list(right)
+        for i in range(len(left)):
+            a, b = left[i] > 1, right[i] > 1
+            if i in summed:
+                if a and b:
+                    reduced *= left[i]
+                elif a:  # summed out of the left side alone, first
+                    left[i] = 1
+                    new = self.alloc(math.prod(left))
+                    if cur_left is not None:
+                        self.free(cur_left)
+                    cur_left = new
+                elif b:
+                    right[i] = 1
+                    new = self.alloc(math.prod(right))
+                    if cur_right is not None:
+                        self.free(cur_right)
+                    cur_right = new
+            elif a and b:
+                lro.append(i)
+            elif a:
+                lo.append(i)
+            else:
+                ro.append(i)
+        perm_left = lro + lo + summed + ro
+        perm_right = lro + summed + ro + lo
+        if perm_left != sorted(perm_left) and not (cur_left is not None and _keeps_order(perm_left, left)):
+            new = self.alloc(math.prod(left))
+            if cur_left is not None:
+                self.free(cur_left)
+            cur_left = new
+        if perm_right != sorted(perm_right) and not (cur_right is not None and _keeps_order(perm_right, right)):
+            new = self.alloc(math.prod(right))
+            if cur_right is not None:
+                self.free(cur_right)
+            cur_right = new
+        out_shape = [left[i] for i in lro] + [left[i] for i in lo] + [1] * len(summed) + [right[i] for i in ro]
+        product = self.alloc(math.prod(out_shape))
+        order = lro + lo + summed + ro
+        if not final:
+            back = [0] * len(order)
+            for pos, i in enumerate(order):
+                back[i] = pos
+            shape = [1] * len(order)
+            for pos, i in enumerate(order):
+                shape[i] = out_shape[pos]
+            if back != sorted(back) and not _keeps_order(back, out_shape):
+                moved = self.alloc(math.prod(out_shape))
+                self.free(product)
+                product = moved
+        else:
+            self._finalize(math.prod(out_shape), order)
+            shape = None
+        for size in (cur_left, cur_right, result):
+            if size is not None:
+                self.free(size)
+        return product, shape
+
+    def _finalize(self, elements: int, order: Sequence[int]) -> None:
+        """The node's output is made; the result, its letters in ``order``, is transposed to the
+        output's order where that differs, then copied."""
+        self.output_made = True
+        self._note()
+        target = [self.out.index(self.letters[i]) for i in order if self.letters[i] in self.out]
+        if target != sorted(target):
+            self.free(self.alloc(elements))
+
+
+def _keeps_order(perm: Sequence[int], dims: Sequence[int]) -> bool:
+    """A transpose that only moves size-1 axes is a reshape (no copy)."""
+    last = 0
+    for p in perm:
+        if dims[p] == 1:
+            continue
+        if p < last:
+            return False
+        last = p
+    return True
