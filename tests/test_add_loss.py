@@ -187,6 +187,18 @@ def test_plan_emit_and_verify_a_model_without_a_loss(deep_file, tmp_path):
     report = json.loads(res.stdout)
     assert report["outputs_equal"]
     assert sorted(o["name"] for o in report["outputs"]) == ["W1_grad", "W2_grad", "loss"]
+    if report["measured_by"] == "allocator":
+        # the counted peak is held against the plan's budget: within it, and over an edited one
+        assert report["budget"]["within"] and report["budget"]["budget_bytes"] == obj["budget_bytes"]
+        model = onnx.load(str(out))
+        entry = next(p for p in model.metadata_props if p.key == "memplan.plan")
+        made = json.loads(entry.value)
+        made["budget_bytes"] = report["planned"]["peak_bytes"] - 64
+        entry.value = json.dumps(made)
+        tight = tmp_path / "tight.onnx"
+        onnx.save(model, str(tight))
+        res = runner.invoke(cli.main, ["verify", str(deep_file), str(tight)])
+        assert res.exit_code == 1 and "OVER it by 64 B" in res.output, res.output
     # and so does rewrite from the plan JSON
     again = tmp_path / "again.onnx"
     res = runner.invoke(cli.main, ["rewrite", str(deep_file), str(plan), "-o", str(again)])
