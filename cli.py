@@ -1152,15 +1152,13 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
                pin=False, costs="device", ort_arena=None):
     """ONNX MODEL -> (problem, result, plan.json object, (planned Graph, write_model options) or None,
     budget bytes)."""
-    import math
-
     from passes.plan_model import added_fraction, fingerprint, plan_graph
     from planner.liveness import analyze
 
     graph, train = _graph_to_plan(model, dims, forward, **train_flags)
     dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs)
     unplanned = analyze(graph).peak_bytes
-    budget = budget_spec.bytes if budget_spec.bytes is not None else math.ceil(unplanned * budget_spec.fraction)
+    budget = budget_spec.resolve(unplanned)
     bfc = _ort_arena(ort_arena, dev.name)
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
                     transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s", pin=pin,

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.errors import GraphError, ModelImportError
+from planner.units import share_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -441,22 +442,10 @@ class PlanningProblem:
 
     def budget_for(self, fraction: float) -> int:
         """Moccasin's budget convention: ceil(unplanned peak * fraction), exactly in integers."""
-        num, den = _exact_fraction(fraction)
-        return -((-self.unplanned_peak * num) // den)
+        return share_of(self.unplanned_peak, fraction)
 
     def summary(self) -> str:
         return f"{self.name}: {self.n} nodes, {self.n_edges} edges, unplanned peak {self.unplanned_peak}"
-
-
-def _exact_fraction(x: float) -> tuple[int, int]:
-    """A short decimal fraction of ``x`` (0.9 -> 9/10), so ceil(peak*0.9) has no float error."""
-    text = repr(float(x))
-    if "e" in text or "E" in text:
-        num, den = float(x).as_integer_ratio()
-        return num, den
-    whole, _, frac = text.partition(".")
-    den = 10 ** len(frac)
-    return int(whole + frac), den
 
 
 # ---- Checkmate / Moccasin node-link JSON -------------------------------------------------------

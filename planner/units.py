@@ -26,10 +26,27 @@ class Budget:
         if self.bytes is not None:
             return self.bytes
         assert self.fraction is not None
-        return int(unplanned_peak * self.fraction)
+        return share_of(unplanned_peak, self.fraction)
 
     def __str__(self) -> str:
         return format_bytes(self.bytes) if self.bytes is not None else f"{self.fraction * 100:g}%"
+
+
+def share_of(peak: int, fraction: float) -> int:
+    """ceil(peak * fraction) in exact integers (Moccasin's budget convention), with ``fraction``
+    read as the short decimal it was written as (0.9 -> 9/10): every command resolves "90%" of
+    the same peak to the same bytes (check said 383554 where plan said 383555)."""
+    num, den = _exact_fraction(fraction)
+    return -((-int(peak) * num) // den)
+
+
+def _exact_fraction(x: float) -> tuple[int, int]:
+    """A short decimal fraction of ``x`` (0.9 -> 9/10), so ceil(peak*0.9) has no float error."""
+    text = repr(float(x))
+    if "e" in text or "E" in text:
+        return float(x).as_integer_ratio()
+    whole, _, frac = text.partition(".")
+    return int(whole + frac), 10 ** len(frac)
 
 
 #: The largest byte size memplan takes (it fits an int64 with room for sums of a few).

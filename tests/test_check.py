@@ -21,6 +21,7 @@ import cli
 from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError, UsageError
 from planner.gate import CheckItem, PlanOutcome, Verdict, exit_code, make_item, run_checks
 from planner.gate_report import HEADER, to_json
+from planner.units import share_of
 from planner.graph import GraphBuilder
 from planner.liveness import analyze
 from tests.helpers import parse_model
@@ -171,9 +172,9 @@ def test_plan_infeasible_and_no_plan_exit_1(mlp, monkeypatch):
     rc, out, _ = run([mlp, "--budget", "60%", "--dim", "batch=32", "--json"], monkeypatch, fake)
     assert rc == 1
     (r,) = json.loads(out)["results"]
-    assert r["budget_bytes"] == int(MLP_PEAK * 0.6)
+    assert r["budget_bytes"] == share_of(MLP_PEAK, 0.6)
     assert r["plan"]["status"] == "infeasible" and r["plan"]["peak_bytes"] == int(MLP_PEAK * 0.7)
-    assert r["headroom_bytes"] == int(MLP_PEAK * 0.6) - int(MLP_PEAK * 0.7) < 0
+    assert r["headroom_bytes"] == share_of(MLP_PEAK, 0.6) - int(MLP_PEAK * 0.7) < 0
     assert r["least_bytes"] == int(MLP_PEAK * 0.7)  # a lower bound, named as one
 
     rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--no-plan", "--json"], monkeypatch, fake)
@@ -372,7 +373,7 @@ def test_config_found_upward_from_a_subfolder(project, monkeypatch):
     ]
     assert [r["device"] for r in results] == ["h100", "t4", "t4"]
     assert results[0]["unplanned_peak_bytes"] == MLP_PEAK and results[1]["unplanned_peak_bytes"] == WIDE_PEAK
-    assert fake.calls == [(150 * KiB, "t4", 7), (int(WIDE_PEAK * 0.9), "t4", 7)]
+    assert fake.calls == [(150 * KiB, "t4", 7), (share_of(WIDE_PEAK, 0.9), "t4", 7)]
 
 
 class ClockedPlanner(FakePlanner):

@@ -47,3 +47,15 @@ def test_a_gap_that_is_not_zero_never_prints_as_zero():
     assert format_gap(0.0) == "0.00%"
     assert format_gap(4e-5) == "<0.01%"
     assert format_gap(0.1109) == "11.09%"
+
+
+def test_a_share_resolves_to_the_same_bytes_in_every_command():
+    """check floored 90% of 426171 bytes to 383553, plan rounded it up to 383554 (stop 49): a model
+    at the boundary passed one and failed the other. Every command now takes the exact ceiling."""
+    from planner.problem import PlanningProblem
+    from planner.units import share_of
+
+    assert parse_budget("90%").resolve(426171) == share_of(426171, 0.9) == 383554
+    assert share_of(1000, 0.7) == 700 and share_of(1001, 0.7) == 701  # 700.7 -> 701; 0.7 is 7/10 exactly
+    p = PlanningProblem.build(size=[426171], cost=[1.0], preds=[[]])
+    assert p.budget_for(0.9) == parse_budget("90%").resolve(p.unplanned_peak)
