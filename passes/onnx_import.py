@@ -757,8 +757,9 @@ def tensor_bytes(t: onnx.TensorProto) -> int:
 
 
 #: Ops whose output has their first input's shape and type, for which onnx infers no shape (function
-#: ops without an inference function: GroupNormalization in onnx 1.23).
-SHAPE_OF_INPUT = frozenset({"GroupNormalization"})
+#: ops without an inference function: GroupNormalization in onnx 1.23, MeanVarianceNormalization
+#: without its axes attribute).
+SHAPE_OF_INPUT = frozenset({"GroupNormalization", "MeanVarianceNormalization"})
 
 
 def _shape_like_input(model: onnx.ModelProto) -> bool:
@@ -766,6 +767,8 @@ def _shape_like_input(model: onnx.ModelProto) -> bool:
     was given (then inference runs again, for what reads it)."""
     g = model.graph
     known = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output) if _is_static(vi)}
+    for init in g.initializer:  # an op fed by a weight itself (fuzzed, stop 49)
+        known.setdefault(init.name, helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     added = False
     for node in g.node:
         if node.op_type in SHAPE_OF_INPUT and node.input and node.input[0] in known and node.output \
@@ -1028,6 +1031,9 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
                                        f"with inputs of shape {given or 'none'}")
             outs.append((name, _dtype(et, name, display), shape))
         attrs = {a.name: _attr_value(a, node, display) for a in node.attribute}
+        if node.op_type == "MeanVarianceNormalization" and node.domain in ("", "ai.onnx") and "axes" not in attrs:
+            # its default written out: onnx's checker cannot expand the function body without it
+            attrs["axes"] = [0, 2, 3]
         name = node.name if node.name and not _node_name_taken(b, node.name) else None
         b.node(node.op_type, ins, outs, name=name, domain=node.domain if node.domain != "ai.onnx" else "",
                attrs=attrs)

@@ -504,3 +504,45 @@ def test_a_model_the_checker_refuses_is_one_line_naming_a_memplan_bug():
     with pytest.raises(GraphError, match="onnx's checker refuses the model memplan built .* memplan bug") as err:
         check_model(model)
     assert "\n" not in str(err.value)
+
+
+def test_an_op_onnx_gives_no_shape_takes_its_inputs_even_from_a_weight():
+    """GroupNormalization has no shape inference in onnx 1.23; the importer gives its output its
+    input's shape, which it did not know when that input is an initializer (fuzzed, stop 49)."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    gn (float[2, 4, 3, 2] r) => (float loss)
+       <float[2, 4, 3, 2] x = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6,
+                               1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1, 3.2,
+                               3.3, 3.4, 3.5, 3.6, 3.7, 3.8, 3.9, 4.0, 4.1, 4.2, 4.3, 4.4, 4.5, 4.6, 4.7, 4.8},
+        float[2] s = {1.0, 2.0}, float[2] b = {0.0, 0.5}>
+    {
+        y = GroupNormalization<num_groups: int = 2>(x, s, b)
+        z = Mul(y, r)
+        loss = ReduceSum<keepdims: int = 0>(z)
+    }
+    """)
+    g = import_model(model)
+    assert g.tensors[g.by_name["y"]].shape == (2, 4, 3, 2)
+
+
+def test_mvn_without_axes_gets_its_default_written_out():
+    """onnx's checker cannot expand MeanVarianceNormalization's function body without axes: the
+    importer writes the default [0, 2, 3], so the model imports (it was refused as unshaped) and
+    its training step passes the checker (fuzzed, stop 49)."""
+    from passes.autodiff import training_graph
+
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    mvn (float[2, 3, 2, 2] x, float[2, 3, 2, 2] r) => (float loss) <float[1, 3, 1, 1] w = {1.0, 2.0, 3.0}>
+    {
+        h = Mul(x, w)
+        y = MeanVarianceNormalization(h)
+        z = Mul(y, r)
+        loss = ReduceSum<keepdims: int = 0>(z)
+    }
+    """)
+    g = import_model(model)
+    (node,) = [n for n in g.nodes if n.op_type == "MeanVarianceNormalization"]
+    assert list(node.attr("axes")) == [0, 2, 3] and g.tensors[node.outputs[0]].shape == (2, 3, 2, 2)
+    check_model(export_model(training_graph(g)))
