@@ -89,8 +89,20 @@ class OrderingEdges:
         return out
 
     def view(self, x: int, gate: int, stem: str) -> int:
-        """``x`` through a zero-copy ``Reshape`` that cannot run before ``gate`` exists."""
+        """``x`` through a zero-copy ``Reshape`` that cannot run before ``gate`` exists.
+
+        A scalar has no such view: its target shape is empty, and ORT folds a product with an empty
+        tensor whatever the other factor, then the Reshape (a pinned Adam step's counter ran first
+        under ORT's defaults and the step peaked 1.49x its plan; fuzzed, stop 49). A scalar is
+        copied instead, plus ``Size(gate) * 0`` in its own type (bytes, not a buffer to speak of).
+        """
         t = self.b.tensor(x)
+        if not t.shape:
+            from passes.onnx_import import DTYPE_TO_ONNX  # late, as passes/gradients/_emit.py
+
+            zero = self._add("Cast", [self._zeros(gate, (), stem)], f"{stem}_cast", t.dtype, (),
+                             to=DTYPE_TO_ONNX[t.dtype])
+            return self._add("Or" if t.dtype == "bool" else "Add", [x, zero], f"{stem}_x", t.dtype, ())
         target = self._zeros(gate, (len(t.shape),), stem)
         return self._add("Reshape", [x, target], f"{stem}_x", t.dtype, t.shape)
 
@@ -121,7 +133,7 @@ class OrderingEdges:
             self._consts[key] = self.b.initializer(name, value, trainable=False)
         return self._consts[key]
 
-    def _add(self, op: str, inputs: list[int], stem: str, dtype: str, shape: tuple[int, ...]) -> int:
+    def _add(self, op: str, inputs: list[int], stem: str, dtype: str, shape: tuple[int, ...], **attrs) -> int:
         name = fresh_name(stem, self.taken)
-        (out,) = self.b.node(op, inputs, [(name, dtype, shape)], name=name)
+        (out,) = self.b.node(op, inputs, [(name, dtype, shape)], name=name, attrs=attrs or None)
         return out
