@@ -82,6 +82,11 @@ def op_cost(
         x, w = ins[0], ins[1]  # x (N, C_in, *s); w (C_in, C_out / group, *kernel)
         macs = numel(x) * numel(w[1:])
         return 2.0 * macs + (out0 if len(ins) > 2 else 0), moved
+    if op_type == "Einsum" and attrs.get("equation") and ins:
+        from planner.einsum import einsum_flops
+
+        equation = attrs["equation"]
+        return einsum_flops(equation.decode() if isinstance(equation, bytes) else str(equation), ins), moved
     if op_type in ELEMENTWISE:
         return float(ELEMENTWISE[op_type] * out0), moved
     if op_type in REDUCE_OPS:

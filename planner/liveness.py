@@ -23,7 +23,7 @@ tests/test_peak_accuracy.py):
   * kernel scratch lives only during its node: Where a temporary per branch of shape broadcast(cond,
     branch), Conv MLAS's im2col working buffer (all of it, a panel per thread, or none),
     ConvTranspose its column buffer, Einsum its transposed operands and pairwise products
-    (planner/einsum_memory.py), ScatterElements an int64 copy of its indices, Dropout a bool
+    (planner/einsum.py), ScatterElements an int64 copy of its indices, Dropout a bool
     mask when the graph takes none, SoftmaxCrossEntropyLoss the temporaries of its function body
     (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs);
   * every tensor and kernel working buffer ORT's allocator gives takes whole 64-byte lines;
@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from planner.einsum_memory import einsum_scratch
+from planner.einsum import einsum_scratch
 from planner.errors import GraphError
 from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor_bytes
 

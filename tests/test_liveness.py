@@ -324,7 +324,7 @@ def test_full_im2col_conv_peak_matches_ort():
 ])
 def test_einsum_working_memory_is_counted_to_the_byte(equation, shapes):
     """ORT's Einsum transposes operands and holds each pair's MatMul product from its allocator
-    (planner/einsum_memory.py); a plan with three Einsums measured 1.50x its prediction and 27%
+    (planner/einsum.py); a plan with three Einsums measured 1.50x its prediction and 27%
     over its budget without them. The counted peak of one Einsum equals the model's."""
     from passes import alloc_counter
 

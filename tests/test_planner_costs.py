@@ -75,3 +75,13 @@ def test_read_ort_profile_averages_kernel_time_per_node(tmp_path):
     path.write_text("[]")
     with pytest.raises(UsageError, match="no node kernel events"):
         read_ort_profile(path)
+
+
+def test_an_einsum_costs_the_matmuls_it_runs():
+    """Einsum was an unknown op, one FLOP per output element: 'bchw,bchv->wv' (a weight gradient,
+    256 outputs) looked 2000x cheaper than it is, so plans recomputed Einsums as if free."""
+    as_matmul, _ = op_cost("MatMul", [(64, 128), (128, 32)], [(64, 32)])
+    flops, _ = op_cost("Einsum", [(64, 128), (128, 32)], [(64, 32)], {"equation": "ij,jk->ik"})
+    assert flops == as_matmul + 64 * 128  # the MatMul, and one pass over the first operand
+    flops, _ = op_cost("Einsum", [(4, 16, 16, 16), (4, 16, 16, 16)], [(16, 16)], {"equation": b"bchw,bchv->wv"})
+    assert flops >= 2 * 4 * 16 * 16 * 16 * 16

@@ -1,4 +1,4 @@
-"""The working memory ONNX Runtime's Einsum kernel takes from its allocator, per node.
+"""ONNX Runtime's Einsum kernel: the working memory it takes from its allocator, and its FLOPs.
 
 ORT's CPU (and CUDA) Einsum contracts its operands one pair at a time with MatMul. Read from its
 design (einsum_compute_preprocessor, einsum_typed_compute_processor) and checked byte for byte
@@ -17,11 +17,42 @@ against passes/alloc_counter.py on single-node models (tests/test_liveness.py), 
 
 Operands with an ellipsis or a repeated letter (a diagonal) are not modelled: for those the bound
 is every input and the output once more, which held on every equation measured.
+
+Its arithmetic is that of the same pairwise contractions: a MatMul over every letter either side
+of a pair has, the letters summed before (one operand alone) costing one pass over that operand.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
+
+
+def _parse(equation: str) -> tuple[list[str], str, bool]:
+    """(operand terms, output term, explicit) of an equation, spaces dropped; implicit output:
+    the letters seen once, in alphabetical order."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    if not arrow:
+        out = "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
+    return lhs.split(","), out, bool(arrow)
+
+
+def einsum_flops(equation: str, shapes: Sequence[Sequence[int]]) -> float:
+    """FLOPs of ORT's pairwise evaluation of ``equation`` (see the module docstring)."""
+    terms, out, _ = _parse(equation)
+    dims: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        for c, d in zip(term.replace(".", ""), shape[len(shape) - len(term.replace(".", "")):]):
+            dims[c] = max(dims.get(c, 1), int(d))
+    last = {c: max(k for k, t in enumerate(terms) if c in t) for c in dims}
+    live = {c for c in terms[0] if c in dims}
+    flops = float(math.prod(int(d) for d in shapes[0])) if shapes else 0.0  # the first pass over operand 0
+    live = {c for c in live if c in out or last[c] > 0}
+    for k in range(1, len(terms)):
+        both = live | {c for c in terms[k] if c in dims}
+        flops += 2.0 * math.prod(dims[c] for c in both)
+        live = {c for c in both if c in out or last[c] > k}
+    return flops
 
 
 def einsum_scratch(equation: str, shapes: Sequence[Sequence[int]], itemsize: float,
@@ -32,17 +63,13 @@ def einsum_scratch(equation: str, shapes: Sequence[Sequence[int]], itemsize: flo
     def nbytes(elements: int) -> int:
         return buffer_bytes(math.ceil(elements * itemsize))
 
-    eq = equation.replace(" ", "")
-    lhs, arrow, out = eq.partition("->")
-    terms = lhs.split(",")
-    if not arrow:  # implicit output: the letters seen once, in alphabetical order
-        out = "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
+    terms, out, _ = _parse(equation)
     dims: dict[str, int] = {}
     for term, shape in zip(terms, shapes):
         for c, d in zip(term, shape):
             dims[c] = max(dims.get(c, 1), int(d))
     out_bytes = nbytes(math.prod(dims.get(c, 1) for c in out))
-    if "." in eq or len(terms) != len(shapes) or any(len(set(t)) != len(t) or len(t) != len(s)
+    if any("." in t for t in terms) or len(terms) != len(shapes) or any(len(set(t)) != len(t) or len(t) != len(s)
                                                     for t, s in zip(terms, shapes)):
         return sum(nbytes(math.prod(s)) for s in shapes) + out_bytes
     return _Replay(terms, out, shapes, nbytes, out_bytes).run()
