@@ -416,7 +416,11 @@ class _Builder:
                     for k, t in enumerate(node.outputs))
         self.em.begin(node.name)
         ctx = BackwardContext(node, self.em, dys, frozenset(need), self.values)
-        result = rule.backward(ctx)
+        try:
+            result = rule.backward(ctx)
+        except GraphError as err:  # a rule's own failure: name the node (it said only the emitter's words)
+            raise GraphError(f"the gradient rule for {node.op_type} (node {node.name!r}) failed: {err}; this is "
+                             "a memplan bug: please report it with the model") from err
         got = []
         for i in need:
             t, g = node.inputs[i], result.get(i)

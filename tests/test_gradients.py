@@ -258,6 +258,11 @@ CASES = {
     "tile": ([node("Tile", ["x", "r"], ["y"])], {"x": rnd(2, 3)}, {"consts": {"r": ints(2, 3)}}),
     "where": ([node("Where", ["c", "a", "b"], ["y"])], {"a": rnd(2, 3), "b": rnd(3)},
               {"consts": {"c": np.asarray([[True, False, True], [False, False, True]])}}),
+    # 1-D: the per-axis adjoint contracted a vector as a matrix and failed (fuzzed, stop 49)
+    "slice_step2_vector": ([node("Slice", ["x", "st", "en", "ax", "sp"], ["y"])], {"x": rnd(5)},
+                           {"consts": {"st": ints(0), "en": ints(5), "ax": ints(0), "sp": ints(2)}}),
+    "pad_reflect_vector": ([node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": rnd(5)},
+                           {"consts": {"p": ints(2, 1)}}),
     "pad_constant": ([node("Pad", ["x", "p"], ["y"])], {"x": rnd(2, 3)}, {"consts": {"p": ints(1, 0, 2, 1)}}),
     "pad_negative": ([node("Pad", ["x", "p"], ["y"])], {"x": rnd(3, 4)}, {"consts": {"p": ints(-1, 1, 0, -2)}}),
     "pad_reflect": ([node("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": rnd(1, 2, 3, 4)},

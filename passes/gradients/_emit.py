@@ -259,6 +259,9 @@ class Emitter:
         """Contract ``g``'s ``axis`` (length ``matrix.shape[0]``) with a constant: out[.., i, ..] =
         sum_o g[.., o, ..] * matrix[o, i]. The adjoint of any per-axis linear map (Resize, Pad, Slice)."""
         rank = self.rank(g)
+        if rank == 1:  # a vector: as one row (Slice/Pad of a 1-D weight; fuzzed, stop 49)
+            row = self.axis_matmul(self.reshape(g, [1, self.shape(g)[0]]), 1, matrix)
+            return self.reshape(row, [int(np.shape(matrix)[1])])
         m = self.const(np.asarray(matrix, dtype=self.dtype(g)))
         if axis == rank - 1:
             return self.matmul(g, m)
