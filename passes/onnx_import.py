@@ -1034,7 +1034,7 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
         if node.op_type == "MeanVarianceNormalization" and node.domain in ("", "ai.onnx") and "axes" not in attrs:
             # its default written out: onnx's checker cannot expand the function body without it
             attrs["axes"] = [0, 2, 3]
-        name = node.name if node.name and not _node_name_taken(b, node.name) else None
+        name = node.name or None  # the builder makes every name unique
         b.node(node.op_type, ins, outs, name=name, domain=node.domain if node.domain != "ai.onnx" else "",
                attrs=attrs)
     for out in g.output:
@@ -1056,16 +1056,6 @@ def _optional_output(node: onnx.NodeProto, k: int, opsets: Mapping[str, int]) ->
         return False
     outputs = schema.outputs
     return k < len(outputs) and outputs[k].option == onnx.defs.OpSchema.FormalParameterOption.Optional
-
-
-def _node_name_taken(b: GraphBuilder, name: str) -> bool:
-    taken = getattr(b, "_node_names", None)
-    if taken is None:
-        taken = b._node_names = set()  # type: ignore[attr-defined]
-    if name in taken:
-        return True
-    taken.add(name)
-    return False
 
 
 def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int, ...], int]],

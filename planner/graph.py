@@ -153,6 +153,10 @@ class Graph:
                 raise GraphError(f"tensor {t.name!r} has id {t.id}, expected {i}")
         if len(self.by_name) != len(self.tensors):
             raise GraphError("tensor names are not unique")
+        if len({n.name for n in self.nodes}) != len(self.nodes):  # plans name the nodes they compute
+            seen: set[str] = set()
+            twice = next(n.name for n in self.nodes if n.name in seen or seen.add(n.name))
+            raise GraphError(f"node name {twice!r} is used twice")
         ready = [t.kind is not TensorKind.ACTIVATION for t in self.tensors]
         for j, node in enumerate(self.nodes):
             if node.id != j:
@@ -193,6 +197,7 @@ class GraphBuilder:
         self._nodes: list[Node] = []
         self._values: dict[int, np.ndarray] = {}
         self._by_name: dict[str, int] = {}
+        self._node_names: set[str] = set()
         self.inputs: list[int] = []
         self.outputs: list[int] = []
 
@@ -230,15 +235,23 @@ class GraphBuilder:
         domain: str = "",
         attrs: Mapping[str, Any] | None = None,
     ) -> tuple[int, ...]:
-        """Append a node; ``outputs`` are (name, dtype, shape) triples (None = omitted output)."""
+        """Append a node; ``outputs`` are (name, dtype, shape) triples (None = omitted output).
+
+        Node names are unique: an unnamed node is ``<op>_<index>``, and a name taken already gets
+        a ``_<k>`` suffix (a file's unnamed Identity became 'Identity_4' beside the file's own
+        'Identity_4', and plans computed the wrong one; fuzzed, stop 49)."""
         nid = len(self._nodes)
         out_ids = tuple(
             NO_TENSOR if spec is None else self._add(spec[0], spec[1], spec[2], TensorKind.ACTIVATION, nid)
             for spec in outputs
         )
-        self._nodes.append(
-            Node(nid, name or f"{op_type}_{nid}", op_type, tuple(inputs), out_ids, domain, dict(attrs or {}))
-        )
+        want = name or f"{op_type}_{nid}"
+        unique, k = want, 0
+        while unique in self._node_names:
+            k += 1
+            unique = f"{want}_{k}"
+        self._node_names.add(unique)
+        self._nodes.append(Node(nid, unique, op_type, tuple(inputs), out_ids, domain, dict(attrs or {})))
         return out_ids
 
     def output(self, tid: int) -> None:

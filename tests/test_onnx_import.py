@@ -546,3 +546,25 @@ def test_mvn_without_axes_gets_its_default_written_out():
     (node,) = [n for n in g.nodes if n.op_type == "MeanVarianceNormalization"]
     assert list(node.attr("axes")) == [0, 2, 3] and g.tensors[node.outputs[0]].shape == (2, 3, 2, 2)
     check_model(export_model(training_graph(g)))
+
+
+def test_node_names_stay_unique_when_the_file_names_a_node_as_memplan_would():
+    """An unnamed Identity at index 4 was named 'Identity_4' beside the file's own 'Identity_4':
+    plans computed the wrong node ("reads 'con12' while it is not resident"; fuzzed, stop 49)."""
+    import dataclasses
+
+    from planner.errors import GraphError
+
+    nodes = [helper.make_node("Identity", ["x"], ["a"], name="Identity_4"),
+             helper.make_node("Relu", ["a"], ["b"]), helper.make_node("Neg", ["b"], ["c"]),
+             helper.make_node("Relu", ["c"], ["d"], name="Relu_1"), helper.make_node("Identity", ["d"], ["y"])]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    g = import_model(model)
+    names = [n.name for n in g.nodes]
+    assert len(set(names)) == len(names) and names[0] == "Identity_4", names
+    with pytest.raises(GraphError, match="node name 'Identity_4' is used twice"):
+        dataclasses.replace(g, nodes=(g.nodes[0], dataclasses.replace(g.nodes[1], name="Identity_4"),
+                                      *g.nodes[2:])).validate()
