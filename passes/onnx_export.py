@@ -75,11 +75,47 @@ def attribute_proto(name: str, value):
     return helper.make_attribute(name, value)
 
 
-#: Inputs (op -> position) whose shape ORT must know to run the op in place, as planner/liveness.py
-#: counts it: without it ScatterElements copies its data input (zoo:cnn?batch=32 pinned, exported
-#: without value_info: 1.11x the predicted peak under the planned session options; with this
-#: input's shape 0.99x; ORT's defaults unchanged on resnet and gpt, whose other tensors stay hidden).
-SHAPED_INPUT = {"ScatterElements": 0}
+def in_place_shapes(graph: Graph) -> list[onnx.ValueInfoProto]:
+    """Symbolic value_info for a file written without static shapes: each in-place op's input and
+    output (planner.liveness.IN_PLACE_OPS, chains joined) get one fresh set of named dims.
+
+    ORT runs an op in place only where it knows input and output have the same size, as
+    planner/liveness.py counts it; hidden shapes stopped that (ScatterElements copied its data:
+    zoo:cnn?batch=32 pinned, 1.11x the plan; Sigmoid and Tanh: a pinned MLP 1.31x, zoo:mlp 1.27x,
+    under the planned session options; fuzzed, stop 49). Equal names say "same size"; being
+    fresh, they match no other tensor, so ORT's memory reuse still has no size to pair unrelated
+    buffers by (a static shape on ScatterElements' data let ORT hand one scatter's freed buffer to a
+    later one and hold it idle: 1.18x)."""
+    from planner.liveness import IN_PLACE_OPS
+
+    io = set(graph.inputs) | set(graph.outputs)
+    group: dict[int, int] = {}  # tensor -> representative
+
+    def find(t: int) -> int:
+        while group.get(t, t) != t:
+            t = group[t]
+        return t
+
+    for node in graph.nodes:
+        pos = IN_PLACE_OPS.get(node.op_type)
+        if pos is None or node.domain not in ("", "ai.onnx") or pos >= len(node.inputs) or not node.outputs:
+            continue
+        a, b = node.inputs[pos], node.outputs[0]
+        if NO_TENSOR in (a, b) or a in io or b in io or graph.tensors[a].producer == NO_TENSOR \
+                or graph.tensors[a].shape != graph.tensors[b].shape:
+            continue
+        group.setdefault(a, a)
+        group.setdefault(b, b)
+        group[find(b)] = find(a)
+    names: dict[int, str] = {}
+    out = []
+    for t in sorted(group):
+        root = find(t)
+        stem = names.setdefault(root, f"memplan_s{len(names)}")
+        x = graph.tensors[t]
+        out.append(helper.make_tensor_value_info(x.name, DTYPE_TO_ONNX[x.dtype],
+                                                 [f"{stem}_{k}" for k in range(len(x.shape))]))
+    return out
 
 
 def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, str] | None = None,
@@ -92,7 +128,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     the rest; behind an ordering edge (passes/pin_order.py) it cannot, and then its memory reuse (on
     by default) has no static size to match: that reuse keeps a freed buffer until a later tensor of
     the same size takes it, +20% peak on zoo:gpt?batch=64 at 70%.
-    Even then the inputs in ``SHAPED_INPUT`` keep their shapes.
+    Even then each in-place op's input and output get one symbolic shape (``in_place_shapes``).
     ``mem_pattern=False`` adds passes/mem_pattern.py's marker input, which switches ORT's memory
     pattern off in every session (under ORT's defaults its block lands beside the arena's first-run
     chunks: 2.2x the plan on zoo:gpt?batch=64 at 70%, 0.97x without it).
@@ -128,10 +164,10 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
             "one ONNX tensor can hold in memory (protobuf); memplan writes such a model (--emit) with its weights "
             "in a data file beside it, but cannot hold it whole")
     io = set(graph.inputs) | set(graph.outputs)
-    shaped = {node.inputs[pos] for node in graph.nodes if node.op_type in SHAPED_INPUT
-              for pos in [SHAPED_INPUT[node.op_type]] if pos < len(node.inputs)}
     shapes = [tensor_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io and (
-        value_info or t.id in shaped or graph.nodes[t.producer].op_type in ORT_ONLY_OPS)] + (body_info if value_info else [])
+        value_info or graph.nodes[t.producer].op_type in ORT_ONLY_OPS)]
+    shapes += body_info if value_info else [vi for vi in in_place_shapes(graph) if vi.name not in
+                                            {v.name for v in shapes}]
     g = helper.make_graph(
         nodes,
         graph.name,

@@ -18,8 +18,8 @@ zero-copy view, or its constant target shape as ``shape + Size(G) * 0``, with ``
 
 The result also hides the static shapes ORT would infer: graph inputs are read through such views
 and each dynamic node's constant target shape (Reshape, Expand) as such a sum, gated on the first
-graph input (no order implied); export it with ``value_info=False`` (no intermediate shapes but
-those ORT needs to run an op in place, passes.onnx_export.SHAPED_INPUT).
+graph input (no order implied); export it with ``value_info=False`` (no static intermediate
+shapes; the symbolic ones ORT needs to run an op in place, passes.onnx_export.in_place_shapes).
 Why: ORT's memory reuse hands a freed buffer to a later tensor of the same static shape and holds
 it idle until then. On zoo:resnet?batch=32 at 70% the stem conv's 1 MiB output, freed in the
 forward pass and handed to a backward tensor, plus a 0.5 MiB backward buffer, sat idle across the
