@@ -29,7 +29,7 @@ import numpy as np
 from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind, fresh_name
 
 #: Ops whose input at this position is a target shape (int64, 1-D): an edge adds its zeros there.
-SHAPE_INPUT = {"Reshape": 1, "Expand": 1}
+SHAPE_INPUT = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0}
 
 
 def dynamic_nodes(graph: Graph) -> list[bool]:
