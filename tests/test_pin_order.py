@@ -302,7 +302,6 @@ def test_a_pinned_optimizer_step_shows_ort_no_static_size_and_folds_nothing_big(
     stays direct (MLAS prepacks it)."""
     g = training_graph(import_model(mean_square()), optimizer="adam")
     pinned = pin_order(g)
-    producer = lambda t: pinned.nodes[pinned.tensors[t].producer]  # noqa: E731
     by_op = {n.op_type: n for n in pinned.nodes}
     matmul = next(n for n in pinned.nodes if n.name == "MatMul_0" or (n.op_type == "MatMul" and
                                                                        pinned.tensors[n.inputs[1]].name == "w"))
