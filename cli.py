@@ -429,7 +429,7 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
     return BudgetInfeasibleError(
         f"infeasible: the least memory any plan{scope} reaches {word} {least} ({format_bytes(least)}{share}){found}; "
         f"{tail}",
-        least_bytes=least)
+        least_bytes=least, best_bytes=best if found else None)
 
 
 # ---- check -----------------------------------------------------------------------------------

@@ -32,11 +32,13 @@ class OpsetTooOldError(ModelImportError):
 
 
 class BudgetInfeasibleError(PlannerError):
-    """No plan reaches the requested budget; ``least_bytes`` says what any plan can reach."""
+    """No plan reaches the requested budget; ``least_bytes`` says what any plan can reach, and
+    ``best_bytes`` what the lowest plan found peaks at (None: none found, or the least is exact)."""
 
-    def __init__(self, message: str, least_bytes: int | None = None):
+    def __init__(self, message: str, least_bytes: int | None = None, best_bytes: int | None = None):
         super().__init__(message)
         self.least_bytes = least_bytes
+        self.best_bytes = best_bytes
 
 
 class SolverTimeoutError(PlannerError):

@@ -54,13 +54,15 @@ class PlanOutcome:
     """What a planner reports for one graph and budget; the gate's only view of planning."""
 
     fits: bool  # the plan's (simulated) peak is within the budget
-    # the plan's simulated peak; "infeasible": the least memory any plan reaches (proven, a lower
-    # bound where not exact); 0 when no plan was produced
+    # the plan's simulated peak; "infeasible": the lowest plan found (0 when none was)
     peak_bytes: int
     added_time_fraction: float  # added time / compute time of the unplanned step (0.125 = +12.5%)
     status: str  # optimal | feasible | infeasible | timeout | no-planner | ...
     # with ort_arena: the least arena limit the plan runs under (not fitting: the least of those tried)
     arena_bytes: int | None = None
+    # "infeasible": the least memory any plan reaches (proven; a lower bound where not exact); then
+    # ``peak_bytes`` is the lowest plan found (0: none)
+    least_bytes: int | None = None
 
 
 #: ``plan_fn(graph, budget_bytes, device, time_limit) -> PlanOutcome``, called with
@@ -177,6 +179,8 @@ class Verdict:
             if self.plan is not None and self.plan.arena_bytes is not None:
                 return self.plan.arena_bytes
             return self.unplanned_arena
+        if self.least is not None:  # what any plan reaches at least: how far over the budget is
+            return self.least
         if self.plan is not None and self.plan.peak_bytes > 0:
             return self.plan.peak_bytes
         return self.unplanned_peak
@@ -193,7 +197,7 @@ class Verdict:
         """The least memory any plan reaches, where the planner proved the budget infeasible (a
         lower bound, not a plan's peak); None otherwise."""
         p = self.plan
-        return p.peak_bytes if p is not None and p.status == "infeasible" and p.peak_bytes > 0 else None
+        return p.least_bytes if p is not None and p.status == "infeasible" and p.least_bytes else None
 
     @property
     def plan_note(self) -> str:
@@ -210,7 +214,8 @@ class Verdict:
         if self.item.ort_arena:
             best = f", best arena {format_bytes(p.arena_bytes)}" if p.arena_bytes is not None else ""
         elif self.least is not None:
-            best = f", needs >= {format_bytes(self.least)}"
+            best = f", needs >= {format_bytes(self.least)}" + (
+                f", lowest plan found {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else "")
         else:
             best = f", best {format_bytes(p.peak_bytes)}" if p.peak_bytes > 0 else ""
         return f"no ({p.status}{best})"
@@ -272,7 +277,7 @@ def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> 
             extra["ort_arena"] = item.ort_arena
         outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit, **extra)
     except BudgetInfeasibleError as err:
-        return PlanOutcome(False, err.least_bytes or 0, 0.0, "infeasible")
+        return PlanOutcome(False, err.best_bytes or 0, 0.0, "infeasible", least_bytes=err.least_bytes)
     except SolverTimeoutError:
         return PlanOutcome(False, 0, 0.0, "timeout")
     judged = outcome.arena_bytes if item.ort_arena else outcome.peak_bytes

@@ -65,11 +65,12 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
         "fits_as_is": v.fits_as_is,
         "fits_with_plan": v.fits_with_plan,
         "plan": None if p is None else {
-            "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes, "arena_bytes": p.arena_bytes,
+            "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes or None, "arena_bytes": p.arena_bytes,
             "added_time_fraction": p.added_time_fraction,
         },
         "peak_bytes": v.peak,
-        # an infeasible budget: the least memory any plan reaches (also in peak_bytes, as before)
+        # an infeasible budget: the least memory any plan reaches (also the top-level peak_bytes, which
+        # headroom is taken from; the plan's peak_bytes is the lowest plan found, or null)
         "least_bytes": v.least,
         "headroom_bytes": v.headroom,
         "result": v.outcome,
@@ -133,6 +134,8 @@ def _details(v: Verdict) -> str:
     lines += [f"fits as is: {_yes_no(v.fits_as_is)}", f"fits with plan: {v.plan_note}"]
     if v.least is not None:
         lines.append(f"least any plan reaches: {v.least} bytes ({_size(v.least)}) or more")
+        if v.plan is not None and v.plan.peak_bytes > 0:
+            lines.append(f"lowest plan found: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)})")
     elif v.plan is not None and v.plan.peak_bytes > 0:
         lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}, "
                      f"added time {v.plan.added_time_fraction * 100:.1f}%")
