@@ -10,11 +10,15 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from typing import Sequence
 
 from planner.alloc import Buffer, check_buffers
 from planner.errors import ModelImportError
 from planner.fileio import atomic_write
+
+#: An integer cell: an optional sign and ASCII digits.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 _ALIASES = {
     "id": ("id", "buffer", "buffer_id"),
@@ -87,10 +91,11 @@ def _buffer(values: dict[str, str], where: str) -> tuple[Buffer, int | None]:
         raise ModelImportError(f"{where}: gaps are not supported; split the buffer in two")
 
     def integer(key: str) -> int:
-        try:
-            value = int(values[key].strip())
-        except ValueError:
-            raise ModelImportError(f"{where}: {key} {values[key].strip()!r} is not an integer") from None
+        text = values[key].strip()
+        # plain ASCII digits only: int() also takes '1_000' and other scripts' digits (fuzzed, stop 49)
+        if not _INTEGER.fullmatch(text):
+            raise ModelImportError(f"{where}: {key} {text!r} is not an integer")
+        value = int(text)
         if abs(value) > MAX_VALUE:
             raise ModelImportError(f"{where}: {key} {value} is out of range (the largest allowed is 2**50)")
         return value

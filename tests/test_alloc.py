@@ -216,6 +216,9 @@ def test_csv_aliases_inclusive_end_and_round_trip():
     ("", "empty file"),
     ("id,lower,size\nx,0,4\n", "missing column"),
     ("id,lower,upper,size\nx,0,3,four\n", "line 2: size 'four' is not an integer"),
+    # int() reads these too; the format is plain digits (fuzzed, stop 49)
+    ("id,lower,upper,size\nx,0,3,1_000\n", "line 2: size '1_000' is not an integer"),
+    ("id,lower,upper,size\nx,0,3,\u0661\u0662\n", "line 2: size '\u0661\u0662' is not an integer"),
     ("id,lower,upper,size\nx,0,3\n", "line 2: 3 fields"),
     ("id,lower,upper,size\nx,0,3,-4\n", "line 2: buffer 'x': size -4 is negative"),
     ("id,lower,upper,size\nx,3,3,4\n", "line 2: buffer 'x': upper 3 <= lower 3"),
