@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -9,6 +12,16 @@ import onnx.parser
 import onnxruntime as ort
 
 from planner.problem import PlanningProblem, load_remat_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def memplan(*args, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The command line in a process of its own, from the repository root (real exit code,
+    stdout, stderr); ``env`` adds to the environment."""
+    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env})
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def draw_dag(draw, n_max: int, size_max: int) -> tuple[list[list[int]], list[int], list[int]]:

@@ -2,8 +2,6 @@
 file written, and every file the user gave left as it was (the CLI audit of stop 48)."""
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,7 @@ from onnx import numpy_helper
 
 import cli
 from planner.errors import ModelImportError, UsageError
-from tests.helpers import parse_model
+from tests.helpers import memplan, parse_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,12 +26,6 @@ mlp (float[8, 16] x) => (float loss) <float[16, 32] W1, float[32, 4] W2>
     loss = ReduceMean<keepdims: int = 0>(y)
 }
 """
-
-
-def memplan(*args):
-    """The installed command line, in a process of its own (exit code, stdout, stderr)."""
-    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def one_line(err: str) -> str:

@@ -1,17 +1,13 @@
 """`memplan inspect`: output on a small model, and every bad-input path exits 3 with one line."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from tests.helpers import parse_model
+from tests.helpers import memplan, parse_model
 
-ROOT = Path(__file__).resolve().parents[1]
 
 MLP = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -22,11 +18,6 @@ mlp (float[batch, 64] x) => (float[batch, 16] y) <float[64, 128] W1, float[128, 
     y = MatMul(r, W2)
 }
 """
-
-
-def memplan(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.fixture

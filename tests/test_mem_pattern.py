@@ -1,8 +1,5 @@
 """The memory-pattern marker: ORT runs the model unfed and without a memory pattern; memplan reads it back."""
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,9 +13,8 @@ from passes.onnx_export import export_model
 from passes.onnx_import import import_model
 from passes.verify import ORT_DEFAULT, measure_peak, planned_session_options
 from planner.errors import ModelImportError
-from tests.helpers import parse_model
+from tests.helpers import memplan, parse_model
 
-ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = """
 <ir_version: 7, opset_import: ["" : 13]>
@@ -27,11 +23,6 @@ g (float[4] x) => (float[4] y) {
     y = Neg(t)
 }
 """
-
-
-def memplan(*args):
-    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_marker_is_one_unfed_optional_input_and_changes_nothing_else():

@@ -1,8 +1,6 @@
 """Pinned planned models keep their order, and so their peak, under ORT's default session options."""
 import json
 import math
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from passes.verify import ORT_DEFAULT, PLANNED, measure_peak
 from planner.cpsat import PlannerOptions
 from planner.graph import GraphBuilder
 from planner.liveness import MemoryModel, analyze
+from tests.helpers import memplan
 
 ROOT = Path(__file__).resolve().parents[1]
 F = "float32"
@@ -142,11 +141,6 @@ def test_pinned_model_keeps_its_peak_and_outputs_under_default_options(gpt_plan)
     for name, want in ref.outputs.items():
         np.testing.assert_array_equal(same.outputs[name], want, err_msg=name)  # planned options: bit-equal
         np.testing.assert_allclose(got.outputs[name], want, rtol=1e-4, atol=1e-6, err_msg=name)  # fused kernels
-
-
-def memplan(*args):
-    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_cli_pin_order_on_plan_and_rewrite(tmp_path):

@@ -1,9 +1,5 @@
 """Planning ONNX training graphs end to end: plan -> emit -> ORT runs it, same numbers, less memory."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,15 +18,9 @@ from planner.liveness import analyze
 from planner.lowering import lower
 from planner.simulate import simulate
 from planner.units import format_bytes
+from tests.helpers import memplan
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = "zoo:cnn?batch=16"
-
-
-def memplan(*args, env=None):
-    proc = subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env=None if env is None else {**os.environ, **env})
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def run(model: onnx.ModelProto, feeds):
