@@ -166,8 +166,11 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     io = set(graph.inputs) | set(graph.outputs)
     shapes = [tensor_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io and (
         value_info or graph.nodes[t.producer].op_type in ORT_ONLY_OPS)]
-    shapes += body_info if value_info else [vi for vi in in_place_shapes(graph) if vi.name not in
-                                            {v.name for v in shapes}]
+    if value_info:
+        shapes += body_info
+    else:
+        static = {v.name for v in shapes}
+        shapes += [vi for vi in in_place_shapes(graph) if vi.name not in static]
     g = helper.make_graph(
         nodes,
         graph.name,
