@@ -27,27 +27,34 @@ import math
 from typing import Callable, Sequence
 
 
-def _parse(equation: str) -> tuple[list[str], str, bool]:
-    """(operand terms, output term, explicit) of an equation, spaces dropped; implicit output:
-    the letters seen once, in alphabetical order."""
+def _parse(equation: str) -> tuple[list[str], str]:
+    """(operand terms, output term) of an equation, spaces dropped; implicit output: the letters
+    seen once, in alphabetical order."""
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     if not arrow:
         out = "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
-    return lhs.split(","), out, bool(arrow)
+    return lhs.split(","), out
+
+
+def _dims(terms: Sequence[str], shapes: Sequence[Sequence[int]]) -> dict[str, int]:
+    """Each letter's size, the largest any operand gives it; an operand's letters name its trailing
+    dims (an ellipsis takes the leading ones)."""
+    dims: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        letters = term.replace(".", "")
+        for c, d in zip(letters, shape[len(shape) - len(letters):]):
+            dims[c] = max(dims.get(c, 1), int(d))
+    return dims
 
 
 def einsum_flops(equation: str, shapes: Sequence[Sequence[int]]) -> float:
     """FLOPs of ORT's pairwise evaluation of ``equation`` (see the module docstring)."""
-    terms, out, _ = _parse(equation)
-    dims: dict[str, int] = {}
-    for term, shape in zip(terms, shapes):
-        for c, d in zip(term.replace(".", ""), shape[len(shape) - len(term.replace(".", "")):]):
-            dims[c] = max(dims.get(c, 1), int(d))
+    terms, out = _parse(equation)
+    dims = _dims(terms, shapes)
     last = {c: max(k for k, t in enumerate(terms) if c in t) for c in dims}
-    live = {c for c in terms[0] if c in dims}
     flops = float(math.prod(int(d) for d in shapes[0])) if shapes else 0.0  # the first pass over operand 0
-    live = {c for c in live if c in out or last[c] > 0}
+    live = {c for c in terms[0] if c in dims and (c in out or last[c] > 0)}
     for k in range(1, len(terms)):
         both = live | {c for c in terms[k] if c in dims}
         flops += 2.0 * math.prod(dims[c] for c in both)
@@ -55,20 +62,16 @@ def einsum_flops(equation: str, shapes: Sequence[Sequence[int]]) -> float:
     return flops
 
 
-def einsum_scratch(equation: str, shapes: Sequence[Sequence[int]], itemsize: float,
+def einsum_scratch(equation: str, shapes: Sequence[Sequence[int]], out_elements: int, itemsize: float,
                    buffer_bytes: Callable[[int], int]) -> int:
-    """Bytes the Einsum ``equation`` on operands of ``shapes`` holds besides its inputs and output,
-    at its worst moment, as liveness counts a step (inputs + output + scratch); ``buffer_bytes``
-    rounds a tensor's bytes to what the allocator hands out."""
+    """Bytes the Einsum ``equation`` on operands of ``shapes`` (making ``out_elements``) holds
+    besides its inputs and output, at its worst moment, as liveness counts a step (inputs + output
+    + scratch); ``buffer_bytes`` rounds a tensor's bytes to what the allocator hands out."""
     def nbytes(elements: int) -> int:
         return buffer_bytes(math.ceil(elements * itemsize))
 
-    terms, out, _ = _parse(equation)
-    dims: dict[str, int] = {}
-    for term, shape in zip(terms, shapes):
-        for c, d in zip(term, shape):
-            dims[c] = max(dims.get(c, 1), int(d))
-    out_bytes = nbytes(math.prod(dims.get(c, 1) for c in out))
+    terms, out = _parse(equation)
+    out_bytes = nbytes(out_elements)
     if any("." in t for t in terms) or len(terms) != len(shapes) or any(len(set(t)) != len(t) or len(t) != len(s)
                                                     for t, s in zip(terms, shapes)):
         return sum(nbytes(math.prod(s)) for s in shapes) + out_bytes

@@ -157,7 +157,8 @@ class MemoryModel:
             equation = node.attr("equation")
             equation = equation.decode() if isinstance(equation, bytes) else str(equation)
             y = graph.tensors[node.outputs[0]]
-            return einsum_scratch(equation, [x.shape for x in ins], DTYPE_BITS[y.dtype] / 8, self.buffer_bytes)
+            return einsum_scratch(equation, [x.shape for x in ins], math.prod(y.shape), DTYPE_BITS[y.dtype] / 8,
+                                  self.buffer_bytes)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
