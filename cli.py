@@ -1062,7 +1062,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                           ort_arena=bfc)
 
     cap = None if max_added_pct is None else max_added_pct / 100
-    result = max_batch(build, budget, plan_at, max_added=cap)
+    result = max_batch(build, budget, plan_at, max_added=cap, ort_arena=bfc)
     pm = result.planned_result
     added = None if pm is None else added_fraction(pm)
     obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,

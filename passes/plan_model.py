@@ -234,13 +234,15 @@ def added_fraction(pm: PlannedModel) -> float:
 
 
 def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph, int], PlannedModel],
-              max_added: float | None = None) -> MaxBatch:
+              max_added: float | None = None, ort_arena: OrtArena | None = None) -> MaxBatch:
     """Largest batch whose training step fits ``budget`` as is, and with a plan.
 
     ``build(b)`` returns the graph to plan at batch b; ``plan(graph, budget)`` plans it. With
     ``max_added``, a plan only counts when its added time is at most that fraction of the compute
-    time. Memory (and the recompute needed) grows with the batch, so both searches double then
-    bisect; the planned search starts at the unplanned answer (no plan is needed there).
+    time. With ``ort_arena`` (what ``plan`` plans for), the step as is fits only where the arena
+    also runs it under the budget. Memory (and the recompute needed) grows with the batch, so both
+    searches double then bisect; the planned search starts at the unplanned answer (no plan is
+    needed there, so the planned batch is never below it).
     """
     probes: list[tuple[int, str, bool]] = []
     graphs: dict[int, Graph] = {}
@@ -253,7 +255,7 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
         return graphs[b]
 
     def fits_unplanned(b: int) -> bool:
-        ok = analyze(graph(b)).peak_bytes <= budget
+        ok = analyze(graph(b)).peak_bytes <= budget and (ort_arena is None or ort_arena.need(graph(b)) <= budget)
         probes.append((b, "unplanned", ok))
         return ok
 
@@ -266,5 +268,5 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
         return ok
 
     unplanned = _largest(fits_unplanned)
-    planned = _largest(fits_planned, start=max(1, unplanned))
+    planned = max(unplanned, _largest(fits_planned, start=max(1, unplanned)))
     return MaxBatch(unplanned, planned, plans.get(planned), tuple(probes))

@@ -237,3 +237,28 @@ def test_plan_graph_tightens_until_the_arena_fits_and_keeps_the_cheapest_fitting
     failed = plan_graph(g, budget, strategy="greedy", ort_arena=hopeless)
     assert not failed.ok and "not ORT's arena" in failed.result.note
     assert f"the least arena any needed was {min(hopeless.needs)} bytes" in failed.result.note
+
+
+def test_max_batch_counts_the_arena_for_the_step_as_is_and_never_plans_below_it():
+    """--max-batch --ort-arena took a batch as fitting unplanned by its peak alone, found no plan
+    the arena ran there, and said planned batch 0 (zoo:resnet under 5.71 MiB: unplanned 15)."""
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+    from passes.plan_model import max_batch, plan_graph
+
+    def build(b):
+        return training_graph(load_graph(f"zoo:gpt?batch={b}"))
+
+    budget = analyze(build(8)).peak_bytes
+    peak_only = max_batch(build, budget, lambda g, lim: plan_graph(g, lim, strategy="greedy"))
+    assert peak_only.unplanned == 8
+    arena = _ScaledArena(1.3)
+    counted = max_batch(build, budget, lambda g, lim: plan_graph(g, lim, strategy="greedy", ort_arena=arena),
+                        ort_arena=arena)
+    assert 0 < counted.unplanned < 8
+    assert arena.need(build(counted.unplanned)) <= budget < arena.need(build(counted.unplanned + 1))
+    assert counted.planned > counted.unplanned and counted.planned_result.arena_need <= budget
+    # where no plan runs in the arena, the step as it is still does: never a planned batch below it
+    hopeless = max_batch(build, budget, lambda g, lim: plan_graph(g, lim, strategy="greedy",
+                                                                  ort_arena=_ScaledArena(10.0)), ort_arena=arena)
+    assert hopeless.planned == hopeless.unplanned == counted.unplanned
