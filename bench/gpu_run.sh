@@ -9,6 +9,12 @@
 # then run `bash bench/gpu_run.sh NAME:HI ...` on the device with .gpu carried (HI: top of the
 # gpu_mem_limit bisection, e.g. gpt:2GiB). Reports land in $OUT/NAME.json. SESSION=default runs
 # under ORT's default session options (for models emitted with --pin-order).
+# `bash bench/gpu_run.sh zoo [ARGS]` runs `bench/gpu_zoo.py run ARGS` instead: the whole table of the
+# zoo and the fixtures at 80/60/50% and the max-batch rows, in $OUT/gpu_zoo.json. Here, first (about
+# 25 min on 2 cores, two preps side by side): python bench/gpu_zoo.py prep --tag a --only ...;
+# prep --tag b --only ... (the rest); prep-batch; prep-pinned; pack (-> .gpu/c, ~33 MiB). Then on
+# the device, with carry [".gpu/ort", ".gpu/c"] (~61 MiB with the repo):
+#   export PYTHONUNBUFFERED=1; set -o pipefail; bash bench/gpu_run.sh zoo --workers 12 --deadline 330 2>&1 | tee $OUT/log.txt
 set -u
 export PYTHONUNBUFFERED=1
 S=/tmp/site
@@ -29,6 +35,13 @@ SP=$(python3 -c "import site; print(site.getsitepackages()[0])")
 export LD_LIBRARY_PATH=$(find "$SP/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import onnxruntime as ort; print('onnxruntime', ort.__version__, ort.get_available_providers())"
+if [ "${1:-}" = zoo ]; then
+  shift
+  python3 bench/gpu_zoo.py run "$@"
+  rc=$?
+  echo "total $(( $(date +%s) - t0 )) s"
+  exit $rc
+fi
 for spec in "$@"; do
   name=${spec%%:*}
   hi=${spec#*:}
