@@ -1,0 +1,98 @@
+"""Does one large allocation at the start of a run shrink what ORT's BFC arena needs? (measurement)
+
+    python bench/arena_priming.py PLANNED.onnx[:FRACTION] ... [--strategy 1]
+
+Under ``kSameAsRequested`` every arena extension is a region of exactly the request, and chunks of
+different regions never merge: a plan's many differently sized buffers leave the arena far above
+the plan's peak (bench/results/gpu_zoo_prep_stop50.md: 1.3-2.1x on plans at 60% of convnets). Priming
+puts a ConstantOfShape of FRACTION x (the file's live peak) first, read once by a 1-element Slice so
+that ORT frees it at once: the arena's first region is then that large, and later buffers are
+carved out of it and merge back into it when freed.
+
+For each file (default FRACTION 0.9): the least arena limit under which ORT runs it on the CPU
+provider (``passes.verify.runs_under_arena``: an env arena with ``max_mem`` = the limit, the same
+BFCArena the CUDA provider puts under ``gpu_mem_limit``), bisected to 0.2% of the peak, for the file
+as it is and primed, over the file's liveness peak; and ``planner.arena``'s prediction of the first.
+Feeds: memplan's seeded example inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import onnx  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+import models  # noqa: E402
+from passes.onnx_import import import_model  # noqa: E402
+from passes.verify import runs_under_arena  # noqa: E402
+from planner.arena import least_limit, reserved_bytes, run_events, session_allocations  # noqa: E402
+from planner.liveness import MemoryModel, analyze  # noqa: E402
+
+
+def primed(path: str, nbytes: int, out: str) -> None:
+    """``path`` with a float buffer of ``nbytes`` made first and freed after one 1-element read."""
+    m = onnx.load(path)
+    for name, value in (("memplan_prime_shape", [nbytes // 4]), ("memplan_prime_starts", [0]),
+                        ("memplan_prime_ends", [1])):
+        m.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    first = [helper.make_node("ConstantOfShape", ["memplan_prime_shape"], ["memplan_prime"], name="memplan_prime"),
+             helper.make_node("Slice", ["memplan_prime", "memplan_prime_starts", "memplan_prime_ends"],
+                              ["memplan_prime_read"], name="memplan_prime_read")]
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(first + nodes)
+    onnx.save(m, out)
+
+
+def least_measured(path: str, feeds: dict, hint: int, strategy: int, resolution: int) -> int:
+    def runs(limit: int) -> bool:
+        return runs_under_arena(path, feeds, limit, strategy)[0]
+
+    hi = hint
+    while not runs(hi):
+        hi = int(hi * 1.15)
+    lo = int(hi * 0.85)
+    while runs(lo):
+        hi, lo = lo, int(lo * 0.85)
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        hi, lo = (mid, lo) if runs(mid) else (hi, mid)
+    return hi
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", help="PLANNED.onnx[:FRACTION]")
+    ap.add_argument("--strategy", type=int, default=1, help="arena_extend_strategy: 1 kSameAsRequested, 0 kNextPowerOfTwo")
+    args = ap.parse_args()
+    print("| file | peak | predicted / peak | measured / peak | primed at | primed, measured / peak |")
+    print("|---|---|---|---|---|---|")
+    for spec in args.files:
+        path, _, frac = spec.partition(":")
+        fraction = float(frac or 0.9)
+        lv = analyze(import_model(path), model=MemoryModel(host_copies_resident=True))
+        g, peak = lv.graph, lv.peak_bytes
+        base = reserved_bytes(g, prepack=True)
+        predicted = least_limit(session_allocations(g) + run_events(lv), base=base, strategy=args.strategy,
+                                resolution=4096)
+        feeds = models.example_feeds(onnx.load(path, load_external_data=False), seed=0)
+        resolution = max(4096, peak // 500)
+        plain = least_measured(path, feeds, predicted, args.strategy, resolution)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = str(Path(tmp) / "primed.onnx")
+            primed(path, int((peak - base) * fraction) // 256 * 256, out)
+            with_prime = least_measured(out, feeds, plain, args.strategy, resolution)
+        print(f"| {Path(path).name} | {peak} | {predicted / peak:.3f} | {plain / peak:.3f} | {fraction:g} | "
+              f"{with_prime / peak:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
