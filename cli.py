@@ -137,6 +137,10 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
+#: The largest --dim value: 2**40, so that sizes stay far inside int64 (bytes x elements).
+MAX_DIM = 1 << 40
+
+
 def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:
     """``--dim batch=32 --dim seq=128`` -> {"batch": 32, "seq": 128}."""
     out: dict[str, int] = {}
@@ -144,6 +148,8 @@ def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit() or int(value) <= 0:
             raise UsageError(f"--dim {item!r} must look like NAME=POSITIVE_INT, e.g. --dim batch=32")
+        if int(value) > MAX_DIM:  # sizes overflowed int64 with tracebacks (fuzzed, stop 50)
+            raise UsageError(f"--dim {item!r}: {int(value)} is beyond any memory; a dim is at most {MAX_DIM}")
         name = name.strip()
         if name in out and out[name] != int(value):
             raise UsageError(f"--dim {name} is given twice ({out[name]} and {int(value)}); keep one")
@@ -705,7 +711,8 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
 @click.argument("model")
 @optimizer_options
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1), help="Optimizer steps.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic data.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seed of the synthetic data and of ORT's random ops (Dropout).")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with every step's loss).")

@@ -132,6 +132,7 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
             f"loss {forward.tensors[loss].name!r} depends on " + (only or "no trainable initializer")
             + (f" (frozen: {', '.join(options.freeze)})" if options.freeze else "")
             + "; there is nothing to train"
+            + ("" if options.loss else " (name another scalar output as the loss with --loss)")
         )
     step = _Builder(forward, loss, params, active, on_path, options).run()
     # Batch statistics in primitive ops: ORT's CUDA provider refuses training-mode BatchNormalization.

@@ -37,6 +37,27 @@ class OptimizerOptions:
         for flag, value, ok in checks:
             if not (ok and math.isfinite(value)):
                 raise UsageError(f"{flag} {value} is out of range (lr > 0; momentum, betas in [0, 1); decay >= 0)")
+        # the step writes them as float32 constants: 1e39 became inf, 1e-50 zero and 0.9999999999 one,
+        # and training silently went NaN or stood still (fuzzed, stop 50)
+        for flag, value, _ in checks:
+            if not _f32_ok(flag, value):
+                with np.errstate(over="ignore", under="ignore"):
+                    as32 = float(np.float32(value))
+                raise UsageError(f"{flag} {value} is {as32:g} as the float32 the training step computes in "
+                                 "(lr > 0; momentum, betas below 1; decay finite); pick a value float32 holds")
+
+
+def _f32_ok(flag: str, value: float) -> bool:
+    """Does ``value`` keep its meaning as a float32 constant of the training step?"""
+    with np.errstate(over="ignore", under="ignore"):
+        v = float(np.float32(value))
+    if not math.isfinite(v):
+        return False
+    if flag in ("--lr", "eps"):
+        return v > 0
+    if flag in ("--momentum", "--beta1", "--beta2"):
+        return v < 1
+    return True
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ is its class prototype plus unit noise, fresh every step; for other models (toke
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -18,10 +19,14 @@ import numpy as np
 from passes.autodiff import TrainingStep
 from passes.gradcheck import params_as_inputs
 from passes.onnx_export import export_model, fill_weights, initializer_values
-from planner.errors import ModelImportError, UsageError
+from planner.errors import ModelImportError, PlannerError, UsageError
 from planner.graph import Graph
 
 log = logging.getLogger(__name__)
+
+
+class TrainingDivergedError(PlannerError):
+    """The loss of a ``memplan train`` step was not finite."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,11 @@ class SyntheticTask:
         self.rng = np.random.default_rng(seed)
         self.inputs = [forward.tensors[t] for t in forward.inputs]
         cls = _classifier(forward)
-        floats = [t for t in self.inputs if t.dtype.startswith("float")]
+        labels_t = next((t for t in self.inputs if cls is not None and t.name == cls[0]), None)
+        # a float input with the labels' batch as its first dim is a sample; any other (a scale, a
+        # mask of another shape) is drawn at random each step (its prototypes broke, fuzzed stop 50)
+        floats = [t for t in self.inputs if t.dtype.startswith("float") and labels_t is not None
+                  and len(t.shape) >= 1 and len(labels_t.shape) >= 1 and t.shape[0] == labels_t.shape[0]]
         self.task = "prototypes" if cls is not None and floats else "fixed batch"
         if self.task == "prototypes":
             self.labels, classes = cls
@@ -108,8 +117,14 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     # the weights are fed: the session's model holds only the frozen ones (no proto of them all)
     model = fill_weights(params_as_inputs(export_model(step.graph, weights=False), step.params),
                          initializer_values(step.graph))
+    # ORT's own log lines only with -v: its errors reach the user as memplan's one line
+    severity = 2 if log.isEnabledFor(logging.INFO) else 4
+    ort.set_default_logger_severity(severity)
+    ort.set_seed(seed)  # Dropout's masks: the same seed, the same losses
+    options = ort.SessionOptions()
+    options.log_severity_level = severity
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=providers[provider])
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers[provider])
     except Exception as err:  # ORT's own exception types (Fail, InvalidGraph, ...)
         raise _ort_refused(err, "load") from None
     if provider == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
@@ -127,6 +142,10 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
         except Exception as err:
             raise _ort_refused(err, "run") from None
         losses.append(float(np.asarray(values[0]).reshape(())))
+        if not math.isfinite(losses[-1]):
+            raise TrainingDivergedError(
+                f"the loss became {losses[-1]} at step {k} (step 0: {losses[0]:.6g}); training diverged: lower "
+                "--lr, or check the model's ops on the synthetic data (Log, Sqrt, Pow of unit-normal inputs)")
         weights = dict(zip(step.params, values[1:1 + len(step.params)]))
         state = {s.input: v for s, v in zip(step.state, values[1 + len(step.params):])}
         log.info("step %d loss %.5f", k, losses[-1])

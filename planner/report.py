@@ -68,9 +68,10 @@ def inspect_table(info: dict[str, Any]) -> str:
         f"model        {info['model']}  ({info['nodes']} nodes, {info['tensors']} tensors)",
         f"constant     {format_bytes(info['base_bytes'])}  (inputs {format_bytes(b['input'])}, "
         f"trainable {format_bytes(b['trainable'])}, frozen {format_bytes(b['frozen'])})",
-        f"peak         {format_bytes(info['peak_bytes'])} at step {info['peak_step']} "
-        f"({info['peak_node']}, {info['peak_op_type']}) = constant + "
-        f"{format_bytes(info['dynamic_peak_bytes'])} dynamic"
+        f"peak         {format_bytes(info['peak_bytes'])} "
+        + (f"at step {info['peak_step']} ({info['peak_node']}, {info['peak_op_type']})" if info["peak_node"] is not None
+           else "(no node runs: the constants alone)")
+        + f" = constant + {format_bytes(info['dynamic_peak_bytes'])} dynamic"
         + (f" incl. {format_bytes(info['peak_scratch_bytes'])} kernel scratch" if info["peak_scratch_bytes"] else ""),
         "",
         f"largest tensors live at the peak ({len(info['live_at_peak'])} shown):",

@@ -1,0 +1,120 @@
+"""memplan train: seeds, divergence, float32 hyper-parameters, synthetic data, ORT's log (fuzzed, stop 50)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from planner.errors import UsageError
+from tests.helpers import memplan
+
+
+def _save(tmp_path, name, nodes, inputs, inits, outputs=("loss",)):
+    graph = helper.make_graph(
+        nodes, name, inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, []) for o in outputs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def _gemm_loss(tmp_path, name, between):
+    """x[4,3] -> Gemm(W[3,2]) -> ``between`` ops -> ReduceMean -> loss."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "W"], ["h"])]
+    last = "h"
+    for i, (op, attrs) in enumerate(between):
+        nodes.append(helper.make_node(op, [last], [f"t{i}"], **attrs))
+        last = f"t{i}"
+    nodes.append(helper.make_node("ReduceMean", [last], ["loss"], keepdims=0))
+    return _save(tmp_path, name, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                 {"W": rng.standard_normal((3, 2)).astype(np.float32)})
+
+
+def test_the_same_seed_gives_the_same_losses_through_dropout(tmp_path):
+    """--seed seeded the data only: ORT drew Dropout's masks afresh on each run."""
+    path = _gemm_loss(tmp_path, "dropout", [("Dropout", {})])
+    model = onnx.load(path)
+    ratio = numpy_helper.from_array(np.array(0.5, np.float32), "ratio")
+    mode = numpy_helper.from_array(np.array(True), "training")
+    model.graph.initializer.extend([ratio, mode])
+    model.graph.node[1].input.extend(["ratio", "training"])
+    onnx.save(model, path)
+    runs = [memplan("train", path, "--steps", "4", "--seed", str(seed), "--json") for seed in (0, 0, 1)]
+    assert all(rc == 0 for rc, _, _ in runs), runs
+    losses = [json.loads(out)["losses"] for _, out, _ in runs]
+    assert losses[0] == losses[1] != losses[2]
+
+
+def test_a_diverged_loss_is_an_error_not_nan_json(tmp_path):
+    """Log of a Gemm's negative outputs: the run printed "last_loss": NaN (not JSON) and exited 0."""
+    path = _gemm_loss(tmp_path, "logloss", [("Log", {})])
+    rc, out, err = memplan("train", path, "--steps", "3", "--json")
+    assert rc == 1 and out == ""
+    assert err.strip().startswith("memplan: error: the loss became nan at step 0") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag,value,as32", [("lr", 1e39, "inf"), ("lr", 1e-50, "0"), ("beta2", 0.9999999999, "1"),
+                                              ("weight_decay", 1e39, "inf"), ("momentum", 0.99999999999, "1")])
+def test_hyper_parameters_that_float32_cannot_hold_are_refused(flag, value, as32):
+    """They passed the float64 range check and became inf, 0 or 1 in the step: NaN or a silent no-op."""
+    from passes.optimizer import OptimizerOptions
+
+    with pytest.raises(UsageError, match=f"is {as32} as the float32"):
+        OptimizerOptions(kind="adam" if "beta" in flag else "sgd", **{flag: value})
+    OptimizerOptions(kind="adam", lr=1e-30, beta2=0.99999, weight_decay=1e30)  # float32 holds these
+
+
+def test_a_classifier_input_without_the_batch_dim_gets_random_data(tmp_path):
+    """A float input of another shape than the samples (a [2] scale) broke the prototypes: traceback."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gemm", ["x", "W"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["z"]),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["z", "y"], ["loss"])]
+    path = _save(tmp_path, "ce_extra", nodes,
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
+                  helper.make_tensor_value_info("scale", TensorProto.FLOAT, [2]),
+                  helper.make_tensor_value_info("y", TensorProto.INT64, [4])],
+                 {"W": rng.standard_normal((3, 2)).astype(np.float32)})
+    rc, out, err = memplan("train", path, "--steps", "3", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["task"] == "prototypes"
+
+
+def test_seed_and_dims_out_of_range_are_one_line_errors():
+    for args in (["train", "zoo:mlp?batch=8", "--steps", "2", "--seed", "-3"],
+                 ["inspect", "zoo:mlp", "--dim", "batch=4611686018427387904"]):
+        rc, _, err = memplan(*args)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_train_on_cuda_without_a_gpu_says_one_line():
+    """ORT's own error and warning lines came first (3 of them) without -v."""
+    rc, _, err = memplan("train", "zoo:mlp?batch=4", "--steps", "2", "--provider", "cuda")
+    if rc == 0:
+        pytest.skip("a CUDA GPU is here")  # the check is for machines without one
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("memplan: error: --provider cuda")
+
+
+def test_the_first_scalar_output_untrainable_suggests_loss(tmp_path):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["xm"], keepdims=0), helper.make_node("Gemm", ["x", "W"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["loss"], keepdims=0)]
+    path = _save(tmp_path, "two", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                 {"W": rng.standard_normal((3, 2)).astype(np.float32)}, outputs=("xm", "loss"))
+    rc, _, err = memplan("train", path, "--steps", "2")
+    assert rc != 0 and "with --loss" in err
+    assert memplan("train", path, "--steps", "2", "--loss", "loss")[0] == 0
+
+
+def test_inspect_of_a_graph_without_nodes_names_no_step(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    path = tmp_path / "empty.onnx"
+    onnx.save(helper.make_model(helper.make_graph([], "g", [x], [x]), opset_imports=[helper.make_opsetid("", 17)]),
+              path)
+    rc, out, err = memplan("inspect", str(path))
+    assert rc == 0, err
+    assert "(None, None)" not in out and "no node runs" in out
