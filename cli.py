@@ -1004,7 +1004,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         if obj.get("ort_arena", {}).get("need_bytes") is not None:
             a = obj["ort_arena"]
             click.echo(f"  ORT arena     runs under a limit of {format_bytes(a['need_bytes'])} "
-                       f"({a['extend_strategy']}; the budget is its limit)")
+                       f"({a['extend_strategy']}; the budget is its limit)"
+                       + (f"; its first node primes the arena with {format_bytes(a['primed_bytes'])}"
+                          if a.get("primed_bytes") else ""))
         if "arena" in obj:
             a = obj["arena"]
             click.echo(f"  arena         {format_bytes(a['height_bytes'])} ({a['height_bytes'] / max(1, a['lower_bound_bytes']):.4f}"
@@ -1186,7 +1188,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
         obj["arena"] = _arena_report(pm.planned, budget, options.time_limit)
     if bfc is not None:
         obj["ort_arena"] = {"extend_strategy": bfc.label, "inputs_in_arena": bfc.device_inputs,
-                            "limit_bytes": budget, "need_bytes": pm.arena_need}
+                            "limit_bytes": budget, "need_bytes": pm.arena_need, "primed_bytes": pm.primed_bytes}
     planned = None
     if pm.planned is not None:
         made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)
@@ -1206,7 +1208,7 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     from passes.onnx_export import write_model
     from passes.plan_model import fingerprint
     from passes.pin_order import pin_order
-    from passes.rewrite import PlanMismatchError, apply_schedule
+    from passes.rewrite import PlanMismatchError, apply_schedule, prime_arena
     from planner.liveness import analyze
     from planner.units import format_bytes
 
@@ -1239,6 +1241,9 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
         planned = apply_schedule(graph, obj.get("schedule") or [])
     except PlanMismatchError as err:
         raise UsageError(f"{plan_path}: {err}; make a new plan with memplan plan -o") from None
+    primed = (obj.get("ort_arena") or {}).get("primed_bytes") or 0
+    if primed:  # as plan --emit wrote it: the arena primer first (passes.rewrite.prime_arena)
+        planned = prime_arena(planned, primed)
     peak = analyze(planned).peak_bytes
     budget = obj.get("budget_bytes")
     if isinstance(budget, int) and peak > budget:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from passes.function_ops import inline_functions
 from passes.pin_order import pin_order
-from passes.rewrite import apply_schedule
+from passes.rewrite import MIN_PRIME_BYTES, apply_schedule, prime_arena
 from planner.cpsat import PlannerOptions
 from planner.graph import Graph
 from planner.arena import NEXT_POWER_OF_TWO, arena_need
@@ -75,10 +75,37 @@ class PlannedModel:
     arena_need: int | None = None
     # with ``ort_arena`` and no plan returned: the least arena need of the plans that fit the budget
     arena_least: int | None = None
+    # with ``ort_arena``: the bytes of the arena primer ``planned`` starts with (passes.rewrite.prime_arena)
+    primed_bytes: int = 0
 
     @property
     def ok(self) -> bool:
         return self.planned is not None
+
+
+#: Primer sizes tried, as fractions of a plan's dynamic peak (the best one varies from plan to plan:
+#: 0.5-1.0 over the fixtures planned at 80-50%, bench/results/gpu_zoo_prep_stop50.md).
+PRIME_FRACTIONS = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def _primed(planned: Graph, budget: int, ort_arena: OrtArena, need: int) -> tuple[int, Graph | None, int, int]:
+    """(primer bytes, primed graph, its peak, its arena need) of the primer of ``PRIME_FRACTIONS``
+    whose replay needs the least arena, among those that keep the peak within ``budget``;
+    (0, None, 0, 0) when none needs less than ``need``, ``planned``'s as it is."""
+    lv = analyze(planned)
+    best = (0, None, 0, need)
+    for fraction in PRIME_FRACTIONS:
+        nbytes = int(lv.dynamic_peak * fraction) // 256 * 256
+        if nbytes < MIN_PRIME_BYTES:
+            continue
+        primed = prime_arena(planned, nbytes)
+        peak = analyze(primed).peak_bytes
+        if peak > budget:
+            continue
+        need = ort_arena.need(primed)
+        if need < best[3]:
+            best = (nbytes, primed, peak, need)
+    return best if best[0] else (0, None, 0, 0)
 
 
 def fingerprint(graph: Graph) -> str:
@@ -159,8 +186,15 @@ def plan_graph(
             need = None if ort_arena is None else ort_arena.need(planned)
             if need is None:
                 return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own)
+            primed = 0
+            if need > budget and not pin:  # a primer's region may hold what the arena's regions could not
+                primed, planned_p, peak_p, need_p = _primed(planned, budget, ort_arena, need)
+                if primed:
+                    log.info("ORT's arena needs %d bytes for the plan, %d with a %d-byte primer", need, need_p, primed)
+                    planned, peak, need = planned_p, peak_p, need_p
             if need <= budget:
-                fit = PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own, need)
+                fit = PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own, need,
+                                   primed_bytes=primed)
                 if best is None or fit.result.added_time < best.result.added_time:
                     best = fit
                 fits_at = target if fits_at is None else max(fits_at, target)

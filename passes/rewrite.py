@@ -315,3 +315,32 @@ def default_schedule(graph: Graph, order: Iterable[int] | None = None) -> list[d
     """The unplanned schedule: every node once, in ``order`` (file order by default)."""
     ids = range(len(graph.nodes)) if order is None else order
     return [{"op": "compute", "node": graph.nodes[i].name} for i in ids]
+
+
+#: The float tensor ``prime_arena`` makes first (and a 1-element Slice of it, so ORT frees it at once).
+PRIME, PRIME_READ = "memplan_arena_prime", "memplan_arena_prime_read"
+#: Below this a primer is not worth a node, and memplan's importer would fold it into a constant.
+MIN_PRIME_BYTES = 64 << 10
+
+
+def prime_arena(graph: Graph, nbytes: int) -> Graph:
+    """``graph`` with a float buffer of ``nbytes`` (rounded down to whole floats) made before any other
+    node and freed after one 1-element read. Under ORT's BFC arena with ``kSameAsRequested`` every
+    extension is a region of exactly the request, and chunks of different regions never merge: a
+    plan's many buffer sizes leave the arena far above its peak (bench/results/gpu_zoo_prep_stop50.md:
+    1.3-2.1x on convnets planned at 60%). The primer's region comes first; later buffers are carved
+    out of it and merge back into it (mobilenetv2 at 60%: 1.63 -> 1.06x its peak on CPU ORT's arena,
+    bench/arena_priming.py). ``passes.plan_model`` picks ``nbytes`` with planner/arena.py's replay."""
+    from planner.graph import GraphAppender
+
+    if nbytes < MIN_PRIME_BYTES:
+        raise ValueError(f"an arena primer of {nbytes} bytes is below {MIN_PRIME_BYTES}")
+    a = GraphAppender(graph)
+    shape = a.add_const(f"{PRIME}_shape", np.array([nbytes // 4], dtype=np.int64))
+    prime = a.add_tensor(PRIME, "float32", (nbytes // 4,))
+    a.add_node(PRIME, "ConstantOfShape", [shape], [prime])
+    starts, ends = a.add_const(f"{PRIME}_starts", np.array([0], np.int64)), a.add_const(f"{PRIME}_ends", np.array([1], np.int64))
+    read = a.add_tensor(PRIME_READ, "float32", (1,))
+    a.add_node(PRIME_READ, "Slice", [prime, starts, ends], [read])
+    a.nodes.extend(graph.nodes)
+    return a.finish()
