@@ -102,9 +102,9 @@ def _primed(planned: Graph, budget: int, ort_arena: OrtArena, need: int) -> tupl
         peak = analyze(primed).peak_bytes
         if peak > budget:
             continue
-        need = ort_arena.need(primed)
-        if need < best[3]:
-            best = (nbytes, primed, peak, need)
+        primed_need = ort_arena.need(primed)
+        if primed_need < best[3]:
+            best = (nbytes, primed, peak, primed_need)
     return best if best[0] else (0, None, 0, 0)
 
 
