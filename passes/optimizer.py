@@ -31,33 +31,21 @@ class OptimizerOptions:
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
             raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.kind!r}")
-        checks = [("--lr", self.lr, self.lr > 0), ("--momentum", self.momentum, 0 <= self.momentum < 1),
-                  ("--beta1", self.beta1, 0 <= self.beta1 < 1), ("--beta2", self.beta2, 0 <= self.beta2 < 1),
-                  ("--weight-decay", self.weight_decay, self.weight_decay >= 0), ("eps", self.eps, self.eps > 0)]
-        for flag, value, ok in checks:
-            if not (ok and math.isfinite(value)):
+        rules = {"--lr": lambda v: v > 0, "--momentum": lambda v: 0 <= v < 1, "--beta1": lambda v: 0 <= v < 1,
+                 "--beta2": lambda v: 0 <= v < 1, "--weight-decay": lambda v: v >= 0, "eps": lambda v: v > 0}
+        values = {"--lr": self.lr, "--momentum": self.momentum, "--beta1": self.beta1, "--beta2": self.beta2,
+                  "--weight-decay": self.weight_decay, "eps": self.eps}
+        for flag, value in values.items():
+            if not (rules[flag](value) and math.isfinite(value)):
                 raise UsageError(f"{flag} {value} is out of range (lr > 0; momentum, betas in [0, 1); decay >= 0)")
-        # the step writes them as float32 constants: 1e39 became inf, 1e-50 zero and 0.9999999999 one,
-        # and training silently went NaN or stood still (fuzzed, stop 50)
-        for flag, value, _ in checks:
-            if not _f32_ok(flag, value):
-                with np.errstate(over="ignore", under="ignore"):
-                    as32 = float(np.float32(value))
+        for flag, value in values.items():
+            # the step writes it as a float32 constant: 1e39 became inf, 1e-50 zero and 0.9999999999
+            # one, and training silently went NaN or stood still (fuzzed, stop 50)
+            with np.errstate(over="ignore", under="ignore"):
+                as32 = float(np.float32(value))
+            if not (rules[flag](as32) and math.isfinite(as32)):
                 raise UsageError(f"{flag} {value} is {as32:g} as the float32 the training step computes in "
                                  "(lr > 0; momentum, betas below 1; decay finite); pick a value float32 holds")
-
-
-def _f32_ok(flag: str, value: float) -> bool:
-    """Does ``value`` keep its meaning as a float32 constant of the training step?"""
-    with np.errstate(over="ignore", under="ignore"):
-        v = float(np.float32(value))
-    if not math.isfinite(v):
-        return False
-    if flag in ("--lr", "eps"):
-        return v > 0
-    if flag in ("--momentum", "--beta1", "--beta2"):
-        return v < 1
-    return True
 
 
 @dataclass(frozen=True)

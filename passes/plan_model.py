@@ -88,14 +88,14 @@ class PlannedModel:
 PRIME_FRACTIONS = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
-def _primed(planned: Graph, budget: int, ort_arena: OrtArena, need: int) -> tuple[int, Graph | None, int, int]:
+def _primed(planned: Graph, peak: int, budget: int, ort_arena: OrtArena,
+            need: int) -> tuple[int, Graph | None, int, int]:
     """(primer bytes, primed graph, its peak, its arena need) of the primer of ``PRIME_FRACTIONS``
     whose replay needs the least arena, among those that keep the peak within ``budget``;
-    (0, None, 0, 0) when none needs less than ``need``, ``planned``'s as it is."""
-    lv = analyze(planned)
+    (0, None, 0, 0) when none needs less than ``need``, ``planned``'s (whose peak is ``peak``) as it is."""
     best = (0, None, 0, need)
     for fraction in PRIME_FRACTIONS:
-        nbytes = int(lv.dynamic_peak * fraction) // 256 * 256
+        nbytes = int((peak - planned.base_bytes) * fraction) // 256 * 256
         if nbytes < MIN_PRIME_BYTES:
             continue
         primed = prime_arena(planned, nbytes)
@@ -188,7 +188,7 @@ def plan_graph(
                 return PlannedModel(graph, problem, lowering, result, budget, events, planned, peak, own)
             primed = 0
             if need > budget and not pin:  # a primer's region may hold what the arena's regions could not
-                primed, planned_p, peak_p, need_p = _primed(planned, budget, ort_arena, need)
+                primed, planned_p, peak_p, need_p = _primed(planned, peak, budget, ort_arena, need)
                 if primed:
                     log.info("ORT's arena needs %d bytes for the plan, %d with a %d-byte primer", need, need_p, primed)
                     planned, peak, need = planned_p, peak_p, need_p

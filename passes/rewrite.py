@@ -20,7 +20,7 @@ import numpy as np
 
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
 from planner.errors import PlannerError
-from planner.graph import NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
+from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, TensorKind
 
 
 #: Optional outputs a computation may omit when the plan reads that output only from another copy
@@ -331,15 +331,14 @@ def prime_arena(graph: Graph, nbytes: int) -> Graph:
     1.3-2.1x on convnets planned at 60%). The primer's region comes first; later buffers are carved
     out of it and merge back into it (mobilenetv2 at 60%: 1.63 -> 1.06x its peak on CPU ORT's arena,
     bench/arena_priming.py). ``passes.plan_model`` picks ``nbytes`` with planner/arena.py's replay."""
-    from planner.graph import GraphAppender
-
     if nbytes < MIN_PRIME_BYTES:
         raise ValueError(f"an arena primer of {nbytes} bytes is below {MIN_PRIME_BYTES}")
     a = GraphAppender(graph)
     shape = a.add_const(f"{PRIME}_shape", np.array([nbytes // 4], dtype=np.int64))
     prime = a.add_tensor(PRIME, "float32", (nbytes // 4,))
     a.add_node(PRIME, "ConstantOfShape", [shape], [prime])
-    starts, ends = a.add_const(f"{PRIME}_starts", np.array([0], np.int64)), a.add_const(f"{PRIME}_ends", np.array([1], np.int64))
+    starts = a.add_const(f"{PRIME}_starts", np.array([0], np.int64))
+    ends = a.add_const(f"{PRIME}_ends", np.array([1], np.int64))
     read = a.add_tensor(PRIME_READ, "float32", (1,))
     a.add_node(PRIME_READ, "Slice", [prime, starts, ends], [read])
     a.nodes.extend(graph.nodes)

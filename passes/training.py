@@ -56,11 +56,10 @@ class SyntheticTask:
         self.rng = np.random.default_rng(seed)
         self.inputs = [forward.tensors[t] for t in forward.inputs]
         cls = _classifier(forward)
-        labels_t = next((t for t in self.inputs if cls is not None and t.name == cls[0]), None)
+        batch = next((t.shape[:1] for t in self.inputs if cls is not None and t.name == cls[0]), ())
         # a float input with the labels' batch as its first dim is a sample; any other (a scale, a
         # mask of another shape) is drawn at random each step (its prototypes broke, fuzzed stop 50)
-        floats = [t for t in self.inputs if t.dtype.startswith("float") and labels_t is not None
-                  and len(t.shape) >= 1 and len(labels_t.shape) >= 1 and t.shape[0] == labels_t.shape[0]]
+        floats = [t for t in self.inputs if t.dtype.startswith("float") and batch and t.shape[:1] == batch]
         self.task = "prototypes" if cls is not None and floats else "fixed batch"
         if self.task == "prototypes":
             self.labels, classes = cls
