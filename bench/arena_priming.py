@@ -6,8 +6,8 @@ Under ``kSameAsRequested`` every arena extension is a region of exactly the requ
 different regions never merge: a plan's many differently sized buffers leave the arena far above
 the plan's peak (bench/results/gpu_zoo_prep_stop50.md: 1.3-2.1x on plans at 60% of convnets). Priming
 puts a ConstantOfShape of FRACTION x (the file's live peak) first, read once by a 1-element Slice so
-that ORT frees it at once: the arena's first region is then that large, and later buffers are
-carved out of it and merge back into it when freed.
+that ORT frees it at once (``passes.rewrite.prime_arena``): the arena's first region is then that
+large, and later buffers are carved out of it and merge back into it when freed.
 
 For each file (default FRACTION 0.9): the least arena limit under which ORT runs it on the CPU
 provider (``passes.verify.runs_under_arena``: an env arena with ``max_mem`` = the limit, the same
@@ -22,50 +22,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import onnx  # noqa: E402
-from onnx import helper, numpy_helper  # noqa: E402
 
 import models  # noqa: E402
+from bench.arena_limit import least_limit as least_measured  # noqa: E402
+from passes.onnx_export import write_model  # noqa: E402
 from passes.onnx_import import import_model  # noqa: E402
-from passes.verify import runs_under_arena  # noqa: E402
+from passes.rewrite import prime_arena  # noqa: E402
 from planner.arena import least_limit, reserved_bytes, run_events, session_allocations  # noqa: E402
 from planner.liveness import MemoryModel, analyze  # noqa: E402
-
-
-def primed(path: str, nbytes: int, out: str) -> None:
-    """``path`` with a float buffer of ``nbytes`` made first and freed after one 1-element read."""
-    m = onnx.load(path)
-    for name, value in (("memplan_prime_shape", [nbytes // 4]), ("memplan_prime_starts", [0]),
-                        ("memplan_prime_ends", [1])):
-        m.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
-    first = [helper.make_node("ConstantOfShape", ["memplan_prime_shape"], ["memplan_prime"], name="memplan_prime"),
-             helper.make_node("Slice", ["memplan_prime", "memplan_prime_starts", "memplan_prime_ends"],
-                              ["memplan_prime_read"], name="memplan_prime_read")]
-    nodes = list(m.graph.node)
-    del m.graph.node[:]
-    m.graph.node.extend(first + nodes)
-    onnx.save(m, out)
-
-
-def least_measured(path: str, feeds: dict, hint: int, strategy: int, resolution: int) -> int:
-    def runs(limit: int) -> bool:
-        return runs_under_arena(path, feeds, limit, strategy)[0]
-
-    hi = hint
-    while not runs(hi):
-        hi = int(hi * 1.15)
-    lo = int(hi * 0.85)
-    while runs(lo):
-        hi, lo = lo, int(lo * 0.85)
-    while hi - lo > resolution:
-        mid = (lo + hi) // 2
-        hi, lo = (mid, lo) if runs(mid) else (hi, mid)
-    return hi
 
 
 def main() -> None:
@@ -85,11 +54,11 @@ def main() -> None:
                                 resolution=4096)
         feeds = models.example_feeds(onnx.load(path, load_external_data=False), seed=0)
         resolution = max(4096, peak // 500)
-        plain = least_measured(path, feeds, predicted, args.strategy, resolution)
+        plain = least_measured(path, feeds, args.strategy, predicted, resolution)
         with tempfile.TemporaryDirectory() as tmp:
             out = str(Path(tmp) / "primed.onnx")
-            primed(path, int((peak - base) * fraction) // 256 * 256, out)
-            with_prime = least_measured(out, feeds, plain, args.strategy, resolution)
+            write_model(prime_arena(g, int((peak - base) * fraction) // 256 * 256), out)
+            with_prime = least_measured(out, feeds, args.strategy, plain, resolution)
         print(f"| {Path(path).name} | {peak} | {predicted / peak:.3f} | {plain / peak:.3f} | {fraction:g} | "
               f"{with_prime / peak:.3f} |", flush=True)
 

@@ -22,13 +22,13 @@ pass); the smallest ``gpu_mem_limit`` it runs under (``arena_extend_strategy=kSa
 the planned session options: DESIGN.md's CUDA recipe), bisected with one fresh session per probe.
 A sample of the limits is checked again in fresh processes. Then, one process and model at a time,
 step times: the original and each planned file alternately, median of 15 runs. ``GPU_ZOO_DRY_RUN=N``
-runs the code paths on CPU, a limit of N bytes or more counting as fitting.
+runs the code paths on CPU, a limit of N bytes or more counting as fitting (the fresh-process
+checks, gpu_check's, need CUDA and say False there).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -40,6 +40,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.gpu_check import _diff, run_once  # noqa: E402  (compared and re-run as gpu_check does)
 
 PLAN_DEVICE = "H200"
 DRY_RUN = int(os.environ.get("GPU_ZOO_DRY_RUN", "0"))
@@ -322,35 +324,6 @@ def _least(probe, hint: int, resolution: int) -> dict:
     return {"least_limit": hi, "failed_at": lo, "error_below": last_error, "probes": probes}
 
 
-_CHILD = r"""
-import sys, numpy as np
-sys.path.insert(0, {root!r})
-from bench.gpu_zoo import _runs
-ok, err = _runs(sys.argv[1], dict(np.load(sys.argv[2])), int(sys.argv[3]))
-print("OK" if ok else "FAIL " + err)
-"""
-
-
-def fresh_process_runs(path: str, feeds_path: str, limit: int) -> bool:
-    p = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(ROOT)), path, feeds_path, str(limit)],
-                       capture_output=True, text=True, timeout=300)
-    return p.stdout.strip().startswith("OK")
-
-
-def _diff(a: dict, b: dict) -> dict:
-    worst_abs = worst_rel = 0.0
-    for name in sorted(set(a) & set(b)):
-        x, y = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
-        if x.shape != y.shape:
-            return {"max_abs": math.inf, "max_rel": math.inf, "compared": name + ": shape differs"}
-        if x.size:
-            d = np.abs(x - y)
-            worst_abs = max(worst_abs, float(d.max()))
-            worst_rel = max(worst_rel, float((d / np.maximum(np.abs(y), 1e-3 * max(1e-30, float(np.abs(y).max())))).max()))
-    return {"max_abs": worst_abs, "max_rel": worst_rel, "bit_identical": worst_abs == 0.0,
-            "compared": len(set(a) & set(b))}
-
-
 def step_times(files: list[str], feeds_path: str, rounds: int = 15) -> list[float]:
     feeds = dict(np.load(feeds_path))
     sessions = [_session(f, 0) for f in files]
@@ -455,8 +428,8 @@ def run(args) -> None:
             least = (p.get("run") or {}).get("least_limit")
             if least and checked < args.cross_checks:
                 f = str(d / p["file"])
-                p["fresh_process"] = {"at_least": fresh_process_runs(f, feeds_of[name], least),
-                                      "below": fresh_process_runs(f, feeds_of[name], least - (64 << 10))}
+                p["fresh_process"] = {"at_least": run_once(f, feeds_of[name], least)["ok"],
+                                      "below": run_once(f, feeds_of[name], least - (64 << 10))["ok"]}
                 checked += 1
     save()
     print(f"[{time.time() - t_start:5.0f} s] limits done; step times", flush=True)
