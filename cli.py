@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import sys
 from typing import Any, Callable
 
@@ -438,6 +439,11 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
         least_bytes=least, best_bytes=best if found else None)
 
 
+def _wall_cap(seconds: float | None) -> float | None:
+    """--wall-cap -> PlannerOptions.wall_cap (0: no cap; None: the default)."""
+    return math.inf if seconds == 0 else seconds
+
+
 # ---- check -----------------------------------------------------------------------------------
 def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, deterministic: bool = False,
                   ort_arena: str | None = None):
@@ -834,7 +840,11 @@ def _resolve_budget(text: str, problem) -> int:
 FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
                     "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
 DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
-                      "the same plan comes back on any machine and under any load (the wall time then varies).")
+                      "the same plan comes back on any machine and under any load (the wall time then varies, "
+                      "up to --wall-cap).")
+WALL_CAP_HELP = ("With --deterministic: stop the solve after this many wall seconds whatever its deterministic "
+                 "clock says, and say so (that plan may differ on another machine); 0: no cap. "
+                 "Default: 10 x --time-limit, at least 60.")
 ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runtime's arena (gpu_mem_limit on CUDA, "
                   "an arena's max_mem on CPU) with this arena_extend_strategy: keep only a plan that the arena's "
                   "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak; --device "
@@ -870,6 +880,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
+@click.option("--wall-cap", type=FiniteFloat(min=0), default=None, help=WALL_CAP_HELP)
 @click.option("--swap-bandwidth", type=FiniteFloat(), default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
@@ -889,7 +900,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
 def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, add_loss, time_limit, seed,
-         workers, max_computations, fixed_order, deterministic, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, ort_arena,
+         workers, max_computations, fixed_order, deterministic, wall_cap, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, ort_arena,
          max_batch, batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
@@ -920,8 +931,11 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if swap_bandwidth is not None and not is_remat_json(model):
         raise UsageError("--swap-bandwidth applies to JSON graphs; an ONNX model swaps over its --device's host link "
                          "with --swap")
+    if wall_cap is not None and not deterministic:
+        raise UsageError("--wall-cap caps a --deterministic solve; add --deterministic (--time-limit caps the wall "
+                         "time otherwise)")
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
-                             reorder=not fixed_order, work_limit=deterministic)
+                             reorder=not fixed_order, work_limit=deterministic, wall_cap=_wall_cap(wall_cap))
     profile = [costs] if costs not in ("device", "measured") else []  # an ORT profile is read too
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model, *profile], models=("--emit",))
     if costs != "device" and is_remat_json(model):
@@ -1284,6 +1298,7 @@ def _bench_group() -> click.Group:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
+@click.option("--wall-cap", type=FiniteFloat(min=0), default=None, help=WALL_CAP_HELP)
 @click.option("--swap-bandwidth", type=FiniteFloat(), default=None,
               help="Host link in bytes per cost unit: buffers may also be swapped out and back (off by default).")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True,
@@ -1293,7 +1308,7 @@ def _bench_group() -> click.Group:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 @handles_errors
 def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, deterministic,
-                swap_bandwidth, swap_overlap, output, md_path, as_json) -> None:
+                wall_cap, swap_bandwidth, swap_overlap, output, md_path, as_json) -> None:
     """keep/recompute (with --swap-bandwidth also swap) strategies on the Checkmate/Moccasin train graphs at a
     sweep of budgets."""
     from pathlib import Path
@@ -1324,8 +1339,11 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
         raise UsageError(f"--graph {err.args[0]!r} is not one of {', '.join(remat_bench.TRAIN_GRAPHS)}") from None
     if not found:
         raise UsageError(f"no remat train graphs found in {folder}")
+    if wall_cap is not None and not deterministic:
+        raise UsageError("--wall-cap caps a --deterministic solve; add --deterministic (--time-limit caps the wall "
+                         "time otherwise)")
     options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order,
-                             work_limit=deterministic)
+                             work_limit=deterministic, wall_cap=_wall_cap(wall_cap))
     rows = remat_bench.run(found, fractions, strats, options,
                            load=lambda path: _load_planning_problem(str(path), swap_bandwidth, swap_overlap))
     obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,

@@ -6,19 +6,36 @@ on this 2-core machine: +10.03% and +6.72%). On the *work clock* (``PlannerOptio
 ``memplan plan --deterministic``) the limit counts CP-SAT's deterministic time instead: every
 solver run gets its share as ``max_deterministic_time`` and charges what it used; nothing else
 (greedies, model building) advances the clock, so every decision the planner takes on "time
-left" is the same on every machine and under any load. The wall time such a solve takes varies.
+left" is the same on every machine and under any load. The wall time such a solve takes varies,
+and CP-SAT's deterministic seconds can run far slower than wall ones: the lstm fixture (batch 32,
+2294 fused nodes) at 80% spent 60 wall s on 2.6 deterministic ones, and a ``--time-limit 5``
+solve took 532 s. So the work clock has a wall cap too (``PlannerOptions.wall_cap``): past it,
+every solver run stops and the clock jumps past every deadline, so the solve ends with what it
+has and :func:`capped` says so (that plan may then differ on another machine).
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+#: How far the work clock jumps once its wall cap is passed: past any deadline a solve sets.
+CAPPED_JUMP = 1e9
+
+
 class _Work:
-    def __init__(self) -> None:
+    def __init__(self, wall_cap: float) -> None:
         self.spent = 0.0  # deterministic seconds charged so far
         self.wall0 = _wall()
+        self.wall_cap = wall_cap  # wall seconds after which the clock jumps (math.inf: never)
+        self.capped = False
+
+    def check_cap(self) -> None:
+        if not self.capped and _wall() - self.wall0 > self.wall_cap:
+            self.capped = True
+            self.spent += CAPPED_JUMP
 
 
 _work: _Work | None = None
@@ -27,7 +44,10 @@ _wall = time.perf_counter  # the wall clock (a test may slow it down)
 
 def now() -> float:
     """The limit's clock, in seconds (only differences between readings mean anything)."""
-    return _wall() if _work is None else _work.spent
+    if _work is None:
+        return _wall()
+    _work.check_cap()
+    return _work.spent
 
 
 def on_work_clock() -> bool:
@@ -40,16 +60,25 @@ def charge(seconds: float) -> None:
         _work.spent += max(0.0, float(seconds))
 
 
+def capped() -> bool:
+    """The work clock passed its wall cap (False on the wall clock)."""
+    if _work is None:
+        return False
+    _work.check_cap()
+    return _work.capped
+
+
 def wall_since(start: float) -> float:
     """Wall seconds since ``start`` (a :func:`now` reading); on the work clock, since it started."""
     return _wall() - (start if _work is None else _work.wall0)
 
 
 @contextmanager
-def work_clock() -> Iterator[None]:
-    """Run the block on a fresh work clock (nested: the outer one's stays as it was)."""
+def work_clock(wall_cap: float = math.inf) -> Iterator[None]:
+    """Run the block on a fresh work clock (nested: the outer one's stays as it was) that jumps
+    past every deadline once ``wall_cap`` wall seconds have passed."""
     global _work
-    outer, _work = _work, _Work()
+    outer, _work = _work, _Work(wall_cap)
     try:
         yield
     finally:
@@ -62,3 +91,5 @@ def limit_solver(parameters, seconds: float) -> None:
         parameters.max_time_in_seconds = max(0.05, float(seconds))
     else:
         parameters.max_deterministic_time = max(0.05, float(seconds))
+        if math.isfinite(_work.wall_cap):
+            parameters.max_time_in_seconds = max(0.05, _work.wall_cap - (_wall() - _work.wall0))

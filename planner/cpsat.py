@@ -65,6 +65,11 @@ class PlannerOptions:
     # Count ``time_limit`` on the work clock: the same plan on any machine and under any load,
     # where a wall-clock limit may cut the search at another point (planner/clock.py).
     work_limit: bool = False
+    # With ``work_limit``: wall seconds after which the solve stops anyway and says so (its plan
+    # may then differ on another machine); None: WALL_CAP_FACTOR times ``time_limit``, at least
+    # MIN_WALL_CAP_S; math.inf: no cap. CP-SAT's deterministic seconds ran 23x slower than wall
+    # ones on the lstm fixture (planner/clock.py).
+    wall_cap: float | None = None
     # CP-SAT search workers; the product targets 2-core machines.
     workers: int = 2
     # Fixed seed: with the same workers, the same plan (search is interleaved, not racing).
@@ -197,6 +202,19 @@ class PlannerOptions:
     solver_params: tuple[tuple[str, object], ...] = ()
     # Solver log on stderr (debugging).
     log_search: bool = False
+
+    def wall_cap_s(self) -> float:
+        """The work clock's wall cap in seconds (see ``wall_cap``)."""
+        if self.wall_cap is not None:
+            return self.wall_cap
+        return max(MIN_WALL_CAP_S, WALL_CAP_FACTOR * self.time_limit)
+
+
+#: The work clock's default wall cap: this many times the time limit, at least MIN_WALL_CAP_S.
+#: Wall seconds of ``memplan plan --budget 70% --time-limit 5 --deterministic`` here: RL100 and
+#: ResNet50 3.1 s, RL250 18 s, RL1000 past the 60 s cap; the lstm fixture (batch 32) at 80% took
+#: 532 s uncapped, 62 s capped, with the same +3.50% plan.
+WALL_CAP_FACTOR, MIN_WALL_CAP_S = 10.0, 60.0
 
 
 @dataclass

@@ -102,6 +102,7 @@ class SolverStats:
     workers: int | None = None
     phases: tuple[Mapping[str, Any], ...] = ()  # per CP-SAT phase: name, status, wall_s, objective
     clock: str = "wall"  # what the time limit counted: wall seconds, or "work" (planner/clock.py)
+    wall_capped: bool = False  # on the work clock: its wall cap stopped the solve (planner/clock.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +112,7 @@ class SolverStats:
             "seed": self.seed,
             "workers": self.workers,
             "clock": self.clock,
+            **({"wall_capped": self.wall_capped} if self.clock == "work" else {}),
             "phases": [dict(p) for p in self.phases],
         }
 

@@ -85,8 +85,9 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if options.work_limit and not clock.on_work_clock():
-        with clock.work_clock():
-            return solve(problem, budget, strategy, options)
+        with clock.work_clock(options.wall_cap_s()):
+            res = solve(problem, budget, strategy, options)
+            return _wall_capped(res, options) if clock.capped() else res
     t0 = clock.now()
     if strategy != "cpsat":
         return _baseline_result(problem, budget, strategy, options, t0)
@@ -129,6 +130,16 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
         res = _any_order(problem, res, options, t0 + options.time_limit)
     # the whole solve's time, last resorts included
     return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
+
+
+def _wall_capped(res: SolveResult, options: PlannerOptions) -> SolveResult:
+    """``res`` of a solve that its work clock's wall cap cut short, saying so."""
+    said = (f"the work clock's wall cap ({options.wall_cap_s():g} s) stopped the solve before its "
+            f"--time-limit of deterministic seconds, so another machine may return another plan "
+            f"(raise --wall-cap, or 0 for none)")
+    log.warning("%s", said)
+    return replace(res, note=f"{res.note}; {said}" if res.note else said,
+                   solver=replace(res.solver, wall_capped=True))
 
 
 def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, end: float) -> SolveResult:
