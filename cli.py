@@ -439,8 +439,11 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
         least_bytes=least, best_bytes=best if found else None)
 
 
-def _wall_cap(seconds: float | None) -> float | None:
+def _wall_cap(seconds: float | None, deterministic: bool) -> float | None:
     """--wall-cap -> PlannerOptions.wall_cap (0: no cap; None: the default)."""
+    if seconds is not None and not deterministic:
+        raise UsageError("--wall-cap caps a --deterministic solve; add --deterministic (--time-limit caps the wall "
+                         "time otherwise)")
     return math.inf if seconds == 0 else seconds
 
 
@@ -931,11 +934,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if swap_bandwidth is not None and not is_remat_json(model):
         raise UsageError("--swap-bandwidth applies to JSON graphs; an ONNX model swaps over its --device's host link "
                          "with --swap")
-    if wall_cap is not None and not deterministic:
-        raise UsageError("--wall-cap caps a --deterministic solve; add --deterministic (--time-limit caps the wall "
-                         "time otherwise)")
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
-                             reorder=not fixed_order, work_limit=deterministic, wall_cap=_wall_cap(wall_cap))
+                             reorder=not fixed_order, work_limit=deterministic,
+                             wall_cap=_wall_cap(wall_cap, deterministic))
     profile = [costs] if costs not in ("device", "measured") else []  # an ORT profile is read too
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model, *profile], models=("--emit",))
     if costs != "device" and is_remat_json(model):
@@ -1339,11 +1340,8 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
         raise UsageError(f"--graph {err.args[0]!r} is not one of {', '.join(remat_bench.TRAIN_GRAPHS)}") from None
     if not found:
         raise UsageError(f"no remat train graphs found in {folder}")
-    if wall_cap is not None and not deterministic:
-        raise UsageError("--wall-cap caps a --deterministic solve; add --deterministic (--time-limit caps the wall "
-                         "time otherwise)")
     options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order,
-                             work_limit=deterministic, wall_cap=_wall_cap(wall_cap))
+                             work_limit=deterministic, wall_cap=_wall_cap(wall_cap, deterministic))
     rows = remat_bench.run(found, fractions, strats, options,
                            load=lambda path: _load_planning_problem(str(path), swap_bandwidth, swap_overlap))
     obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,
