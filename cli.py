@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import math
+import os
 import sys
 from typing import Any, Callable
 
@@ -26,6 +27,8 @@ from planner.errors import (
 log = logging.getLogger("memplan")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_MODEL, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+#: `memplan ... | head`: the reader left; the shell status of a process killed by SIGPIPE (128 + 13).
+EXIT_BROKEN_PIPE = 141
 
 
 def _exit_code(err: PlannerError) -> int:
@@ -53,6 +56,11 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except FileNotFoundError as err:
             click.echo(f"memplan: error: {err.filename or err}: no such file", err=True)
             sys.exit(EXIT_USAGE)
+        except BrokenPipeError:
+            # the reader of stdout left (`memplan ... | head`): end quietly, as a tool killed by
+            # SIGPIPE would (its files are written by then), not as a usage error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(EXIT_BROKEN_PIPE)
         except MemoryError:
             click.echo("memplan: error: out of host memory; try a smaller model size or batch", err=True)
             sys.exit(EXIT_FAILED)
@@ -92,13 +100,17 @@ class OneLineErrors(click.Group):
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
-def plan_digest(obj: dict) -> str:
+def plan_digest(obj: dict, legacy: bool = False) -> str:
     """SHA-256 of a plan object's fields, as canonical JSON: unchanged by reformatting the file,
-    changed by any edit of a value. Left out: the digest itself and the solver's report (its wall
-    times differ run to run, so the same plan keeps the same digest; rewrite reads none of it)."""
+    changed by any edit of a value. Left out: the digest itself, the solver's report and the
+    arena placement's seconds (wall times differ run to run, so the same plan keeps the same
+    digest; rewrite reads none of it). ``legacy``: as plans written before stop 51 digested it,
+    with the arena's seconds in."""
     import hashlib
 
     body = {k: v for k, v in obj.items() if k not in ("plan_digest", "solver")}
+    if not legacy and isinstance(body.get("arena"), dict):
+        body["arena"] = {k: v for k, v in body["arena"].items() if k != "seconds"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=_json_default)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -439,12 +451,14 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
         least_bytes=least, best_bytes=best if found else None)
 
 
-def _wall_cap(seconds: float | None, deterministic: bool) -> float | None:
-    """--wall-cap -> PlannerOptions.wall_cap (0: no cap; None: the default)."""
+def _wall_cap(seconds: float | None, deterministic: bool) -> float:
+    """--wall-cap -> PlannerOptions.wall_deadline: one deadline for every solve of the command."""
+    from planner import clock
+
     if seconds is not None and not deterministic:
         raise UsageError("--wall-cap caps a --deterministic solve; add --deterministic (--time-limit caps the wall "
                          "time otherwise)")
-    return math.inf if seconds == 0 else seconds
+    return math.inf if seconds is None else clock.wall_deadline(seconds)
 
 
 # ---- check -----------------------------------------------------------------------------------
@@ -631,11 +645,13 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
 
 
 # ---- train-graph / train (autodiff) ----------------------------------------------------------
-def optimizer_options(f):
-    """Flags shared by train-graph and train: optimizer, its hyper-parameters, --freeze, --dim."""
+def optimizer_options(f, training: bool = False):
+    """Flags shared by train-graph and train: optimizer, its hyper-parameters, --freeze, --dim.
+    ``training`` (memplan train): an update step is needed, so "none" is not offered."""
     for opt in reversed([
-        click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default=None,
-                     help="Append an update step (default: none for train-graph, adam for train)."),
+        click.option("--optimizer", type=click.Choice(["sgd", "adam"] if training else ["none", "sgd", "adam"]),
+                     default=None, help="The update step (default adam)." if training else
+                     "Append an update step (default none: the gradients are the outputs)."),
         click.option("--lr", type=FiniteFloat(), default=None, help="Learning rate (default 0.01 sgd, 0.003 adam)."),
         click.option("--momentum", type=FiniteFloat(), default=0.0, show_default=True, help="SGD momentum."),
         click.option("--beta1", type=FiniteFloat(), default=0.9, show_default=True, help="Adam beta1."),
@@ -718,7 +734,7 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
 
 @main.command("train")
 @click.argument("model")
-@optimizer_options
+@functools.partial(optimizer_options, training=True)
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1), help="Optimizer steps.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed of the synthetic data and of ORT's random ops (Dropout).")
@@ -843,11 +859,11 @@ def _resolve_budget(text: str, problem) -> int:
 FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
                     "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
 DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
-                      "the same plan comes back on any machine and under any load (the wall time then varies, "
-                      "up to --wall-cap).")
-WALL_CAP_HELP = ("With --deterministic: stop the solve after this many wall seconds whatever its deterministic "
-                 "clock says, and say so (that plan may differ on another machine); 0: no cap. "
-                 "Default: 10 x --time-limit, at least 60.")
+                      "the same plan comes back on any machine and under any load (the wall time then varies: "
+                      "on large models 10-100x the limit).")
+WALL_CAP_HELP = ("With --deterministic: stop planning once the command has run this many wall seconds, whatever "
+                 "the deterministic clock says, and say so (that plan may then differ on another machine). "
+                 "Default: no cap.")
 ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runtime's arena (gpu_mem_limit on CUDA, "
                   "an arena's max_mem on CPU) with this arena_extend_strategy: keep only a plan that the arena's "
                   "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak; --device "
@@ -859,7 +875,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 
 @main.command()
 @click.argument("model")
-@click.option("--budget", "budget_text", required=True, help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%).")
+@click.option("--budget", "budget_text", default=None,
+              help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%); required but with --sweep.")
 @click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True)
 @click.option("--device", "device_name", default="H100", show_default=True,
               help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
@@ -883,7 +900,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
-@click.option("--wall-cap", type=FiniteFloat(min=0), default=None, help=WALL_CAP_HELP)
+@click.option("--wall-cap", type=FiniteFloat(min=0, min_open=True), default=None, help=WALL_CAP_HELP)
 @click.option("--swap-bandwidth", type=FiniteFloat(), default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
@@ -895,7 +912,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               "check the budget against the arena height.")
 @click.option("--ort-arena", "ort_arena", type=click.Choice(["next-power-of-two", "same-as-requested"]), default=None,
               help=ORT_ARENA_HELP)
-@click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits, unplanned and planned.")
+@click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits an absolute --budget "
+              "(e.g. 8GiB), unplanned and planned.")
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen; --budget is ignored.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
@@ -918,7 +936,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     from planner.problem import is_remat_json
     from planner.units import format_bytes, format_gap, parse_budget
 
-    budget_spec = parse_budget(budget_text)
+    if budget_text is None and not sweep_png:
+        raise UsageError("missing --budget B: bytes with a unit (8GiB) or a percentage of the unplanned peak (60%)")
+    budget_spec = parse_budget(budget_text) if budget_text is not None else None
     if lr is not None and optimizer == "none":
         raise UsageError("--lr is the optimizer step's learning rate; add --optimizer sgd or adam (or drop --lr)")
     lr = lr if lr is not None else (0.003 if optimizer == "adam" else 0.01)  # train-graph's defaults
@@ -936,7 +956,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                          "with --swap")
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
                              reorder=not fixed_order, work_limit=deterministic,
-                             wall_cap=_wall_cap(wall_cap, deterministic))
+                             wall_deadline=_wall_cap(wall_cap, deterministic))
     profile = [costs] if costs not in ("device", "measured") else []  # an ORT profile is read too
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model, *profile], models=("--emit",))
     if costs != "device" and is_remat_json(model):
@@ -956,6 +976,11 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         if unused:
             raise UsageError(f"{unused[0]} applies to one plan; {mode} writes no plan or model (plan one batch "
                              "with --dim batch=N, or one budget, to use it)")
+    if not max_batch:
+        lone = [flag for flag, given in (("--max-added-time", max_added_pct is not None),
+                                         ("--batch-dim", batch_dim != "batch")) if given]
+        if lone:
+            raise UsageError(f"{lone[0]} applies to --max-batch; add --max-batch (or drop {lone[0]})")
     if costs != "device" and max_batch:
         raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
                          "(or plan one batch with --dim batch=N --costs ...)")
@@ -1245,7 +1270,7 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
         raise UsageError(f"{plan_path}: not a plan JSON file ({err})") from None
     if not isinstance(obj, dict) or obj.get("schema") != "memplan.plan/1" or "model_fingerprint" not in obj:
         raise UsageError(f"{plan_path}: not a memplan.plan/1 plan of an ONNX model; write one with memplan plan -o")
-    if obj.get("plan_digest", plan_digest(obj)) != plan_digest(obj):
+    if obj.get("plan_digest", plan_digest(obj)) not in (plan_digest(obj), plan_digest(obj, legacy=True)):
         raise UsageError(f"{plan_path} was changed after memplan plan wrote it (its plan_digest no longer matches "
                          "its fields); make a new plan with memplan plan -o")
     train = obj.get("train")
@@ -1299,7 +1324,6 @@ def _bench_group() -> click.Group:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
-@click.option("--wall-cap", type=FiniteFloat(min=0), default=None, help=WALL_CAP_HELP)
 @click.option("--swap-bandwidth", type=FiniteFloat(), default=None,
               help="Host link in bytes per cost unit: buffers may also be swapped out and back (off by default).")
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True,
@@ -1309,7 +1333,7 @@ def _bench_group() -> click.Group:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 @handles_errors
 def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, deterministic,
-                wall_cap, swap_bandwidth, swap_overlap, output, md_path, as_json) -> None:
+                swap_bandwidth, swap_overlap, output, md_path, as_json) -> None:
     """keep/recompute (with --swap-bandwidth also swap) strategies on the Checkmate/Moccasin train graphs at a
     sweep of budgets."""
     from pathlib import Path
@@ -1341,7 +1365,7 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     if not found:
         raise UsageError(f"no remat train graphs found in {folder}")
     options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, reorder=not fixed_order,
-                             work_limit=deterministic, wall_cap=_wall_cap(wall_cap, deterministic))
+                             work_limit=deterministic)
     rows = remat_bench.run(found, fractions, strats, options,
                            load=lambda path: _load_planning_problem(str(path), swap_bandwidth, swap_overlap))
     obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,

@@ -91,7 +91,7 @@ def prep(args) -> None:
         for pct in (int(x) for x in args.budgets.split(",")):
             stem = out / f"{name}.p{pct}"
             common = ["plan", spec, *dim_args, "--budget", f"{pct}%", "--device", PLAN_DEVICE,
-                      "--time-limit", str(args.time_limit), "--deterministic",
+                      "--time-limit", str(args.time_limit), "--deterministic", "--wall-cap", "120",
                       "--emit", f"{stem}.onnx", "-o", f"{stem}.json"]
             kind = "arena"
             t0 = time.time()

@@ -45,4 +45,22 @@ def load_spec(spec: str) -> onnx.ModelProto:
     return build(name, **options)
 
 
-__all__ = ["ZOO", "ZooModel", "build", "example_feeds", "format_spec", "load_spec", "parse_spec"]
+def with_dims(spec: str, dims: Mapping[str, int]) -> tuple[str, dict[str, int]]:
+    """(``spec`` with the ``--dim`` values that name one of its model's int options moved into it,
+    the other dims). A zoo model has no symbolic dims: ``zoo:gpt`` with ``--dim batch=32`` (or a
+    check config's ``dims = { batch = 32 }``) is ``zoo:gpt?batch=32``, where before the dim was
+    dropped with a warning and the model planned at its default batch. A dim the name sets to
+    another value is refused."""
+    name, options = parse_spec(spec)
+    model, rest, moved = ZOO[name], {}, False
+    for key, value in dims.items():
+        if key == "size" or key not in model.option_names:
+            rest[key] = value
+            continue
+        if key in options and options[key] != value:
+            raise UsageError(f"{spec} sets {key}={options[key]} and a dim sets {key}={value}; keep one")
+        options[key], moved = value, True
+    return (format_spec(name, options) if moved else spec), rest
+
+
+__all__ = ["ZOO", "ZooModel", "build", "example_feeds", "format_spec", "load_spec", "parse_spec", "with_dims"]

@@ -399,6 +399,14 @@ def import_model(
     initializers ``spec`` holds as stubs (``export_model(..., weights=False)``, or set aside at
     ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name."""
     _ASIDE_VALUES.update(aside or {})
+    if dims and not isinstance(spec, onnx.ModelProto) and str(spec).startswith("zoo:"):
+        import models  # late, as in load_proto
+
+        try:
+            models.parse_spec(str(spec))
+        except PlannerError as err:  # a bad name is a bad model, as in load_proto
+            raise ModelImportError(str(err)) from None
+        spec, dims = models.with_dims(str(spec), dims)  # a dim the name contradicts: a usage error
     try:
         model, _, display = load_proto(spec, weights="mapped")
         roles = torch_export_roles(model)

@@ -9,9 +9,10 @@ solver run gets its share as ``max_deterministic_time`` and charges what it used
 left" is the same on every machine and under any load. The wall time such a solve takes varies,
 and CP-SAT's deterministic seconds can run far slower than wall ones: the lstm fixture (batch 32,
 2294 fused nodes) at 80% spent 60 wall s on 2.6 deterministic ones, and a ``--time-limit 5``
-solve took 532 s. So the work clock has a wall cap too (``PlannerOptions.wall_cap``): past it,
-every solver run stops and the clock jumps past every deadline, so the solve ends with what it
-has and :func:`capped` says so (that plan may then differ on another machine).
+solve took 532 s. So the work clock may have a wall deadline too (``PlannerOptions.wall_deadline``,
+``memplan --wall-cap``, one for the whole command): past it, every solver run stops and the clock
+jumps past every deadline, so the solve ends with what it has and :func:`capped` says so (that
+plan may then differ on another machine).
 """
 from __future__ import annotations
 
@@ -21,19 +22,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-#: How far the work clock jumps once its wall cap is passed: past any deadline a solve sets.
+#: How far the work clock jumps once its wall deadline is passed: past any deadline a solve sets.
 CAPPED_JUMP = 1e9
 
 
 class _Work:
-    def __init__(self, wall_cap: float) -> None:
+    def __init__(self, wall_deadline: float) -> None:
         self.spent = 0.0  # deterministic seconds charged so far
         self.wall0 = _wall()
-        self.wall_cap = wall_cap  # wall seconds after which the clock jumps (math.inf: never)
+        self.wall_deadline = wall_deadline  # the wall reading past which the clock jumps (math.inf: never)
         self.capped = False
 
     def check_cap(self) -> None:
-        if not self.capped and _wall() - self.wall0 > self.wall_cap:
+        if not self.capped and _wall() > self.wall_deadline:
             self.capped = True
             self.spent += CAPPED_JUMP
 
@@ -60,8 +61,13 @@ def charge(seconds: float) -> None:
         _work.spent += max(0.0, float(seconds))
 
 
+def wall_deadline(seconds: float) -> float:
+    """The wall reading ``seconds`` from now: a work clock's ``wall_deadline``."""
+    return _wall() + seconds
+
+
 def capped() -> bool:
-    """The work clock passed its wall cap (False on the wall clock)."""
+    """The work clock passed its wall deadline (False on the wall clock)."""
     if _work is None:
         return False
     _work.check_cap()
@@ -74,11 +80,11 @@ def wall_since(start: float) -> float:
 
 
 @contextmanager
-def work_clock(wall_cap: float = math.inf) -> Iterator[None]:
+def work_clock(wall_deadline: float = math.inf) -> Iterator[None]:
     """Run the block on a fresh work clock (nested: the outer one's stays as it was) that jumps
-    past every deadline once ``wall_cap`` wall seconds have passed."""
+    past every deadline once the wall clock reads past ``wall_deadline`` (:func:`wall_deadline`)."""
     global _work
-    outer, _work = _work, _Work(wall_cap)
+    outer, _work = _work, _Work(wall_deadline)
     try:
         yield
     finally:
@@ -91,5 +97,5 @@ def limit_solver(parameters, seconds: float) -> None:
         parameters.max_time_in_seconds = max(0.05, float(seconds))
     else:
         parameters.max_deterministic_time = max(0.05, float(seconds))
-        if math.isfinite(_work.wall_cap):
-            parameters.max_time_in_seconds = max(0.05, _work.wall_cap - (_wall() - _work.wall0))
+        if math.isfinite(_work.wall_deadline):
+            parameters.max_time_in_seconds = max(0.05, _work.wall_deadline - _wall())

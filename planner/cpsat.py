@@ -65,11 +65,11 @@ class PlannerOptions:
     # Count ``time_limit`` on the work clock: the same plan on any machine and under any load,
     # where a wall-clock limit may cut the search at another point (planner/clock.py).
     work_limit: bool = False
-    # With ``work_limit``: wall seconds after which the solve stops anyway and says so (its plan
-    # may then differ on another machine); None: WALL_CAP_FACTOR times ``time_limit``, at least
-    # MIN_WALL_CAP_S; math.inf: no cap. CP-SAT's deterministic seconds ran 23x slower than wall
-    # ones on the lstm fixture (planner/clock.py).
-    wall_cap: float | None = None
+    # With ``work_limit``: the wall-clock reading (planner.clock.wall_deadline) past which every
+    # solve stops anyway and says so, its plan then possibly another machine's than this one's
+    # (``memplan --wall-cap``); math.inf: none. CP-SAT's deterministic seconds crawl on large
+    # models: the lstm fixture (batch 32) at 80% with --time-limit 5 took 532 s (planner/clock.py).
+    wall_deadline: float = math.inf
     # CP-SAT search workers; the product targets 2-core machines.
     workers: int = 2
     # Fixed seed: with the same workers, the same plan (search is interleaved, not racing).
@@ -119,6 +119,10 @@ class PlannerOptions:
     # Share of phase 2's time its first search gets when the closure bound runs; the bound, the
     # searches guided by it and the node-set search (planner/node_lns.py) follow.
     phase2_share: float = 0.5
+    # Share of phase 2's time the closure bound may take first, searched below the cheapest
+    # fitting plan's cost: where it gets there, that plan is optimal and phase 2 does not run
+    # (planning._fallback_proven).
+    early_proof_share: float = 0.05
     # Share of what the bound leaves for searching first among the plans that recompute only
     # nodes the bound's solution or the best plan recomputes (planning._closure_guided; it stops
     # once optimal there: 0.8 s on RL250 at 70%, +2.079% -> +1.981%).
@@ -202,19 +206,6 @@ class PlannerOptions:
     solver_params: tuple[tuple[str, object], ...] = ()
     # Solver log on stderr (debugging).
     log_search: bool = False
-
-    def wall_cap_s(self) -> float:
-        """The work clock's wall cap in seconds (see ``wall_cap``)."""
-        if self.wall_cap is not None:
-            return self.wall_cap
-        return max(MIN_WALL_CAP_S, WALL_CAP_FACTOR * self.time_limit)
-
-
-#: The work clock's default wall cap: this many times the time limit, at least MIN_WALL_CAP_S.
-#: Wall seconds of ``memplan plan --budget 70% --time-limit 5 --deterministic`` here: RL100 and
-#: ResNet50 3.1 s, RL250 18 s, RL1000 past the 60 s cap; the lstm fixture (batch 32) at 80% took
-#: 532 s uncapped, 62 s capped, with the same +3.50% plan.
-WALL_CAP_FACTOR, MIN_WALL_CAP_S = 10.0, 60.0
 
 
 @dataclass

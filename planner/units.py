@@ -81,6 +81,11 @@ def parse_budget(text: str) -> Budget:
         if not 0 < pct <= 1000:
             raise UsageError(f"budget {text!r} must be a percentage in (0, 1000]")
         return Budget(fraction=pct / 100.0)
+    if m and not m.group(2) and 0 < float(m.group(1)) <= 100:
+        # a forgotten %, far more likely than a budget of a few bytes (which still reads as "70B")
+        t = str(text).strip()
+        also = f", or {t}B for bytes" if float(t).is_integer() else ""
+        raise UsageError(f"budget {text!r} has no unit; write {t}% for a share of the unplanned peak{also}")
     return Budget(bytes=parse_bytes(text, "budget"))
 
 

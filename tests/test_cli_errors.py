@@ -207,8 +207,10 @@ def test_training_flags_that_would_do_nothing(tmp_path):
     (["--max-batch", "--emit", "{tmp}/x.onnx"], "--emit applies to one plan; --max-batch writes no plan"),
     (["--max-batch", "--explain"], "--explain applies to one plan; --max-batch"),
     (["--sweep", "{tmp}/s.png", "-o", "{tmp}/p.json"], "-o applies to one plan; --sweep"),
+    (["--max-added-time", "5"], "--max-added-time applies to --max-batch; add --max-batch"),
+    (["--batch-dim", "seq"], "--batch-dim applies to --max-batch; add --max-batch"),
 ], ids=["swap_on_cpu", "swap_with_greedy", "lr_without_optimizer", "max_batch_emit", "max_batch_explain",
-        "sweep_output"])
+        "sweep_output", "max_added_time_alone", "batch_dim_alone"])
 def test_plan_options_that_would_do_nothing_are_refused(tmp_path, args, says):
     """Each of these was accepted and did nothing, or worse (fuzzed, stop 49): --swap on the cpu
     profile claimed a peak 1.2-2.0x under what the model holds; --max-batch and --sweep wrote none
@@ -216,6 +218,19 @@ def test_plan_options_that_would_do_nothing_are_refused(tmp_path, args, says):
     rc, _, err = memplan("plan", "zoo:mlp", "--budget", "80%", *[a.format(tmp=tmp_path) for a in args])
     assert rc == 2 and says in one_line(err), err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_budget_is_required_and_a_bare_small_number_is_refused(tmp_path):
+    """A walkthrough (stop 51) planned --budget 50 as 50 bytes (exit 1, "infeasible"), and check
+    --budget 70 spent its solve on 70 bytes and failed: a forgotten %, now a usage error."""
+    out = tmp_path / "p.json"
+    for args, says in ((["--budget", "50"], "budget '50' has no unit; write 50% for a share of the unplanned peak"),
+                       ([], "missing --budget B")):
+        rc, _, err = memplan("plan", "zoo:mlp", *args, "-o", out)
+        assert rc == 2 and says in one_line(err), err
+    rc, _, err = memplan("check", "zoo:mlp", "--budget", "70")
+    assert rc == 2 and "write 70% for a share" in one_line(err), err
+    assert not out.exists()
 
 
 def test_plan_builds_the_step_train_graph_builds():
@@ -303,6 +318,26 @@ def test_the_same_plan_has_the_same_digest(planned, tmp_path):
     assert first["plan_digest"] == second["plan_digest"] == cli.plan_digest(second)
 
 
+def test_the_arena_placements_seconds_are_not_digested(tmp_path):
+    """With --arena the digest hashed the placement's wall seconds: a new digest on every run
+    (determinism audit, stop 51). A plan written before, digested with them, is still read."""
+    out = tmp_path / "p.json"
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--time-limit", "2", "--deterministic", "--arena",
+                         "-o", out)
+    assert rc == 0, err
+    obj = json.loads(out.read_text())
+    digest = obj["plan_digest"]
+    obj["arena"]["seconds"] += 1.5
+    assert cli.plan_digest(obj) == digest
+    obj["arena"]["total_bytes"] += 1
+    assert cli.plan_digest(obj) != digest
+    obj["arena"]["total_bytes"] -= 1
+    obj["plan_digest"] = cli.plan_digest(obj, legacy=True)  # as written before stop 51
+    out.write_text(json.dumps(obj))
+    rc, _, err = memplan("rewrite", "zoo:cnn", out, "-o", tmp_path / "m.onnx")
+    assert rc == 0, err
+
+
 def test_check_names_an_unknown_device_without_a_plan_too():
     rc, _, err = memplan("check", "zoo:cnn", "--budget", "10MiB", "--no-plan", "--device", "nope")
     assert rc == 2 and "--device 'nope' is not a known profile" in one_line(err)
@@ -384,3 +419,17 @@ def test_verify_says_a_swapping_plan_cannot_be_held_to_its_budget_on_cpu():
     assert "which on CPU is the memory they are in" in out["text"] and "bench/gpu_check.py" in out["text"]
     plain = cli._verify_budget({"budget_bytes": 16384}, g, report, info)
     assert plain["within"] is False and "OVER it by 4.00 KiB" in plain["text"]
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """`memplan verify ... | head -4` printed "memplan: error: Broken pipe" and exited 2 (a usage
+    error) after its work was done (walkthrough, stop 51): now no message, the SIGPIPE status."""
+    import subprocess
+    import sys
+
+    code = ("import cli\n"
+            "def run():\n"
+            "    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "cli.handles_errors(run)()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr

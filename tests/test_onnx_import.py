@@ -101,6 +101,24 @@ def test_a_dim_that_matches_nothing_names_the_dims_there_are(caplog):
     assert "its symbolic input dims: batch, hid, seq" in caplog.text
 
 
+def test_a_dim_naming_a_zoo_option_sets_it(caplog):
+    """A walkthrough (stop 51): the README's check config (zoo:gpt?layers=4 with dims = { batch = 32 })
+    was planned at the default batch, 658 KiB unplanned instead of 7.01 MiB, with a warning only."""
+    from planner.errors import UsageError
+
+    as_dim = import_model("zoo:gpt?layers=2", {"batch": 3, "bacth": 5})
+    named = import_model("zoo:gpt?layers=2&batch=3")
+    assert [t.shape for t in as_dim.tensors] == [t.shape for t in named.tensors]
+    assert as_dim.tensors[as_dim.inputs[0]].shape[0] == 3
+    assert "--dim bacth matched no symbolic input dim" in caplog.text and "--dim batch" not in caplog.text
+    assert import_model("zoo:gpt?batch=3", {"batch": 3}).tensors[as_dim.inputs[0]].shape[0] == 3  # agrees
+    with pytest.raises(UsageError) as err:
+        import_model("zoo:gpt?batch=16", {"batch": 4})
+    assert "zoo:gpt?batch=16 sets batch=16 and a dim sets batch=4; keep one" == str(err.value)
+    with pytest.raises(ModelImportError, match="unknown zoo model 'nope'"):
+        import_model("zoo:nope", {"batch": 4})
+
+
 def test_export_roundtrip_runs_in_ort():
     import onnxruntime as ort
 

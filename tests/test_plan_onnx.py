@@ -128,7 +128,7 @@ def test_arena_at_lower_bound(budget):
 
 def test_sweep_png_and_rows(tmp_path):
     png = tmp_path / "sweep.png"
-    rc, out, err = memplan("plan", "zoo:gpt", "--budget", "50%", "--sweep", png, "--time-limit", "2", "--json")
+    rc, out, err = memplan("plan", "zoo:gpt", "--sweep", png, "--time-limit", "2", "--json")  # no --budget needed
     assert rc == 0, err
     rows = json.loads(out)["rows"]
     assert {r["strategy"] for r in rows} == {"cpsat", "greedy", "chen"}
@@ -549,3 +549,14 @@ def test_an_unread_output_is_counted_in_its_nodes_step():
     step = next(s for s, n in enumerate(lv.order) if graph.nodes[n].name == "Split_1")
     assert problem.step_need[split] == lv.memory[step]
     assert problem.unplanned_peak >= lv.peak_bytes
+
+
+def test_a_fitting_plan_the_closure_bound_proves_optimal_skips_phase_2():
+    """zoo:gpt?batch=8 at 70%: the greedies' plan is optimal, but the bound that proves it ran only
+    after phase 2's first half (30 s of the default 60, stop 51's walkthrough); now it runs first,
+    below that plan's cost, and phase 2 never starts."""
+    rc, out, err = memplan("plan", "zoo:gpt?batch=8", "--budget", "70%", "--deterministic", "--json")
+    assert rc == 0, err
+    obj = json.loads(out)
+    assert obj["status"] == "optimal" and obj["solver"]["gap"] == 0 and obj["solver"]["phases"] == []
+    assert obj["peak_bytes"] <= obj["budget_bytes"] and obj["added_time_pct"] > 0

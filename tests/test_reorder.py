@@ -1,5 +1,4 @@
 """Memory-aware node orders (planner/reorder.py): found, mapped back, planned in, emitted and run."""
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -185,7 +184,7 @@ def test_a_timeout_over_both_orders_names_the_whole_time_and_the_lowest_plan(ben
     budget = p.budget_for(0.56)
     assert memory_order(p, PlannerOptions().reorder_min_gain, budget) is not None  # both orders run
     # on the work clock: a loaded machine left phase 1 no wall time, and no lowest plan to name
-    opt = PlannerOptions(time_limit=3, workers=1, work_limit=True, wall_cap=math.inf, solver_params=(("max_deterministic_time", 0.5),))
+    opt = PlannerOptions(time_limit=3, workers=1, work_limit=True, solver_params=(("max_deterministic_time", 0.5),))
     res = solve(p, budget, "cpsat", opt)
     assert res.status == "timeout" and res.plan is None
     assert budget < res.best_bytes <= p.unplanned_peak

@@ -118,3 +118,13 @@ def test_inspect_of_a_graph_without_nodes_names_no_step(tmp_path):
     rc, out, err = memplan("inspect", str(path))
     assert rc == 0, err
     assert "(None, None)" not in out and "no node runs" in out
+
+
+def test_train_offers_only_optimizers_that_step():
+    """train's help listed --optimizer none (train-graph's choice), which train then refused."""
+    rc, out, _ = memplan("train", "--help")
+    assert rc == 0 and "[sgd|adam]" in out and "none" not in out.split("--optimizer")[1].split("\n")[0]
+    rc, _, err = memplan("train", "zoo:cnn", "--optimizer", "none")
+    assert rc == 2 and "'none' is not one of 'sgd', 'adam'" in err
+    rc, out, _ = memplan("train-graph", "--help")
+    assert "[none|sgd|adam]" in out

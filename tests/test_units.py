@@ -8,7 +8,8 @@ from planner.units import format_bytes, format_gap, parse_budget, parse_bytes
 
 
 @pytest.mark.parametrize("text, want", [("4096", 4096), ("512MiB", 512 << 20), ("1.5GB", 1_500_000_000),
-                                        ("8 gib", 8 << 30), ("2k", 2048), ("1e3", 1000), (" 10B ", 10)])
+                                        ("8 gib", 8 << 30), ("2k", 2048), ("1e3", 1000), (" 10B ", 10),
+                                        ("101", 101)])
 def test_sizes(text, want):
     assert parse_bytes(text) == want
     assert parse_budget(text).bytes == want and parse_budget(text).fraction is None
@@ -23,7 +24,8 @@ def test_percentages_resolve_against_the_unplanned_peak():
 
 @pytest.mark.parametrize("text, says", [
     ("abc", "is not a byte size"), ("0", "must be at least 1 byte"), ("12XB", "unknown unit 'XB'"),
-    ("0.4", "must be at least 1 byte"), ("0.5B", "must be at least 1 byte"),
+    ("0.4", "write 0.4% for a share of the unplanned peak"), ("0.5B", "must be at least 1 byte"),
+    ("70", "has no unit; write 70% for a share of the unplanned peak, or 70B for bytes"), ("100", "or 100B"),
     ("1e400", "more than any machine holds"), ("1e300TiB", "more than any machine holds"),
     ("-5%", "is not a percentage"), ("0%", "(0, 1000]"), ("2000%", "(0, 1000]"), ("%", "is not a percentage"),
 ])

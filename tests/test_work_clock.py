@@ -14,9 +14,8 @@ from planner.cpsat import PlannerOptions
 from planner.planning import solve
 from tests.helpers import random_layered
 
-# RL100 at 65% is far from solved in 1 deterministic second: the limit decides where the search stops.
-# No wall cap: the crawling machine below passes any cap at its first reading.
-OPTS = PlannerOptions(time_limit=1, workers=1, seed=0, work_limit=True, wall_cap=math.inf)
+# RL100 at 65% is far from solved in 1 deterministic second: the limit decides where the search stops
+OPTS = PlannerOptions(time_limit=1, workers=1, seed=0, work_limit=True)
 
 
 def crawling_wall(monkeypatch) -> None:
@@ -47,36 +46,39 @@ def test_the_work_clock_plans_the_same_on_a_crawling_machine(benchmarks_dir, mon
 def test_the_wall_cap_stops_a_crawling_solve_and_says_so(benchmarks_dir, monkeypatch, caplog):
     p = random_layered(benchmarks_dir, 100)
     crawling_wall(monkeypatch)
-    capped = solve(p, p.budget_for(0.65), "cpsat", replace(OPTS, wall_cap=None))  # 60 s: passed at once
+    # the deadline between the first reading (0) and the second (1000): passed at once
+    capped = solve(p, p.budget_for(0.65), "cpsat", replace(OPTS, wall_deadline=500.0))
     assert capped.solver.wall_capped and capped.solver.clock == "work"
-    assert "wall cap (60 s)" in capped.note and "another machine may return another plan" in capped.note
+    assert "--wall-cap stopped the solve" in capped.note and "another machine may return another plan" in capped.note
     assert capped.plan is None or capped.peak_bytes <= capped.budget_bytes
-    assert any("wall cap" in r.getMessage() for r in caplog.records)
+    assert any("--wall-cap stopped" in r.getMessage() for r in caplog.records)
     assert capped.solver.to_json()["wall_capped"] is True
     assert not clock.on_work_clock()
+    # a later solve of the same command (a re-solve, a --max-batch probe) is past it from the start
+    again = solve(p, p.budget_for(0.8), "cpsat", replace(OPTS, wall_deadline=500.0))
+    assert again.solver.wall_capped
 
 
-def test_the_wall_cap_ends_the_clocks_deadlines_and_the_solvers_wall_time():
+def test_the_wall_deadline_ends_the_clocks_deadlines_and_the_solvers_wall_time():
     from ortools.sat.python import cp_model
 
-    ticks = iter([0.0, 0.0, 5.0, 5.0, 12.0, 12.0, 12.0])
+    ticks = iter([0.0, 0.0, 0.0, 0.0, 5.0, 12.0, 12.0, 12.0])
     old = clock._wall
     clock._wall = lambda: next(ticks)
     try:
-        with clock.work_clock(wall_cap=10.0):  # reads 0
-            start = clock.now()  # 0: not past the cap
+        deadline = clock.wall_deadline(10.0)  # reads 0
+        with clock.work_clock(deadline):  # reads 0
+            start = clock.now()  # reads 0: not past the deadline (nor in capped())
             assert start == 0.0 and not clock.capped()
             prm = cp_model.CpSolver().parameters
-            clock.limit_solver(prm, 3.0)  # reads 5: 5 wall s of the cap left
+            clock.limit_solver(prm, 3.0)  # reads 5: 5 wall s left
             assert prm.max_deterministic_time == 3.0 and prm.max_time_in_seconds == 5.0
             assert clock.now() - start >= clock.CAPPED_JUMP and clock.capped()  # reads 12
             clock.limit_solver(prm, 3.0)
-            assert prm.max_time_in_seconds == 0.05  # past the cap: a solver run stops at once
+            assert prm.max_time_in_seconds == 0.05  # past it: a solver run stops at once
     finally:
         clock._wall = old
-    assert PlannerOptions(time_limit=1).wall_cap_s() == 60.0
-    assert PlannerOptions(time_limit=30).wall_cap_s() == 300.0
-    assert PlannerOptions(time_limit=30, wall_cap=5.0).wall_cap_s() == 5.0
+    assert PlannerOptions().wall_deadline == math.inf  # no cap unless asked for
 
 
 def test_the_work_clock_charges_only_solver_time():
@@ -115,20 +117,24 @@ def test_plan_wall_cap_reaches_the_planner_and_needs_deterministic(benchmarks_di
     real = solve
 
     def spy(problem, budget, strategy="cpsat", options=None):
-        seen.append(options.wall_cap_s())
+        seen.append(options.wall_deadline)
         return real(problem, budget, strategy, options)
 
     import planner.planning as planning
     monkeypatch.setattr(planning, "solve", spy)
     graph = str(next(benchmarks_dir.glob("remat/random_layered_n100_*.json")))
-    for flags, expected in ((["--wall-cap", "0"], math.inf), (["--wall-cap", "7.5"], 7.5), ([], 60.0)):
+    for flags in (["--wall-cap", "600"], []):
+        before = clock.wall_deadline(0)
         out = CliRunner().invoke(cli.main, ["plan", graph, "--budget", "80%", "--time-limit", "5", "--json",
                                             "--deterministic", *flags])
         assert out.exit_code == 0, out.output
-        assert json.loads(out.stdout)["solver"]["wall_capped"] is False and seen[-1] == expected
+        assert json.loads(out.stdout)["solver"]["wall_capped"] is False
+        assert (before + 600 <= seen[-1] <= clock.wall_deadline(600)) if flags else seen[-1] == math.inf
     planned = len(seen)
-    out = CliRunner().invoke(cli.main, ["plan", graph, "--budget", "80%", "--wall-cap", "5"])
-    assert out.exit_code == 2 and "--wall-cap caps a --deterministic solve" in out.output
+    for flags, says in ((["--wall-cap", "5"], "--wall-cap caps a --deterministic solve"),
+                        (["--wall-cap", "0", "--deterministic"], "--wall-cap")):
+        out = CliRunner().invoke(cli.main, ["plan", graph, "--budget", "80%", *flags])
+        assert out.exit_code == 2 and says in out.output, out.output
     assert len(seen) == planned  # refused before planning
 
 
