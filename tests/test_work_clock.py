@@ -93,16 +93,22 @@ def test_the_work_clock_charges_only_solver_time():
     assert not clock.on_work_clock()
 
 
-def test_plan_deterministic_flag_reaches_the_planner(benchmarks_dir, monkeypatch):
-    seen = []
-    real = solve
+def spy_solve(monkeypatch, read) -> list:
+    """What ``read(options)`` gives for every solve from now on (planner.planning.solve)."""
+    import planner.planning as planning
+
+    seen, real = [], solve
 
     def spy(problem, budget, strategy="cpsat", options=None):
-        seen.append(options.work_limit)
+        seen.append(read(options))
         return real(problem, budget, strategy, options)
 
-    import planner.planning as planning
     monkeypatch.setattr(planning, "solve", spy)
+    return seen
+
+
+def test_plan_deterministic_flag_reaches_the_planner(benchmarks_dir, monkeypatch):
+    seen = spy_solve(monkeypatch, lambda options: options.work_limit)
     graph = str(next(benchmarks_dir.glob("remat/random_layered_n100_*.json")))
     for flags, expected in (([], False), (["--deterministic"], True)):
         out = CliRunner().invoke(cli.main, ["plan", graph, "--budget", "80%", "--time-limit", "5", "--json", *flags])
@@ -113,15 +119,7 @@ def test_plan_deterministic_flag_reaches_the_planner(benchmarks_dir, monkeypatch
 
 
 def test_plan_wall_cap_reaches_the_planner_and_needs_deterministic(benchmarks_dir, monkeypatch):
-    seen = []
-    real = solve
-
-    def spy(problem, budget, strategy="cpsat", options=None):
-        seen.append(options.wall_deadline)
-        return real(problem, budget, strategy, options)
-
-    import planner.planning as planning
-    monkeypatch.setattr(planning, "solve", spy)
+    seen = spy_solve(monkeypatch, lambda options: options.wall_deadline)
     graph = str(next(benchmarks_dir.glob("remat/random_layered_n100_*.json")))
     for flags in (["--wall-cap", "600"], []):
         before = clock.wall_deadline(0)
