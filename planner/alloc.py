@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from planner import clock
 from planner.alloc_cpsat import cpsat_pack
 from planner.alloc_greedy import greedy_best
 from planner.alloc_search import (
@@ -197,13 +198,13 @@ class _Portfolio:
             return SearchStatus.UNKNOWN, None
         search = Restarts(sub, capacity)
         nodes, det_time = 4 * search.restart_nodes, CPSAT_FIRST_SLICE
-        while time.monotonic() < deadline:
+        while clock.now() < deadline:
             before = search.nodes
             status, off = search.run(nodes, deadline)
             self.stats["search_nodes"] += search.nodes - before
-            if status is SearchStatus.UNKNOWN and time.monotonic() < deadline:
+            if status is SearchStatus.UNKNOWN and clock.now() < deadline:
                 self.stats["cpsat_calls"] += 1
-                status, off = cpsat_pack(sub, capacity, det_time, deadline - time.monotonic())
+                status, off = cpsat_pack(sub, capacity, det_time, deadline - clock.now())
             if status is not SearchStatus.UNKNOWN:
                 return status, off
             nodes, det_time = 2 * nodes, 2 * det_time
@@ -226,7 +227,7 @@ def solve(
     within ``capacity`` if given), greedy first, then exact probes from the lower bound up. The
     returned placement, if any, has passed :func:`validate`.
     """
-    t0 = time.monotonic()
+    t0, wall0 = clock.now(), time.monotonic()  # the limit's clock (planner/clock.py), and the wall's
     buffers = tuple(buffers)
     check_buffers(buffers)
     lb = lower_bound(buffers)
@@ -251,7 +252,7 @@ def solve(
         height = None if offsets is None else max((o + b.size for o, b in zip(offsets, buffers)), default=0)
         stats = dict(portfolio.stats, buffers=len(buffers), blocks=len(portfolio.blocks), proven_bound=proven)
         return AllocResult(status, offsets, height, lb, capacity, g_height * unit,
-                           time.monotonic() - t0, method, stats)
+                           time.monotonic() - wall0, method, stats)
 
     cap_units = None if capacity is None else capacity // unit
     if cap_units is not None and lb > capacity:
@@ -283,10 +284,11 @@ def _tighten(portfolio: _Portfolio, lb: int, best: np.ndarray, best_height: int,
     """
     proven = probe_lo = lb
     improved = False
-    while best_height > probe_lo and time.monotonic() < deadline:
+    while best_height > probe_lo and clock.now() < deadline:
         target = lb if probe_lo == lb else (probe_lo + best_height - 1) // 2
         share = 0.25 if target == lb else 0.5
-        status, off = portfolio.decide(target, time.monotonic() + share * (deadline - time.monotonic()))
+        now = clock.now()
+        status, off = portfolio.decide(target, now + share * (deadline - now))
         log.info("alloc: probe at %d units: %s", target, status.value)
         if status is SearchStatus.FOUND:
             best, best_height, improved = off, int((off + portfolio.red.size).max()), True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner import clock
 from planner.alloc_search import Reduced, SearchStatus, _Static
 
 
@@ -50,9 +51,13 @@ def cpsat_pack(
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
-    solver.parameters.max_deterministic_time = det_time
-    solver.parameters.max_time_in_seconds = wall_time
+    if clock.on_work_clock():  # ``wall_time`` is the work clock's seconds left: deterministic ones
+        clock.limit_solver(solver.parameters, min(det_time, wall_time))
+    else:
+        solver.parameters.max_deterministic_time = det_time
+        solver.parameters.max_time_in_seconds = wall_time
     status = solver.solve(model)
+    clock.charge(solver.response_proto.deterministic_time)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SearchStatus.FOUND, np.array([solver.value(v) for v in offsets], np.int64)
     if status == cp_model.INFEASIBLE:
