@@ -876,7 +876,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @main.command()
 @click.argument("model")
 @click.option("--budget", "budget_text", default=None,
-              help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%); required but with --sweep.")
+              help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%); required unless --sweep.")
 @click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True)
 @click.option("--device", "device_name", default="H100", show_default=True,
               help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
