@@ -184,7 +184,8 @@ def main(verbose: int) -> None:
 
 MODEL_HELP = "MODEL is an .onnx file, zoo:NAME[?opt=v&...] (built-in model) or a benchmark JSON graph."
 dim_option = click.option("--dim", "dims", multiple=True, metavar="NAME=V",
-                          help="Bind a symbolic input dim, e.g. --dim batch=32 (repeatable).")
+                          help="Bind a symbolic input dim, e.g. --dim batch=32 (repeatable); on a zoo model, "
+                               "set its option of that name (zoo:gpt --dim batch=32 is zoo:gpt?batch=32).")
 
 ADD_LOSS_HELP = ("Append a loss to a model that ends in predictions, for its training step: cross-entropy (classes "
                  "on axis 1, new int64 input <output>_labels), cross-entropy-last (classes on the last axis, as a "
