@@ -1279,7 +1279,8 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
         raise UsageError(f"{plan_path}: not a plan JSON file ({err})") from None
     if not isinstance(obj, dict) or obj.get("schema") != "memplan.plan/1" or "model_fingerprint" not in obj:
         raise UsageError(f"{plan_path}: not a memplan.plan/1 plan of an ONNX model; write one with memplan plan -o")
-    if obj.get("plan_digest", plan_digest(obj)) not in (plan_digest(obj), plan_digest(obj, legacy=True)):
+    digest = obj.get("plan_digest")
+    if digest is not None and digest not in (plan_digest(obj), plan_digest(obj, legacy=True)):
         raise UsageError(f"{plan_path} was changed after memplan plan wrote it (its plan_digest no longer matches "
                          "its fields); make a new plan with memplan plan -o")
     train = obj.get("train")

@@ -99,12 +99,12 @@ def _primed(planned: Graph, peak: int, budget: int, ort_arena: OrtArena,
         if nbytes < MIN_PRIME_BYTES:
             continue
         primed = prime_arena(planned, nbytes)
-        peak = analyze(primed).peak_bytes
-        if peak > budget:
+        primed_peak = analyze(primed).peak_bytes
+        if primed_peak > budget:
             continue
         primed_need = ort_arena.need(primed)
         if primed_need < best[3]:
-            best = (nbytes, primed, peak, primed_need)
+            best = (nbytes, primed, primed_peak, primed_need)
     return best if best[0] else (0, None, 0, 0)
 
 

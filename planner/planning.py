@@ -818,9 +818,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             if later is not None and later > deadline:  # the bound gets its share of the extra time too
                 reserve += opt.closure_bound_share * (later - deadline)
                 deadline = later
-        closure = known if known is not None and known.exact else \
-            larger_bound(known, growing_closure_bound(problem, budget, m2.obj_cost, min(reserve, left()), opt.seed,
-                                                      below=None if r2.objective is None else int(round(r2.objective))))
+        closure = _closure_with(problem, budget, m2, known, min(reserve, left()), opt.seed,
+                                None if r2.objective is None else int(round(r2.objective)))
         if closure is not None and closure.value == CLOSURE_INFEASIBLE:  # a plan fits: a bug there
             log.warning("the closure bound calls %s infeasible at %d bytes; ignored", problem.name, budget)
             closure = None
@@ -884,11 +883,19 @@ def _fallback_proven(problem: PlanningProblem, budget: int, opt: PlannerOptions,
     if opt.early_proof_share <= 0:
         return None
     cost = m2.objective_of_counts(fallback.sim.compute_counts)
-    proof = known if known is not None and known.exact else larger_bound(known, growing_closure_bound(
-        problem, budget, m2.obj_cost, opt.early_proof_share * span, opt.seed, below=int(cost)))
+    proof = _closure_with(problem, budget, m2, known, opt.early_proof_share * span, opt.seed, int(cost))
     if proof is None or proof.value == CLOSURE_INFEASIBLE or proof.value < cost:
         return None
     return proof
+
+
+def _closure_with(problem: PlanningProblem, budget: int, m2: RematModel, known: ClosureBound | None,
+                  time_limit: float, seed: int, below: int | None) -> ClosureBound | None:
+    """``known`` where it is exact, else the larger of it and the growing closure bound on
+    ``m2``'s objective (in ``time_limit``, searched ``below`` that cost)."""
+    if known is not None and known.exact:
+        return known
+    return larger_bound(known, growing_closure_bound(problem, budget, m2.obj_cost, time_limit, seed, below=below))
 
 
 def _larger(a: float | None, b: float | None) -> float | None:
