@@ -40,6 +40,9 @@ def read_csv(path: str | os.PathLike) -> tuple[list[Buffer], list[int] | None]:
     try:
         with open(path, newline="") as fh:
             text = fh.read()
+    except FileNotFoundError:
+        # the input file, as a missing model is: exit 3, not a usage error
+        raise ModelImportError(f"{path}: no such file; give a CSV file with {_FORMAT[9:]}") from None
     except UnicodeDecodeError:
         raise ModelImportError(f"{path}: not a text file; {_FORMAT}") from None
     return parse_csv(text, str(path))

@@ -302,6 +302,8 @@ def test_cli_refuses_to_overwrite_the_problem(example_csv):
 
 
 def test_cli_missing_file_and_bad_capacity(tmp_path, example_csv):
-    assert _run(["alloc", str(tmp_path / "nope.csv")]).exit_code == 2
+    missing = _run(["alloc", str(tmp_path / "nope.csv")])
+    # exit 3 as for a CSV that cannot be read, and as memplan plan exits for a missing model
+    assert missing.exit_code == 3 and "nope.csv: no such file" in missing.stderr
     res = _run(["alloc", str(example_csv), "--capacity", "twelve"])
     assert res.exit_code == 2 and "--capacity" in res.stderr
