@@ -85,6 +85,9 @@ def parse_budget(text: str) -> Budget:
         # a forgotten %, far more likely than a budget of a few bytes (which still reads as "70B")
         t = str(text).strip()
         also = f", or {t}B for bytes" if float(t).is_integer() else ""
+        if float(t) < 1:  # 0.5 is more likely a fraction (50%) than half a percent
+            raise UsageError(f"budget {text!r} has no unit; write {100 * float(t):g}% for that fraction of the "
+                             f"unplanned peak (or {t}% if you meant {t} percent)")
         raise UsageError(f"budget {text!r} has no unit; write {t}% for a share of the unplanned peak{also}")
     return Budget(bytes=parse_bytes(text, "budget"))
 

@@ -24,7 +24,8 @@ def test_percentages_resolve_against_the_unplanned_peak():
 
 @pytest.mark.parametrize("text, says", [
     ("abc", "is not a byte size"), ("0", "must be at least 1 byte"), ("12XB", "unknown unit 'XB'"),
-    ("0.4", "write 0.4% for a share of the unplanned peak"), ("0.5B", "must be at least 1 byte"),
+    ("0.4", "write 40% for that fraction of the unplanned peak (or 0.4% if you meant 0.4 percent)"),
+    ("0.75", "write 75% for that fraction"), ("1.5", "write 1.5% for a share of the unplanned peak"), ("0.5B", "must be at least 1 byte"),
     ("70", "has no unit; write 70% for a share of the unplanned peak, or 70B for bytes"), ("100", "or 100B"),
     ("1e400", "more than any machine holds"), ("1e300TiB", "more than any machine holds"),
     ("-5%", "is not a percentage"), ("0%", "(0, 1000]"), ("2000%", "(0, 1000]"), ("%", "is not a percentage"),
