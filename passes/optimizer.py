@@ -4,6 +4,11 @@ State is explicit: each state tensor is a graph input (``<param>_momentum``, ``<
 ``<param>_adam_v``, the shared ``adam_step`` count) and its new value an output (``..._new``), so a
 caller (``passes/training.py``) feeds the outputs of one step into the next. Initial state is zeros.
 Weight decay is the L2 term ``g + wd * p`` of torch.optim.SGD/Adam.
+
+Adam on a float16 or bfloat16 parameter keeps its moments and does its arithmetic in float32 (as
+mixed-precision training's fp32 optimizer state does) and rounds only the updated parameter back:
+in float16 its eps (1e-8) is 0 and a squared gradient below ~2e-4 is 0, so the first update
+divided 0 by 0 and training went NaN at step 1.
 """
 from __future__ import annotations
 
@@ -13,9 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from passes.gradients._emit import Emitter
+from passes.onnx_import import DTYPE_TO_ONNX
 from planner.errors import UsageError
 
 OPTIMIZERS = ("none", "sgd", "adam")
+#: Parameter element types whose Adam state and update are computed in float32.
+LOW_PRECISION = frozenset({"float16", "bfloat16"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,8 @@ class OptimizerStep:
         if options.kind == "adam":
             self._init_adam_step()
         suffixes = {"sgd": ["momentum"] if options.momentum else [], "adam": ["adam_m", "adam_v"]}
-        self._inputs = {p: [self._state_input(p, s) for s in suffixes.get(options.kind, [])] for p in params}
+        self._inputs = {p: [self._state_input(p, s, self._math_dtype(p)) for s in suffixes.get(options.kind, [])]
+                        for p in params}
 
     def _init_adam_step(self) -> None:
         em, b = self.em, self.em.b
@@ -94,11 +103,16 @@ class OptimizerStep:
         self._lr_t = em.div(em.scalar(self.opt.lr, step), bc1)  # lr / (1 - beta1^t)
         self._sqrt_bc2 = em.unary("Sqrt", bc2)
 
-    def _state_input(self, param: int, suffix: str) -> int:
+    def _math_dtype(self, param: int) -> str:
+        """Element type of ``param``'s Adam state and update math: float32 for float16/bfloat16."""
+        dtype = self.em.dtype(param)
+        return "float32" if self.opt.kind == "adam" and dtype in LOW_PRECISION else dtype
+
+    def _state_input(self, param: int, suffix: str, dtype: str) -> int:
         p = self.em.tensor(param)
         name = f"{p.name}_{suffix}"
-        self.state.append(StateSlot(name, f"{name}_new", np.zeros(p.shape, dtype=p.dtype)))
-        return self.em.b.input(name, p.dtype, p.shape)
+        self.state.append(StateSlot(name, f"{name}_new", np.zeros(p.shape, dtype=dtype)))
+        return self.em.b.input(name, dtype, p.shape)
 
     def update(self, param: int, grad: int) -> None:
         if not self.enabled:
@@ -115,12 +129,19 @@ class OptimizerStep:
             new = em.sub(param, em.scale(step, o.lr), out_name=f"{name}_new")
         else:
             m, v = self._inputs[param]
+            dtype = self._math_dtype(param)
+            grad = em.cast(grad, dtype)
             m_new = em.add(em.scale(m, o.beta1), em.scale(grad, 1 - o.beta1), out_name=f"{name}_adam_m_new")
             v_new = em.add(em.scale(v, o.beta2), em.scale(em.mul(grad, grad), 1 - o.beta2),
                            out_name=f"{name}_adam_v_new")
-            dtype = em.dtype(param)
-            denom = em.add(em.div(em.unary("Sqrt", v_new), em.cast(self._sqrt_bc2, dtype)), em.scalar(o.eps, param))
-            new = em.sub(param, em.mul(em.div(m_new, denom), em.cast(self._lr_t, dtype)), out_name=f"{name}_new")
+            denom = em.add(em.div(em.unary("Sqrt", v_new), em.cast(self._sqrt_bc2, dtype)), em.scalar(o.eps, v_new))
+            step = em.mul(em.div(m_new, denom), em.cast(self._lr_t, dtype))
+            if dtype == em.dtype(param):
+                new = em.sub(param, step, out_name=f"{name}_new")
+            else:  # one rounding, of the updated value
+                low = em.dtype(param)
+                new = em.op("Cast", [em.sub(em.cast(param, dtype), step)], em.shape(param), low,
+                            out_name=f"{name}_new", to=DTYPE_TO_ONNX[low])
         self._new[param] = new
         self.updates[name] = f"{name}_new"
 

@@ -248,6 +248,49 @@ def test_adam_two_steps_match_numpy():
     assert float(state["adam_step"]) == 2.0
 
 
+def test_adam_on_float16_weights_keeps_float32_state_and_matches_numpy():
+    """Adam on float16 weights went NaN at step 1: eps (1e-8) was a float16 constant, i.e. 0, and a
+    squared gradient under ~2e-4 is 0 in float16, so an update divided 0 by 0 (or m by 0). Its moments
+    and update are now float32 (mixed precision's fp32 optimizer state); the weight stays float16."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w"], ["h"]), n("Add", ["h", "b"], ["a"]), n("Relu", ["a"], ["r"]),
+             n("Mul", ["r", "r"], ["sq"]), n("ReduceMean", ["sq"], ["loss"], keepdims=0)]
+    w = (rng.standard_normal((16, 8)) * 0.1).astype(np.float16)
+    b = np.zeros(8, np.float16)
+    b[:4] = -10  # four dead units: their gradients are exactly 0
+    x = rng.standard_normal((32, 16)).astype(np.float16)
+    model = _model(nodes, {"w": w, "b": b}, {"x": x}, dtype=np.float16, loss_dtype=onnx.TensorProto.FLOAT16)
+    forward = import_model(model)
+    step = build_training_graph(forward, TrainOptions.from_kwargs(optimizer="adam", lr=0.01))
+    exported = export_model(step.graph)
+    onnx.checker.check_model(exported, full_check=True)
+    dtypes = {i.name: i.type.tensor_type.elem_type for i in (*exported.graph.input, *exported.graph.output)}
+    grad_sess = gradcheck.ort_session(gradcheck.params_as_inputs(export_model(build_training_graph(forward).graph),
+                                                                 step.params), quiet=True)
+    sess = gradcheck.ort_session(gradcheck.params_as_inputs(exported, step.params), quiet=True)
+    params = {"w": w, "b": b}
+    state = {s.input: s.initial for s in step.state}
+    m = {p: np.zeros(v.shape, np.float32) for p, v in params.items()}
+    v = {p: np.zeros(x.shape, np.float32) for p, x in params.items()}
+    for t in (1, 2):
+        grads = dict(zip(step.params, grad_sess.run([f"{p}_grad" for p in step.params], {"x": x, **params})))
+        outs = sess.run([step.updates[p] for p in step.params] + [s.output for s in step.state],
+                        {"x": x, **params, **state})
+        state = {s.input: o for s, o in zip(step.state, outs[len(step.params):])}
+        for k, p in enumerate(step.params):
+            g = grads[p].astype(np.float32)
+            m[p] = 0.9 * m[p] + 0.1 * g
+            v[p] = 0.999 * v[p] + 0.001 * g * g
+            expect = params[p].astype(np.float32) - 0.01 / (1 - 0.9**t) * m[p] / (
+                np.sqrt(v[p]) / np.sqrt(1 - 0.999**t) + 1e-8)
+            assert outs[k].dtype == np.float16 and np.isfinite(outs[k]).all()
+            np.testing.assert_allclose(outs[k].astype(np.float32), expect, rtol=2e-3, atol=2e-3)
+            params[p] = outs[k]
+    assert dtypes["w_adam_m"] == dtypes["w_adam_v_new"] == onnx.TensorProto.FLOAT
+    assert dtypes["w_new"] == dtypes["b_new"] == onnx.TensorProto.FLOAT16
+
+
 @pytest.mark.parametrize("fed", [False, True], ids=["constant_mode", "mode_fed_at_run_time"])
 def test_dropout_in_training_uses_the_forward_mask(fed):
     """loss = sum(R * dropout(x)) so grad_x = R * mask / (1 - p) and loss == sum(x * grad_x)."""
