@@ -528,3 +528,43 @@ def runs_under_arena(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[
         args = {"model": path, "feeds": feeds_path, "limit": int(limit), "strategy": int(strategy)}
         got = _child(_ARENA_CHILD, args, env, timeout, "running")
     return bool(got["ok"]), got["error"]
+
+
+#: Element types ORT's CPU provider has few kernels for: it runs such nodes in float32 between Casts.
+LOW_PRECISION_DTYPES = frozenset({"float16", "bfloat16"})
+
+
+def cpu_float32_fallback_casts(graph) -> int:
+    """How many Cast nodes ORT's CPU provider inserts into ``graph`` (a planner Graph) to run its
+    float16/bfloat16 nodes that have no CPU kernel in float32 (ORT's InsertCastTransformer, applied
+    whatever the optimization level). Each such node then holds float32 copies of its inputs and
+    output that the plan never saw: a run's measured peak is not the plan's (a float16 MLP's planned
+    step measured 2.4x its prediction, and verify said OVER budget). 0 for a model without such
+    tensors or where ORT cannot load it (the runs report that). The model is loaded without its
+    weights (large initializers become inputs), so this writes and reads a few KiB."""
+    if not any(t.dtype in LOW_PRECISION_DTYPES for t in graph.tensors):
+        return 0
+    import onnxruntime as ort
+
+    from passes.onnx_export import export_model
+
+    proto = export_model(graph, weights=False)
+    g = proto.graph
+    kept = []
+    for init in g.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:  # bytes left out: fed as an input instead
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            kept.append(init)
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    before = sum(1 for n in g.node if n.op_type == "Cast")
+    with tempfile.TemporaryDirectory(prefix="memplan-fallback-") as tmp:
+        so = PLANNED.session_options()
+        so.optimized_model_filepath = str(Path(tmp) / "as_run.onnx")
+        try:
+            ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            after = onnx.load(so.optimized_model_filepath, load_external_data=False)
+        except Exception:  # noqa: BLE001 - ORT refuses the model: the measured runs say why
+            return 0
+    return max(0, sum(1 for n in after.graph.node if n.op_type == "Cast") - before)
