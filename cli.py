@@ -800,9 +800,10 @@ def _device_costs(device_name: str):
     def node_time(graph, node):
         shape = lambda t: None if t < 0 else graph.tensors[t].shape  # noqa: E731
         first = next((t for t in node.outputs if t >= 0), -1)
-        width = max(1, DTYPE_BITS[graph.tensors[first].dtype] // 8) if first >= 0 else 4
+        dtype = graph.tensors[first].dtype if first >= 0 else "float32"
+        width = max(1, DTYPE_BITS[dtype] // 8) if first >= 0 else 4
         return op_time(node.op_type, [shape(t) for t in node.inputs], [shape(t) for t in node.outputs],
-                       node.attrs, dev, width)
+                       node.attrs, dev, width, dtype)
 
     return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), dev.copy_overlap
 

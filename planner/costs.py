@@ -102,19 +102,23 @@ def op_cost(
     return float(out0), moved
 
 
-def node_time(flops: float, bytes_moved: float, device: DeviceProfile, matmul: bool = False) -> float:
-    """Roofline seconds: max(math time, memory time) + launch overhead."""
-    rate = device.matmul_flops if matmul else device.vector_flops
+def node_time(flops: float, bytes_moved: float, device: DeviceProfile, matmul: bool = False,
+              dtype: str = "float32") -> float:
+    """Roofline seconds: max(math time, memory time) + launch overhead. Matrix math on float16 or
+    bfloat16 ``dtype`` runs at the device's tensor-core rate for that type."""
+    rate = device.matmul_rate(dtype) if matmul else device.vector_flops
     return max(flops / rate, bytes_moved / device.hbm_bandwidth) + device.launch_overhead
 
 
 def op_time(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[Shape | None],
-            attrs: Mapping[str, Any] | None, device: DeviceProfile, dtype_bytes: int = 4) -> float:
-    """``node_time`` of ``op_cost``: the per-node time of a device profile."""
+            attrs: Mapping[str, Any] | None, device: DeviceProfile, dtype_bytes: int = 4,
+            dtype: str = "float32") -> float:
+    """``node_time`` of ``op_cost``: the per-node time of a device profile (``dtype``: the element
+    type of the node's output, which picks the matrix-math rate)."""
     flops, moved = op_cost(op_type, inputs, outputs, attrs, dtype_bytes)
     if flops == 0 and moved == 0:
         return 0.0  # views cost nothing, not even a launch
-    return node_time(flops, moved, device, matmul=op_type in MATMUL_OPS)
+    return node_time(flops, moved, device, matmul=op_type in MATMUL_OPS, dtype=dtype)
 
 
 def read_ort_profile(path: str | Path, statistic: str = "mean") -> dict[str, float]:

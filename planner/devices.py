@@ -23,20 +23,31 @@ class DeviceProfile:
     link_bandwidth: float  # host link bytes/s, one way (swap transfer rate)
     copy_overlap: bool  # copies run on their own engines beside compute
     launch_overhead: float  # seconds added per kernel launch
+    #: FLOP/s of MatMul/Gemm/Conv on float16 and bfloat16 tensors (tensor cores); 0: as matmul_flops
+    #: (the CPU, which ORT runs in float32, and a part without such units for that type)
+    matmul_flops_fp16: float = 0.0
+    matmul_flops_bf16: float = 0.0
+
+    def matmul_rate(self, dtype: str = "float32") -> float:
+        """FLOP/s of matrix math on ``dtype`` tensors."""
+        half = {"float16": self.matmul_flops_fp16, "bfloat16": self.matmul_flops_bf16}.get(dtype, 0.0)
+        return half or self.matmul_flops
 
 
 GB = 1e9
 PROFILES = MappingProxyType({
-    # H200 SXM: 141 GB HBM3e, 4.8 TB/s; TF32 ~495 TFLOP/s dense, FP32 ~67 TFLOP/s; PCIe Gen5.
-    "H200": DeviceProfile("H200", 141 * GB, 494.7e12, 66.9e12, 4.8e12, 50 * GB, True, 4e-6),
+    # H200 SXM: 141 GB HBM3e, 4.8 TB/s; TF32 ~495 TFLOP/s dense, FP32 ~67 TFLOP/s, FP16/BF16 ~989;
+    # PCIe Gen5.
+    "H200": DeviceProfile("H200", 141 * GB, 494.7e12, 66.9e12, 4.8e12, 50 * GB, True, 4e-6, 989.4e12, 989.4e12),
     # H100 SXM: 80 GB HBM3, 3.35 TB/s; same SM math as H200; PCIe Gen5.
-    "H100": DeviceProfile("H100", 80 * GB, 494.7e12, 66.9e12, 3.35e12, 50 * GB, True, 4e-6),
-    # A100 SXM 80GB: HBM2e 2.04 TB/s; TF32 156 TFLOP/s, FP32 19.5; PCIe Gen4.
-    "A100": DeviceProfile("A100", 80 * GB, 156e12, 19.5e12, 2.039e12, 25 * GB, True, 5e-6),
-    # V100 SXM2 32GB: HBM2 0.9 TB/s; no TF32, FP32 15.7 TFLOP/s; PCIe Gen3.
-    "V100": DeviceProfile("V100", 32 * GB, 15.7e12, 15.7e12, 0.9e12, 12 * GB, True, 6e-6),
-    # T4: 16 GB GDDR6, 320 GB/s; FP32 8.1 TFLOP/s; PCIe Gen3 x16.
-    "T4": DeviceProfile("T4", 16 * GB, 8.1e12, 8.1e12, 0.32e12, 12 * GB, True, 6e-6),
+    "H100": DeviceProfile("H100", 80 * GB, 494.7e12, 66.9e12, 3.35e12, 50 * GB, True, 4e-6, 989.4e12, 989.4e12),
+    # A100 SXM 80GB: HBM2e 2.04 TB/s; TF32 156 TFLOP/s, FP32 19.5, FP16/BF16 312; PCIe Gen4.
+    "A100": DeviceProfile("A100", 80 * GB, 156e12, 19.5e12, 2.039e12, 25 * GB, True, 5e-6, 312e12, 312e12),
+    # V100 SXM2 32GB: HBM2 0.9 TB/s; no TF32, FP32 15.7 TFLOP/s, FP16 tensor cores 125, no BF16
+    # units; PCIe Gen3.
+    "V100": DeviceProfile("V100", 32 * GB, 15.7e12, 15.7e12, 0.9e12, 12 * GB, True, 6e-6, 125e12),
+    # T4: 16 GB GDDR6, 320 GB/s; FP32 8.1 TFLOP/s, FP16 tensor cores 65, no BF16 units; PCIe Gen3 x16.
+    "T4": DeviceProfile("T4", 16 * GB, 8.1e12, 8.1e12, 0.32e12, 12 * GB, True, 6e-6, 65e12),
 })
 
 

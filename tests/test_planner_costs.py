@@ -85,3 +85,37 @@ def test_an_einsum_costs_the_matmuls_it_runs():
     assert flops == as_matmul + 64 * 128  # the MatMul, and one pass over the first operand
     flops, _ = op_cost("Einsum", [(4, 16, 16, 16), (4, 16, 16, 16)], [(16, 16)], {"equation": b"bchw,bchv->wv"})
     assert flops >= 2 * 4 * 16 * 16 * 16 * 16
+
+
+def test_half_precision_matrix_math_runs_at_the_tensor_core_rate():
+    gemm = ("MatMul", [(8192, 8192), (8192, 8192)], [(8192, 8192)], {})  # compute-bound everywhere
+    h100, v100 = PROFILES["H100"], PROFILES["V100"]
+    fp32, fp16 = op_time(*gemm, h100, 4), op_time(*gemm, h100, 2, "float16")
+    assert fp16 == pytest.approx(2 * 8192**3 / 989.4e12 + h100.launch_overhead) and fp16 < fp32 / 1.9
+    assert op_time(*gemm, h100, 2, "bfloat16") == pytest.approx(fp16)
+    # V100 has float16 tensor cores but no bfloat16 units: bfloat16 runs at its float32 rate
+    assert op_time(*gemm, v100, 2, "float16") < op_time(*gemm, v100, 4) / 7
+    assert op_time(*gemm, v100, 2, "bfloat16") == pytest.approx(op_time(*gemm, v100, 4))
+    # element-wise math and the CPU (ORT runs float16 there in float32) keep their rates
+    add = ("Add", [(8192, 8192), (8192, 8192)], [(8192, 8192)], {})
+    assert op_time(*add, h100, 4, "float16") == pytest.approx(op_time(*add, h100, 4))
+    cpu = cpu_profile()
+    assert op_time(*gemm, cpu, 2, "float16") == pytest.approx(op_time(*gemm, cpu, 2))
+
+
+def test_the_cli_costs_a_float16_matmul_at_the_float16_rate():
+    import onnx.parser
+
+    import cli
+    from passes.onnx_import import import_model
+
+    def graph(t):
+        return import_model(onnx.parser.parse_model(f"""
+            <ir_version: 8, opset_import: ["" : 17]>
+            g ({t}[4096, 4096] a, {t}[4096, 4096] b) => ({t}[4096, 4096] c) {{ c = MatMul(a, b) }}"""))
+
+    _, node_time, _, _ = cli._device_costs("H100")
+    g16, g32 = graph("float16"), graph("float")
+    t16, t32 = node_time(g16, g16.nodes[0]), node_time(g32, g32.nodes[0])
+    assert t16 == pytest.approx(2 * 4096**3 / 989.4e12 + PROFILES["H100"].launch_overhead)
+    assert t32 == pytest.approx(2 * 4096**3 / 494.7e12 + PROFILES["H100"].launch_overhead)
