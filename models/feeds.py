@@ -109,7 +109,7 @@ def example_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
             raise UsageError(f"input {model_input.name!r} is not a tensor; example inputs cover tensors only")
         dtype = helper.tensor_dtype_to_np_dtype(elem_type)
         shape = _static_shape(model_input)
-        if np.issubdtype(dtype, np.floating):
+        if np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16":  # ml_dtypes' bfloat16 is not np.floating
             feeds[model_input.name] = rng.standard_normal(shape).astype(dtype)
         elif np.issubdtype(dtype, np.integer):
             high = _int_high(meta, model_input.name)

@@ -19,6 +19,7 @@ import numpy as np
 from passes.autodiff import TrainingStep
 from passes.gradcheck import params_as_inputs
 from passes.onnx_export import export_model, fill_weights, initializer_values
+from passes.ort_errors import missing_kernel
 from planner.errors import ModelImportError, PlannerError, UsageError
 from planner.graph import Graph
 
@@ -125,7 +126,7 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=providers[provider])
     except Exception as err:  # ORT's own exception types (Fail, InvalidGraph, ...)
-        raise _ort_refused(err, "load") from None
+        raise _ort_refused(err, "load", provider) from None
     if provider == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
         raise UsageError("--provider cuda: ONNX Runtime could not start its CUDA provider here (no GPU, or the "
                          "CUDA and cuDNN libraries it needs are missing; -v shows ORT's warning); use --provider cpu")
@@ -139,7 +140,7 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
         try:
             values = session.run(outputs, {**task.batch(), **weights, **state})
         except Exception as err:
-            raise _ort_refused(err, "run") from None
+            raise _ort_refused(err, "run", provider) from None
         losses.append(float(np.asarray(values[0]).reshape(())))
         if not math.isfinite(losses[-1]):
             raise TrainingDivergedError(
@@ -151,11 +152,16 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     return TrainResult(tuple(losses), task.task, time.perf_counter() - start, session.get_providers()[0])
 
 
-def _ort_refused(err: Exception, what: str) -> Exception:
+def _ort_refused(err: Exception, what: str, provider: str = "cpu") -> Exception:
     """ORT's error as memplan's one line; anything else stays what it is (a bug to see)."""
     if not type(err).__module__.startswith("onnxruntime"):
         return err
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    missing = missing_kernel(first, "CUDA provider" if provider == "cuda" else "CPU provider",
+                             "train in float32" if provider == "cuda" else
+                             "train on a provider that has it (--provider cuda) or in float32")
+    if missing is not None:
+        return missing
     return ModelImportError(f"ONNX Runtime could not {what} the training step: {first[:300]}")
 
 

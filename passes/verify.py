@@ -27,6 +27,7 @@ import onnx
 
 from passes import alloc_counter
 from passes.onnx_export import save_model
+from passes.ort_errors import missing_kernel
 from planner.errors import PlannerError, UsageError
 
 
@@ -241,6 +242,10 @@ def _child(code: str, args: dict, env: Mapping[str, str], timeout: float, doing:
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        missing = missing_kernel(tail, "CPU provider", "verify runs ORT on the CPU, so it cannot check this "
+                                 "model here; run the planned file on a device (bench/gpu_check.py)")
+        if missing is not None:
+            raise missing
         raise PlannerError(f"{doing} the model in onnxruntime failed: {tail}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -562,24 +562,27 @@ def test_a_fitting_plan_the_closure_bound_proves_optimal_skips_phase_2():
     assert obj["peak_bytes"] <= obj["budget_bytes"] and obj["added_time_pct"] > 0
 
 
-def _fp16_mlp(path, layers=4, batch=512, width=128):
-    """A float16 MLP ending in a scalar loss (MatMul + Add + Relu per layer, mean of squares)."""
+def _fp16_mlp(path, layers=4, batch=512, width=128, elem_type=onnx.TensorProto.FLOAT16):
+    """A float16 (or ``elem_type``) MLP ending in a scalar loss (MatMul + Add + Relu per layer, mean
+    of squares)."""
     rng = np.random.default_rng(0)
     h = onnx.helper
+
+    def weight(values, name):
+        return h.make_tensor(name, elem_type, values.shape, vals=values.astype(np.float32).ravel().tolist())
+
     nodes, inits, cur, dims = [], [], "x", [64] + [width] * layers + [10]
     for i in range(layers + 1):
-        inits += [onnx.numpy_helper.from_array((rng.standard_normal((dims[i], dims[i + 1])) / np.sqrt(dims[i]))
-                                               .astype(np.float16), f"W{i}"),
-                  onnx.numpy_helper.from_array(np.zeros(dims[i + 1], np.float16), f"b{i}")]
+        inits += [weight(rng.standard_normal((dims[i], dims[i + 1])) / np.sqrt(dims[i]), f"W{i}"),
+                  weight(np.zeros(dims[i + 1]), f"b{i}")]
         nodes += [h.make_node("MatMul", [cur, f"W{i}"], [f"m{i}"]), h.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
         cur = f"a{i}"
         if i < layers:
             nodes.append(h.make_node("Relu", [cur], [f"r{i}"]))
             cur = f"r{i}"
     nodes += [h.make_node("Mul", [cur, cur], ["sq"]), h.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
-    f16 = onnx.TensorProto.FLOAT16
-    graph = h.make_graph(nodes, "fp16_mlp", [h.make_tensor_value_info("x", f16, [batch, 64])],
-                         [h.make_tensor_value_info("loss", f16, [])], inits)
+    graph = h.make_graph(nodes, "fp16_mlp", [h.make_tensor_value_info("x", elem_type, [batch, 64])],
+                         [h.make_tensor_value_info("loss", elem_type, [])], inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -602,6 +605,25 @@ def test_verify_of_a_float16_plan_does_not_hold_cpu_float32_fallback_against_the
     assert info["budget"]["within"] is None and "float32" in info["budget"]["text"]
     rc, out, _ = memplan("verify", model, emitted)
     assert rc == 0 and "OVER" not in out and "not the plan's memory" in out
+
+
+def test_bfloat16_on_the_cpu_names_the_missing_kernel_and_what_to_do(tmp_path):
+    """ORT's CPU provider has no bfloat16 kernels for MatMul or Relu. verify said "input 'x' has
+    element type BFLOAT16; example inputs cover float, integer and bool tensors" (exit 2), train
+    "could not load the training step: ... NOT_IMPLEMENTED ..." (exit 3, bad model). Both now name the
+    op and the way forward, exit 1; plan and emit work as for any model."""
+    model = _fp16_mlp(tmp_path / "bf16.onnx", layers=2, batch=64, elem_type=onnx.TensorProto.BFLOAT16)
+    feeds = models.example_feeds(onnx.load(str(model)))
+    assert feeds["x"].dtype.name == "bfloat16" and feeds["x"].shape == (64, 64) and np.std(feeds["x"]) > 0.5
+    emitted = tmp_path / "bf16.planned.onnx"
+    rc, _, err = memplan("plan", model, "--budget", "100%", "--emit", emitted)
+    assert rc == 0, err
+    for args, advice in ((("verify", model, emitted), "cannot check this model here"),
+                         (("train", model, "--steps", "2"), "--provider cuda")):
+        rc, out, err = memplan(*args)
+        line = err.strip()
+        assert rc == 1 and "\n" not in line and "Traceback" not in err, (args, out, err)
+        assert "CPU provider has no kernel for" in line and "bfloat16" in line and advice in line, line
 
 
 def test_float32_fallback_casts_are_none_for_float32_and_cast_islands():
