@@ -24,7 +24,7 @@ def live_at_peak(lv: Liveness, top: int | None = None) -> list[dict[str, Any]]:
     """Buffers resident at the peak step, largest first, with their tensors and intervals."""
     g = lv.graph
     rows = []
-    for b in lv.live_buffers(lv.peak_step)[: top if top else None]:
+    for b in lv.live_buffers(lv.peak_step)[:top]:  # None: all; 0 (--top 0): none
         t = g.tensors[int(lv.buffer_root[b])]
         producer = g.nodes[t.producer]
         rows.append({

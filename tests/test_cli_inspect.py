@@ -115,3 +115,12 @@ def test_external_data_outside_folder(tmp_path, location):
 def test_bad_dim_flag_is_usage_error(mlp_path):
     rc, _, err = memplan("inspect", mlp_path, "--dim", "batch")
     assert rc == 2 and "NAME=POSITIVE_INT" in err
+
+
+def test_top_limits_the_tensors_listed_and_zero_lists_none(mlp_path):
+    for top, listed in ((0, 0), (1, 1)):
+        rc, out, err = memplan("inspect", mlp_path, "--dim", "batch=8", "--top", str(top), "--json")
+        assert rc == 0, err
+        assert len(json.loads(out)["live_at_peak"]) == listed
+    rc, out, _ = memplan("inspect", mlp_path, "--dim", "batch=8", "--top", "0")
+    assert rc == 0 and "(0 shown)" in out and "MatMul" not in out.split("(0 shown)")[1]
