@@ -988,6 +988,14 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         if unused:
             raise UsageError(f"{unused[0]} applies to one plan; {mode} writes no plan or model (plan one batch "
                              "with --dim batch=N, or one budget, to use it)")
+    if sweep_png:
+        # --sweep runs every strategy at 100%..40% of the unplanned peak: these would do nothing
+        explicit = click.get_current_context().get_parameter_source("strategy") is not \
+            click.core.ParameterSource.DEFAULT
+        ignored = [flag for flag, on in (("--budget", budget_text is not None), ("--strategy", explicit)) if on]
+        if ignored:
+            raise UsageError(f"{ignored[0]} applies to one plan; --sweep plans cpsat, greedy and chen at 100%..40% "
+                             f"of the unplanned peak (drop {ignored[0]}, or drop --sweep to plan one budget)")
     if not max_batch:
         lone = [flag for flag, given in (("--max-added-time", max_added_pct is not None),
                                          ("--batch-dim", batch_dim != "batch")) if given]

@@ -220,6 +220,17 @@ def test_plan_options_that_would_do_nothing_are_refused(tmp_path, args, says):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args", [["--budget", "70%"], ["--strategy", "greedy"], ["--strategy", "cpsat"]],
+                         ids=["budget", "strategy", "strategy_default_named"])
+def test_sweep_refuses_the_flags_it_would_ignore(tmp_path, args):
+    """--sweep plans every strategy at 100%..40%: --budget 70% and --strategy greedy were accepted
+    and did nothing (the rows were the same as without them)."""
+    png = tmp_path / "s.png"
+    rc, _, err = memplan("plan", "zoo:mlp", "--sweep", png, "--time-limit", "0.5", *args)
+    assert rc == 2 and f"{args[0]} applies to one plan; --sweep plans cpsat, greedy and chen" in one_line(err), err
+    assert not png.exists()
+
+
 def test_a_budget_is_required_and_a_bare_small_number_is_refused(tmp_path):
     """A walkthrough (stop 51) planned --budget 50 as 50 bytes (exit 1, "infeasible"), and check
     --budget 70 spent its solve on 70 bytes and failed: a forgotten %, now a usage error."""
