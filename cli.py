@@ -227,7 +227,10 @@ def inspect(model: str, train: bool, add_loss: str | None, dims: tuple[str, ...]
     from planner.report import inspect_dict, inspect_table, timeline_png
 
     _output_paths_ok({"--plot": plot}, [model])
-    train = train or bool(add_loss)  # a loss is only for training
+    already = _is_training_step(model)  # inspected as it is, as plan plans it
+    if add_loss and already:
+        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
+    train = (train or bool(add_loss)) and not already  # a loss is only for training
     graph = load_graph(model, parse_dims(dims))
     graph = training_graph(graph, **({"add_loss": add_loss} if add_loss else {})) if train else as_run(graph)
     lv = analyze(graph)
@@ -724,6 +727,7 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
     from passes.onnx_import import load_graph
 
     _output_paths_ok({"-o": output}, [model], models=("-o",))
+    _refuse_training_step(model, "train-graph")
     options = _train_options(default_optimizer="none", keep_grads=keep_grads, **flags)
     forward = load_graph(model, parse_dims(dims))
     _freeze_patterns_match(forward, options.freeze)
@@ -762,6 +766,7 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
     options = _train_options(default_optimizer="adam", **flags)
     if options.optimizer.kind == "none":
         raise UsageError("memplan train needs --optimizer sgd or adam")
+    _refuse_training_step(model, "memplan train")
     forward = load_graph(model, parse_dims(dims))
     if options.add_loss:  # the synthetic task reads the loss (its labels input) from the forward graph
         from dataclasses import replace
@@ -825,15 +830,31 @@ def _graph_costs(graph, device_name: str, costs: str):
     return dev, found.node_time(graph, estimate), transfer, overlap, source
 
 
+def _is_training_step(model: str) -> bool:
+    """MODEL is a training step memplan train-graph wrote (its metadata says so)."""
+    from passes.onnx_import import load_header
+
+    return any(p.key == "memplan.train" for p in load_header(model).metadata_props)
+
+
+def _refuse_training_step(model: str, command: str) -> None:
+    """train-graph and train differentiate a forward model: a step they wrote would be differentiated
+    again (its loss's ancestors, with every float constant there trained: zoo:gpt's Adam step got
+    gradients for its causal mask and GELU constants)."""
+    if _is_training_step(model):
+        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); give {command} "
+                         "the forward model it was made from")
+
+
 def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01,
                    add_loss: str | None = None):
     """MODEL -> (graph to plan, the training options used or None)."""
-    from passes.onnx_import import import_model, load_header
+    from passes.onnx_import import import_model
 
     if add_loss and forward:
         raise UsageError("--add-loss builds a training step; --forward plans the model as it is: "
                          "give only one of them")
-    already = any(p.key == "memplan.train" for p in load_header(model).metadata_props)
+    already = _is_training_step(model)
     if add_loss and already:
         raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
     graph = import_model(model, dims)

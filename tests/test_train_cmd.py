@@ -128,3 +128,27 @@ def test_train_offers_only_optimizers_that_step():
     assert rc == 2 and "'none' is not one of 'sgd', 'adam'" in err
     rc, out, _ = memplan("train-graph", "--help")
     assert "[none|sgd|adam]" in out
+
+
+def test_a_training_step_is_not_differentiated_again(tmp_path):
+    """train-graph of a step train-graph wrote differentiated its loss again: zoo:gpt's Adam step
+    came back with gradients for its causal mask and GELU constants (37 'trainable' where the model
+    has 28), exit 0. train-graph and train now refuse it; inspect --train inspects it as it is, as
+    plan plans it."""
+    step = tmp_path / "step.onnx"
+    rc, _, err = memplan("train-graph", "zoo:gpt?layers=1", "-o", step, "--optimizer", "adam")
+    assert rc == 0, err
+    again = tmp_path / "again.onnx"
+    for args in (["train-graph", step, "-o", again], ["train", step, "--steps", "2"]):
+        rc, out, err = memplan(*args)
+        assert rc == 2 and "is already a training step (memplan train-graph wrote it)" in err, (out, err)
+        assert len(err.strip().splitlines()) == 1
+    assert not again.exists()
+    rc, out, err = memplan("inspect", step, "--json")
+    assert rc == 0, err
+    as_is = json.loads(out)
+    rc, out, err = memplan("inspect", step, "--train", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["nodes"] == as_is["nodes"] and json.loads(out)["peak_bytes"] == as_is["peak_bytes"]
+    rc, _, err = memplan("inspect", step, "--add-loss", "mean")
+    assert rc == 2 and "drop --add-loss" in err
