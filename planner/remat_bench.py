@@ -71,7 +71,7 @@ def run(
                 row = {
                     "graph": label,
                     "n": problem.n,
-                    "budget_pct": round(100 * frac),
+                    "budget_pct": _percent(frac),
                     "budget_bytes": budget,
                     "strategy": strategy,
                     "status": res.status,
@@ -88,10 +88,17 @@ def run(
                     "swap_ins": 0 if res.plan is None else sum(res.plan.counts(problem.n)["swap_in"]),
                 }
                 group.append(row)
-                log.warning("%s %d%% %s: %s", label, row["budget_pct"], strategy, _cells(row)[3:])
+                log.warning("%s %g%% %s: %s", label, row["budget_pct"], strategy, " ".join(_cells(row)[4:]))
             _mark_comparison(group)
             rows.extend(group)
     return rows
+
+
+def _percent(frac: float) -> int | float:
+    """``frac`` as the percentage it was written as: 90 for 0.9, 72.5 for 0.725 (rounding it to
+    an integer labelled 72.5% and 72.4% both "72%")."""
+    pct = round(100 * frac, 6)
+    return int(pct) if pct == int(pct) else pct
 
 
 def _mark_comparison(group: list[dict[str, Any]]) -> None:
@@ -117,7 +124,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     if r.get("swap_ins"):
         status += f", {r['swap_ins']} swap-ins"
     return (
-        r["graph"], str(r["n"]), f"{r['budget_pct']}%", r["strategy"], status,
+        r["graph"], str(r["n"]), f"{r['budget_pct']:g}%", r["strategy"], status,
         "-" if r["peak_over_budget"] is None else f"{r['peak_over_budget']:.3f}",
         "-" if r["added_pct"] is None else f"{r['added_pct']:.2f}",
         f"{r['solve_s']:.1f}",

@@ -444,3 +444,18 @@ def test_a_reader_that_leaves_ends_the_command_quietly():
             "cli.handles_errors(run)()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_bench_remat_labels_a_fractional_budget_as_given(benchmarks_dir, tmp_path):
+    """--budgets 72.5,72.4 planned at 72.5% and 72.4% but labelled both rows "72%" (JSON, table and
+    Markdown): two different budgets under one label."""
+    md = tmp_path / "t.md"
+    rc, out, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--graph", "RL100", "--budgets",
+                           "72.5,72.4,80", "--strategies", "greedy", "--markdown", md, "--json")
+    assert rc == 0, err
+    rows = json.loads(out)["rows"]
+    assert [r["budget_pct"] for r in rows] == [72.5, 72.4, 80]
+    assert rows[0]["budget_bytes"] > rows[1]["budget_bytes"]
+    cells = [line.split(" | ")[2] for line in md.read_text().splitlines()[2:]]
+    assert cells == ["72.5%", "72.4%", "80%"]
+    assert "('greedy'" not in err  # progress lines are words, not a tuple's repr
