@@ -505,3 +505,18 @@ def test_output_paths_are_checked_before_any_work(tmp_path, args, msg):
     res = CliRunner().invoke(cli.main, [a.format(d=d) for a in args])
     assert res.exit_code == 2 and msg.format(d=d) in res.output, res.output
     assert sorted(p.name for p in d.iterdir()) == ["in.csv"] and (d / "in.csv").read_text().startswith("id,")
+
+
+def test_explain_reads_a_plan_in_its_own_node_order():
+    """A plan that computes c before b (another order, as a memory-aware or reverse-walk plan does)
+    was explained in the problem's order: b's live interval [1, 3] and a's residency [0, 1], where
+    the plan runs a at step 0, c at 1, b at 2 and holds a until b has read it."""
+    p = PlanningProblem.build(size=[4, 8, 16, 2], cost=[1, 1, 1, 1], preds=[[], [0], [0], [1, 2]],
+                              names=["a", "b", "c", "d"])
+    plan = Plan.of([("compute", 0), ("compute", 2), ("compute", 1), ("free", 0), ("compute", 3), ("free", 1),
+                    ("free", 2), ("free", 3)], "hand")
+    simulate(p, plan)  # a valid plan
+    entries = explain(p, plan, 10**6)
+    assert [e["name"] for e in entries] == ["a", "c", "b", "d"]
+    got = {e["name"]: (e["live"], e["resident"]) for e in entries}
+    assert got == {"a": ([0, 2], [[0, 2]]), "c": ([1, 3], [[1, 3]]), "b": ([2, 3], [[2, 3]]), "d": ([3, 3], [[3, 3]])}
