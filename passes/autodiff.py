@@ -127,6 +127,11 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     on_path, useful = _backward_reach(forward, loss, active)
     params = [t for t in candidates if useful[t]]
     if not params:
+        if options.freeze and _trains_without_freezing(forward, loss):
+            # the model has weights to train; the user's --freeze patterns took every one of them
+            raise UsageError(f"--freeze {' '.join(options.freeze)} freezes every weight the loss "
+                             f"{forward.tensors[loss].name!r} depends on; there is nothing left to train "
+                             "(narrow the patterns)")
         only = _undifferentiated(forward, loss, candidates)
         raise ModelImportError(
             f"loss {forward.tensors[loss].name!r} depends on " + (only or "no trainable initializer")
@@ -192,6 +197,14 @@ def _rule_outputs(graph: Graph, node: Node) -> list[int]:
     rule = _rule(node)
     return [k for k, t in enumerate(node.outputs)
             if t != NO_TENSOR and graph.tensors[t].dtype in FLOAT_DTYPES and (rule is None or rule.carries(k))]
+
+
+def _trains_without_freezing(forward: Graph, loss: int) -> bool:
+    """Some trainable initializer reaches ``loss`` through differentiable ops (--freeze aside)."""
+    every = [t.id for t in forward.tensors if t.kind is TensorKind.TRAINABLE]
+    active = _forward_activity(forward, every)
+    _, useful = _backward_reach(forward, loss, active)
+    return any(useful[t] for t in every)
 
 
 def _forward_activity(graph: Graph, params: Sequence[int]) -> list[bool]:

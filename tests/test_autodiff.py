@@ -15,7 +15,8 @@ from passes import gradcheck
 from passes.autodiff import TrainOptions, build_training_graph
 from passes.onnx_export import export_model
 from passes.onnx_import import import_model
-from planner.errors import ModelImportError
+from planner.errors import ModelImportError, UsageError
+from tests.helpers import memplan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 F64 = onnx.TensorProto.DOUBLE
@@ -161,6 +162,18 @@ def test_unsupported_op_off_path_and_freeze(tmp_path):
         build_training_graph(import_model(model))
     step = _fd_check(model, feeds, TrainOptions(freeze=("c",)))
     assert "c" not in step.params and "c_grad" not in step.graph.by_name
+
+
+def test_freezing_every_weight_is_the_users_flag_not_a_bad_model():
+    """--freeze '*' left nothing to train and was reported as a bad model (exit 3); the model is
+    fine, the patterns took every weight: a usage error naming them. A model with no weight on the
+    loss's path stays a bad model."""
+    model, _ = _mlp()
+    with pytest.raises(UsageError, match=r"--freeze \* freezes every weight the loss") as err:
+        build_training_graph(import_model(model), TrainOptions(freeze=("*",)))
+    assert not isinstance(err.value, ModelImportError)
+    rc, _, stderr = memplan("train", "zoo:mlp", "--freeze", "*", "--steps", "2")
+    assert rc == 2 and "narrow the patterns" in stderr
 
 
 def test_a_loss_through_an_output_without_a_gradient_is_refused_not_dropped():
