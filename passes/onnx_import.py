@@ -348,7 +348,12 @@ def initializer_value(init: onnx.TensorProto) -> np.ndarray:
     may drop it again, so a model's weights cost no memory of their own (a 2.2 GB model was held
     three times over by import alone: the file's proto, its copy, the arrays)."""
     if init.data_location != onnx.TensorProto.EXTERNAL:
-        return numpy_helper.to_array(init)
+        try:
+            return numpy_helper.to_array(init)
+        except ValueError as err:  # data that does not fill its dims (onnx.checker refuses it too)
+            raise ModelImportError(f"initializer {init.name!r} of shape {list(init.dims)} holds values that do not "
+                                   f"fill it ({err}); fix the model's initializer (onnx.checker.check_model "
+                                   "reports it)") from None
     if is_stub(init) and init.name in _ASIDE_VALUES:  # a stub whose value the caller holds
         return _ASIDE_VALUES[init.name]
     info = {e.key: e.value for e in init.external_data}

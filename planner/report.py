@@ -23,12 +23,19 @@ def base_breakdown(lv: Liveness) -> dict[str, int]:
 def live_at_peak(lv: Liveness, top: int | None = None) -> list[dict[str, Any]]:
     """Buffers resident at the peak step, largest first, with their tensors and intervals."""
     g = lv.graph
+    step_of = {int(n): s for s, n in enumerate(lv.order)}
     rows = []
     for b in lv.live_buffers(lv.peak_step)[:top]:  # None: all; 0 (--top 0): none
-        t = g.tensors[int(lv.buffer_root[b])]
+        root = g.tensors[int(lv.buffer_root[b])]
+        # an in-place chain's buffer holds, at the peak, the last of its tensors made by then (a
+        # Sigmoid's output written over a Relu's), not the one that allocated it
+        made = [g.tensors[t] for t in lv.tensors_of(b)
+                if g.tensors[t].producer in step_of and step_of[g.tensors[t].producer] <= lv.peak_step]
+        t = max(made, key=lambda u: step_of[u.producer]) if made else root
         producer = g.nodes[t.producer]
         rows.append({
             "tensor": t.name,
+            **({"in_place_of": root.name} if t.id != root.id else {}),
             "shape": list(t.shape),
             "dtype": t.dtype,
             "bytes": int(lv.buffer_size[b]),
@@ -78,7 +85,8 @@ def inspect_table(info: dict[str, Any]) -> str:
     ]
     header = ("tensor", "shape", "dtype", "size", "producer", "steps")
     rows = [
-        (r["tensor"], "x".join(map(str, r["shape"])) or "scalar", r["dtype"], format_bytes(r["bytes"]),
+        (r["tensor"] + (f" (in place of {r['in_place_of']})" if "in_place_of" in r else ""),
+         "x".join(map(str, r["shape"])) or "scalar", r["dtype"], format_bytes(r["bytes"]),
          r["op_type"], f"{r['alloc_step']}-{r['free_step']}")
         for r in info["live_at_peak"]
     ]

@@ -124,3 +124,39 @@ def test_top_limits_the_tensors_listed_and_zero_lists_none(mlp_path):
         assert len(json.loads(out)["live_at_peak"]) == listed
     rc, out, _ = memplan("inspect", mlp_path, "--dim", "batch=8", "--top", "0")
     assert rc == 0 and "(0 shown)" in out and "MatMul" not in out.split("(0 shown)")[1]
+
+
+def _chain(tmp_path, w_values):
+    import onnx.parser
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[256, 4] x) => (float[256, 4] y) <float[4, 4] w = {{{w_values}}}> {{
+            h = MatMul(x, w)
+            r = Relu(h)
+            s = Sigmoid(r)
+            y = Add(s, h)
+        }}"""), str(path))
+    return path
+
+
+def test_an_in_place_buffer_is_listed_by_the_tensor_it_holds_at_the_peak(tmp_path):
+    """Relu and Sigmoid run in place: at the Add, r's buffer holds s. inspect listed it as r (the
+    tensor that allocated it), a tensor dead by then, and never named s."""
+    rc, out, err = memplan("inspect", _chain(tmp_path, ", ".join(["0.5"] * 16)), "--json")
+    assert rc == 0, err
+    rows = {r["tensor"]: r for r in json.loads(out)["live_at_peak"]}
+    assert "s" in rows and rows["s"]["in_place_of"] == "r" and rows["s"]["op_type"] == "Sigmoid"
+    assert "r" not in rows and "in_place_of" not in rows["h"]
+
+
+def test_an_initializer_whose_values_do_not_fill_its_shape_is_one_line():
+    """A float[4, 4] initializer with one value was a numpy traceback."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, _, err = memplan("inspect", _chain(Path(tmp), "0.5"))
+    assert rc == 3 and "initializer 'w' of shape [4, 4] holds values that do not fill it" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
