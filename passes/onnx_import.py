@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import onnx
+import onnx.inliner  # a submodule `import onnx` does not load: model-local functions are inlined at import
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 

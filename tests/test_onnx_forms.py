@@ -1,0 +1,39 @@
+"""ONNX forms real exporters write that the earlier audits did not cover (the ONNX-forms audit):
+model-local functions, zero-size inputs, ... Each runs the CLI in a fresh interpreter, as a user
+does, so an import another command happened to load first cannot hide a missing one."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import memplan
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+def _w(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def test_inspect_inlines_model_local_functions(tmp_path):
+    """A node calling a model-local function (domain my.fn): inspect inlined it with onnx.inliner,
+    which `import onnx` does not load; inspect crashed with AttributeError (exit 1, a traceback)
+    where plan, which had loaded it through the exporter, worked."""
+    square = helper.make_function("my.fn", "Sq", ["a"], ["b"], [helper.make_node("Mul", ["a", "a"], ["b"])],
+                                  [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Sq", ["h"], ["y"], domain="my.fn"),
+         helper.make_node("ReduceMean", ["y"], ["loss"], keepdims=0)],
+        "fn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [numpy_helper.from_array(_w(8, 8), "W")])
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.fn", 1)],
+                                   ir_version=8, functions=[square]), tmp_path / "localfn.onnx")
+    for args in (["inspect", path], ["inspect", path, "--train"]):
+        code, out, err = memplan(*args)
+        assert code == 0 and "Traceback" not in err, err
+        assert "peak" in out
