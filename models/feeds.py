@@ -25,7 +25,7 @@ def _static_shape(model_input: onnx.ValueInfoProto) -> list[int]:
         raise UsageError(f"input {model_input.name!r} has no declared shape; give the model a static input shape")
     shape = []
     for axis, dim in enumerate(tensor_type.shape.dim):
-        if dim.HasField("dim_value") and dim.dim_value > 0:
+        if dim.HasField("dim_value") and dim.dim_value >= 0:  # 0 is a size: an empty tensor
             shape.append(dim.dim_value)
         elif dim.HasField("dim_param"):
             raise UsageError(

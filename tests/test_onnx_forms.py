@@ -37,3 +37,24 @@ def test_inspect_inlines_model_local_functions(tmp_path):
         code, out, err = memplan(*args)
         assert code == 0 and "Traceback" not in err, err
         assert "peak" in out
+
+
+def test_verify_feeds_an_input_with_a_zero_dim(tmp_path):
+    """An input of static shape [0, 8] (an empty batch of a side input) imports and plans, but
+    verify's seeded inputs took dim_value 0 for a missing size and stopped with a usage error
+    (exit 2, "dim 0 has no size")."""
+    N = helper.make_node
+    graph = helper.make_graph(
+        [N("MatMul", ["xz", "W"], ["h"]), N("Relu", ["h"], ["r"]), N("ReduceSum", ["r"], ["s"], keepdims=0),
+         N("MatMul", ["x", "W"], ["hx"]), N("ReduceMean", ["hx"], ["m"], keepdims=0), N("Add", ["s", "m"], ["loss"])],
+        "zero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+                 helper.make_tensor_value_info("xz", TensorProto.FLOAT, [0, 8])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [numpy_helper.from_array(_w(8, 8), "W")])
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                 tmp_path / "zero.onnx")
+    out_model = tmp_path / "zero.planned.onnx"
+    code, _, err = memplan("plan", path, "--budget", "100%", "--time-limit", "2", "--emit", out_model)
+    assert code == 0, err
+    code, out, err = memplan("verify", path, out_model)
+    assert code == 0 and "Traceback" not in err, err
+    assert "outputs      equal" in out
