@@ -192,6 +192,9 @@ ADD_LOSS_HELP = ("Append a loss to a model that ends in predictions, for its tra
                  "language model's logits), mse (new input <output>_target) or mean, on the float output named "
                  "after the colon (default: the only one). The loss becomes the only output.")
 add_loss_option = click.option("--add-loss", "add_loss", default=None, metavar="KIND[:OUTPUT]", help=ADD_LOSS_HELP)
+LOSS_HELP = ("The scalar float output to train as the loss (default: the first; a warning names the others "
+             "where there are several).")
+loss_option = click.option("--loss", default=None, metavar="OUTPUT", help=LOSS_HELP)
 
 
 def training_graph(graph, **options):
@@ -213,13 +216,14 @@ def as_run(graph):
 @click.argument("model")
 @click.option("--train", is_flag=True, help="Inspect the training step (forward + backward).")
 @add_loss_option
+@loss_option
 @dim_option
 @click.option("--top", default=15, show_default=True, type=click.IntRange(min=0), help="Tensors listed at the peak.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of memory over steps.")
 @handles_errors
-def inspect(model: str, train: bool, add_loss: str | None, dims: tuple[str, ...], top: int, as_json: bool,
-            plot: str | None) -> None:
+def inspect(model: str, train: bool, add_loss: str | None, loss: str | None, dims: tuple[str, ...], top: int,
+            as_json: bool, plot: str | None) -> None:
     """Tensors, liveness, constant base and peak of one run of MODEL."""
     from passes.onnx_import import load_graph
     from planner.fileio import atomic_write
@@ -230,9 +234,12 @@ def inspect(model: str, train: bool, add_loss: str | None, dims: tuple[str, ...]
     already = _is_training_step(model)  # inspected as it is, as plan plans it
     if add_loss and already:
         raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
-    train = (train or bool(add_loss)) and not already  # a loss is only for training
+    if loss and already:
+        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --loss")
+    train = (train or bool(add_loss) or bool(loss)) and not already  # a loss is only for training
     graph = load_graph(model, parse_dims(dims))
-    graph = training_graph(graph, **({"add_loss": add_loss} if add_loss else {})) if train else as_run(graph)
+    step = {**({"add_loss": add_loss} if add_loss else {}), **({"loss": loss} if loss else {})}
+    graph = training_graph(graph, **step) if train else as_run(graph)
     lv = analyze(graph)
     info = inspect_dict(lv, model, top)
     if plot:
@@ -847,20 +854,24 @@ def _refuse_training_step(model: str, command: str) -> None:
 
 
 def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none", lr: float = 0.01,
-                   add_loss: str | None = None):
+                   add_loss: str | None = None, loss: str | None = None):
     """MODEL -> (graph to plan, the training options used or None)."""
     from passes.onnx_import import import_model
 
-    if add_loss and forward:
-        raise UsageError("--add-loss builds a training step; --forward plans the model as it is: "
-                         "give only one of them")
+    for flag, given in (("--add-loss", add_loss), ("--loss", loss)):
+        if given and forward:
+            raise UsageError(f"{flag} builds a training step; --forward plans the model as it is: "
+                             "give only one of them")
     already = _is_training_step(model)
-    if add_loss and already:
-        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
+    for flag, given in (("--add-loss", add_loss), ("--loss", loss)):
+        if given and already:
+            raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop {flag}")
     graph = import_model(model, dims)
     if forward or already:
         return as_run(graph), None
-    train = {"optimizer": optimizer, "lr": lr, **({"add_loss": add_loss} if add_loss else {})}
+    # only a --loss given is recorded: plans made before it keep their digest
+    train = {"optimizer": optimizer, "lr": lr, **({"add_loss": add_loss} if add_loss else {}),
+             **({"loss": loss} if loss else {})}
     return training_graph(graph, **train), train
 
 
@@ -927,6 +938,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--lr", type=FiniteFloat(), default=None, help="Learning rate of --optimizer (default 0.01 sgd, 0.003 adam, "
               "as train-graph).")
 @add_loss_option
+@loss_option
 @click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan may take a quarter more for its last resorts).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
@@ -953,7 +965,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--max-added-time", "max_added_pct", type=FiniteFloat(min=0), default=None,
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
 @handles_errors
-def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, add_loss, time_limit, seed,
+def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, optimizer, lr, add_loss, loss, time_limit, seed,
          workers, max_computations, fixed_order, deterministic, wall_cap, swap_bandwidth, swap_overlap, output, emit, pin_order, as_json, explain, arena, ort_arena,
          max_batch, batch_dim, sweep_png, max_added_pct) -> None:
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
@@ -975,9 +987,10 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if lr is not None and optimizer == "none":
         raise UsageError("--lr is the optimizer step's learning rate; add --optimizer sgd or adam (or drop --lr)")
     lr = lr if lr is not None else (0.003 if optimizer == "adam" else 0.01)  # train-graph's defaults
-    train = {"optimizer": optimizer, "lr": lr, "add_loss": add_loss}  # ONNX models: how the step is built
-    if add_loss and is_remat_json(model):
-        raise UsageError("--add-loss applies to ONNX models; a JSON graph is a training graph already")
+    train = {"optimizer": optimizer, "lr": lr, "add_loss": add_loss, "loss": loss}  # ONNX models: how the step is built
+    for flag, given in (("--add-loss", add_loss), ("--loss", loss)):
+        if given and is_remat_json(model):
+            raise UsageError(f"{flag} applies to ONNX models; a JSON graph is a training graph already")
     onnx_only = {"--dim": bool(dims), "--forward": forward, "--optimizer": optimizer != "none", "--arena": arena,
                  "--pin-order": pin_order, "--swap": swap, "--device": device_name != "H100"}
     given = [flag for flag, on in onnx_only.items() if on]

@@ -172,6 +172,11 @@ def _pick_loss(graph: Graph, name: str | None) -> int:
                 "or in the model (e.g. SoftmaxCrossEntropyLoss or ReduceMean of a squared error)"
             )
         tid = scalars[0]
+        if len(scalars) > 1:
+            # two scalar outputs (a loss and a metric, an auxiliary loss): the first may not be the one
+            others = ", ".join(repr(graph.tensors[o].name) for o in scalars[1:])
+            log.warning("training %r as the loss, the first of the scalar float outputs (also %s); "
+                        "name the loss with --loss OUTPUT", graph.tensors[tid].name, others)
     t = graph.tensors[tid]
     if t.dtype not in FLOAT_DTYPES or int(np.prod(t.shape)) != 1:
         raise UsageError(f"loss {t.name!r} must be a one-element float tensor, got {t.dtype}{list(t.shape)}")

@@ -58,3 +58,36 @@ def test_verify_feeds_an_input_with_a_zero_dim(tmp_path):
     code, out, err = memplan("verify", path, out_model)
     assert code == 0 and "Traceback" not in err, err
     assert "outputs      equal" in out
+
+
+def _two_scalar_outputs(tmp_path: Path) -> Path:
+    """A model whose first scalar output is a metric (ReduceMax) and whose second is the loss."""
+    N = helper.make_node
+    graph = helper.make_graph(
+        [N("MatMul", ["x", "W"], ["h"]), N("Relu", ["h"], ["r"]), N("ReduceMean", ["r"], ["loss"], keepdims=0),
+         N("ReduceMax", ["h"], ["aux"], keepdims=0)],
+        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("aux", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [numpy_helper.from_array(_w(8, 8), "W")])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                 tmp_path / "two.onnx")
+
+
+def test_plan_names_the_loss_of_a_model_with_two_scalar_outputs(tmp_path):
+    """plan and inspect --train trained the first scalar output, silently, and had no --loss (only
+    train-graph had): a model listing a metric before its loss got the metric's gradients. Now a
+    warning names the pick and the others, and --loss picks one; verify and the planned model
+    follow it."""
+    path = _two_scalar_outputs(tmp_path)
+    code, _, err = memplan("inspect", path, "--train")
+    assert code == 0 and "'aux' as the loss" in err and "'loss'" in err and "--loss" in err, err
+    planned = tmp_path / "two.planned.onnx"
+    code, _, err = memplan("plan", path, "--budget", "100%", "--time-limit", "2", "--loss", "loss", "--emit", planned)
+    assert code == 0 and "as the loss" not in err, err
+    assert [o.name for o in onnx.load(planned).graph.output] == ["loss", "W_grad"]
+    code, out, err = memplan("verify", path, planned)
+    assert code == 0 and "outputs      equal" in out, err
+    code, _, err = memplan("inspect", path, "--loss", "nope")
+    assert code == 2 and "'nope' is not an output" in err, err
+    code, _, err = memplan("plan", path, "--budget", "100%", "--loss", "loss", "--forward")
+    assert code == 2 and "--forward" in err, err
