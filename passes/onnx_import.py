@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
 from planner.errors import ModelImportError, PlannerError
-from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder
+from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind
 
 log = logging.getLogger(__name__)
 
@@ -1040,6 +1040,20 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
                     f"{display}: node {node.name!r} ({node.op_type}) makes a sequence, {name!r}; memplan plans "
                     "tensors only: export the model without sequence ops (a fixed number of tensors)"
                 )
+            if name not in shapes and node.op_type in OPTIONAL_OPS and node.domain in ("", "ai.onnx"):
+                raise ModelImportError(
+                    f"{display}: node {node.name!r} ({node.op_type}) makes an optional, {name!r}; memplan plans "
+                    "tensors only: export the model without Optional ops"
+                )
+            if name not in shapes and node.op_type in DATA_SHAPED_OPS and node.domain in ("", "ai.onnx") \
+                    and (node.op_type in VALUE_SHAPED_OPS or any(
+                        b.tensor(t).kind in (TensorKind.INPUT, TensorKind.ACTIVATION) for t in ins[1:] if t != NO_TENSOR)):
+                raise ModelImportError(
+                    f"{display}: the shape of {name!r}, output of node {node.name!r} ({node.op_type}), depends on "
+                    "the values of its inputs, not only their shapes (a data-dependent shape); memplan plans static "
+                    "shapes: make the shape, count or size a constant in the model (e.g. an initializer) or "
+                    "export without this op"
+                )
             given = ", ".join(str(list(b.tensor(t).shape)) for t in ins if t != NO_TENSOR)
             shape, et = _require_shape(name, shapes, display, f"output of node {node.name!r} ({node.op_type}) "
                                        f"with inputs of shape {given or 'none'}")
@@ -1097,6 +1111,16 @@ def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int,
         "--dim to those sizes or re-export with these dims"
     )
 
+
+#: Ops whose output shape follows the values (not just the shapes) of their inputs: without a
+#: constant there, onnx infers no static shape for it.
+DATA_SHAPED_OPS = frozenset({"NonZero", "Unique", "TopK", "Reshape", "Expand", "Tile", "ConstantOfShape", "Range",
+                             "Slice", "Pad", "OneHot", "Resize", "Upsample", "Compress", "NonMaxSuppression",
+                             "StringSplit", "CenterCropPad"})
+#: Of those, the ones whose output shape follows the values of their data input itself.
+VALUE_SHAPED_OPS = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit"})
+#: Ops that make or read ONNX optionals (not tensors), which memplan does not plan.
+OPTIONAL_OPS = frozenset({"Optional", "OptionalGetElement", "OptionalHasElement"})
 
 #: Ops that make ONNX sequences (not tensors), which memplan does not plan.
 SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SplitToSequence",

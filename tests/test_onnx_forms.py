@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.parser
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import memplan
@@ -91,3 +92,27 @@ def test_plan_names_the_loss_of_a_model_with_two_scalar_outputs(tmp_path):
     assert code == 2 and "'nope' is not an output" in err, err
     code, _, err = memplan("plan", path, "--budget", "100%", "--loss", "loss", "--forward")
     assert code == 2 and "--forward" in err, err
+
+
+def test_data_dependent_shapes_and_optionals_are_named(tmp_path):
+    """NonZero, a TopK whose k is an input, a Reshape to a shape computed from data, an Optional:
+    each was refused with "a symbolic dim may be unbound (bind it with --dim ...)", which sends the
+    user after a --dim that does not exist. The refusal now says what the op is (exit 3, one line)."""
+    cases = {
+        "nonzero": ("(float[4, 3] x) => (float loss)", "nz = NonZero(h)\n f = Cast<to=1>(nz)\n loss = ReduceSum<keepdims=0>(f)",
+                    "data-dependent shape"),
+        "topk": ("(float[4, 3] x, int64[1] k) => (float loss)", "v, i = TopK<axis=1>(h, k)\n loss = ReduceMean<keepdims=0>(v)",
+                 "data-dependent shape"),
+        "reshape": ("(float[4, 3] x, int64[2] s) => (float loss)", "r = Reshape(h, s)\n loss = ReduceMean<keepdims=0>(r)",
+                    "data-dependent shape"),
+        "optional": ("(float[4, 3] x) => (float loss)", "o = Optional(h)\n e = OptionalGetElement(o)\n loss = ReduceMean<keepdims=0>(e)",
+                     "makes an optional"),
+    }
+    for name, (signature, body, says) in cases.items():
+        text = (f'<ir_version: 8, opset_import: ["" : 15]>\ng {signature} <float[3, 3] W = {{1,2,3,4,5,6,7,8,9}}>\n'
+                f"{{\n h = MatMul(x, W)\n {body}\n}}")
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(onnx.parser.parse_model(text), path)
+        code, _, err = memplan("inspect", path)
+        lines = err.strip().splitlines()
+        assert code == 3 and len(lines) == 1 and says in err and "--dim" not in err, (name, err)
