@@ -469,7 +469,8 @@ class _Builder:
         for p in param_ids:
             g, name = self.grads[p], f"{self.b.tensor(p).name}_grad"
             if name in taken or self.b.has(name):
-                raise ModelImportError(f"cannot name the gradient of {self.b.tensor(p).name!r}: {name!r} is taken")
+                raise ModelImportError(f"cannot name the gradient of {self.b.tensor(p).name!r}: the model already has a "
+                                       f"tensor {name!r}, the name the step gives it; rename that tensor in the model")
             if self.b.tensor(g).producer >= n_forward and g not in renames:
                 renames[g] = name
             elif outputs:

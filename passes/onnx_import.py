@@ -1008,7 +1008,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
     for node in _topo_order(g, set(b._by_name), display):  # noqa: SLF001 - builder is ours
         if node.op_type in CONTROL_FLOW:
             raise ModelImportError(
-                f"{display}: node {node.name!r} is a {node.op_type}; control flow is not supported "
+                f"{display}: node {node.name or '(unnamed)'!r} is {'an' if node.op_type[0] in 'AEIOU' else 'a'} "
+                f"{node.op_type}; control flow is not supported "
                 "(export the model with static control flow)"
             )
         ins = []

@@ -116,3 +116,27 @@ def test_data_dependent_shapes_and_optionals_are_named(tmp_path):
         code, _, err = memplan("inspect", path)
         lines = err.strip().splitlines()
         assert code == 3 and len(lines) == 1 and says in err and "--dim" not in err, (name, err)
+
+
+def test_control_flow_and_a_taken_gradient_name_say_what_to_do(tmp_path):
+    """'node '' is a If' read badly and named no node; "'W_grad' is taken" said nothing to do."""
+    branch = lambda v: helper.make_graph(  # noqa: E731
+        [helper.make_node("Constant", [], ["o"], value=numpy_helper.from_array(np.full(8, v, np.float32)))],
+        f"b{v}", [], [helper.make_tensor_value_info("o", TensorProto.FLOAT, [8])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch(1.0), else_branch=branch(2.0))],
+        "cf", [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                 tmp_path / "if.onnx")
+    code, _, err = memplan("inspect", path)
+    assert code == 3 and "node '(unnamed)' is an If; control flow is not supported" in err
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["W_grad"]), helper.make_node("ReduceMean", ["W_grad"], ["loss"],
+                                                                              keepdims=0)],
+        "taken", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [numpy_helper.from_array(_w(8, 8), "W")])
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                 tmp_path / "taken.onnx")
+    code, _, err = memplan("inspect", path, "--train")
+    assert code == 3 and "already has a tensor 'W_grad'" in err and "rename that tensor" in err
