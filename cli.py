@@ -960,7 +960,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits an absolute --budget "
               "(e.g. 8GiB), unplanned and planned.")
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen; --budget is ignored.")
+              help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen, each point what "
+                   "--budget P% --strategy S reports (with --json: the rows); takes no --budget or --strategy.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
 @click.option("--max-added-time", "max_added_pct", type=FiniteFloat(min=0), default=None,
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
@@ -1047,11 +1048,12 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if is_remat_json(model):
         if emit:
             raise UsageError("--emit writes ONNX models; MODEL is a JSON graph (use -o for the plan)")
-        from planner.planning import solve
+        from planner.planning import plan_strategy, solve
 
         problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
         budget = budget_spec.bytes if budget_spec.bytes is not None else problem.budget_for(budget_spec.fraction)
-        result = solve(problem, budget, strategy, options)
+        # a baseline at a budget the graph fits as it is returns it unplanned, as for ONNX models
+        result = solve(problem, budget, plan_strategy(problem, budget, strategy), options)
         obj = result.to_json(problem)
         planned = None
     else:
@@ -1196,21 +1198,25 @@ def _some_batch_fits(result, model: str, budget: int) -> None:
 
 def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_bandwidth, swap_overlap,
            as_json, costs="device") -> None:
-    """--sweep: every strategy at 100%..40% of the unplanned peak; a PNG and a table."""
+    """--sweep: every strategy at 100%..40% of the unplanned peak; a PNG and a table. Each row is
+    what ``plan --budget P% --strategy S`` with the same options reports: for an ONNX model
+    passes.plan_model.sweep_graph (the budget a share of the model's own unplanned peak, the peak
+    the rewritten model's), for a JSON graph planner.sweep.sweep."""
     from planner.fileio import atomic_write
-    from planner.lowering import lower
     from planner.problem import is_remat_json
     from planner.sweep import sweep, sweep_png
 
+    fractions = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+    strategies = ["cpsat", "greedy", "chen"]
     if is_remat_json(model):
-        problem = _load_planning_problem(model, swap_bandwidth, swap_overlap)
+        rows = sweep(_load_planning_problem(model, swap_bandwidth, swap_overlap), fractions, strategies, options)
     else:
+        from passes.plan_model import sweep_graph
+
         graph, _ = _graph_to_plan(model, dims, forward, **train)
         _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs)
-        problem, _ = lower(graph, node_time=node_time, transfer_time=transfer if swap else None,
-                           copy_overlap=overlap, time_unit="s")
-    fractions = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
-    rows = sweep(problem, fractions, ["cpsat", "greedy", "chen"], options)
+        rows = sweep_graph(graph, fractions, strategies, options, node_time=node_time,
+                           transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
     atomic_write(png, sweep_png(rows, f"{model}: budget vs added time"))
     if as_json:
         emit_json({"schema": "memplan.sweep/1", "model": model, "rows": rows})

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from passes.function_ops import inline_functions
 from passes.pin_order import pin_order
@@ -27,6 +27,7 @@ from planner.lowering import Lowering, lower
 from planner.plan import SolveResult
 from planner.planning import solve
 from planner.problem import PlanningProblem
+from planner.units import share_of
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def plan_graph(
     time_unit: str = "",
     pin: bool = False,
     ort_arena: OrtArena | None = None,
+    lowered: tuple[PlanningProblem, Lowering] | None = None,
 ) -> PlannedModel:
     """Lower, solve, rewrite and re-check (see module docstring).
 
@@ -141,11 +143,13 @@ def plan_graph(
     not, the solve is repeated for the budget scaled down by the arena's overshoot, then bisected
     between the highest target whose plan fit and the lowest above it whose plan did not (the
     replay's overshoot jumps from plan to plan), and the cheapest plan that fit is returned.
+    ``lowered``: ``lower_graph(graph, ...)`` with these same costs, for a caller that plans one
+    graph at many budgets (:func:`sweep_graph`); lowered here otherwise.
     """
     # function ops as ORT runs them (their bodies); the graphs memplan builds have none left
     graph = inline_functions(graph)
-    problem, lowering = lower(graph, node_time=node_time, transfer_time=transfer_time,
-                              copy_overlap=copy_overlap, time_unit=time_unit)
+    problem, lowering = lowered or lower(graph, node_time=node_time, transfer_time=transfer_time,
+                                         copy_overlap=copy_overlap, time_unit=time_unit)
     target = budget
     own = analyze(graph).peak_bytes  # the model's own (unplanned) peak
     if strategy in ("greedy", "chen") and own <= budget:
@@ -230,6 +234,53 @@ def plan_graph(
                               f"peaks at {lowest_over} bytes: a budget of that fits it), and tighter solves "
                               f"found none")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over)
+
+
+def lower_graph(graph: Graph, *, node_time: Callable | None = None,
+                transfer_time: Callable[[int], float] | None = None, copy_overlap: bool = True,
+                time_unit: str = "") -> tuple[PlanningProblem, Lowering]:
+    """The (problem, lowering) :func:`plan_graph` plans ``graph`` with, for its ``lowered``."""
+    return lower(inline_functions(graph), node_time=node_time, transfer_time=transfer_time,
+                 copy_overlap=copy_overlap, time_unit=time_unit)
+
+
+def sweep_graph(graph: Graph, fractions: Sequence[float], strategies: Sequence[str], options: PlannerOptions,
+                *, node_time: Callable | None = None, transfer_time: Callable[[int], float] | None = None,
+                copy_overlap: bool = True, time_unit: str = "") -> list[dict[str, Any]]:
+    """``memplan plan --sweep`` for a graph: one row per (strategy, fraction), each what ``memplan
+    plan --budget P% --strategy S`` reports for it (:func:`plan_graph`): the budget is the fraction
+    of the graph's own unplanned peak (not of the lowered problem's, which counts in-place outputs
+    apart and may peak a little higher: zoo:mlp?batch=2, 343376 against 342864 bytes), the status
+    is the plan's (a baseline at a budget the graph fits as it is returns the graph unplanned,
+    "optimal"), ``peak_bytes`` is the rewritten graph's liveness peak and ``added_time_pct`` the
+    plan's added time over the step's compute time (both None without a plan); ``solve_s`` is the
+    row's whole wall time (re-solves and rewrites included). ``transfer_time`` (swapping) is for
+    cpsat only: the baselines recompute only (``plan`` refuses them with --swap). The lowering is
+    shared by every row; as in --max-batch, a row that fits no plan only says so (least_share 0)."""
+    import time
+
+    options = replace(options, least_share=0.0)
+    own = analyze(graph).peak_bytes
+    lowered: dict[bool, tuple[PlanningProblem, Lowering]] = {}
+    rows = []
+    for strategy in strategies:
+        transfer = transfer_time if strategy == "cpsat" else None
+        if (swapping := transfer is not None) not in lowered:
+            lowered[swapping] = lower_graph(graph, node_time=node_time, transfer_time=transfer,
+                                            copy_overlap=copy_overlap, time_unit=time_unit)
+        for f in fractions:
+            budget = share_of(own, f)
+            t0 = time.perf_counter()
+            pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
+                            transfer_time=transfer, copy_overlap=copy_overlap, time_unit=time_unit,
+                            lowered=lowered[swapping])
+            r, added = pm.result, None
+            if pm.ok:  # as plan.json's added_time_pct
+                added = 100.0 * r.added_time / r.compute_time if r.compute_time > 0 else 0.0
+            rows.append({"strategy": strategy, "budget_fraction": f, "budget_bytes": budget, "status": r.status,
+                         "peak_bytes": pm.peak_bytes if pm.ok else None, "added_time_pct": added,
+                         "solve_s": round(time.perf_counter() - t0, 3)})
+    return rows
 
 
 # ---- max batch -----------------------------------------------------------------------------------

@@ -6,19 +6,23 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from planner.cpsat import PlannerOptions
-from planner.planning import solve
+from planner.planning import plan_strategy, solve
 from planner.problem import PlanningProblem
 
 
 def sweep(problem: PlanningProblem, fractions: Sequence[float], strategies: Sequence[str],
           options: PlannerOptions) -> list[dict[str, Any]]:
-    """One row per (strategy, budget): status, peak and added time (% of compute) when a plan fits."""
+    """One row per (strategy, budget) of a problem (a JSON graph; ONNX models sweep with
+    passes.plan_model.sweep_graph): what ``memplan plan --budget P% --strategy S`` reports for it,
+    its budget the fraction of the problem's unplanned peak, its status, peak and added time (% of
+    compute) when a plan fits (a baseline where the graph fits as it is returns it unplanned:
+    planning.plan_strategy)."""
     rows = []
     options = replace(options, least_share=0.0)  # a row only says "infeasible", not how low plans get
     for strategy in strategies:
         for f in fractions:
             budget = problem.budget_for(f)
-            r = solve(problem, budget, strategy, options)
+            r = solve(problem, budget, plan_strategy(problem, budget, strategy), options)
             ok = r.plan is not None
             rows.append({"strategy": strategy, "budget_fraction": f, "budget_bytes": budget, "status": r.status,
                          "peak_bytes": r.peak_bytes if ok else None,
