@@ -1342,6 +1342,9 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     if digest is not None and digest not in (plan_digest(obj), plan_digest(obj, legacy=True)):
         raise UsageError(f"{plan_path} was changed after memplan plan wrote it (its plan_digest no longer matches "
                          "its fields); make a new plan with memplan plan -o")
+    bad = _plan_field_error(obj)
+    if bad:
+        raise UsageError(f"{plan_path}: {bad}; make a new plan with memplan plan -o")
     train = obj.get("train")
     graph, _ = _graph_to_plan(model, obj.get("dims") or {}, train is None, **(train or {}))
     if fingerprint(graph) != obj["model_fingerprint"]:
@@ -1364,11 +1367,48 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
         peak = analyze(planned).peak_bytes
     made = {k: obj.get(k) for k in ("dims", "train", "device", "costs", "budget_bytes", "model_fingerprint")}
     if obj.get("compute_time"):
-        made["added_time_fraction"] = obj.get("added_time", 0.0) / obj["compute_time"]
+        made["added_time_fraction"] = obj["added_time"] / obj["compute_time"]
     made.update(source=model, peak_bytes=peak, pin_order=pin)
     write_model(planned, output, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin,
                 mem_pattern=not pin)
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
+
+
+def _plan_field_error(obj: dict) -> str | None:
+    """What in a plan object rewrite cannot use, in words (None: nothing). A plan without a digest
+    (written before digests, or edited and the digest dropped) is read field by field: a field of
+    the wrong type was a TypeError/AttributeError traceback (a list for ``train``, a string for
+    ``schedule``), and a ``budget_bytes`` that is no integer skipped the replay against the budget."""
+    def integer(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def number(v: Any) -> bool:
+        return (integer(v) or isinstance(v, float)) and math.isfinite(v)
+
+    status, schedule = obj.get("status"), obj.get("schedule")
+    if status not in ("optimal", "feasible") or schedule is None:
+        return (f"it holds no plan (status {status!r}: memplan plan found none within its budget), "
+                "so there is nothing to apply")
+    train, dims, arena = obj.get("train"), obj.get("dims"), obj.get("ort_arena")
+    checks = (
+        ("schedule", isinstance(schedule, list) and all(isinstance(e, dict) for e in schedule), "a list of events"),
+        ("train", train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss"}
+                                    and isinstance(train.get("optimizer", ""), str) and number(train.get("lr", 0))
+                                    and isinstance(train.get("add_loss") or "", str)),
+         "an object of optimizer, lr and add_loss"),
+        ("dims", dims is None or (isinstance(dims, dict) and all(integer(v) for v in dims.values())),
+         "an object of NAME: integer"),
+        ("budget_bytes", integer(obj.get("budget_bytes")), "an integer"),
+        ("compute_time", number(obj.get("compute_time")), "a number"),
+        ("added_time", number(obj.get("added_time")), "a number"),
+        ("ort_arena", arena is None or (isinstance(arena, dict) and (arena.get("primed_bytes") is None
+                                                                      or integer(arena.get("primed_bytes")))),
+         "an object whose primed_bytes is an integer"),
+    )
+    for field, ok, what in checks:
+        if not ok:
+            return f"its {field} is not {what}"
+    return None
 
 
 def _bench_group() -> click.Group:

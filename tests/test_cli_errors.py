@@ -296,6 +296,32 @@ def test_rewrite_refuses_an_edited_plan(planned, tmp_path):
     assert not (tmp_path / "b.onnx").exists()
 
 
+def test_rewrite_refuses_a_malformed_plan_without_a_digest(planned, tmp_path):
+    """A plan without a digest is read field by field: a field of the wrong type is one line, not
+    a traceback (a list for train was a TypeError, a string schedule an AttributeError), a
+    budget that is no integer is not a way around the replay against it, and a plan JSON that
+    holds no plan (`plan --json` of an infeasible budget) says so, not 'another model's plan'."""
+    plan, _ = planned
+    old = {k: v for k, v in json.loads(plan.read_text()).items() if k != "plan_digest"}
+    edited, out = tmp_path / "edited.json", tmp_path / "out.onnx"
+    cases = (({"train": ["sgd"]}, "its train is not"), ({"dims": ["batch"]}, "its dims is not"),
+             ({"schedule": "compute"}, "its schedule is not a list of events"),
+             ({"schedule": ["compute"]}, "its schedule is not a list of events"),
+             ({"budget_bytes": "big"}, "its budget_bytes is not an integer"),
+             ({"compute_time": "x"}, "its compute_time is not a number"),
+             ({"added_time": None}, "its added_time is not a number"),
+             ({"ort_arena": {"primed_bytes": "x"}}, "its ort_arena is not"),
+             ({"status": "infeasible", "schedule": None}, "it holds no plan (status 'infeasible'"))
+    for change, says in cases:
+        edited.write_text(json.dumps({**old, **change}))
+        rc, _, err = memplan("rewrite", "zoo:cnn", edited, "-o", out)
+        assert rc == 2 and says in one_line(err), (change, err)
+        assert not out.exists()
+    edited.write_text(json.dumps(old))  # the same plan, its digest dropped: still applied
+    rc, _, err = memplan("rewrite", "zoo:cnn", edited, "-o", out)
+    assert rc == 0 and out.is_file(), err
+
+
 def test_verify_refuses_what_it_cannot_compare(planned, tmp_path):
     _, model = planned
     rc, _, err = memplan("verify", model, "zoo:cnn")
