@@ -1132,8 +1132,14 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         raise UsageError("--max-batch needs an absolute --budget (e.g. 8GiB), not a percentage")
     budget = budget_spec.bytes
     _, node_time, transfer, overlap = _device_costs(device_name)
+    if batch_dim in dims:  # every probe sets it: --dim batch=4 was dropped without a word
+        raise UsageError(f"--dim {batch_dim}={dims[batch_dim]}: --max-batch grows {batch_dim!r} itself; drop it "
+                         f"(or plan that one batch without --max-batch)")
     if model.startswith("zoo:"):
         name, opts = models.parse_spec(model)
+        if batch_dim in opts:
+            raise UsageError(f"{model}: --max-batch grows {batch_dim!r} itself; drop {batch_dim}={opts[batch_dim]} "
+                             f"from the spec (or plan that one batch without --max-batch)")
         if batch_dim not in models.ZOO[name].option_names:
             raise UsageError(f"--batch-dim {batch_dim!r}: zoo:{name} has no such option (options: "
                              f"{', '.join(models.ZOO[name].option_names)}); name the one to grow with --batch-dim")

@@ -258,6 +258,17 @@ def test_max_batch_fails_when_no_batch_fits():
     assert rc == 2 and "--batch-dim 'nope': zoo:cnn has no such option" in one_line(err)
 
 
+@pytest.mark.parametrize("model, dims, says", [
+    ("zoo:mlp?batch=4", [], "zoo:mlp?batch=4: --max-batch grows 'batch' itself; drop batch=4 from the spec"),
+    ("zoo:mlp", ["--dim", "batch=4"], "--dim batch=4: --max-batch grows 'batch' itself"),
+], ids=["zoo_spec", "dim"])
+def test_max_batch_refuses_a_batch_it_would_overwrite(model, dims, says):
+    """Every --max-batch probe sets the batch dim: a batch given in the zoo spec or with --dim
+    was dropped without a word (the same answer as without it, as if it were a starting point)."""
+    rc, _, err = memplan("plan", model, "--budget", "2MiB", "--max-batch", "--strategy", "greedy", *dims)
+    assert rc == 2 and says in one_line(err), err
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     """zoo:cnn planned at 90%: its plan JSON and its planned model."""
