@@ -232,13 +232,16 @@ def run_checks(
 
     ``load`` turns an item into the graph to judge (forward or training step) and raises
     ModelImportError for a bad model; such an item yields error verdicts and the others still
-    run. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
+    run. Every item is loaded before the first plan, so a UsageError ``load`` raises (named
+    after its model) ends the run before any planning. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
     item)``: the least limit ORT's arena runs ``graph`` under, for items with ``ort_arena``.
     """
     if arena is None and any(item.ort_arena for item in items):
         raise UsageError("ort_arena needs an arena replay, which this build does not have")
-    verdicts: list[Verdict] = []
-    total = sum(len(item.budgets) for item in items)
+    # Every model is loaded before any plan: a problem only the model reveals (an --add-loss
+    # output it lacks, a loss that is not a scalar) is a usage error, and it must stop the gate
+    # before minutes of planning on the models listed before it, not after.
+    loaded = []
     for item in items:
         start = time.perf_counter()
         try:
@@ -246,12 +249,21 @@ def run_checks(
             peak = analyze(graph).peak_bytes
             need = arena(graph, item) if item.ort_arena else None
         except ModelImportError as err:
-            elapsed = time.perf_counter() - start
+            loaded.append((item, None, None, None, str(err), time.perf_counter() - start))
+            continue
+        except UsageError as err:  # name the model: with several, the message may name only its graph
+            raise UsageError(f"{item.label or item.model}: {err}") from None
+        loaded.append((item, graph, peak, need, None, time.perf_counter() - start))
+    verdicts: list[Verdict] = []
+    total = sum(len(item.budgets) for item in items)
+    for item, graph, peak, need, error, load_s in loaded:
+        if error is not None:
             verdicts.extend(
-                Verdict(item, text, None, None, None, error=str(err), wall_s=elapsed) for text, _ in item.budgets
+                Verdict(item, text, None, None, None, error=error, wall_s=load_s) for text, _ in item.budgets
             )
             continue
         log.info("%s: unplanned peak %s", item.name, format_bytes(peak))
+        start = time.perf_counter() - load_s  # the first budget's time includes the load
         for text, budget in item.budgets:
             budget_bytes = budget.resolve(peak)  # a share is of the liveness peak, with ort_arena too
             plan = None

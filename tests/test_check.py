@@ -573,3 +573,22 @@ def test_ort_arena_from_the_config_and_the_command_line(tmp_path, mlp):
     assert [i.ort_arena for i in load_config(cfg)] == ["next-power-of-two", "same-as-requested"]
     forced = load_config(cfg, Overrides(ort_arena="same-as-requested"))
     assert [i.ort_arena for i in forced] == ["same-as-requested"] * 2
+
+
+def test_a_usage_error_only_a_model_reveals_stops_the_gate_before_any_plan(mlp, tmp_path, monkeypatch):
+    # entry 1 needs a plan; entry 2 asks for a loss on an output its model lacks. The usage error
+    # must come before entry 1 is planned (not after minutes of solving), name the model the
+    # message is about (torch exports all call their graph 'main_graph'), and write no report.
+    other = tmp_path / "other.onnx"
+    other.write_bytes(mlp.read_bytes())
+    config = tmp_path / "memplan.toml"
+    config.write_text('dims = { batch = 32 }\n'
+                      '[[check]]\nmodel = "mlp.onnx"\nbudget = "50KiB"\n'
+                      '[[check]]\nmodel = "other.onnx"\nbudget = "1GiB"\nadd_loss = "mse:nope"\n')
+    junit = tmp_path / "j.xml"
+    fake = FakePlanner()
+    rc, out, err = run(["--config", config, "--junit", junit], monkeypatch, fake)
+    assert rc == 2 and out == ""
+    line = one_error_line(err)
+    assert "other.onnx" in line and "'nope' is not an output" in line
+    assert fake.calls == [] and not junit.exists()
