@@ -8,6 +8,7 @@ summary (``$GITHUB_STEP_SUMMARY``).
 """
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from typing import Any, Sequence
 
@@ -156,6 +157,18 @@ def _failure_message(v: Verdict) -> str:
             f"with a plan: {v.plan_note}")
 
 
+#: Characters XML 1.0 cannot carry, even escaped (C0 controls but tab and newlines, surrogates,
+#: U+FFFE/U+FFFF): ElementTree writes them as they are, and every JUnit reader then rejects the file.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml(text: str | None) -> str | None:
+    """``text`` with each character XML 1.0 cannot hold written as its escape (ESC -> \\x1b)."""
+    if text is None:
+        return None
+    return _NOT_XML.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
 def to_junit(verdicts: Sequence[Verdict]) -> str:
     """JUnit XML: one testsuite, one testcase per model and budget."""
     c = counts(verdicts)
@@ -165,15 +178,15 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
     suite = ET.SubElement(root, "testsuite", {"name": "memplan check", **stats, "skipped": "0", "time": total_time})
     for v in verdicts:
         case = ET.SubElement(suite, "testcase", {
-            "classname": "memplan.check", "name": f"{v.item.name} @ {v.budget}", "time": f"{v.wall_s:.3f}",
+            "classname": "memplan.check", "name": _xml(f"{v.item.name} @ {v.budget}"), "time": f"{v.wall_s:.3f}",
         })
         if v.outcome == "error":
-            ET.SubElement(case, "error", {"type": "ModelImportError", "message": v.error or ""}).text = v.error
+            ET.SubElement(case, "error", {"type": "ModelImportError", "message": _xml(v.error or "")}).text = _xml(v.error)
         elif v.outcome == "fail":
-            ET.SubElement(case, "failure", {"type": "MemoryBudgetExceeded", "message": _failure_message(v)}).text = (
-                _details(v)
+            ET.SubElement(case, "failure", {"type": "MemoryBudgetExceeded", "message": _xml(_failure_message(v))}).text = (
+                _xml(_details(v))
             )
         else:
-            ET.SubElement(case, "system-out").text = _details(v)
+            ET.SubElement(case, "system-out").text = _xml(_details(v))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

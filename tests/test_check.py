@@ -592,3 +592,18 @@ def test_a_usage_error_only_a_model_reveals_stops_the_gate_before_any_plan(mlp, 
     line = one_error_line(err)
     assert "other.onnx" in line and "'nope' is not an output" in line
     assert fake.calls == [] and not junit.exists()
+
+
+def test_junit_stays_valid_xml_when_a_name_holds_a_control_character(mlp, tmp_path):
+    # a config name (or an error quoting a tensor name) with ESC in it: XML 1.0 cannot carry it,
+    # even as &#27;, so the JUnit file would be rejected by every CI test-report reader
+    config = tmp_path / "memplan.toml"
+    config.write_text('[[check]]\nmodel = "mlp.onnx"\nname = "mlp\\u001b[31m"\nbudget = ["1KiB", "1GiB"]\n'
+                      'dims = { batch = 32 }\nplan = false\n')
+    junit = tmp_path / "j.xml"
+    rc, _, _ = run(["--config", config, "--junit", junit])
+    assert rc == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    names = [case.get("name") for case in suite.iter("testcase")]
+    assert names == ["mlp\\x1b[31m [batch=32] @ 1KiB", "mlp\\x1b[31m [batch=32] @ 1GiB"]
+    assert "mlp\\x1b[31m" in suite.find("testcase/failure").text
