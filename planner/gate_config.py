@@ -27,6 +27,7 @@ loaded. Command-line options override the config for every entry.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -225,8 +226,9 @@ _CHECKS = {
     "plan": lambda v: (isinstance(v, bool), "true or false"),
     "deterministic": lambda v: (isinstance(v, bool), "true or false"),
     "device": lambda v: (isinstance(v, str) and bool(v.strip()), 'a device name such as "h100"'),
-    "time_limit": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-                             "a positive number of seconds"),
+    # finite, as --time-limit: TOML's inf would leave a CI job's plans unbounded
+    "time_limit": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf,
+                             "a positive, finite number of seconds"),
     "dims": lambda v: (isinstance(v, dict) and all(
         isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v.values()),
         "a table of positive integers, e.g. { batch = 32 }"),

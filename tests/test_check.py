@@ -294,6 +294,7 @@ def test_unreadable_config_exit_2(tmp_path):
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ntrain = "yes"\n', "train must be true or false"),
     ('deterministic = 1\n[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\n', "deterministic must be true or false"),
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ndims = { batch = 0 }\n', "dims must be a table"),
+    ('time_limit = inf\n[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\n', "time_limit must be a positive, finite"),
     ('[[check]]\nbudget = "1GiB"\n', "missing key 'model'"),
     ('[[check]]\nmodel = "m.onnx"\n', "no budget"),
     ('device = "h100"\n', "needs at least one [[check]]"),
