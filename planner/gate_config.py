@@ -102,11 +102,24 @@ def find_config(start: Path) -> Path | None:
 
 
 def _mentions_memplan(path: Path) -> bool:
-    """Cheap pre-filter so an unrelated (even broken) pyproject.toml is passed over, not parsed."""
+    """Whether ``path`` holds a [tool.memplan] table. An unrelated (even broken) pyproject.toml is
+    passed over unparsed; one that only names tool.memplan (a comment, a string) is passed over too,
+    so the search goes on upward. A file that mentions it and is not valid TOML is taken, and
+    read_table says what is wrong with it."""
     try:
-        return "tool.memplan" in path.read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as err:
         raise UsageError(f"{path}: cannot read ({err.strerror})") from None
+    if "tool.memplan" not in text:
+        return False
+    if tomllib is None:  # pragma: no cover - read_table explains
+        return True
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return True
+    tool = data.get("tool")
+    return isinstance(tool, dict) and "memplan" in tool
 
 
 def read_table(path: Path) -> dict[str, Any]:

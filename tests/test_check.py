@@ -427,6 +427,19 @@ def test_memplan_toml_wins_and_unrelated_pyproject_is_passed_over(project, monke
     assert r["model"] == "nets/mlp.onnx" and r["budget"] == "1KiB"
 
 
+def test_a_pyproject_that_only_mentions_tool_memplan_is_passed_over(project, monkeypatch):
+    # a comment naming the table used to stop the search there: "no [tool.memplan] table", exit 2,
+    # though the repository's memplan.toml sat one folder up
+    root, sub = project
+    (root / "memplan.toml").write_text('budget = "1KiB"\n[[check]]\nmodel = "nets/mlp.onnx"\ndims = { batch = 32 }\n')
+    (sub / "pyproject.toml").write_text('[project]\nname = "inner"\n# memplan reads tool.memplan from ../memplan.toml\n')
+    monkeypatch.chdir(sub)
+    rc, out, err = run(["--json"])
+    assert rc == 1, err
+    (r,) = json.loads(out)["results"]
+    assert r["model"] == "nets/mlp.onnx" and r["budget"] == "1KiB"
+
+
 def test_models_and_config_are_alternatives(project, mlp):
     root, _ = project
     rc, _, err = run([mlp, "--budget", "1GiB", "--config", root / "pyproject.toml"])
