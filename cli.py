@@ -288,7 +288,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         raise UsageError(f"{planned} carries no memplan plan (its metadata has no memplan.plan entry): give a model "
                          "written by memplan plan --emit or memplan rewrite")
     made_with = json.loads(meta["memplan.plan"])
-    graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {})
+    graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {}, loose_dims=())
     graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
@@ -515,7 +515,7 @@ def check_arena_fn(graph, item) -> int:
 def _load_for_check(item):
     from passes.onnx_import import load_graph
 
-    graph = load_graph(item.model, dict(item.dims))
+    graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims)
     if not item.train:
         return as_run(graph)
     return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}))
@@ -866,7 +866,7 @@ def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none
     for flag, given in (("--add-loss", add_loss), ("--loss", loss)):
         if given and already:
             raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop {flag}")
-    graph = import_model(model, dims)
+    graph = import_model(model, dims, loose_dims=())
     if forward or already:
         return as_run(graph), None
     # only a --loss given is recorded: plans made before it keep their digest

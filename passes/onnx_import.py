@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -30,7 +30,7 @@ import onnx.inliner  # a submodule `import onnx` does not load: model-local func
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
-from planner.errors import ModelImportError, PlannerError
+from planner.errors import ModelImportError, PlannerError, UsageError
 from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,12 @@ CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 # ---- loading ----------------------------------------------------------------------------------
-def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None) -> Graph:
-    """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph."""
-    return import_model(spec, dims)
+def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
+               loose_dims: Collection[str] = ()) -> Graph:
+    """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph. A ``--dim``
+    that matches nothing in it is a usage error (a typo would plan another size), except those
+    named in ``loose_dims`` (dims given for several models at once), which are warned about."""
+    return import_model(spec, dims, loose_dims=loose_dims)
 
 
 def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = True
@@ -399,11 +402,14 @@ def _mapping(path: str):
 def import_model(
     spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
     frozen: Iterable[str] = (), aside: Mapping[str, np.ndarray] | None = None,
+    loose_dims: Collection[str] | None = None,
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
     float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
     initializers ``spec`` holds as stubs (``export_model(..., weights=False)``, or set aside at
-    ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name."""
+    ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name. ``loose_dims``: the dims
+    that may match nothing (a warning); any other that does is a UsageError. None: every one may
+    (what memplan imports itself: its own files, benchmarks)."""
     _ASIDE_VALUES.update(aside or {})
     if dims and not isinstance(spec, onnx.ModelProto) and str(spec).startswith("zoo:"):
         import models  # late, as in load_proto
@@ -417,7 +423,8 @@ def import_model(
         model, _, display = load_proto(spec, weights="mapped")
         roles = torch_export_roles(model)
         # a proto read from a file here is ours to change; the caller's is copied first
-        model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto))
+        model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
+                                 loose_dims=loose_dims)
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
         return _to_graph(model, display, frozen, bool(dims))
     finally:
@@ -547,7 +554,8 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
 
 
 def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
-             roles: TorchExportRoles | None = None, copy: bool = True) -> tuple[onnx.ModelProto, set[str]]:
+             roles: TorchExportRoles | None = None, copy: bool = True,
+             loose_dims: Collection[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
     """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names).
     ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice)."""
     if copy:
@@ -592,8 +600,15 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     unknown = sorted(set(dims) - used)
     if unknown:  # a typo, or a model whose dims are fixed: say which dims it has
         has = f"its symbolic input dims: {', '.join(sorted(used))}" if used else "its input dims are all fixed"
-        zoo = "; a zoo model takes options in its name, as zoo:gpt?batch=N" if display.startswith("zoo:") else ""
-        log.warning("--dim %s matched no symbolic input dim of %s (%s%s)", ", ".join(unknown), display, has, zoo)
+        if display.startswith("zoo:"):
+            import models  # late, as in load_proto
+
+            name = models.parse_spec(display)[0]
+            has += f"; {name} takes the options {', '.join(sorted(set(models.ZOO[name].option_names) - {'size'}))} as --dim or in its name"
+        said = f"--dim {', '.join(unknown)} matched no symbolic input dim of {display} ({has})"
+        if loose_dims is not None and any(d not in loose_dims for d in unknown):
+            raise UsageError(f"{said}; fix the name, or drop it")
+        log.warning("%s", said)
     # Shape inference walks nodes in file order: sort first (this also rejects cycles).
     ordered = _topo_order(g, init_names | {i.name for i in g.input}, display)
     del g.node[:]

@@ -92,6 +92,9 @@ class CheckItem:
     deterministic: bool = False  # time_limit counts CP-SAT's deterministic seconds (planner/clock.py)
     # judge ORT's arena need under this arena_extend_strategy, not the liveness peak (ORT_ARENA_CHOICES)
     ort_arena: str | None = None
+    # dims given for several models at once (the config's top level, --dim with several models): one
+    # that matches nothing in this model is warned about; any other is a usage error (a typo)
+    loose_dims: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -135,7 +138,8 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
             raise UsageError(f"{prefix}{err}") from None
         options["train"] = True  # a loss is only for the training step
     dims = tuple(sorted(dict(options.pop("dims", {}) or {}).items()))
-    return CheckItem(model=model, budgets=tuple(parsed), dims=dims, **options)
+    loose = tuple(sorted(set(options.pop("loose_dims", ()) or ())))
+    return CheckItem(model=model, budgets=tuple(parsed), dims=dims, loose_dims=loose, **options)
 
 
 @dataclass(frozen=True)

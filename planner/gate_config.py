@@ -76,7 +76,8 @@ def collect_items(
         options = {"train": cli.train, "add_loss": cli.add_loss, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
                    "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan,
                    "deterministic": cli.deterministic, "ort_arena": cli.ort_arena}
-        return tuple(make_item(m, cli.budgets, **options) for m in models), None
+        loose = tuple(cli.dims) if len(models) > 1 else ()  # --dim for several models at once
+        return tuple(make_item(m, cli.budgets, loose_dims=loose, **options) for m in models), None
     path = Path(config) if config else find_config(cwd)
     if path is None:
         raise UsageError(
@@ -172,10 +173,15 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
             model = str(path.parent / model)
         value = {k: defaults[k] if sec.get(k) is None else sec.get(k) for k in DEFAULT_KEYS}
         dims = {**(defaults["dims"] or {}), **(value["dims"] or {}), **cli.dims}
+        # the top level's dims and --dim (with several entries) are for every model; an entry's own
+        # dims are for its model, where one that matches nothing is a typo
+        shared = set(defaults["dims"] or {}) | (set(cli.dims) if len(entries) > 1 else set())
+        loose = sorted(shared - set(value["dims"] or {}) if sec.get("dims") is not None else shared)
         budgets = cli.budgets or value["budget"] or ()
         items.append(make_item(
             model, budgets, where=sec.where, label=sec.get("name") or label,
             train=cli.train or bool(value["train"]), add_loss=cli.add_loss or value["add_loss"], dims=dims,
+            loose_dims=loose,
             device=cli.device or value["device"] or DEFAULT_DEVICE,
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
             plan=not cli.no_plan and value["plan"] is not False,

@@ -621,3 +621,22 @@ def test_junit_stays_valid_xml_when_a_name_holds_a_control_character(mlp, tmp_pa
     names = [case.get("name") for case in suite.iter("testcase")]
     assert names == ["mlp\\x1b[31m [batch=32] @ 1KiB", "mlp\\x1b[31m [batch=32] @ 1GiB"]
     assert "mlp\\x1b[31m" in suite.find("testcase/failure").text
+
+
+def test_a_dim_typo_fails_the_gate_unless_the_dim_is_for_several_models(tmp_path, mlp, wide):
+    """`check M --dim batc=8` checked M at its own size with a warning only, and the report named
+    it [batc=8]: a typo passed the gate. A dim given for one model that matches nothing in it is a
+    usage error now; one given for several (the config's top level, --dim with several models)
+    may not fit each, and is still a warning."""
+    rc, _, err = run([mlp, "--budget", "1MiB", "--no-plan", "--dim", "batch=32", "--dim", "bacth=4"])
+    assert rc == 2 and "--dim bacth matched no symbolic input dim" in one_error_line(err)
+    assert "its symbolic input dims: batch" in err
+    rc, out, _ = run([mlp, wide, "--budget", "1MiB", "--no-plan", "--dim", "batch=32"])  # wide's dims are fixed
+    assert rc == 0 and "2 of 2 passed" in out
+    cfg = tmp_path / "memplan.toml"
+    cfg.write_text('dims = { batch = 32 }\n[[check]]\nmodel = "mlp.onnx"\nbudget = "1MiB"\nplan = false\n'
+                   '[[check]]\nmodel = "wide.onnx"\nbudget = "1MiB"\nplan = false\n')
+    assert run(["--config", cfg])[0] == 0
+    cfg.write_text('[[check]]\nmodel = "mlp.onnx"\nbudget = "1MiB"\nplan = false\ndims = { batch = 32, bacth = 4 }\n')
+    rc, _, err = run(["--config", cfg])
+    assert rc == 2 and "bacth matched no symbolic input dim" in one_error_line(err)

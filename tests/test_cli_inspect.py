@@ -160,3 +160,12 @@ def test_an_initializer_whose_values_do_not_fill_its_shape_is_one_line():
         rc, _, err = memplan("inspect", _chain(Path(tmp), "0.5"))
     assert rc == 3 and "initializer 'w' of shape [4, 4] holds values that do not fill it" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dim_that_matches_nothing_is_a_usage_error(mlp_path):
+    """`memplan plan zoo:gpt --dim batc=8` planned the default size after a warning; on a command
+    for one model a dim that names nothing is a typo: exit 2, naming the dims there are."""
+    rc, _, err = memplan("inspect", mlp_path, "--dim", "batch=8", "--dim", "bacth=4")
+    assert rc == 2 and "--dim bacth matched no symbolic input dim" in err and "its symbolic input dims: batch" in err
+    rc, _, err = memplan("plan", "zoo:gpt", "--budget", "90%", "--dim", "batc=8")
+    assert rc == 2 and "gpt takes the options batch," in err and len(err.strip().splitlines()) == 1
