@@ -1181,7 +1181,13 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
            "device": device_name, "max_added_time_fraction": cap,
            "unplanned_batch": result.unplanned, "planned_batch": result.planned, "ratio": result.ratio,
            "planned_added_time_fraction": added, "planned_peak_bytes": None if pm is None else pm.peak_bytes,
-           "probes": [{"batch": b, "kind": k, "fits": f} for b, k, f in result.probes]}
+           "probes": [{"batch": b, "kind": k, "fits": f,
+                       **({"why": result.misses[b]} if k == "planned" and not f and b in result.misses else {})}
+                      for b, k, f in result.probes]}
+    above = result.misses.get(result.planned + 1)
+    if above == "timeout":  # the bisection's "no" next to the answer was not a proof
+        obj["note"] = (f"batch {result.planned + 1} found no plan within --time-limit (not proven infeasible); "
+                       "a longer --time-limit may fit it")
     if as_json:
         emit_json(obj)
         return _some_batch_fits(result, model, budget)
@@ -1190,6 +1196,8 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     click.echo(f"  largest batch planned    {result.planned}"
                + (f"  ({result.ratio:.2f}x, +{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
                   if pm is not None and result.ratio else ""))
+    if "note" in obj:
+        click.echo(f"  note                     {obj['note']}")
     _some_batch_fits(result, model, budget)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from passes.function_ops import inline_functions
 from passes.pin_order import pin_order
@@ -290,6 +290,9 @@ class MaxBatch:
     planned: int  # largest batch some plan fits (0: none)
     planned_result: PlannedModel | None  # the plan at ``planned``
     probes: tuple[tuple[int, str, bool], ...]  # (batch, "unplanned"|"planned", fits), in probe order
+    # why each planned probe that did not count failed: "timeout" (no plan found in the time: not a
+    # proof), "infeasible" (proven), "added time" (a plan over --max-added-time), or the solve's status
+    misses: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
@@ -330,6 +333,7 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
     needed there, so the planned batch is never below it).
     """
     probes: list[tuple[int, str, bool]] = []
+    misses: dict[int, str] = {}
     graphs: dict[int, Graph] = {}
     plans: dict[int, PlannedModel] = {}
 
@@ -350,8 +354,10 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
         probes.append((b, "planned", ok))
         if ok:
             plans[b] = pm
+        else:
+            misses[b] = "added time" if pm.ok else pm.result.status
         return ok
 
     unplanned = _largest(fits_unplanned)
     planned = max(unplanned, _largest(fits_planned, start=max(1, unplanned)))
-    return MaxBatch(unplanned, planned, plans.get(planned), tuple(probes))
+    return MaxBatch(unplanned, planned, plans.get(planned), tuple(probes), misses)

@@ -179,11 +179,37 @@ def test_max_batch_planned_beyond_unplanned_and_added_time_cap():
         fits = {(p["batch"], p["kind"]): p["fits"] for p in obj["probes"]}
         assert fits[(obj["unplanned_batch"], "unplanned")] and not fits[(obj["unplanned_batch"] + 1, "unplanned")]
         assert not fits[(obj["planned_batch"] + 1, "planned")]
+        # each planned miss says why: greedy finds no plan (over_budget), or a plan over the cap
+        whys = {p["batch"]: p.get("why") for p in obj["probes"] if p["kind"] == "planned" and not p["fits"]}
+        assert whys and all(w in ("over_budget", "added time") for w in whys.values()), whys
+        assert "note" not in obj  # no timeout next to the answer
     unplanned_peak = analyze(training_graph(import_model(f"zoo:gpt?batch={runs[None]['unplanned_batch'] + 1}")))
     assert unplanned_peak.peak_bytes > budget
     assert runs[None]["planned_batch"] > runs[None]["unplanned_batch"]
     assert runs["5"]["planned_added_time_fraction"] <= 0.05
     assert runs["5"]["unplanned_batch"] <= runs["5"]["planned_batch"] <= runs[None]["planned_batch"]
+
+
+def test_max_batch_says_when_the_batch_above_its_answer_timed_out(monkeypatch):
+    """zoo:gpt under 64MiB: 1908 planned, and 1909 found no plan in the time limit (exit 4 on its
+    own), yet the answer read as proven. The probes now say why each miss missed, and a timeout
+    next to the answer is a note."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    def fake(build, budget, plan, max_added=None, ort_arena=None):
+        probes = ((1, "unplanned", True), (2, "unplanned", False), (2, "planned", True), (3, "planned", False))
+        return plan_model.MaxBatch(1, 2, None, probes, {3: "timeout"})
+
+    monkeypatch.setattr(plan_model, "max_batch", fake)
+    for extra in ([], ["--json"]):
+        res = CliRunner().invoke(cli.main, ["plan", "zoo:gpt", "--budget", "1MiB", "--max-batch", *extra])
+        assert res.exit_code == 0, res.output
+        assert "batch 3 found no plan within --time-limit (not proven infeasible)" in res.stdout
+    probe = json.loads(res.stdout)["probes"][-1]
+    assert probe == {"batch": 3, "kind": "planned", "fits": False, "why": "timeout"}
 
 
 def test_max_batch_refuses_a_model_without_the_batch_dim(tmp_path):
