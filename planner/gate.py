@@ -63,6 +63,8 @@ class PlanOutcome:
     # "infeasible": the least memory any plan reaches (proven; a lower bound where not exact); then
     # ``peak_bytes`` is the lowest plan found (0: none)
     least_bytes: int | None = None
+    # no plan: what the planner said about it (a timeout's searches and the lowest peak they reached)
+    note: str | None = None
 
 
 #: ``plan_fn(graph, budget_bytes, device, time_limit) -> PlanOutcome``, called with
@@ -294,8 +296,8 @@ def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> 
         outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit, **extra)
     except BudgetInfeasibleError as err:
         return PlanOutcome(False, err.best_bytes or 0, 0.0, "infeasible", least_bytes=err.least_bytes)
-    except SolverTimeoutError:
-        return PlanOutcome(False, 0, 0.0, "timeout")
+    except SolverTimeoutError as err:  # its message says what was searched and how low it got
+        return PlanOutcome(False, 0, 0.0, "timeout", note=str(err) or None)
     judged = outcome.arena_bytes if item.ort_arena else outcome.peak_bytes
     if outcome.fits and (judged is None or judged > budget_bytes):
         raise GraphError(

@@ -67,7 +67,7 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
         "fits_with_plan": v.fits_with_plan,
         "plan": None if p is None else {
             "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes or None, "arena_bytes": p.arena_bytes,
-            "added_time_fraction": p.added_time_fraction,
+            "added_time_fraction": p.added_time_fraction, **({"note": p.note} if p.note else {}),
         },
         "peak_bytes": v.peak,
         # an infeasible budget: the least memory any plan reaches (also the top-level peak_bytes, which
@@ -97,7 +97,15 @@ def to_table(verdicts: Sequence[Verdict]) -> str:
     rows = [HEADER, *(cells(v) for v in verdicts)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join([*lines, "", summary_line(verdicts)])
+    return "\n".join([*lines, *_notes(verdicts), "", summary_line(verdicts)])
+
+
+def _notes(verdicts: Sequence[Verdict]) -> list[str]:
+    """What the planner said where it found no plan (a "timeout" may have ended long before its
+    limit, every order it searched exhausted): one line per such row, under the table."""
+    said = [f"{v.item.name} @ {v.budget}: {v.plan.note}" for v in verdicts
+            if v.plan is not None and not v.plan.fits and v.plan.note]
+    return ["", *said] if said else []
 
 
 def _md(text: str) -> str:
@@ -114,6 +122,9 @@ def to_markdown(verdicts: Sequence[Verdict]) -> str:
         row[0] = f"`{row[0]}`"
         row[-1] = mark[row[-1]]
         lines.append("| " + " | ".join(_md(c) for c in row) + " |")
+    said = _notes(verdicts)
+    if said:
+        lines += ["", "Why no plan was found:", ""] + [f"- {_md(line)}" for line in said[1:]]
     errors = {v.item.name: v.error for v in verdicts if v.error is not None}
     if errors:
         lines += ["", "Models that could not be loaded:", ""]
@@ -140,6 +151,8 @@ def _details(v: Verdict) -> str:
     elif v.plan is not None and v.plan.peak_bytes > 0:
         lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}, "
                      f"added time {v.plan.added_time_fraction * 100:.1f}%")
+    if v.plan is not None and v.plan.note and not v.plan.fits:
+        lines.append(f"planner: {v.plan.note}")
     if v.plan is not None and v.plan.arena_bytes is not None:
         lines.append(f"plan arena: runs under a limit of {v.plan.arena_bytes} bytes ({_size(v.plan.arena_bytes)})")
     lines.append(f"headroom: {v.headroom} bytes ({_size(v.headroom)})")
