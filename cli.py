@@ -1305,7 +1305,9 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     if result.plan is not None:
         counts = result.plan.counts(problem.n)
         obj["recomputed"] = [problem.names[i] for i, c in enumerate(counts["compute"]) if c > 1]
-        obj["swapped"] = [problem.names[i] for i, c in enumerate(counts["swap_in"]) if c > 0]
+        # the tensors the schedule moves out (a planner node's outputs move together: layer0.ln1
+        # with its __mean and __inv_std), as the emitted model's copies and verify name and count them
+        obj["swapped"] = list(dict.fromkeys(e["tensor"] for e in pm.events if e["op"] == "swap_out"))
         obj["schedule"] = list(pm.events)
     if arena and pm.planned is not None:
         obj["arena"] = _arena_report(pm.planned, budget, options)

@@ -668,3 +668,18 @@ def test_float32_fallback_casts_are_none_for_float32_and_cast_islands():
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
     assert cpu_float32_fallback_casts(import_model(model)) == 0
+
+
+def test_swapped_names_the_tensors_the_schedule_moves(tmp_path):
+    """`swapped` listed planner nodes (13 on zoo:gpt at 75%), the schedule and the emitted model's
+    copies move their tensors (17: layer0.ln1 with its __mean and __inv_std), and verify counted
+    those: two counts, and names a user found nowhere in the model."""
+    emitted = tmp_path / "g.onnx"
+    rc, out, err = memplan("plan", "zoo:gpt", "--budget", "75%", "--swap", "--time-limit", "10", "--json",
+                           "--emit", emitted)
+    assert rc == 0, err
+    obj = json.loads(out)
+    moved = list(dict.fromkeys(e["tensor"] for e in obj["schedule"] if e["op"] == "swap_out"))
+    assert moved and obj["swapped"] == moved
+    names = {t.name for t in import_model(str(emitted)).tensors}
+    assert set(moved) <= names
