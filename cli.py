@@ -820,9 +820,11 @@ def _device_costs(device_name: str):
     return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), dev.copy_overlap
 
 
-def _graph_costs(graph, device_name: str, costs: str):
+def _graph_costs(graph, device_name: str, costs: str, swap: bool = False):
     """``_device_costs`` with op times from ``--costs``: the device profile, a measurement on this
-    machine, or an ORT profile file (passes/measured_costs.py); and a line saying which."""
+    machine, or an ORT profile file (passes/measured_costs.py); and a line saying which. With
+    ``swap``, op times measured on the CPU are refused: the copies are priced at the device's host
+    link, and against a CPU's op times (an H100's are ~100x shorter) every swap looks free."""
     import os
 
     dev, estimate, transfer, overlap = _device_costs(device_name)
@@ -833,6 +835,10 @@ def _graph_costs(graph, device_name: str, costs: str):
     from passes import measured_costs
 
     found = measured_costs.measure(graph) if costs == "measured" else measured_costs.read_profile(graph, costs)
+    if swap and costs == "measured" and "CPUExecutionProvider" in found.source:
+        raise UsageError(f"--costs measured timed the ops on this machine's CPU, and --swap prices the copies at "
+                         f"--device {dev.name}'s host link: the two do not mix (swaps would look nearly free); "
+                         "measure where onnxruntime-gpu runs, or use --costs device")
     source = f"{found.source} ({found.timed} of {found.total} nodes timed)"
     return dev, found.node_time(graph, estimate), transfer, overlap, source
 
@@ -1228,7 +1234,7 @@ def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_ba
         from passes.plan_model import sweep_graph
 
         graph, _ = _graph_to_plan(model, dims, forward, **train)
-        _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs)
+        _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs, swap)
         rows = sweep_graph(graph, fractions, strategies, options, node_time=node_time,
                            transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
     atomic_write(png, sweep_png(rows, f"{model}: budget vs added time"))
@@ -1288,7 +1294,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     from planner.liveness import analyze
 
     graph, train = _graph_to_plan(model, dims, forward, **train_flags)
-    dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs)
+    dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs, swap)
     unplanned = analyze(graph).peak_bytes
     budget = budget_spec.resolve(unplanned)
     bfc = _ort_arena(ort_arena, dev.name)

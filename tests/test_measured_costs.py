@@ -117,3 +117,18 @@ def test_costs_on_a_json_graph_is_refused(benchmarks_dir):
     graph = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
     r = CliRunner().invoke(cli.main, ["plan", str(graph), "--budget", "90%", "--costs", "measured"])
     assert r.exit_code == 2 and "JSON graph" in r.output
+
+
+def test_swap_with_op_times_measured_on_the_cpu_is_refused(monkeypatch):
+    """--costs measured on a CPU-only machine with --swap priced the copies at the H100 profile's
+    host link against CPU op times (two orders of magnitude longer than the H100's): every swap
+    looked free. Refused in one line; without --swap the measured costs still plan."""
+    import dataclasses
+
+    real = measured_costs.measure  # on the CPU as CI runs it, wherever this test runs
+    monkeypatch.setattr(measured_costs, "measure",
+                        lambda g: dataclasses.replace(real(g), source="measured on CPUExecutionProvider"))
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "99%", "--swap", "--costs", "measured",
+                                        "--time-limit", "2"])
+    assert res.exit_code == 2 and "--costs measured timed the ops on this machine's CPU" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
