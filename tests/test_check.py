@@ -416,23 +416,16 @@ def test_command_line_overrides_the_config(project, monkeypatch):
     assert [(r["budget"], r["result"]) for r in results] == [("100KiB", "pass"), ("100KiB", "fail")]
 
 
-def test_memplan_toml_wins_and_unrelated_pyproject_is_passed_over(project, monkeypatch):
-    root, sub = project
-    (root / "memplan.toml").write_text('budget = "1KiB"\n[[check]]\nmodel = "nets/mlp.onnx"\ndims = { batch = 32 }\n')
-    (sub / "pyproject.toml").write_text('[project]\nname = "inner"\n[tool.black]\nline-length = 80\n')
-    monkeypatch.chdir(sub)
-    rc, out, _ = run(["--json"])
-    assert rc == 1
-    (r,) = json.loads(out)["results"]
-    assert r["model"] == "nets/mlp.onnx" and r["budget"] == "1KiB"
-
-
-def test_a_pyproject_that_only_mentions_tool_memplan_is_passed_over(project, monkeypatch):
+@pytest.mark.parametrize("inner", [
+    '[project]\nname = "inner"\n[tool.black]\nline-length = 80\n',
     # a comment naming the table used to stop the search there: "no [tool.memplan] table", exit 2,
     # though the repository's memplan.toml sat one folder up
+    '[project]\nname = "inner"\n# memplan reads tool.memplan from ../memplan.toml\n',
+])
+def test_memplan_toml_wins_and_unrelated_pyproject_is_passed_over(project, monkeypatch, inner):
     root, sub = project
     (root / "memplan.toml").write_text('budget = "1KiB"\n[[check]]\nmodel = "nets/mlp.onnx"\ndims = { batch = 32 }\n')
-    (sub / "pyproject.toml").write_text('[project]\nname = "inner"\n# memplan reads tool.memplan from ../memplan.toml\n')
+    (sub / "pyproject.toml").write_text(inner)
     monkeypatch.chdir(sub)
     rc, out, err = run(["--json"])
     assert rc == 1, err
