@@ -198,9 +198,11 @@ class PlannerOptions:
     # 10 s limit and left Chen's plan, +190%; now 2.6 s and +3.44%. mobilenetv2's best order
     # (0.719 of the unplanned peak, +0.37% at 70%) needs 4.5e7.
     reorder_work_per_s: float = 6e6
-    # With swapping modelled: share of the time limit spent first on the recompute-only model
-    # (slot axis, fast); its plan hints the swap model, so enabling swap never costs more than
-    # recompute-only (measured: the time-axis model alone rarely beat the greedy in 30 s).
+    # With swapping modelled: share of the time limit spent first on the whole recompute-only
+    # solve (slot axis, fast; its node orders and bounds: planning._swap_after_recompute); its plan
+    # hints the swap model, so enabling swap never costs more than recompute-only given this share
+    # (measured: the time-axis model alone rarely beat the greedy in 30 s). A swap problem solved
+    # by planning._solve_cpsat directly runs the recompute-only model first in this share of it.
     recompute_first_share: float = 0.4
     # Extra CP-SAT parameters as (name, value) pairs (experiments; empty by default).
     solver_params: tuple[tuple[str, object], ...] = ()

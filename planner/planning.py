@@ -14,7 +14,9 @@ where a baseline fits in the given order and none in that one, only the given or
 Budgets near the least peak any order may reach (``early_walk_within``) get the depth-first walk
 over every order and the beams first (planner/pebble.py): their polished plan stands unless the
 solve finds a cheaper one, and where the walk visits every state without one the solve is
-infeasible at once.
+infeasible at once. A problem that can swap gets the whole recompute-only solve first, in
+``recompute_first_share`` of the time, then the swap solve hinted with its plan; the cheaper
+plan wins (:func:`_swap_after_recompute`).
 
 Baselines (none, chen, greedy) return their own plan, with status "over_budget" when it does
 not fit. Budgets below :attr:`PlanningProblem.memory_floor` (the most one step needs, or the
@@ -101,6 +103,17 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     t0 = clock.now()
     if strategy != "cpsat":
         return _baseline_result(problem, budget, strategy, options, t0)
+    if _recompute_first(problem, budget, options):
+        return _swap_after_recompute(problem, budget, options, t0)
+    return _solve_from(problem, budget, options, t0)
+
+
+def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
+                seed: SolveResult | None = None) -> SolveResult:
+    """:func:`solve` with strategy cpsat, from the fused solve on. ``seed``: the recompute-only
+    pipeline's result for this (swap) problem (:func:`_swap_after_recompute`), whose plan hints
+    the swap model in the node order it computes nodes first in; that order is searched as the
+    memory-aware one where the recompute-only solve found its plan in one."""
     if problem.n > options.coarsen_above and problem.memory_floor <= budget < problem.unplanned_peak:
         c = coarsen(problem)
         # below the fused problem's own floor it has no plan, and proving its least would take
@@ -117,14 +130,21 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
                               depth_first_plan(problem, budget + 1, clock.now() + _early_window(options)).found)
         return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
     found = None
+    hint = seed.plan if seed is not None else None
     if options.reorder and problem.n <= options.coarsen_above and budget < problem.unplanned_peak:
         work = options.reorder_work_per_s * options.time_limit
-        found = memory_order(problem, options.reorder_min_gain, budget, work)
+        if hint is not None and seed.order.startswith("memory-aware:") and \
+                len(first_compute_order(hint)) == problem.n:
+            # the order the recompute-only plan was found in (computed again with this solve's
+            # share of the time, memory_order's work cap may end elsewhere): the hint maps there
+            found = (first_compute_order(hint), seed.order.split(":", 1)[1])
+        else:
+            found = memory_order(problem, options.reorder_min_gain, budget, work)
         if found is None and problem.order_free_floor <= budget < problem.memory_floor:
             # no plan in the given order fits; another order's may, however little lower its peak
             found = memory_order(problem, -math.inf, budget, work)
-    res = (_solve_reordered(problem, budget, options, t0, *found) if found is not None
-           else _solve_cpsat(problem, budget, options, t0))
+    res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint) if found is not None
+           else _solve_cpsat(problem, budget, options, t0, hint=hint))
     walked = Candidate(*early.found) if early is not None else None
     if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
         # what the solve left of its limit (it ends early where it proves its orders hold no plan)
@@ -140,6 +160,70 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
         res = _any_order(problem, res, options, t0 + options.time_limit)
     # the whole solve's time, last resorts included
     return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
+
+
+def _recompute_first(problem: PlanningProblem, budget: int, options: PlannerOptions) -> bool:
+    """Does :func:`solve` run the recompute-only pipeline before the swap solve
+    (:func:`_swap_after_recompute`)? A problem that can swap, at a budget below its unplanned
+    peak and not below its floor (where no plan fits, and the recompute-only solve would spend
+    its share proving its least peak)."""
+    return problem.can_swap and options.recompute_first_share > 0 and \
+        problem.memory_floor <= budget < problem.unplanned_peak
+
+
+def _swap_after_recompute(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float) -> SolveResult:
+    """The whole recompute-only solve (:func:`solve` on ``problem.without_swap()``: its node
+    orders, closure bounds and early proofs) in ``recompute_first_share`` of the time limit, then
+    the swap solve in the rest, hinted with that plan in the node order it computes nodes first
+    in (that order searched first); the cheaper plan wins. A recompute-only plan is a swap plan
+    too, so allowing swaps never returns a dearer plan than ``plan`` without swapping given that
+    share of the time. Before, the recompute-only model ran inside each order's swap solve, with
+    40% of that order's time and none of the bounds of a recompute-only solve: RL100 at 70%,
+    ``--time-limit 5 --deterministic``: +2.227% recompute only, +4.771% with a host link (nothing
+    swapped). The swap solves skip their own recompute-only subsolve."""
+    share = options.recompute_first_share
+    rec = solve(problem.without_swap(), budget, "cpsat", replace(options, time_limit=share * options.time_limit))
+    seed = None
+    if rec.plan is not None:
+        sim = simulate(problem, rec.plan)  # no swaps: the same plan on the swap problem
+        if sim.peak_bytes <= budget:
+            seed = (rec, sim)
+        else:  # a bug: the recompute-only solve returns plans within the budget
+            log.warning("the recompute-only plan of %s peaks at %d bytes over the swap problem's budget %d; ignored",
+                        problem.name, sim.peak_bytes, budget)
+    if seed is not None and seed[1].added_time <= 0:  # nothing is cheaper
+        return _recompute_won(problem, rec, seed[1], None, t0)
+    rest = max(1.0, options.time_limit - (clock.now() - t0))
+    res = _solve_from(problem, budget, replace(options, time_limit=rest, recompute_first_share=0.0), clock.now(),
+                      seed[0] if seed is not None else None)
+    if seed is None or (res.plan is not None and res.added_time <= seed[1].added_time):
+        return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0),
+                                           phases=rec.solver.phases + res.solver.phases))
+    return _recompute_won(problem, rec, seed[1], res, t0)
+
+
+def _recompute_won(problem: PlanningProblem, rec: SolveResult, sim: Simulation, res: SolveResult | None,
+                   t0: float) -> SolveResult:
+    """The recompute-only solve's result ``rec`` (its plan simulated on the swap ``problem``:
+    ``sim``) as the swap solve's, where the swap solve (``res``; None: it did not run, nothing
+    being cheaper than a plan that adds no time) found no cheaper plan."""
+    added = sim.added_time
+    if res is None:
+        return replace(rec, peak_bytes=sim.peak_bytes, added_time=added,
+                       solver=replace(rec.solver, wall_s=clock.wall_since(t0)))
+    # its optimality is over recompute-only plans; the swap solve's bound, where it is for the same
+    # order, holds over that order's swap plans, this one among them
+    bound = res.solver.bound if res.plan is not None and res.order == rec.order else None
+    if bound is not None and bound > added:
+        bound = None
+    gap = None if bound is None else (0.0 if added <= 0 else max(0.0, (added - bound) / added))
+    how = ("the recompute-only solve's plan, no swaps: the swap solve found "
+           + ("none" if res.plan is None else f"a dearer one (+{res.added_time:.6g} added time)"))
+    note = f"{rec.note}; {how}" if rec.note else how
+    return replace(rec, status="optimal" if gap == 0.0 else "feasible", peak_bytes=sim.peak_bytes, added_time=added,
+                   unplanned_peak_bytes=problem.unplanned_peak, note=note,
+                   solver=replace(rec.solver, bound=bound, gap=gap, wall_s=clock.wall_since(t0),
+                                  phases=rec.solver.phases + res.solver.phases))
 
 
 def _wall_capped(res: SolveResult) -> SolveResult:
@@ -209,7 +293,7 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
 
 
 def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
-                     order: list[int], rule: str) -> SolveResult:
+                     order: list[int], rule: str, hint: Plan | None = None) -> SolveResult:
     """Solve in ``order`` with a share of the time, then in the given order with the rest; the
     cheaper plan wins. When the given order's closure bound shows that no plan in it is cheaper
     than the one phase 2 found in ``order``, ``order`` keeps the whole time (RL250 at 70%: the
@@ -218,8 +302,11 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     stands (its status and least memory are the claims memplan makes about the graph as given).
     Where a baseline fits in the given order and none in ``order``, the given order alone gets
     the time (RL100 at 60%); below the given order's floor, ``order`` gets it all (the resnet
-    fixture at 60%: its bound and the given order's infeasible solve took 14 of the 60 s)."""
+    fixture at 60%: its bound and the given order's infeasible solve took 14 of the 60 s).
+    ``hint``: a recompute-only plan of ``problem`` (:func:`_solve_cpsat`), offered to both solves
+    (it hints the one whose order it computes nodes first in)."""
     q = permute(problem, order)
+    q_hint = plan_in_order(hint, order) if hint is not None else None
     # The given order's baselines only where they decide something before its own solve (on
     # RL1000 the greedy alone takes 10-35 s): whether a baseline fits in it where none fits in the
     # memory-aware order (below). Elsewhere its solve runs them, in its own time, when it is
@@ -273,7 +360,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         return t0 + options.time_limit if _loses(given_order_bound(objective), objective) else None
 
     first = _solve_cpsat(q, budget, replace(options, time_limit=share), clock.now(), q_cands, pace=pace,
-                         extend=given_loses)
+                         extend=given_loses, hint=q_hint)
     moved, known = None, None
     if first.plan is not None:
         plan = plan_in_original(first.plan, order)
@@ -296,7 +383,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     if moved is not None and not pace.room(rest):  # no time left to search the given order
         return stamped(moved)
     given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), clock.now(), cands, pace,
-                         known)
+                         known, hint=hint)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
@@ -660,13 +747,16 @@ def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, optio
 def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float,
                  cands: dict[str, Candidate] | None = None, pace: _Pace | None = None,
                  known: ClosureBound | None = None,
-                 extend: Callable[[int], float | None] | None = None) -> SolveResult:
+                 extend: Callable[[int], float | None] | None = None, hint: Plan | None = None) -> SolveResult:
     """``cands``: the baselines' candidates, when a caller already has them for this problem.
     ``pace``: model build times seen so far in this solve (shared with the caller's other solves).
     ``known``: this problem's closure bound, when a caller computed it already (solved again only
     when not exact; the larger value stands).
     ``extend``: asked, with phase 2's objective, when phase 2 ends without a proof: a later
-    deadline (perf_counter seconds) for searching on from that plan, or None."""
+    deadline (perf_counter seconds) for searching on from that plan, or None.
+    ``hint``: a recompute-only plan of a swap ``problem`` (:func:`_swap_after_recompute`), a
+    candidate where it computes nodes first in this problem's order (else it cannot hint this
+    model, and is left out)."""
     deadline = t0 + opt.time_limit
     pace = pace or _Pace()
 
@@ -678,6 +768,11 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if cands is None:
         cands = _baselines(problem, budget, clock.now() + opt.baseline_share * left())
     swapping = problem.can_swap
+    if swapping and hint is not None and first_compute_order(hint) == list(range(problem.n)):
+        sim = simulate(problem, hint)
+        if sim.peak_bytes <= budget:
+            cands = dict(cands)
+            cands["recompute-only"] = Candidate(replace(hint, strategy="recompute-only"), sim)
     if swapping and opt.recompute_first_share > 0:
         # The recompute-only model first: its plan is a plan of the swap model too (no swaps).
         # The baselines never swap, so their candidates serve both problems.
