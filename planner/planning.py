@@ -181,6 +181,16 @@ def _swap_after_recompute(problem: PlanningProblem, budget: int, options: Planne
     40% of that order's time and none of the bounds of a recompute-only solve: RL100 at 70%,
     ``--time-limit 5 --deterministic``: +2.227% recompute only, +4.771% with a host link (nothing
     swapped). The swap solves skip their own recompute-only subsolve."""
+    moved = swap_greedy(problem, budget)
+    if moved is not None:
+        sim = simulate(problem, moved)
+        if sim.peak_bytes <= budget and sim.added_time <= 0:
+            # every copy hidden behind compute: nothing is cheaper, no solve needed (zoo:gpt at 75%)
+            stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=options.seed,
+                                workers=options.workers, clock=_clock_name(options))
+            return _empty(problem, budget, "cpsat", status="optimal", plan=replace(moved, strategy="cpsat"),
+                          peak_bytes=sim.peak_bytes, added_time=0.0, solver=stats,
+                          note="the swap-greedy plan adds no time")
     share = options.recompute_first_share
     rec = solve(problem.without_swap(), budget, "cpsat", replace(options, time_limit=share * options.time_limit))
     seed = None
