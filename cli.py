@@ -518,7 +518,8 @@ def _load_for_check(item):
     graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims)
     if not item.train:
         return as_run(graph)
-    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}))
+    return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}),
+                          **({"loss": item.loss} if item.loss else {}))
 
 
 def _training_available() -> bool:
@@ -606,6 +607,7 @@ def _external_files(model: str) -> set:
               help="Memory budget: 8GiB, 512MiB, 1.5GB, or 60% of the unplanned peak (needs a plan). Repeatable.")
 @click.option("--train", is_flag=True, help="Check the training step (forward + backward).")
 @add_loss_option
+@loss_option
 @click.option("--device", default=None, help="Device profile the planner prices time on (default h100).")
 @dim_option
 @click.option("--time-limit", type=FiniteFloat(min=0, min_open=True), default=None,
@@ -623,7 +625,8 @@ def _external_files(model: str) -> set:
 @click.option("--markdown", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write a Markdown table (for $GITHUB_STEP_SUMMARY); '-' prints it instead of the table.")
 @handles_errors
-def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_loss: str | None, device: str | None,
+def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_loss: str | None, loss: str | None,
+          device: str | None,
           dims: tuple[str, ...], time_limit: float | None, no_plan: bool, deterministic: bool,
           ort_arena: str | None, config: str | None, as_json: bool,
           junit: str | None, markdown: str | None) -> None:
@@ -641,7 +644,7 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
 
     if as_json and markdown == "-":
         raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
-    cli = Overrides(budgets=budgets, train=train, add_loss=add_loss, dims=parse_dims(dims), device=device,
+    cli = Overrides(budgets=budgets, train=train, add_loss=add_loss, loss=loss, dims=parse_dims(dims), device=device,
                     time_limit=time_limit,
                     no_plan=no_plan, deterministic=deterministic, ort_arena=ort_arena)
     items, config_path = collect_items(models, cli, config, Path.cwd())

@@ -90,6 +90,7 @@ class CheckItem:
     device: str = DEFAULT_DEVICE  # device profile the planner prices time on
     time_limit: float = DEFAULT_TIME_LIMIT  # seconds per plan
     add_loss: str | None = None  # KIND[:OUTPUT] appended to a model without a loss (implies train)
+    loss: str | None = None  # the scalar output trained as the loss, of several (implies train)
     plan: bool = True  # False (--no-plan): only "fits as is" counts
     deterministic: bool = False  # time_limit counts CP-SAT's deterministic seconds (planner/clock.py)
     # judge ORT's arena need under this arena_extend_strategy, not the liveness peak (ORT_ARENA_CHOICES)
@@ -102,6 +103,7 @@ class CheckItem:
     def name(self) -> str:
         """Report name: the label plus what changes the graph (training step, bound dims)."""
         extras = ((["train"] if self.train else []) + ([f"loss={self.add_loss}"] if self.add_loss else [])
+                  + ([f"loss={self.loss}"] if self.loss else [])
                   + [f"{k}={v}" for k, v in self.dims])
         base = self.label or self.model
         return f"{base} [{', '.join(extras)}]" if extras else base
@@ -139,6 +141,11 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
         except UsageError as err:
             raise UsageError(f"{prefix}{err}") from None
         options["train"] = True  # a loss is only for the training step
+    if options.get("loss"):
+        if options.get("add_loss"):
+            raise UsageError(f"{prefix}add_loss appends a loss and makes it the only output; loss names one the "
+                             "model has: give only one of them")
+        options["train"] = True
     dims = tuple(sorted(dict(options.pop("dims", {}) or {}).items()))
     loose = tuple(sorted(set(options.pop("loose_dims", ()) or ())))
     return CheckItem(model=model, budgets=tuple(parsed), dims=dims, loose_dims=loose, **options)

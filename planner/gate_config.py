@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 CONFIG_NAMES = ("memplan.toml", "pyproject.toml")
 #: Keys an entry may set; the top level may set them all (as defaults) except model and name.
-ENTRY_KEYS = ("model", "name", "budget", "train", "add_loss", "dims", "device", "time_limit", "plan", "deterministic",
+ENTRY_KEYS = ("model", "name", "budget", "train", "add_loss", "loss", "dims", "device", "time_limit", "plan", "deterministic",
               "ort_arena")
 DEFAULT_KEYS = ("budget", "train", "add_loss", "dims", "device", "time_limit", "plan", "deterministic", "ort_arena")
 
@@ -58,6 +58,7 @@ class Overrides:
     budgets: tuple[str, ...] = ()
     train: bool = False
     add_loss: str | None = None
+    loss: str | None = None  # the scalar output to train, for models with several
     dims: Mapping[str, int] = field(default_factory=dict)
     device: str | None = None
     time_limit: float | None = None
@@ -73,7 +74,7 @@ def collect_items(
     if models:
         if config:
             raise UsageError("give MODEL arguments or --config, not both; the config lists its own models")
-        options = {"train": cli.train, "add_loss": cli.add_loss, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
+        options = {"train": cli.train, "add_loss": cli.add_loss, "loss": cli.loss, "dims": dict(cli.dims), "device": cli.device or DEFAULT_DEVICE,
                    "time_limit": cli.time_limit or DEFAULT_TIME_LIMIT, "plan": not cli.no_plan,
                    "deterministic": cli.deterministic, "ort_arena": cli.ort_arena}
         loose = tuple(cli.dims) if len(models) > 1 else ()  # --dim for several models at once
@@ -180,7 +181,8 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
         budgets = cli.budgets or value["budget"] or ()
         items.append(make_item(
             model, budgets, where=sec.where, label=sec.get("name") or label,
-            train=cli.train or bool(value["train"]), add_loss=cli.add_loss or value["add_loss"], dims=dims,
+            train=cli.train or bool(value["train"]), add_loss=cli.add_loss or value["add_loss"],
+            loss=cli.loss or sec.get("loss"), dims=dims,
             loose_dims=loose,
             device=cli.device or value["device"] or DEFAULT_DEVICE,
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
@@ -242,6 +244,7 @@ _CHECKS = {
                          'a size such as "8GiB", a percentage such as "60%", or a list of them'),
     "train": lambda v: (isinstance(v, bool), "true or false"),
     "add_loss": lambda v: (isinstance(v, str) and _is_loss(v), " or ".join(f'"{k}[:OUTPUT]"' for k in LOSSES)),
+    "loss": lambda v: (isinstance(v, str) and bool(v.strip()), "the name of the scalar output to train"),
     "plan": lambda v: (isinstance(v, bool), "true or false"),
     "deterministic": lambda v: (isinstance(v, bool), "true or false"),
     "device": lambda v: (isinstance(v, str) and bool(v.strip()), 'a device name such as "h100"'),

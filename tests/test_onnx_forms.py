@@ -140,3 +140,25 @@ def test_control_flow_and_a_taken_gradient_name_say_what_to_do(tmp_path):
                  tmp_path / "taken.onnx")
     code, _, err = memplan("inspect", path, "--train")
     assert code == 3 and "already has a tensor 'W_grad'" in err and "rename that tensor" in err
+
+
+def test_check_names_the_loss_of_a_model_with_two_scalar_outputs(tmp_path):
+    """plan and inspect took --loss; check, the CI gate, had no way to name it and judged the
+    training step of the first scalar output (a metric). Now `--loss` and a config entry's `loss`."""
+    import json
+
+    path = _two_scalar_outputs(tmp_path)
+    code, out, err = memplan("inspect", path, "--loss", "loss", "--json")
+    assert code == 0, err
+    peak = json.loads(out)["peak_bytes"]
+    code, out, err = memplan("check", path, "--loss", "loss", "--budget", "1MiB", "--no-plan", "--json")
+    assert code == 0 and "as the loss" not in err, err
+    (row,) = json.loads(out)["results"]
+    assert row["unplanned_peak_bytes"] == peak and row["train"] and row["name"].endswith("[train, loss=loss]")
+    config = tmp_path / "memplan.toml"
+    config.write_text(f'[[check]]\nmodel = "{path.name}"\nbudget = "1MiB"\nplan = false\nloss = "loss"\n')
+    code, out, err = memplan("check", "--config", config, "--json")
+    assert code == 0 and json.loads(out)["results"][0]["unplanned_peak_bytes"] == peak, err
+    config.write_text(f'[[check]]\nmodel = "{path.name}"\nbudget = "1MiB"\nloss = "loss"\nadd_loss = "mean"\n')
+    code, _, err = memplan("check", "--config", config)
+    assert code == 2 and "give only one of them" in err
