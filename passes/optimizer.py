@@ -20,10 +20,9 @@ import numpy as np
 from passes.gradients._emit import Emitter
 from passes.onnx_import import DTYPE_TO_ONNX
 from planner.errors import UsageError
+from planner.graph import HALF_DTYPES
 
 OPTIMIZERS = ("none", "sgd", "adam")
-#: Parameter element types whose Adam state and update are computed in float32.
-LOW_PRECISION = frozenset({"float16", "bfloat16"})
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class OptimizerStep:
     def _math_dtype(self, param: int) -> str:
         """Element type of ``param``'s Adam state and update math: float32 for float16/bfloat16."""
         dtype = self.em.dtype(param)
-        return "float32" if self.opt.kind == "adam" and dtype in LOW_PRECISION else dtype
+        return "float32" if self.opt.kind == "adam" and dtype in HALF_DTYPES else dtype
 
     def _state_input(self, param: int, suffix: str, dtype: str) -> int:
         p = self.em.tensor(param)

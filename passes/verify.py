@@ -29,6 +29,7 @@ from passes import alloc_counter
 from passes.onnx_export import save_model
 from passes.ort_errors import missing_kernel
 from planner.errors import PlannerError, UsageError
+from planner.graph import HALF_DTYPES
 
 
 @dataclass(frozen=True)
@@ -535,10 +536,6 @@ def runs_under_arena(model: onnx.ModelProto | str | os.PathLike, feeds: Mapping[
     return bool(got["ok"]), got["error"]
 
 
-#: Element types ORT's CPU provider has few kernels for: it runs such nodes in float32 between Casts.
-LOW_PRECISION_DTYPES = frozenset({"float16", "bfloat16"})
-
-
 def cpu_float32_fallback_casts(graph) -> int:
     """How many Cast nodes ORT's CPU provider inserts into ``graph`` (a planner Graph) to run its
     float16/bfloat16 nodes that have no CPU kernel in float32 (ORT's InsertCastTransformer, applied
@@ -547,7 +544,7 @@ def cpu_float32_fallback_casts(graph) -> int:
     step measured 2.4x its prediction, and verify said OVER budget). 0 for a model without such
     tensors or where ORT cannot load it (the runs report that). The model is loaded without its
     weights (large initializers become inputs), so this writes and reads a few KiB."""
-    if not any(t.dtype in LOW_PRECISION_DTYPES for t in graph.tensors):
+    if not any(t.dtype in HALF_DTYPES for t in graph.tensors):
         return 0
     import onnxruntime as ort
 

@@ -52,6 +52,9 @@ DTYPE_BITS: Mapping[str, int] = MappingProxyType(
 )
 
 FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+#: Half-precision floats: Adam keeps their state in float32 (passes/optimizer.py); ORT's CPU provider
+#: has few kernels for them (passes/verify.py).
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 
 def tensor_bytes(dtype: str, shape: Sequence[int]) -> int:
