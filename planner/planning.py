@@ -186,11 +186,8 @@ def _swap_after_recompute(problem: PlanningProblem, budget: int, options: Planne
         sim = simulate(problem, moved)
         if sim.peak_bytes <= budget and sim.added_time <= 0:
             # every copy hidden behind compute: nothing is cheaper, no solve needed (zoo:gpt at 75%)
-            stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=options.seed,
-                                workers=options.workers, clock=_clock_name(options))
-            return _empty(problem, budget, "cpsat", status="optimal", plan=replace(moved, strategy="cpsat"),
-                          peak_bytes=sim.peak_bytes, added_time=0.0, solver=stats,
-                          note="the swap-greedy plan adds no time")
+            return _adds_nothing(problem, budget, Candidate(moved, sim), options, t0,
+                                 "the swap-greedy plan adds no time")
     share = options.recompute_first_share
     rec = solve(problem.without_swap(), budget, "cpsat", replace(options, time_limit=share * options.time_limit))
     seed = None
@@ -754,6 +751,15 @@ def _baseline_result(problem: PlanningProblem, budget: int, strategy: str, optio
     )
 
 
+def _adds_nothing(problem: PlanningProblem, budget: int, c: Candidate, opt: PlannerOptions, t0: float,
+                  note: str) -> SolveResult:
+    """``c``, a fitting plan that adds no time, as the solve's optimal result (bound and gap 0)."""
+    stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers,
+                        clock=_clock_name(opt))
+    return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
+                  peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note=note)
+
+
 def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: float,
                  cands: dict[str, Candidate] | None = None, pace: _Pace | None = None,
                  known: ClosureBound | None = None,
@@ -800,21 +806,12 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         key=lambda c: (c.sim.added_time, c.plan.strategy),
     )
     if "none" in cands and cands["none"].sim.peak_bytes <= budget:
-        c = cands["none"]
-        stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers,
-                            clock=_clock_name(opt))
-        return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
-                      peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats, note="no remat needed")
+        return _adds_nothing(problem, budget, cands["none"], opt, t0, "no remat needed")
     if fitting and fitting[0].sim.added_time <= 0:
         # a plan that adds no time (the swap greedy's copies all hidden behind compute) is optimal:
         # the solver spent the rest of the limit to say it found nothing better (zoo:gpt at 75%
         # with --swap: 9.6 s, "solver gave no better plan in time")
-        c = fitting[0]
-        stats = SolverStats(wall_s=clock.wall_since(t0), bound=0.0, gap=0.0, seed=opt.seed, workers=opt.workers,
-                            clock=_clock_name(opt))
-        return _empty(problem, budget, "cpsat", status="optimal", plan=replace(c.plan, strategy="cpsat"),
-                      peak_bytes=c.sim.peak_bytes, added_time=0.0, solver=stats,
-                      note=f"the {c.plan.strategy} plan adds no time")
+        return _adds_nothing(problem, budget, fitting[0], opt, t0, f"the {fitting[0].plan.strategy} plan adds no time")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
     # only recompute-only ones map onto it (the swap greedy's plans are fallbacks only).
     def light(c: Candidate) -> bool:
