@@ -225,21 +225,14 @@ def as_run(graph):
 def inspect(model: str, train: bool, add_loss: str | None, loss: str | None, dims: tuple[str, ...], top: int,
             as_json: bool, plot: str | None) -> None:
     """Tensors, liveness, constant base and peak of one run of MODEL."""
-    from passes.onnx_import import load_graph
     from planner.fileio import atomic_write
     from planner.liveness import analyze
     from planner.report import inspect_dict, inspect_table, timeline_png
 
     _output_paths_ok({"--plot": plot}, [model])
-    already = _is_training_step(model)  # inspected as it is, as plan plans it
-    if add_loss and already:
-        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --add-loss")
-    if loss and already:
-        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop --loss")
-    train = (train or bool(add_loss) or bool(loss)) and not already  # a loss is only for training
-    graph = load_graph(model, parse_dims(dims))
-    step = {**({"add_loss": add_loss} if add_loss else {}), **({"loss": loss} if loss else {})}
-    graph = training_graph(graph, **step) if train else as_run(graph)
+    # as plan builds it: a loss is only for training, and a step train-graph wrote is inspected as it is
+    graph, _ = _graph_to_plan(model, parse_dims(dims), forward=not (train or add_loss or loss),
+                              add_loss=add_loss, loss=loss)
     lv = analyze(graph)
     info = inspect_dict(lv, model, top)
     if plot:
