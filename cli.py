@@ -505,10 +505,10 @@ def check_arena_fn(graph, item) -> int:
     return _ort_arena(item.ort_arena, item.device).need(graph)
 
 
-def _load_for_check(item):
+def _load_for_check(item, matched_dims: set[str] | None = None):
     from passes.onnx_import import load_graph
 
-    graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims)
+    graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims)
     if not item.train:
         return as_run(graph)
     return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}),
@@ -646,8 +646,22 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
     _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs, stdout=("--markdown",))
 
-    verdicts = gate.run_checks(items, _load_for_check, check_plan_fn,
-                               progress=lambda line: click.echo(f"memplan: {line}", err=True), arena=check_arena_fn)
+    matched: set[str] = set()
+
+    def shared_dims_matched() -> None:
+        """A dim given for several models at once (config top level, --dim with several models)
+        may miss some of them (a warning); one that matches none is a typo: the gate would check
+        every model at its default size and pass."""
+        loose = sorted({d for item in items for d in item.loose_dims} - matched)
+        if loose:
+            raise UsageError(f"dims {', '.join(loose)} matched no model's symbolic input dims or zoo options; "
+                             "fix the name, or drop it" if len(loose) > 1 else
+                             f"dim {loose[0]} matched no model's symbolic input dims or zoo options; "
+                             "fix the name, or drop it")
+
+    verdicts = gate.run_checks(items, lambda item: _load_for_check(item, matched), check_plan_fn,
+                               progress=lambda line: click.echo(f"memplan: {line}", err=True), arena=check_arena_fn,
+                               after_load=shared_dims_matched)
     for message in gate.model_errors(verdicts):
         click.echo(f"memplan: error: {message}", err=True)
     if junit:

@@ -76,11 +76,12 @@ CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 # ---- loading ----------------------------------------------------------------------------------
 def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
-               loose_dims: Collection[str] = ()) -> Graph:
+               loose_dims: Collection[str] = (), matched_dims: set[str] | None = None) -> Graph:
     """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph. A ``--dim``
     that matches nothing in it is a usage error (a typo would plan another size), except those
-    named in ``loose_dims`` (dims given for several models at once), which are warned about."""
-    return import_model(spec, dims, loose_dims=loose_dims)
+    named in ``loose_dims`` (dims given for several models at once), which are warned about.
+    ``matched_dims`` collects the dims that did match (a zoo option or a symbolic input dim)."""
+    return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims)
 
 
 def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = True
@@ -402,14 +403,15 @@ def _mapping(path: str):
 def import_model(
     spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
     frozen: Iterable[str] = (), aside: Mapping[str, np.ndarray] | None = None,
-    loose_dims: Collection[str] | None = None,
+    loose_dims: Collection[str] | None = None, matched_dims: set[str] | None = None,
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
     float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
     initializers ``spec`` holds as stubs (``export_model(..., weights=False)``, or set aside at
     ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name. ``loose_dims``: the dims
     that may match nothing (a warning); any other that does is a UsageError. None: every one may
-    (what memplan imports itself: its own files, benchmarks)."""
+    (what memplan imports itself: its own files, benchmarks). ``matched_dims`` collects the dims
+    that matched a zoo option or a symbolic input dim."""
     _ASIDE_VALUES.update(aside or {})
     if dims and not isinstance(spec, onnx.ModelProto) and str(spec).startswith("zoo:"):
         import models  # late, as in load_proto
@@ -418,13 +420,16 @@ def import_model(
             models.parse_spec(str(spec))
         except PlannerError as err:  # a bad name is a bad model, as in load_proto
             raise ModelImportError(str(err)) from None
-        spec, dims = models.with_dims(str(spec), dims)  # a dim the name contradicts: a usage error
+        spec, rest = models.with_dims(str(spec), dims)  # a dim the name contradicts: a usage error
+        if matched_dims is not None:
+            matched_dims.update(set(dims) - set(rest))
+        dims = rest
     try:
         model, _, display = load_proto(spec, weights="mapped")
         roles = torch_export_roles(model)
         # a proto read from a file here is ours to change; the caller's is copied first
         model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
-                                 loose_dims=loose_dims)
+                                 loose_dims=loose_dims, matched_dims=matched_dims)
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
         return _to_graph(model, display, frozen, bool(dims))
     finally:
@@ -555,7 +560,8 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
 
 def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
              roles: TorchExportRoles | None = None, copy: bool = True,
-             loose_dims: Collection[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
+             loose_dims: Collection[str] | None = None,
+             matched_dims: set[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
     """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names).
     ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice)."""
     if copy:
@@ -597,6 +603,8 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         flags = " ".join(f"--dim {d}=N" for d in unbound)
         word = "dims" if len(unbound) > 1 else "dim"
         raise ModelImportError(f"{display}: unbound symbolic {word} {what}; bind with {flags}")
+    if matched_dims is not None:
+        matched_dims.update(used)
     unknown = sorted(set(dims) - used)
     if unknown:  # a typo, or a model whose dims are fixed: say which dims it has
         has = f"its symbolic input dims: {', '.join(sorted(used))}" if used else "its input dims are all fixed"

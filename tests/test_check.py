@@ -640,3 +640,21 @@ def test_a_dim_typo_fails_the_gate_unless_the_dim_is_for_several_models(tmp_path
     cfg.write_text('[[check]]\nmodel = "mlp.onnx"\nbudget = "1MiB"\nplan = false\ndims = { batch = 32, bacth = 4 }\n')
     rc, _, err = run(["--config", cfg])
     assert rc == 2 and "bacth matched no symbolic input dim" in one_error_line(err)
+
+
+def test_a_shared_dim_that_matches_no_model_fails_the_gate(tmp_path, mlp, wide):
+    """A dim given for several models at once may miss some of them (a warning), but one that
+    matches none of them (`check a.onnx b.onnx --dim bacth=4`, or a config's top-level dims) was a
+    warning too, and every model was checked at its default size: a typo passed the gate."""
+    rc, _, err = run([mlp, wide, "--budget", "1MiB", "--no-plan", "--dim", "batch=32", "--dim", "bacth=4"])
+    last = err.strip().splitlines()[-1]  # after each model's own warning (on the command line)
+    assert rc == 2 and last == ("memplan: error: dim bacth matched no model's symbolic input dims or zoo options; "
+                                "fix the name, or drop it")
+    assert "Traceback" not in err
+    rc, out, _ = run(["zoo:mlp", wide, "--budget", "1MiB", "--no-plan", "--dim", "batch=4"])  # a zoo option
+    assert rc == 0 and "2 of 2 passed" in out
+    cfg = tmp_path / "memplan.toml"
+    cfg.write_text('dims = { batch = 32, seq = 8 }\n[[check]]\nmodel = "mlp.onnx"\nbudget = "1MiB"\nplan = false\n'
+                   '[[check]]\nmodel = "wide.onnx"\nbudget = "1MiB"\nplan = false\n')
+    rc, _, err = run(["--config", cfg])
+    assert rc == 2 and "error: dim seq matched no model's" in err.strip().splitlines()[-1]
