@@ -730,7 +730,9 @@ def _empty(problem: PlanningProblem, budget: int, strategy: str, **kw) -> SolveR
         strategy=strategy,
         budget_bytes=budget,
         unplanned_peak_bytes=problem.unplanned_peak,
-        base_bytes=problem.base_bytes,
+        # what initializers and graph inputs hold (inspect's constant base): not the unread tiny
+        # outputs lowering adds to the problem's base (late_base_bytes, held only once made)
+        base_bytes=problem.base_bytes - problem.late_base_bytes,
         compute_time=problem.total_cost,
         **kw,
     )

@@ -147,6 +147,10 @@ def test_cnn_default_batch_plan_fits_once_rewritten(tmp_path):
     assert rc == 0, err
     obj = json.loads(text)
     assert obj["peak_bytes"] <= obj["budget_bytes"]
+    # base_bytes is the constant base inspect reports (initializers and graph inputs), not the
+    # planner's, which also holds zoo:cnn's unread MaxPool Indices (256 B more)
+    rc, inspected, err = memplan("inspect", "zoo:cnn", "--train", "--json")
+    assert rc == 0 and obj["base_bytes"] == json.loads(inspected)["base_bytes"], err
     rc, text, err = memplan("verify", "zoo:cnn", out, "--json")
     assert rc == 0 and json.loads(text)["outputs_equal"] is True, err
 
