@@ -266,3 +266,21 @@ def test_the_order_search_stops_at_its_work_cap(benchmarks_dir, monkeypatch):
     assert uncapped > 100 and len(calls) < 0.5 * uncapped
     assert capped == memory_order(p, 0.05, budget, max_work=cap)
     assert full == memory_order(p, 0.05, budget, max_work=2 * uncapped * p.n)
+
+
+def test_an_order_that_fits_the_budget_unplanned_is_planned_in_however_small_its_gain():
+    """Node 2 (25 B, read by nobody) comes before node 3 (23 B), while 0 and 1 (26 B) are
+    resident: 51 B. Run 3 first (1 and 3 are freed before 2), and the peak is 49 B, under the 5% gain that makes
+    an order worth searching. At 49 B (the early
+    walk's range) the plan added nothing, at 50 B it added 2 as "optimal" in the given order: a
+    larger budget cost more. Now the order that fits unplanned is used at either budget."""
+    p = PlanningProblem.build(size=[18, 8, 25, 23], cost=[2, 2, 0, 0], preds=[[], [0], [0], [0, 1]])
+    assert p.unplanned_peak == 51
+    opt = PlannerOptions(time_limit=2, workers=1, seed=0)
+    for budget in (49, 50):
+        res = solve(p, budget, "cpsat", opt)
+        assert res.status == "optimal" and res.added_time == 0, (budget, res.added_time, res.order)
+        assert simulate(p, res.plan, budget).peak_bytes <= budget
+    order, _ = memory_order(p, 0.05, 50)
+    assert permute(p, order).unplanned_peak <= 50
+    assert memory_order(p, 0.05, 51) is None  # the given order fits: nothing to gain
