@@ -1,0 +1,106 @@
+"""An independent brute-force oracle for the planner's claims on tiny graphs (tests only).
+
+It does not use planner code: it reads the problem's plain arrays (size, cost, preds, scratch,
+base, pinned, recomputable) and walks every event list simulate() accepts without swaps:
+  * compute v: every input resident, v not resident, and v either never computed or
+    recomputable; while it runs, base + resident + size[v] + scratch[v] bytes are held;
+  * free v: v resident and not pinned;
+  * at the end every node was computed and exactly the pinned nodes are resident.
+``order`` (a list of node ids) restricts first computes to that order (recomputes anywhere
+later; ``range(n)`` is the problem's own order); None lets them come in any topological order. Dijkstra over (computed, resident)
+states: the least peak (bottleneck path) and the cheapest plan within a budget (sum of the
+recomputes' costs, every compute within the budget).
+"""
+from __future__ import annotations
+
+import heapq
+
+
+def _arrays(p):
+    n = p.n
+    size = [int(x) for x in p.size]
+    scratch = [int(x) for x in p.scratch]
+    cost = [float(x) for x in p.cost]
+    preds = [0] * n
+    for v in range(n):
+        for u in p.pred_idx[p.pred_ptr[v]:p.pred_ptr[v + 1]]:
+            preds[v] |= 1 << int(u)
+    pinned = sum(1 << v for v in range(n) if p.pinned[v])
+    again = [bool(p.recomputable[v]) for v in range(n)]
+    return n, size, scratch, cost, preds, pinned, again, int(p.base_bytes)
+
+
+def _moves(n, size, scratch, preds, pinned, again, base, order, done, res):
+    held = base + sum(size[v] for v in range(n) if res >> v & 1)
+    for v in range(n):
+        bit = 1 << v
+        if res & bit:
+            if not pinned & bit:
+                yield (done, res & ~bit), held - size[v], False, v
+            continue
+        if preds[v] & res != preds[v]:
+            continue
+        if done & bit:
+            if not again[v]:
+                continue
+        elif order is not None and order[bin(done).count("1")] != v:  # first computes in ``order`` only
+            continue
+        yield (done | bit, res | bit), held + size[v] + scratch[v], bool(done & bit), v
+
+
+def least_peak(p, order=None, swap: bool = False) -> int:
+    """Least peak of any plan (``order``: first computes in that node order; None: any).
+    ``swap``: swap_out / swap_in of the problem's swappable nodes too (a swap_out leaves a host
+    copy; a swap_in needs one and re-allocates the buffer)."""
+    n, size, scratch, cost, preds, pinned, again, base = _arrays(p)
+    movable = [swap and bool(p.swappable[v]) for v in range(n)]
+    goal = ((1 << n) - 1, pinned)
+    best = {(0, 0, 0): base}
+    heap = [(base, 0, 0, 0)]
+    while heap:
+        peak, done, res, host = heapq.heappop(heap)
+        if peak > best[(done, res, host)]:
+            continue
+        if (done, res) == goal:
+            return peak
+        steps = [(nxt + (host,), mem) for nxt, mem, _, _ in
+                 _moves(n, size, scratch, preds, pinned, again, base, order, done, res)]
+        held = base + sum(size[v] for v in range(n) if res >> v & 1)
+        for v in range(n):
+            if not movable[v]:
+                continue
+            bit = 1 << v
+            if res & bit:
+                steps.append(((done, res & ~bit, host | bit), held - size[v]))
+            elif host & bit:
+                steps.append(((done, res | bit, host), held + size[v]))
+        for nxt, mem in steps:
+            val = max(peak, mem)
+            if val < best.get(nxt, val + 1):
+                best[nxt] = val
+                heapq.heappush(heap, (val, *nxt))
+    raise AssertionError("no plan at all")
+
+
+def cheapest(p, budget: int, order=None) -> float | None:
+    """Least added time (sum of recompute costs) of a plan within ``budget``; None if none fits."""
+    n, size, scratch, cost, preds, pinned, again, base = _arrays(p)
+    goal = ((1 << n) - 1, pinned)
+    if base > budget:
+        return None
+    best = {(0, 0): 0.0}
+    heap = [(0.0, 0, 0)]
+    while heap:
+        c, done, res = heapq.heappop(heap)
+        if c > best[(done, res)]:
+            continue
+        if (done, res) == goal:
+            return c
+        for nxt, mem, redo, v in _moves(n, size, scratch, preds, pinned, again, base, order, done, res):
+            if mem > budget:
+                continue
+            val = c + (cost[v] if redo else 0.0)
+            if val < best.get(nxt, val + 1):
+                best[nxt] = val
+                heapq.heappush(heap, (val, *nxt))
+    return None
