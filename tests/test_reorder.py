@@ -16,7 +16,7 @@ from planner.liveness import analyze
 from planner.pebble import DepthFirstPlan
 from planner.planning import solve
 from planner.problem import PlanningProblem
-from planner.reorder import RULES, _Profile, list_order, memory_order, permute, plan_in_original
+from planner.reorder import RULES, _Profile, least_peak_order, list_order, memory_order, permute, plan_in_original
 from planner.simulate import simulate
 from tests.helpers import random_layered, run_order
 
@@ -284,3 +284,27 @@ def test_an_order_that_fits_the_budget_unplanned_is_planned_in_however_small_its
     order, _ = memory_order(p, 0.05, 50)
     assert permute(p, order).unplanned_peak <= 50
     assert memory_order(p, 0.05, 51) is None  # the given order fits: nothing to gain
+
+
+def test_the_least_peak_order_of_a_small_graph_is_found_where_the_local_search_misses_it():
+    """A random 10-node graph: the list schedules and the local search reach no order under
+    141 B's neighbourhood that fits 122 B, so the plan at 122 B recomputed (+1, "optimal" in the
+    given order); the search over the sets of computed nodes finds the order that peaks at 122 B
+    unplanned, and the plan adds nothing. The order is checked against every topological order."""
+    preds = [[], [0], [0, 1], [0, 1], [0, 2, 3], [2, 3], [0, 3, 4], [1, 5], [5, 6], [5]]
+
+    def orders(done: list[int]):  # every topological order, extended node by node
+        if len(done) == 10:
+            yield done
+        for v in range(10):
+            if v not in done and all(u in done for u in preds[v]):
+                yield from orders(done + [v])
+
+    p = PlanningProblem.build(size=[18, 29, 23, 25, 22, 24, 12, 3, 15, 22], cost=[1] * 10, preds=preds)
+    order = least_peak_order(p)
+    prof = _Profile(p)
+    assert p.unplanned_peak == 141 and prof(order)[0].max() == 122
+    assert prof(order)[0].max() == min(prof(o)[0].max() for o in orders([]))
+    res = solve(p, 122, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0))
+    assert res.status == "optimal" and res.added_time == 0 and simulate(p, res.plan, 122).peak_bytes <= 122
+    assert least_peak_order(p, max_nodes=9) is None and least_peak_order(p, max_states=10) is None
