@@ -1044,6 +1044,12 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
             _check_einsum_letters(node, [b.tensor(t).shape for t in ins], display)
         outs = []
         for k, name in enumerate(node.output):
+            if name and name not in shapes and _batchnorm_statistics_output(node, k, opsets):
+                # BatchNormalization before opset 14 runs in training mode (batch statistics) when it
+                # has these outputs; dropping them would make it an inference-mode node (and ORT crashes
+                # on the emptied names), so they stay, per channel
+                outs.append((name, b.tensor(ins[0]).dtype, (b.tensor(ins[0]).shape[1],)))
+                continue
             if not name or (name not in shapes and name not in read and _optional_output(node, k, opsets)):
                 # an optional output nothing reads and shape inference leaves unknown (Dropout-7's
                 # mask): the node runs without it
@@ -1097,6 +1103,13 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
         return b.build()
     except PlannerError as err:
         raise ModelImportError(f"{display}: {err}") from None
+
+
+def _batchnorm_statistics_output(node: onnx.NodeProto, k: int, opsets: Mapping[str, int]) -> bool:
+    """Output ``k`` is one of the statistics of a BatchNormalization of opset 7-13, whose mode its
+    output count sets (training with mean, var, saved mean, saved var; inference with Y alone)."""
+    return (node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") and 1 <= k <= 4
+            and 7 <= opsets.get("", 1) < 14)
 
 
 def _optional_output(node: onnx.NodeProto, k: int, opsets: Mapping[str, int]) -> bool:

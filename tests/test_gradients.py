@@ -549,3 +549,15 @@ def test_activation_keeps_its_output_where_that_suffices(op, attrs, saved):
     dtype = np.float32 if op == "Celu" else np.float64  # ONNX's Celu is float32 only
     step = _training_step([node(op, ["x"], ["y"], name="act", **attrs)], {"x": rnd(2, 3)}, dtype=dtype)
     assert list(step.saved["act"]) == saved
+
+
+def test_batch_norm_before_opset14_with_statistics_outputs_trains_on_batch_statistics():
+    """Opset 7-13 BatchNormalization is in training mode when it has its mean/var outputs (ORT
+    runs it on batch statistics). The importer dropped those unread outputs (the exported node had
+    empty output names, on which ORT crashed) and the rule used the running statistics."""
+    nodes = [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv", "sm", "sv"], epsilon=1e-3)]
+    params = {"x": rnd(3, 2, 2, 2), "s": rnd(2), "b": rnd(2)}
+    consts = {"m": rnd(2), "v": rnd(2, low=0.5)}
+    forward = import_model(build_model(nodes, params, consts, {}, ["y"], np.float64, 12))
+    assert -1 not in forward.nodes[0].outputs  # all five outputs kept: they set the mode
+    check_gradients(nodes, params, consts=consts, opset=12)

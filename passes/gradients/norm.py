@@ -12,6 +12,7 @@ import numpy as np
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import Emitter, prod
 from planner.errors import ModelImportError
+from planner.graph import NO_TENSOR
 
 
 def _softmax_axes(ctx: BackwardContext) -> list[int]:
@@ -117,11 +118,16 @@ def lp_normalization(ctx: BackwardContext) -> dict[int, int]:
 
 @register("BatchNormalization", inputs=(0, 1, 2))
 def batch_norm(ctx: BackwardContext) -> dict[int, int]:
-    """Training mode (opset 14+, training_mode=1): batch statistics. Otherwise the running
-    statistics are constants and the op is an affine map per channel."""
+    """Training mode (opset 14+: training_mode=1; opset 7-13: the node has its statistics outputs,
+    as ORT runs it): batch statistics. Otherwise the running statistics are constants and the op
+    is an affine map per channel."""
     eps = float(ctx.attr("epsilon", 1e-5))
     rank = len(ctx.x_shape(0))
-    if ctx.opset >= 14 and int(ctx.attr("training_mode", 0)) == 1:
+    if ctx.opset >= 14:
+        training = int(ctx.attr("training_mode", 0)) == 1
+    else:
+        training = ctx.opset >= 7 and any(t != NO_TENSOR for t in ctx.node.outputs[1:])
+    if training:
         return _normalize_backward(ctx, [0, *range(2, rank)], eps)
     em, g = ctx.em, ctx.dy()
     channels = ctx.x_shape(0)[1]
