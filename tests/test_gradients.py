@@ -561,3 +561,20 @@ def test_batch_norm_before_opset14_with_statistics_outputs_trains_on_batch_stati
     forward = import_model(build_model(nodes, params, consts, {}, ["y"], np.float64, 12))
     assert -1 not in forward.nodes[0].outputs  # all five outputs kept: they set the mode
     check_gradients(nodes, params, consts=consts, opset=12)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_of_a_zero_vector_has_a_finite_gradient(p):
+    """A zero vector (ORT's forward maps it to 0) divided g by a zero norm: NaNs, which reach every
+    weight before it. It now gets g (n = 0 taken as 1); the other vectors keep the exact gradient."""
+    x = np.vstack([rnd(2, 3), np.zeros((1, 3))])
+    step = _training_step([node("LpNormalization", ["x"], ["y"], axis=1, p=p)], {"x": x})
+    _, grads = gradcheck.run_training_step(step, {})
+    weights = gradcheck.initializer_values(step.graph, ["R_0"])["R_0"]
+    norm = np.linalg.norm(x[:2], ord=p, axis=1, keepdims=True)
+    y = x[:2] / norm
+    d = y if p == 2 else np.sign(x[:2])
+    want = (weights[:2] - d * np.sum(weights[:2] * y, axis=1, keepdims=True)) / norm
+    assert np.all(np.isfinite(grads["x"]))
+    np.testing.assert_allclose(grads["x"][:2], want, rtol=1e-9)
+    np.testing.assert_allclose(grads["x"][2], weights[2])

@@ -105,13 +105,16 @@ def _normalize_backward(ctx: BackwardContext, stat_axes: list[int], eps: float) 
 @register("LpNormalization")
 def lp_normalization(ctx: BackwardContext) -> dict[int, int]:
     """y = x / n along ``axis``, n the L2 (p=2) or L1 (p=1) norm: dx = (g - d * sum(g * y)) / n with
-    d = y for p=2 and sign(x) for p=1 (the norm's own derivative times n). Reads x and y."""
+    d = y for p=2 and sign(x) for p=1 (the norm's own derivative times n). Reads x and y.
+
+    A zero vector (ORT's forward gives 0 there) has no derivative; n = 0 is replaced by 1 there, so
+    it gets g (the identity's, y = x there) rather than 0/0 NaNs that would spread to every weight."""
     em, g, x, y = ctx.em, ctx.dy(), ctx.x(0), ctx.y()
     axis = int(ctx.attr("axis", -1)) % len(ctx.x_shape(0))
     p = int(ctx.attr("p", 2))
     if p not in (1, 2):
         raise ModelImportError(f"node {ctx.node.name!r} (LpNormalization) has p={p}; ONNX allows 1 or 2")
-    norm = em.reduce("ReduceL2" if p == 2 else "ReduceL1", x, [axis])
+    _, norm = em.zeros_to_one(em.reduce("ReduceL2" if p == 2 else "ReduceL1", x, [axis]))
     d = y if p == 2 else em.unary("Sign", x)
     return {0: em.div(em.sub(g, em.mul(d, em.reduce_sum(em.mul(g, y), [axis]))), norm)}
 
