@@ -41,6 +41,9 @@ CASES = {
     "mul_broadcast": ([node("Mul", ["a", "b"], ["y"])], {"a": rnd(2, 1, 4), "b": rnd(3, 1)}, {}),
     "div_broadcast": ([node("Div", ["a", "b"], ["y"])], {"a": rnd(2, 3), "b": rnd(3, low=0.5)}, {}),
     "pow_both": ([node("Pow", ["a", "b"], ["y"])], {"a": rnd(2, 3, low=0.5), "b": rnd(3)}, {}),
+    # a zero base: d/db 0^b = 0 for b > 0 (the rule gave 0 * log(0) = NaN)
+    "pow_exponent_at_zero_base": ([node("Pow", ["a", "b"], ["y"])], {"b": rnd(3, low=1.5)},
+                                  {"consts": {"a": np.asarray([0.0, 0.5, 2.0])}, "freeze": ["a"]}),
     "pow_const_int": ([node("Pow", ["a", "e"], ["y"])], {"a": rnd(2, 3)}, {"consts": {"e": np.asarray(3, I64)}}),
     "pow_square": ([node("Pow", ["a", "e"], ["y"])], {"a": rnd(2, 3)},
                    {"consts": {"e": np.asarray(2.0)}, "freeze": ["e"]}),

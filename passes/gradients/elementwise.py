@@ -62,7 +62,8 @@ def div(ctx: BackwardContext) -> dict[int, int]:
 
 @register("Pow", inputs=(0, 1))
 def pow_(ctx: BackwardContext) -> dict[int, int]:
-    """y = a ** b: da = g * b * a ** (b - 1), db = g * y * log(a)."""
+    """y = a ** b: da = g * b * a ** (b - 1), db = g * y * log(a), taken as 0 where a = 0 (y is 0
+    there for b > 0, and 0 * log(0) would be NaN; PyTorch's convention too)."""
     em, g = ctx.em, ctx.dy()
     out = {}
     if ctx.needs(0):
@@ -80,7 +81,8 @@ def pow_(ctx: BackwardContext) -> dict[int, int]:
             da = em.mul(em.mul(g, b), em.binary("Pow", a, b_minus_1))
         out[0] = em.unbroadcast(da, ctx.x_shape(0))
     if ctx.needs(1):
-        db = em.mul(em.mul(g, ctx.y()), em.unary("Log", ctx.x(0)))
+        _, a_safe = em.zeros_to_one(ctx.x(0))
+        db = em.mul(em.mul(g, ctx.y()), em.unary("Log", a_safe))
         out[1] = em.unbroadcast(db, ctx.x_shape(1))
     return out
 
