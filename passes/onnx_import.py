@@ -743,9 +743,71 @@ def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
         g.value_info.extend(inferred.graph.value_info)
         for out, new in zip(g.output, inferred.graph.output):
             out.CopyFrom(new)
+        if _floor_empty_ceil_windows(g, display):
+            # shapes downstream of the pool were inferred from its old size: infer them again
+            del g.value_info[:]
+            for out in g.output:
+                if out.type.HasField("tensor_type"):
+                    out.type.tensor_type.ClearField("shape")
+            continue
         if not _shape_like_input(model):
             return model
     return model
+
+
+#: Pools whose ceil_mode output size ORT (and the ONNX spec since opset 19's note) cuts back where
+#: the last window would start past the input and its begin pad.
+_CEIL_POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+
+
+def _floor_empty_ceil_windows(g: onnx.GraphProto, display: str) -> bool:
+    """Set ceil_mode=0 on pools whose ceil_mode=1 output onnx's shape inference sizes with a last
+    window that starts past the input and its begin pad: ORT drops that window, so its output is
+    one smaller there, which is the floor size; memplan planned (and differentiated) the larger
+    one, and the training graph failed in ORT. Whether any node changed (then inference runs
+    again). A node where the floor size is not ORT's on every axis is refused in one line."""
+    known = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+             for vi in list(g.input) + list(g.value_info) + list(g.output)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    for init in g.initializer:
+        known.setdefault(init.name, list(init.dims))
+    changed = False
+    for node in g.node:
+        if node.op_type not in _CEIL_POOLS or node.domain not in ("", "ai.onnx") or not node.input:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        auto = attrs.get("auto_pad", b"NOTSET")
+        if not int(attrs.get("ceil_mode", 0)) or (auto.decode() if isinstance(auto, bytes) else auto) != "NOTSET":
+            continue
+        x, y = known.get(node.input[0]), known.get(node.output[0])
+        if not x or not y or len(x) != len(y) or None in x[2:] or None in y[2:]:
+            continue
+        sp = len(x) - 2
+        kernel = [int(k) for k in attrs.get("kernel_shape", [])]
+        strides = [int(v) for v in attrs.get("strides", [])] or [1] * sp
+        dilations = [int(v) for v in attrs.get("dilations", [])] or [1] * sp
+        pads = [int(v) for v in attrs.get("pads", [])] or [0] * (2 * sp)
+        if len(kernel) != sp:
+            continue
+        ort_sizes, floor_sizes = [], []
+        for i in range(sp):
+            n, out, s = x[2 + i], y[2 + i], strides[i]
+            ort_sizes.append(out - 1 if out > 1 and (out - 1) * s >= n + pads[i] else out)
+            span = n + pads[i] + pads[sp + i] - (dilations[i] * (kernel[i] - 1) + 1)
+            floor_sizes.append(span // s + 1)
+        if ort_sizes == y[2:]:
+            continue
+        if ort_sizes != floor_sizes:
+            raise ModelImportError(
+                f"{display}: node {node.name!r} ({node.op_type}, ceil_mode=1) has windows that start past its "
+                f"input and pads; ONNX Runtime's output is spatially {ort_sizes}, onnx's shape inference gives "
+                f"{y[2:]}: export it with ceil_mode=0 or with pads that end inside the window"
+            )
+        for a in node.attribute:
+            if a.name == "ceil_mode":
+                a.i = 0
+        changed = True
+    return changed
 
 
 #: Initializers with more raw bytes than this are set aside while onnx infers shapes.

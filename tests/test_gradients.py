@@ -581,3 +581,25 @@ def test_lp_normalization_of_a_zero_vector_has_a_finite_gradient(p):
     assert np.all(np.isfinite(grads["x"]))
     np.testing.assert_allclose(grads["x"][:2], want, rtol=1e-9)
     np.testing.assert_allclose(grads["x"][2], weights[2])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_ceil_mode_pool_whose_last_window_starts_past_the_input_has_ort_size(op):
+    """ceil_mode=1, size 4, kernel 1, stride 2: onnx's shape inference gives 3 outputs per axis, ORT
+    drops the window that would start at 4 (past the input) and gives 2. memplan planned 3 and its
+    backward failed in ORT (Reshape of 8 Indices to 18); the pool is now the equivalent
+    ceil_mode=0 one, of ORT's size, and its gradient matches finite differences."""
+    x = rnd(1, 2, 4, 4).astype(np.float32)
+    nodes = [node(op, ["x"], ["p"], kernel_shape=[1, 1], strides=[2, 2], ceil_mode=1),
+             node("ReduceSumSquare", ["p"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "ceil", [], [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              initializer=[numpy_helper.from_array(x, "x")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    forward = import_model(model)
+    assert forward.tensor("p").shape == (1, 2, 2, 2)
+    loss, grads = gradcheck.run_training_step(build_training_graph(forward), {})
+    want = np.zeros_like(x)
+    want[:, :, ::2, ::2] = 2 * x[:, :, ::2, ::2]  # d sum(p^2) / dx at the sampled positions
+    np.testing.assert_allclose(grads["x"], want, rtol=1e-6)
+    assert loss == pytest.approx(float(np.sum(x[:, :, ::2, ::2].astype(np.float64) ** 2)), rel=1e-6)
