@@ -1104,6 +1104,9 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
             _check_broadcast(node, [b.tensor(t).shape for t in ins if t != NO_TENSOR], display, dims_bound)
         if node.op_type == "Einsum" and node.domain in ("", "ai.onnx"):
             _check_einsum_letters(node, [b.tensor(t).shape for t in ins], display)
+        if node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx") and node.output \
+                and node.output[0] in shapes:
+            _check_same_conv_transpose(node, b.tensor(ins[0]).shape, shapes[node.output[0]][0], display)
         outs = []
         for k, name in enumerate(node.output):
             if name and name not in shapes and _batchnorm_statistics_output(node, k, opsets):
@@ -1229,6 +1232,27 @@ SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert"
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Equal", "Greater", "GreaterOrEqual",
                           "Less", "LessOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "BitShift",
                           "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"})
+
+
+def _check_same_conv_transpose(node: onnx.NodeProto, x_shape: tuple[int, ...], y_shape: tuple[int, ...],
+                               display: str) -> None:
+    """Refuse a ConvTranspose with auto_pad SAME_* and output_padding (no output_shape): ONNX
+    Runtime makes its output input * stride, as the spec says, while onnx's shape inference adds
+    output_padding, so memplan would plan, and build the backward for, a tensor ORT never makes."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto not in ("SAME_UPPER", "SAME_LOWER") or "output_shape" in attrs:
+        return
+    sp = len(x_shape) - 2
+    strides = [int(v) for v in attrs.get("strides", [])] or [1] * sp
+    want = [n * s for n, s in zip(x_shape[2:], strides)]
+    if list(y_shape[2:]) != want:
+        raise ModelImportError(
+            f"{display}: node {node.name!r} (ConvTranspose, auto_pad={auto}) has output_padding "
+            f"{list(attrs.get('output_padding', []))}: ONNX Runtime's output is spatially {want} (input * stride), "
+            f"onnx's shape inference gives {list(y_shape[2:])}; give it output_shape or explicit pads instead"
+        )
 
 
 def _check_einsum_letters(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str) -> None:

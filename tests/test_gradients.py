@@ -603,3 +603,15 @@ def test_ceil_mode_pool_whose_last_window_starts_past_the_input_has_ort_size(op)
     want[:, :, ::2, ::2] = 2 * x[:, :, ::2, ::2]  # d sum(p^2) / dx at the sampled positions
     np.testing.assert_allclose(grads["x"], want, rtol=1e-6)
     assert loss == pytest.approx(float(np.sum(x[:, :, ::2, ::2].astype(np.float64) ** 2)), rel=1e-6)
+
+
+def test_same_padded_conv_transpose_with_output_padding_is_refused_in_one_line():
+    """ORT makes a SAME ConvTranspose input * stride (3 -> 6); onnx's shape inference adds
+    output_padding (7): memplan planned a 7-row output and built its gradient for it."""
+    nodes = [node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], auto_pad="SAME_UPPER", output_padding=[1, 0],
+                  name="up")]
+    with pytest.raises(ModelImportError) as err:
+        _training_step(nodes, {"x": rnd(1, 2, 3, 3), "w": rnd(2, 3, 3, 2)}, dtype=np.float32)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "'up' (ConvTranspose, auto_pad=SAME_UPPER)" in message and "[6, 6]" in message and "[7, 6]" in message
