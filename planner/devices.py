@@ -77,5 +77,9 @@ def device(name: str) -> DeviceProfile:
 
 
 def transfer_time(nbytes: int | float, dev: DeviceProfile) -> float:
-    """Seconds to move ``nbytes`` one way over the host link."""
-    return float(nbytes) / dev.link_bandwidth
+    """Seconds to move ``nbytes`` one way over the host link: each copy is an operation of its own
+    (a Memcpy node), launched like a kernel, so it costs ``launch_overhead`` however small it is;
+    without it, swapping many small tensors looked as cheap as one big one."""
+    if nbytes <= 0:
+        return 0.0
+    return dev.launch_overhead + float(nbytes) / dev.link_bandwidth

@@ -56,7 +56,11 @@ def test_device_profiles():
     cpu = cpu_profile()
     assert cpu.memory_bytes > 0 and not cpu.copy_overlap
     assert all(p.copy_overlap and p.memory_bytes > 0 for p in PROFILES.values())
-    assert transfer_time(50e9, PROFILES["H200"]) == pytest.approx(1.0)
+    h200 = PROFILES["H200"]
+    assert transfer_time(50e9, h200) == pytest.approx(1.0 + h200.launch_overhead, rel=1e-12)
+    # each copy is launched: 1000 copies of 1 KiB cost 1000 launches, not 1 MiB's bandwidth alone
+    assert transfer_time(1024, h200) * 1000 > 100 * transfer_time(1024 * 1000, h200)
+    assert transfer_time(0, h200) == 0.0
     with pytest.raises(UsageError, match="not a known profile"):
         device("TPUv9")
 
