@@ -685,9 +685,5 @@ def test_swapped_names_the_tensors_the_schedule_moves(tmp_path):
     obj = json.loads(out)
     moved = list(dict.fromkeys(e["tensor"] for e in obj["schedule"] if e["op"] == "swap_out"))
     assert moved and obj["swapped"] == moved
-    # the swap greedy's plan hides every copy behind compute: optimal as it is, no solver phase
-    # spends the limit to find nothing better
-    assert obj["added_time"] == 0 and obj["status"] == "optimal" and "adds no time" in obj["note"]
-    assert not obj["solver"].get("phases")
     names = {t.name for t in import_model(str(emitted)).tensors}
     assert set(moved) <= names

@@ -51,3 +51,16 @@ def test_cpsat_falls_back_on_swaps_where_recompute_cannot_reach():
     blind = solve(p, 210, "cpsat", replace(opts, solver_params=(("max_deterministic_time", 0.0),)))
     assert blind.plan is not None and "swap-greedy" in blind.note
     assert simulate(p, blind.plan, 210).swap_ins >= 1
+
+
+def test_a_swap_greedy_plan_that_adds_no_time_is_returned_as_optimal_at_once():
+    """x (an input) is read first and last; d and e (1 B, 10 time units) run while x's copies
+    (2 units each way) move, beside b and c (100 B each). The swap greedy's plan hides both copies:
+    nothing can be cheaper, so no solver phase spends the limit finding nothing better."""
+    p = PlanningProblem.build(size=[100, 10, 1, 100, 100, 1, 1], cost=[1, 5, 10, 5, 5, 10, 1],
+                              preds=[[], [0], [1], [2], [3], [4], [0, 5]], names=["x", "a", "d", "b", "c", "e", "out"],
+                              recomputable=[False] + [True] * 6, transfer=[2, 1, 1, 10, 10, 1, 0])
+    assert p.unplanned_peak == 300
+    res = solve(p, 210, "cpsat", PlannerOptions(time_limit=10, workers=1, seed=0))
+    assert res.status == "optimal" and res.added_time == 0 and "adds no time" in res.note
+    assert res.solver.phases == () and simulate(p, res.plan, 210).swap_ins == 1
