@@ -292,14 +292,15 @@ def time_models(models: Sequence[onnx.ModelProto | str | os.PathLike], feeds: Ma
 # ---- verify: planned model against its reference -------------------------------------------------
 def held_base_bytes(path: str | os.PathLike, graph) -> int:
     """Bytes ORT holds for the run before it starts: the initializers of the file at ``path`` that
-    its nodes read and ``graph``'s inputs (the file as imported, dims bound). Not the imported
-    graph's own base: import folds the file's constant subgraphs (a gradient's ConstantOfShape
+    its nodes read or that are graph outputs, and ``graph``'s inputs (the file as imported, dims
+    bound). Not the imported graph's own base: import folds the file's constant subgraphs (a gradient's ConstantOfShape
     zeros, the ordering edges' Size(x) * 0) into initializers, which ORT computes during the run and
     the count sees there (the opt fixture's planned step: 26 KB counted twice, 1.006 of its budget)."""
     from passes.onnx_import import tensor_bytes, load_proto
 
     proto, _, _ = load_proto(path, weights=False)
-    read = {x for node in proto.graph.node for x in node.input}
+    # and those that are graph outputs: ORT holds them to copy them out (planner/liveness.py)
+    read = {x for node in proto.graph.node for x in node.input} | {o.name for o in proto.graph.output}
     held = sum(tensor_bytes(t) for t in proto.graph.initializer if t.name in read)
     return held + sum(graph.tensors[t].nbytes for t in graph.inputs)
 

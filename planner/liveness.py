@@ -20,6 +20,9 @@ tests/test_peak_accuracy.py):
     with memory reuse off, which only stops it handing dead buffers to new tensors;
   * a graph output always gets a buffer of its own (ORT allocates outputs for the caller), even from
     a view or in-place op, and stays to the end; so does a buffer that nobody reads;
+  * an initializer that is a graph output is copied into a buffer of its own for the caller when
+    the run starts, held to the end (once, however often it is listed); a graph input that is a
+    graph output is handed back as it is (measured with passes/alloc_counter.py);
   * kernel scratch lives only during its node: Where a temporary per branch of shape broadcast(cond,
     branch), Conv MLAS's im2col working buffer (all of it, a panel per thread, or none),
     ConvTranspose its column buffer, Softmax/LogSoftmax/Hardmax over an axis other than the last
@@ -96,6 +99,17 @@ class MemoryModel:
     # LRN's two; measured); ScatterElements' and Dropout's malloc'd ones are not (HEAP_SCRATCH_OPS).
     # 1 models a runtime that allocates exact bytes.
     alloc_line: int = 64
+    # ORT copies an initializer that is a graph output into an output buffer when the run starts
+    # and holds it to the end (measured: 2x the prediction on a model returning a weight). False
+    # models a runtime that hands the initializer back as it is.
+    initializer_output_copies: bool = True
+
+    def output_copy_bytes(self, graph: Graph) -> int:
+        """Bytes of the run-long copies of the initializers that are graph outputs."""
+        if not self.initializer_output_copies:
+            return 0
+        return sum(self.buffer_bytes(graph.tensors[t].nbytes) for t in dict.fromkeys(graph.outputs)
+                   if graph.tensors[t].kind in (TensorKind.TRAINABLE, TensorKind.FROZEN))
 
     def buffer_bytes(self, nbytes: int) -> int:
         """Bytes ORT allocates for a tensor of ``nbytes``."""
@@ -214,6 +228,8 @@ class Liveness:
     dynamic: np.ndarray  # per-step dynamic bytes (buffers + scratch)
     base_bytes: int  # inputs + initializers
     model: MemoryModel = field(default_factory=MemoryModel, repr=False)
+    # bytes counted in ``dynamic`` at every step: the copies of initializers that are graph outputs
+    output_copy_bytes: int = 0
 
     def tensor_bytes(self, t: int) -> int:
         """Bytes ORT allocates for tensor ``t`` (its own buffer, if it had one)."""
@@ -343,7 +359,8 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
     delta = np.zeros(n + 1, dtype=np.int64)
     np.add.at(delta, alloc_a, sizes)
     np.add.at(delta, free + 1, -sizes)
-    dynamic = np.cumsum(delta[:n]) + scratch
+    copies = model.output_copy_bytes(graph)
+    dynamic = np.cumsum(delta[:n]) + scratch + copies
     return Liveness(
         graph=graph,
         order=order,
@@ -356,4 +373,5 @@ def analyze(graph: Graph, order: Sequence[int] | None = None, model: MemoryModel
         dynamic=dynamic,
         base_bytes=graph.base_bytes,
         model=model,
+        output_copy_bytes=copies,
     )

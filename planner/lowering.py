@@ -286,7 +286,8 @@ def lower(
         preds=[sorted(p) for p in preds],
         name=graph.name,
         names=names,
-        base_bytes=graph.base_bytes + dangling,
+        # the run-long copies of initializers that are graph outputs (MemoryModel.output_copy_bytes)
+        base_bytes=graph.base_bytes + dangling + lv.output_copy_bytes,
         scratch=scratch,
         pinned=pinned,
         recomputable=recomputable,
