@@ -1334,7 +1334,8 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     if pm.planned is not None:
         made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)
         planned = (pm.planned, {"metadata": {"memplan.plan": json.dumps(made, sort_keys=True)},
-                                "value_info": not pin, "mem_pattern": not pin})
+                                "value_info": not pin, "mem_pattern": not pin,
+                                "overridable": _overridable(model, train)})
     return problem, result, obj, planned, budget
 
 
@@ -1402,8 +1403,17 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
         made["added_time_fraction"] = obj["added_time"] / obj["compute_time"]
     made.update(source=model, peak_bytes=peak, pin_order=pin)
     write_model(planned, output, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin,
-                mem_pattern=not pin)
+                mem_pattern=not pin, overridable=_overridable(model, train))
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
+
+
+def _overridable(model: str, train) -> tuple[str, ...]:
+    """The initializers of MODEL that are graph inputs too, for a planned model of the graph as it is
+    (``train`` None: --forward or a training step already); a training step memplan builds has the
+    forward model's inputs without them."""
+    from passes.onnx_import import overridable_initializers
+
+    return overridable_initializers(model) if train is None else ()
 
 
 def _plan_field_error(obj: dict) -> str | None:

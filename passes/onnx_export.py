@@ -15,7 +15,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -27,7 +27,7 @@ from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, M
                                 RAW_DATA_FIELD, field_head, is_stub)
 from planner.errors import GraphError, ModelImportError
 from planner.fileio import atomic_write, write_mode
-from planner.graph import NO_TENSOR, Graph, Tensor, fresh_name
+from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name
 from planner.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def in_place_shapes(graph: Graph) -> list[onnx.ValueInfoProto]:
 
 def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, str] | None = None,
                  value_info: bool = True, mem_pattern: bool = True, inline: bool = True,
-                 weights: bool = True) -> onnx.ModelProto:
+                 weights: bool = True, overridable: Sequence[str] = ()) -> onnx.ModelProto:
     """Build a ModelProto from a Graph (no checker run; see ``check_model``).
 
     ``metadata`` becomes the model's metadata_props (memplan records how a planned model was made).
@@ -136,6 +136,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     (for a model memplan reads back, not one ORT runs).
     ``weights=False`` leaves the bytes of every initializer over ``EXTERNAL_MIN_BYTES`` out: such a
     tensor is marked external with no location yet (``write_model`` writes them).
+    ``overridable``: names of initializers that are graph inputs too (``onnx_import.overridable_initializers``
+    of the source model), written after the graph's own inputs; names the graph has no initializer of
+    are skipped.
     """
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
@@ -174,7 +177,9 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     g = helper.make_graph(
         nodes,
         graph.name,
-        [tensor_value_info(graph.tensors[t]) for t in graph.inputs],
+        [tensor_value_info(graph.tensors[t]) for t in graph.inputs] + [
+            tensor_value_info(graph.tensors[graph.by_name[x]]) for x in dict.fromkeys(overridable)
+            if x in graph.by_name and graph.tensors[graph.by_name[x]].kind in (TensorKind.TRAINABLE, TensorKind.FROZEN)],
         [tensor_value_info(graph.tensors[t]) for t in graph.outputs],
         value_info=shapes,
     )

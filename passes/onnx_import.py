@@ -84,6 +84,15 @@ def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int
     return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims)
 
 
+def overridable_initializers(spec: str | os.PathLike | onnx.ModelProto) -> tuple[str, ...]:
+    """MODEL's initializers that are graph inputs too, in input order: a caller may feed them, and
+    the initializer is their default. The Graph holds them as initializers only; a model written
+    from it for the graph as it is (plan --forward --emit, rewrite) lists them as inputs again."""
+    proto, _, _ = load_proto(spec, weights=False)
+    inits = {t.name for t in proto.graph.initializer}
+    return tuple(dict.fromkeys(i.name for i in proto.graph.input if i.name in inits))
+
+
 def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = True
                ) -> tuple[onnx.ModelProto, Path | None, str]:
     """Read a model without converting it: (proto, folder, display name). External data is loaded

@@ -687,3 +687,35 @@ def test_swapped_names_the_tensors_the_schedule_moves(tmp_path):
     assert moved and obj["swapped"] == moved
     names = {t.name for t in import_model(str(emitted)).tensors}
     assert set(moved) <= names
+
+
+def test_forward_plan_keeps_an_initializer_the_caller_may_feed(tmp_path):
+    """An initializer that is also a graph input may be fed; plan --forward --emit and rewrite of
+    such a plan dropped it from the written model's inputs (feeding it was then an ORT error). The
+    training step memplan builds lists the forward model's inputs without it."""
+    from tests.helpers import parse_model
+
+    src = tmp_path / "over.onnx"
+    onnx.save(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4, 8] x, float[4, 8] w) => (float y) <float[4, 8] w = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0,
+            1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0,
+            1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}> {
+            a = Mul(x, w)
+            b = Mul(a, a)
+            y = ReduceSum <keepdims = 0> (b)
+        }"""), src)
+    emitted, plan_json, rewritten = tmp_path / "p.onnx", tmp_path / "plan.json", tmp_path / "r.onnx"
+    rc, _, err = memplan("plan", src, "--forward", "--budget", "100%", "--strategy", "greedy", "-o", plan_json,
+                         "--emit", emitted)
+    assert rc == 0, err
+    assert memplan("rewrite", src, plan_json, "-o", rewritten)[0] == 0
+    x, w = np.ones((4, 8), np.float32), np.full((4, 8), 2.0, np.float32)
+    for path in (emitted, rewritten):
+        model = onnx.load(path)
+        assert [i.name for i in model.graph.input] == ["x", "w"]
+        assert run(model, {"x": x})["y"] == pytest.approx(4 * 204.0)
+        assert run(model, {"x": x, "w": w})["y"] == pytest.approx(128.0)
+    trained = tmp_path / "t.onnx"
+    assert memplan("plan", src, "--budget", "100%", "--strategy", "greedy", "--emit", trained)[0] == 0
+    assert [i.name for i in onnx.load(trained).graph.input] == ["x"]
