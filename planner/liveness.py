@@ -246,7 +246,8 @@ class Liveness:
 
     @property
     def dynamic_peak(self) -> int:
-        return int(self.dynamic.max()) if len(self.dynamic) else 0
+        # no node runs: ORT still copies the initializers that are graph outputs
+        return int(self.dynamic.max()) if len(self.dynamic) else self.output_copy_bytes
 
     @property
     def allocator_dynamic_peak(self) -> int:
@@ -254,7 +255,8 @@ class Liveness:
         the figure passes/alloc_counter.py counts."""
         heap = [self.scratch[s] if self.graph.nodes[n].op_type in HEAP_SCRATCH_OPS else 0
                 for s, n in enumerate(self.order)]
-        return int((self.dynamic - np.array(heap, dtype=np.int64)).max()) if len(self.dynamic) else 0
+        return int((self.dynamic - np.array(heap, dtype=np.int64)).max()) if len(self.dynamic) \
+            else self.output_copy_bytes
 
     @property
     def peak_bytes(self) -> int:

@@ -77,7 +77,8 @@ def inspect_table(info: dict[str, Any]) -> str:
         f"trainable {format_bytes(b['trainable'])}, frozen {format_bytes(b['frozen'])})",
         f"peak         {format_bytes(info['peak_bytes'])} "
         + (f"at step {info['peak_step']} ({info['peak_node']}, {info['peak_op_type']})" if info["peak_node"] is not None
-           else "(no node runs: the constants alone)")
+           else "(no node runs: the constants" + (" and ORT's copies of the initializers that are outputs)"
+                                                    if info["dynamic_peak_bytes"] else " alone)"))
         + f" = constant + {format_bytes(info['dynamic_peak_bytes'])} dynamic"
         + (f" incl. {format_bytes(info['peak_scratch_bytes'])} kernel scratch" if info["peak_scratch_bytes"] else ""),
         "",
