@@ -944,6 +944,20 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
                 new_inits.append(numpy_helper.from_array(np.asarray(v), name))
     if not new_inits:
         return model, set()
+    read_before = {n for node in g.node for n in node.input} | graph_outputs
+    # Drop nodes only folded readers read: a Mul whose output only a Size read was left unread, and
+    # ORT holds an unread output to the end (the written model peaked 1.5x the source file, where
+    # ORT runs the Size first and frees it). Then the chain behind them; a node that was unread in
+    # the file stays, as ORT runs it.
+    while True:
+        read_now = {n for node in keep for n in node.input} | graph_outputs
+        dead = [node for node in keep if any(o in read_before for o in node.output if o)
+                and not any(o in read_now for o in node.output if o)
+                and node.op_type not in CONTROL_FLOW and node.op_type not in RANDOM_OPS
+                and node.domain in ("", "ai.onnx")]
+        if not dead:
+            break
+        keep = [node for node in keep if all(node is not d for d in dead)]
     # Drop folded initializers nothing reads any more (e.g. a Shape's input chain).
     del g.node[:]
     g.node.extend(keep)
