@@ -177,6 +177,9 @@ def main(verbose: int) -> None:
     """memplan: static memory planning for ONNX training graphs."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="memplan: %(message)s")
+    from planner import interrupt
+
+    interrupt.install()  # Ctrl-C stops a CP-SAT solve too, and memplan with it (nothing written)
 
 
 # ---- commands ------------------------------------------------------------------------------

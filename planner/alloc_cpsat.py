@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner import clock
+from planner import clock, interrupt
 from planner.alloc_search import Reduced, SearchStatus, _Static
 
 
@@ -56,7 +56,7 @@ def cpsat_pack(
     else:
         solver.parameters.max_deterministic_time = det_time
         solver.parameters.max_time_in_seconds = wall_time
-    status = solver.solve(model)
+    status = interrupt.solve(solver, model)
     clock.charge(solver.response_proto.deterministic_time)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SearchStatus.FOUND, np.array([solver.value(v) for v in offsets], np.int64)

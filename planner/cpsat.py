@@ -45,7 +45,7 @@ from typing import Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner import clock, cpsat_plans
+from planner import clock, cpsat_plans, interrupt
 from planner.errors import GraphError
 from planner.plan import Plan
 from planner.problem import PlanningProblem, gcd_of
@@ -676,7 +676,7 @@ class RematModel:
                 setattr(prm, key, value)
         callback = _StopAt(self.cap, stop_at) if stop_at is not None else None
         t0 = time.perf_counter()
-        status = solver.Solve(self.m if model is None else model, callback)
+        status = interrupt.solve(solver, self.m if model is None else model, callback)
         wall = time.perf_counter() - t0
         det = solver.ResponseProto().deterministic_time
         clock.charge(det)

@@ -37,7 +37,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
-from planner import clock
+from planner import clock, interrupt
 from planner.problem import PlanningProblem
 
 
@@ -222,7 +222,7 @@ def _solve_relaxation(m: cp_model.CpModel, time_limit: float, seed: int) -> tupl
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = int(seed)
     solver.parameters.linearization_level = 2
-    status = solver.Solve(m)
+    status = interrupt.solve(solver, m)
     clock.charge(solver.ResponseProto().deterministic_time)
     return solver, status
 

@@ -496,3 +496,33 @@ def test_bench_remat_labels_a_fractional_budget_as_given(benchmarks_dir, tmp_pat
     cells = [line.split(" | ")[2] for line in md.read_text().splitlines()[2:]]
     assert cells == ["72.5%", "72.4%", "80%"]
     assert "('greedy'" not in err  # progress lines are words, not a tuple's repr
+
+
+def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
+    """CP-SAT caught SIGINT itself: Ctrl-C ended one solve phase, the planner went on for the rest
+    of the time limit and wrote the plan, exit 0. Now the solve stops and memplan exits at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "plan.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.argv = ['memplan'] + sys.argv[1:]; import cli; cli.main()",
+         "plan", "zoo:gpt", "--budget", "80%", "--time-limit", "60", "-o", str(out), "--json"],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)  # imported, lowered and solving by then (a signal before the solve must work too)
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("memplan plan went on solving after Ctrl-C")
+    assert time.perf_counter() - t0 < 15
+    assert proc.returncode != 0
+    assert "aborted" in stderr and "Traceback" not in stderr
+    assert stdout == ""
+    assert not out.exists() and list(tmp_path.iterdir()) == []

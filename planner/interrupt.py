@@ -1,0 +1,68 @@
+"""Ctrl-C during a CP-SAT solve stops memplan.
+
+CP-SAT catches SIGINT itself by default (``catch_sigint_signal``): Ctrl-C only ended the solve
+phase then running, the planner went on with its next phases for the rest of the time limit and
+wrote its files as if nothing had happened (``memplan plan zoo:gpt --budget 80% --time-limit 30
+-o plan.json``, Ctrl-C at 6 s: exit 0 at 30 s, plan.json written). Once :func:`install` ran (the
+CLI does), solves run through :func:`solve`: CP-SAT leaves SIGINT to Python, whose handler
+writes the signal to a wakeup socket; a watcher thread reading it stops every running solve, and
+Python raises KeyboardInterrupt as the solve returns, so nothing more is planned or written.
+Without :func:`install` (memplan used as a library) CP-SAT keeps its own handling.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+_active: set = set()  # the CpSolvers now solving
+_installed = 0  # the pid whose watcher runs (0: none; a forked child inherits its parent's pid, not its thread)
+
+
+def install() -> None:
+    """Stop running solves on SIGINT (main thread only, and only while SIGINT raises
+    KeyboardInterrupt, Python's default; otherwise nothing changes)."""
+    global _installed
+    if _installed == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    try:
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        reader.close()
+        writer.close()
+        return
+    threading.Thread(target=_watch, args=(reader, writer), daemon=True, name="memplan-sigint").start()
+    _installed = os.getpid()
+
+
+def _watch(reader: socket.socket, writer: socket.socket) -> None:
+    # ``writer`` is held here so that the socket behind the wakeup fd stays open
+    while True:
+        data = reader.recv(64)
+        if not data:
+            return
+        if signal.SIGINT in data:  # the wakeup fd carries one byte per signal: its number
+            with _lock:
+                for solver in list(_active):
+                    solver.StopSearch()
+
+
+def solve(solver: Any, model: Any, callback: Any = None) -> int:
+    """``solver.Solve(model, callback)``, stopped by Ctrl-C once :func:`install` ran."""
+    if _installed != os.getpid():
+        return solver.Solve(model, callback)
+    solver.parameters.catch_sigint_signal = False
+    with _lock:
+        _active.add(solver)
+    try:
+        return solver.Solve(model, callback)
+    finally:
+        with _lock:
+            _active.discard(solver)
