@@ -1559,6 +1559,10 @@ def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit
     buffers, _ = read_csv(problem)
     result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)
     lb = result.lower_bound
+    if as_json and result.status in (AllocStatus.INFEASIBLE, AllocStatus.TIMEOUT):
+        # the one JSON object --json promises, as plan --json prints an infeasible plan's; the
+        # error line follows on stderr
+        emit_json({**result.to_json(), "solution": None, "offsets": None})
     if result.status is AllocStatus.INFEASIBLE:
         raise BudgetInfeasibleError(
             f"capacity {cap} bytes is below what any placement needs: the lower bound is {lb} bytes"

@@ -295,6 +295,20 @@ def test_cli_failures_are_one_line_and_write_nothing(tmp_path, body, code, messa
     assert not out.exists()
 
 
+def test_cli_json_prints_its_object_when_no_placement_fits(tmp_path):
+    """--json printed nothing on stdout for an infeasible capacity (exit 1), where plan --json
+    prints an infeasible plan's object: a CI job reading stdout got no JSON."""
+    problem, out = tmp_path / "p.csv", tmp_path / "out.csv"
+    problem.write_text("id,lower,upper,size\nb1,0,3,4\nb2,0,3,8\n")
+    res = _run(["alloc", str(problem), "--capacity", "11", "-o", str(out), "--json"])
+    assert res.exit_code == 1
+    obj = json.loads(res.stdout)
+    assert obj["status"] == "infeasible" and obj["lower_bound"] == 12 and obj["capacity"] == 11
+    assert obj["offsets"] is None and obj["solution"] is None
+    assert "lower bound is 12 bytes" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_cli_refuses_to_overwrite_the_problem(example_csv):
     before = example_csv.read_text()
     res = _run(["alloc", str(example_csv), "-o", str(example_csv)])
