@@ -552,6 +552,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
             raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
         if target.is_dir():
             raise UsageError(f"{option} {path} is a folder; give a file name")
+        if target.exists() and not target.is_file():  # renamed over, as root: /dev/null became the plan
+            raise UsageError(f"{option} {path} is not a regular file (a device, pipe or socket); give a file name")
         if target in taken:
             raise UsageError(f"{option} {path} is {taken[target]}; choose another file name")
         _writable_folder(option, path, target.parent)

@@ -26,7 +26,7 @@ from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE,
                                 RAW_DATA_FIELD, field_head, is_stub)
 from planner.errors import GraphError, ModelImportError
-from planner.fileio import atomic_write, write_mode
+from planner.fileio import atomic_write, write_mode, write_target
 from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name
 from planner.units import format_bytes
 
@@ -310,7 +310,7 @@ def write_model(graph: Graph, path: str | os.PathLike, check: Callable[[str], No
     stubs = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     values = initializer_values(graph)
     inside = proto.ByteSize() + sum(values[t.name].nbytes + 32 for t in stubs) < PROTO_LIMIT
-    path = Path(path)
+    path = write_target(path)
     data_name = path.name + ".data"
     with tempfile.TemporaryDirectory(dir=path.parent or ".") as tmp:
         moves = []
@@ -387,7 +387,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
     onnx converts the ModelProto given in place (its tensors point at the data file): a caller
     that still needs it passes a copy. A Graph is written with ``write_model``, without a proto
     of its weights."""
-    path = Path(path)
+    path = write_target(path)
     if model.ByteSize() < PROTO_LIMIT:
         atomic_write(path, model.SerializeToString())
         return

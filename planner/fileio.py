@@ -1,6 +1,7 @@
 """Atomic file writes: a temp file in the target folder, then rename. Nothing partial is left."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -12,7 +13,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     permissions a plain ``open(path, "w")`` gives: a file it replaces keeps its mode, a new one
     gets 0o666 less the umask (``mkstemp`` alone would leave 0o600, unreadable to a CI job's
     other users)."""
-    path = Path(path)
+    path = write_target(path)
     payload = data.encode() if isinstance(data, str) else data
     folder = path.parent if str(path.parent) else Path(".")
     mode = write_mode(path)
@@ -38,3 +39,15 @@ def write_mode(path: Path) -> int:
         umask = os.umask(0)  # read it; os has no getter
         os.umask(umask)
         return 0o666 & ~umask
+
+
+def write_target(path: str | os.PathLike) -> Path:
+    """The file a write of ``path`` replaces: a symlink's target, as ``open(path, "w")`` writes
+    through a link (renaming over the link itself replaced ``/dev/stdout``, a link in ``/dev``, with
+    a regular file). A target that exists and is neither a regular file nor a folder (a device such
+    as ``/dev/null``, a pipe, a socket) is refused: renaming over it, as root, replaced ``/dev/null``
+    itself with the plan."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file() and not target.is_dir():
+        raise OSError(errno.EINVAL, "not a regular file (a device, pipe or socket); give a file name", str(path))
+    return target

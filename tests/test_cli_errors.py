@@ -526,3 +526,20 @@ def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
     assert "aborted" in stderr and "Traceback" not in stderr
     assert stdout == ""
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_output_that_is_a_pipe_or_device_is_refused(tmp_path):
+    """-o /dev/null as root renamed the plan over /dev/null itself (a regular file after it);
+    every output that is a device, pipe or socket is now refused before any work, exit 2."""
+    import os
+    import stat
+
+    problem, fifo = tmp_path / "p.csv", tmp_path / "fifo"
+    problem.write_text("id,lower,upper,size\nb1,0,3,4\n")
+    os.mkfifo(fifo)
+    rc, out, err = memplan("alloc", problem, "-o", fifo)
+    assert rc == 2 and out == ""
+    assert one_line(err) == f"memplan: error: -o {fifo} is not a regular file (a device, pipe or socket); give a file name"
+    rc, _, err = memplan("check", "zoo:mlp", "--budget", "1GiB", "--junit", fifo)
+    assert rc == 2 and "--junit" in err and "not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

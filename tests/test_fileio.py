@@ -115,3 +115,44 @@ def test_a_model_its_check_refuses_is_not_written(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     onnx_export.write_model(graph, tmp_path / "m.onnx", check=lambda path: onnx_export.check_model(path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def test_a_symlink_is_written_through_not_replaced(tmp_path):
+    # renaming over the link replaced it with a regular file: `-o /dev/stdout` (a link in /dev)
+    # turned /dev/stdout into the plan for every process after it
+    target, link = tmp_path / "run42.json", tmp_path / "latest.json"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    atomic_write(link, "new")
+    assert link.is_symlink() and os.readlink(link) == target.name
+    assert target.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "run42.json"]
+
+
+def test_a_pipe_or_device_is_refused_not_replaced(tmp_path):
+    # renamed over, as root, /dev/null became a regular file holding the plan
+    import pytest
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        atomic_write(fifo, "plan")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]
+
+
+def test_write_model_writes_through_a_symlink(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from passes.onnx_export import save_model
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    target, link = tmp_path / "m.onnx", tmp_path / "latest.onnx"
+    target.write_bytes(b"old")
+    link.symlink_to(target.name)
+    save_model(helper.make_model(graph), link)
+    assert link.is_symlink()
+    assert onnx.load(target).graph.node[0].op_type == "Relu"
