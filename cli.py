@@ -1439,10 +1439,11 @@ def _plan_field_error(obj: dict) -> str | None:
     train, dims, arena = obj.get("train"), obj.get("dims"), obj.get("ort_arena")
     checks = (
         ("schedule", isinstance(schedule, list) and all(isinstance(e, dict) for e in schedule), "a list of events"),
-        ("train", train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss"}
+        ("train", train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss", "loss"}
                                     and isinstance(train.get("optimizer", ""), str) and number(train.get("lr", 0))
-                                    and isinstance(train.get("add_loss") or "", str)),
-         "an object of optimizer, lr and add_loss"),
+                                    and isinstance(train.get("add_loss") or "", str)
+                                    and isinstance(train.get("loss") or "", str)),
+         "an object of optimizer, lr, add_loss and loss"),
         ("dims", dims is None or (isinstance(dims, dict) and all(integer(v) for v in dims.values())),
          "an object of NAME: integer"),
         ("budget_bytes", integer(obj.get("budget_bytes")), "an integer"),

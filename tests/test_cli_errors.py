@@ -543,3 +543,23 @@ def test_an_output_that_is_a_pipe_or_device_is_refused(tmp_path):
     rc, _, err = memplan("check", "zoo:mlp", "--budget", "1GiB", "--junit", fifo)
     assert rc == 2 and "--junit" in err and "not a regular file" in err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_rewrite_applies_a_plan_made_with_loss(tmp_path):
+    """plan --loss records train.loss in the plan; rewrite refused every such plan ("its train is
+    not an object of optimizer, lr and add_loss"). Now it writes the file plan --emit wrote."""
+    import models
+    from onnx import TensorProto, helper
+
+    m = models.load_spec("zoo:gpt")
+    m.graph.node.append(helper.make_node("Mul", ["loss", "loss"], ["metric"], name="metric_node"))
+    m.graph.output.append(helper.make_tensor_value_info("metric", TensorProto.FLOAT, []))
+    model, plan, emitted, rewritten = (tmp_path / n for n in ("two.onnx", "p.json", "e.onnx", "r.onnx"))
+    onnx.save(m, model)
+    rc, _, err = memplan("plan", model, "--loss", "metric", "--budget", "90%", "--time-limit", "2",
+                         "--deterministic", "-o", plan, "--emit", emitted)
+    assert rc == 0, err
+    assert json.loads(plan.read_text())["train"]["loss"] == "metric"
+    rc, _, err = memplan("rewrite", model, plan, "-o", rewritten)
+    assert rc == 0, err
+    assert rewritten.read_bytes() == emitted.read_bytes()
