@@ -91,8 +91,10 @@ def needed_later(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t
     """Whether :func:`next_need` of v is not None, without its minimum: v, or a freed reader
     reached through freed readers, is read at or after ``t_now``. Stops at the first such read
     (next_need walks every freed reader first, which made the greedies quadratic on long unrolled
-    graphs). ``dead`` caches the nodes found to have no later need, for one ``t_now``; freeing one
-    of them keeps the others dead (what reaches it gains no need)."""
+    graphs). ``dead`` caches the nodes found to have no later need. They stay dead as ``t_now``
+    grows, as freed buffers are computed again (fewer freed readers to reach through) and as one of
+    them is freed (what reaches it gains no need); freeing a buffer that may still be needed can
+    revive them, so a caller empties the cache then."""
     if v in dead:
         return False
     seen = {v}

@@ -234,6 +234,9 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     mem = p.base_bytes
     cap = max_events if max_events is not None else 20 * n + 1000
     t_now = 0
+    # buffers needed_later found with no later need, kept for the whole walk: see
+    # planner.tight_greedy._run (make_room's evictions empty it)
+    dead: set[int] = set()
 
     def redo_cost(v: int, memo: dict[int, float], depth: int = 0) -> float:
         """Cost to recompute v from what is resident now (its missing ancestors included)."""
@@ -266,6 +269,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
                     best, victim = key, v
             if victim < 0:
                 return False
+            dead.clear()  # a buffer that may still be needed: it may revive those found dead
             events.append(Event("free", victim))
             resident[victim] = False
             gone[victim] = True
@@ -274,7 +278,6 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
 
     def release_dead(nodes) -> None:
         nonlocal mem
-        dead: set[int] = set()
         for u in nodes:
             if resident[u] and lock[u] == 0 and not p.pinned[u] and not needed_later(u, reads, gone, t_now, dead):
                 events.append(Event("free", u))
