@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -334,6 +335,9 @@ class _Builder:
         self.values: dict[int, np.ndarray] = {}
         self.nodes: dict[int, Node] = {}
         self.grads: dict[int, int] = {}
+        # how often each tensor is a value of self.grads (set only through _set_grad): a scan of
+        # grads.values() per accumulated gradient was quadratic on unrolled graphs
+        self.grad_refs: Counter[int] = Counter()
         self.saved: dict[str, tuple[str, ...]] = {}
 
     def run(self) -> TrainingStep:
@@ -341,8 +345,8 @@ class _Builder:
         param_ids = [self.remap[p] for p in self.params]
         pending = self._count_contributions()
         opt = OptimizerStep(self.em, self.options.optimizer, param_ids)
-        self.grads[self.remap[self.loss]] = self.em.const(np.ones(self.fwd.tensors[self.loss].shape,
-                                                                  dtype=self.fwd.tensors[self.loss].dtype))
+        self._set_grad(self.remap[self.loss], self.em.const(np.ones(self.fwd.tensors[self.loss].shape,
+                                                                    dtype=self.fwd.tensors[self.loss].dtype)))
         for nid in reversed(self.on_path):
             for t in self._backward(self.fwd.nodes[nid]):
                 if t in pending:
@@ -426,6 +430,13 @@ class _Builder:
                     counts[t] += 1
         return counts
 
+    def _set_grad(self, t: int, g: int) -> None:
+        old = self.grads.get(t)
+        if old is not None:
+            self.grad_refs[old] -= 1
+        self.grads[t] = g
+        self.grad_refs[g] += 1
+
     def _backward(self, fwd_node: Node) -> list[int]:
         """Run one rule; accumulate its input gradients. Returns the tensors that got a term."""
         rule: GradRule = RULES[fwd_node.op_type]
@@ -450,11 +461,11 @@ class _Builder:
                     f"{list(self.em.shape(t))}"
                 )
             if t not in self.grads:
-                self.grads[t] = g
-            elif sum(v == g for v in result.values()) == 1 and g not in self.grads.values():
-                self.grads[t] = self.em.accumulate(self.grads[t], g)
+                self._set_grad(t, g)
+            elif sum(v == g for v in result.values()) == 1 and not self.grad_refs[g]:
+                self._set_grad(t, self.em.accumulate(self.grads[t], g))
             else:
-                self.grads[t] = self.em.add(self.grads[t], g)
+                self._set_grad(t, self.em.add(self.grads[t], g))
             got.append(t)
         self.saved[node.name] = tuple(self.b.tensor(t).name for t in ctx.saved)
         return got
@@ -475,7 +486,7 @@ class _Builder:
                 renames[g] = name
             elif outputs:
                 self.em.begin(self.b.tensor(p).name)
-                self.grads[p] = self.em.unary("Identity", g, out_name=name)
+                self._set_grad(p, self.em.unary("Identity", g, out_name=name))
             taken.add(name)
         for t in sorted(set(self.grads) - set(param_ids)):
             g = self.grads[t]
