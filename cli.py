@@ -1332,6 +1332,8 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
         obj["schedule"] = list(pm.events)
     if arena and pm.planned is not None:
         obj["arena"] = _arena_report(pm.planned, budget, options)
+    if pin:  # rewrite pins as --emit did (only when set: the digests of other plans stay as they were)
+        obj["pin_order"] = True
     if bfc is not None:
         obj["ort_arena"] = {"extend_strategy": bfc.label, "inputs_in_arena": bfc.device_inputs,
                             "limit_bytes": budget, "need_bytes": pm.arena_need, "primed_bytes": pm.primed_bytes}
@@ -1348,9 +1350,10 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
 @click.argument("model")
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Write the planned model here.")
-@click.option("--pin-order", "pin", is_flag=True, help=PIN_ORDER_HELP)
+@click.option("--pin-order/--no-pin-order", "pin", default=None,
+              help=PIN_ORDER_HELP + " Default: as the plan was made (plan --pin-order).")
 @handles_errors
-def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
+def rewrite(model: str, plan_path: str, output: str, pin: bool | None) -> None:
     """Apply a saved plan (from memplan plan -o) to MODEL and write the planned ONNX model."""
     from passes.onnx_export import write_model
     from passes.plan_model import fingerprint
@@ -1400,6 +1403,8 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool) -> None:
     if isinstance(budget, int) and peak > budget:
         raise UsageError(f"{plan_path}: its schedule peaks at {peak} bytes, over its budget_bytes {budget}; "
                          "make a new plan with memplan plan -o")
+    if pin is None:  # as plan --emit wrote it
+        pin = obj.get("pin_order") is True
     if pin:
         planned = pin_order(planned)
         peak = analyze(planned).peak_bytes
@@ -1452,6 +1457,7 @@ def _plan_field_error(obj: dict) -> str | None:
         ("ort_arena", arena is None or (isinstance(arena, dict) and (arena.get("primed_bytes") is None
                                                                       or integer(arena.get("primed_bytes")))),
          "an object whose primed_bytes is an integer"),
+        ("pin_order", obj.get("pin_order") in (None, True, False), "true or false"),
     )
     for field, ok, what in checks:
         if not ok:

@@ -150,9 +150,13 @@ def test_cli_pin_order_on_plan_and_rewrite(tmp_path):
                            "-o", plan_json, "--emit", emitted, "--pin-order")
     assert rc == 0, err
     assert "default session options" in out
-    rc, _, err = memplan("rewrite", spec, plan_json, "-o", rewritten, "--pin-order")
+    assert json.loads(plan_json.read_text())["pin_order"] is True
+    # rewrite pins as the plan was made (the same file as --emit; it wrote an unpinned model
+    # unless given --pin-order again), and --no-pin-order leaves the edges out
+    rc, _, err = memplan("rewrite", spec, plan_json, "-o", rewritten)
     assert rc == 0, err
-    rc, _, err = memplan("rewrite", spec, plan_json, "-o", plain)
+    assert rewritten.read_bytes() == emitted.read_bytes()
+    rc, _, err = memplan("rewrite", spec, plan_json, "-o", plain, "--no-pin-order")
     assert rc == 0, err
     a, b, c = (onnx.load(p) for p in (emitted, plain, rewritten))
     assert [n.name for n in a.graph.node] == [n.name for n in c.graph.node]  # same plan, same edges
