@@ -29,6 +29,9 @@ log = logging.getLogger("memplan")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_MODEL, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 #: `memplan ... | head`: the reader left; the shell status of a process killed by SIGPIPE (128 + 13).
 EXIT_BROKEN_PIPE = 141
+#: Ctrl-C: the shell status of a process ended by SIGINT (128 + 2), which CI runners and shells read
+#: as interrupted, not failed.
+EXIT_INTERRUPTED = 130
 
 
 def _exit_code(err: PlannerError) -> int:
@@ -96,7 +99,7 @@ class OneLineErrors(click.Group):
             sys.exit(err.exit_code)
         except click.Abort:
             click.echo("memplan: aborted", err=True)
-            sys.exit(EXIT_FAILED)
+            sys.exit(EXIT_INTERRUPTED)
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 

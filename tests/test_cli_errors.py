@@ -522,7 +522,7 @@ def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
         proc.communicate()
         pytest.fail("memplan plan went on solving after Ctrl-C")
     assert time.perf_counter() - t0 < 15
-    assert proc.returncode != 0
+    assert proc.returncode == 130  # 128 + SIGINT, as a shell reports an interrupted command
     assert "aborted" in stderr and "Traceback" not in stderr
     assert stdout == ""
     assert not out.exists() and list(tmp_path.iterdir()) == []
