@@ -1100,12 +1100,19 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
             raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
         hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""
         raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}){hint}")
-    if output:
-        atomic_write(output, json.dumps(obj, indent=2) + "\n")
-    if emit and planned is not None:
+    if emit and planned is not None:  # the model first: the larger write, the likelier to fail
         from passes.onnx_export import write_model
 
         write_model(planned[0], emit, **planned[1])
+    if output:
+        try:
+            atomic_write(output, json.dumps(obj, indent=2) + "\n")
+        except BaseException:  # no half of the outputs: the model just written goes too
+            if emit and planned is not None:
+                for written in (emit, f"{emit}.data"):
+                    if os.path.isfile(written):
+                        os.unlink(written)
+            raise
     if not as_json:
         unit = f" {problem.time_unit}" if problem.time_unit else ""
         click.echo(f"{obj['model']}: {result.strategy} {result.status}")

@@ -719,3 +719,34 @@ def test_forward_plan_keeps_an_initializer_the_caller_may_feed(tmp_path):
     trained = tmp_path / "t.onnx"
     assert memplan("plan", src, "--budget", "100%", "--strategy", "greedy", "--emit", trained)[0] == 0
     assert [i.name for i in onnx.load(trained).graph.input] == ["x"]
+
+
+def test_a_failed_write_leaves_neither_output(tmp_path, monkeypatch):
+    """`plan -o P --emit M` wrote P, then M: where M's write failed (a full disk), P stayed behind
+    although the command failed. M is written first now, and where P then fails, M goes too."""
+    import errno
+
+    from click.testing import CliRunner
+
+    import cli
+    from passes import onnx_export
+    from planner import fileio
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "somewhere")
+
+    plan_json, emitted = tmp_path / "p.json", tmp_path / "m.onnx"
+    args = ["plan", SPEC, "--budget", "80%", "--strategy", "greedy", "-o", str(plan_json), "--emit", str(emitted)]
+    with monkeypatch.context() as m:  # the model cannot be written
+        m.setattr(onnx_export, "write_model", full_disk)
+        res = CliRunner().invoke(cli.main, args)
+    assert res.exit_code != 0 and "No space left on device" in res.output
+    assert list(tmp_path.iterdir()) == []
+    real = fileio.atomic_write
+    with monkeypatch.context() as m:  # the plan cannot be written, after the model was
+        m.setattr(fileio, "atomic_write", lambda path, data: full_disk() if str(path).endswith(".json")
+                  else real(path, data))
+        res = CliRunner().invoke(cli.main, args)
+    assert res.exit_code != 0 and "No space left on device" in res.output
+    assert list(tmp_path.iterdir()) == []
+    assert CliRunner().invoke(cli.main, args).exit_code == 0 and plan_json.exists() and emitted.exists()
