@@ -44,6 +44,10 @@ CASES = {
     # a zero base: d/db 0^b = 0 for b > 0 (the rule gave 0 * log(0) = NaN)
     "pow_exponent_at_zero_base": ([node("Pow", ["a", "b"], ["y"])], {"b": rnd(3, low=1.5)},
                                   {"consts": {"a": np.asarray([0.0, 0.5, 2.0])}, "freeze": ["a"]}),
+    # OneHot's values (off, on) carry a gradient: before they were a stop-gradient, silently untrained
+    "one_hot_values": ([node("OneHot", ["i", "d", "v"], ["h"], axis=1), node("Mul", ["h", "x"], ["y"])],
+                       {"v": rnd(2), "x": rnd(2, 4, 2)},
+                       {"consts": {"i": np.asarray([[0, 3], [2, -1]], I64), "d": np.asarray(4, I64)}}),
     "pow_const_int": ([node("Pow", ["a", "e"], ["y"])], {"a": rnd(2, 3)}, {"consts": {"e": np.asarray(3, I64)}}),
     "pow_square": ([node("Pow", ["a", "e"], ["y"])], {"a": rnd(2, 3)},
                    {"consts": {"e": np.asarray(2.0)}, "freeze": ["e"]}),

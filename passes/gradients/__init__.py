@@ -126,7 +126,7 @@ RULES: dict[str, GradRule] = {}
 #: Ops whose float outputs carry no gradient (piecewise constant or random): the path stops there.
 STOP_GRADIENT = frozenset({
     "Floor", "Ceil", "Round", "Sign", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform",
-    "ConstantOfShape", "Range", "EyeLike", "Shape", "Size", "ArgMax", "ArgMin", "OneHot", "NonZero",
+    "ConstantOfShape", "Range", "EyeLike", "Shape", "Size", "ArgMax", "ArgMin", "NonZero",
     "Bernoulli", "Multinomial", "Hardmax",
 })
 

@@ -573,3 +573,19 @@ def reduce_prod(ctx: BackwardContext) -> dict[int, int]:
     others = _product_of_others(em, x_safe, x_zero, em.reduce("ReduceProd", x_safe, axes),
                                 em.reduce_sum(x_zero, axes))
     return {0: em.mul(g, others)}
+
+
+@register("OneHot", inputs=(2,))
+def one_hot(ctx: BackwardContext) -> dict[int, int]:
+    """y = values[1] where the index hits, values[0] elsewhere: d values = [sum(g) - sum(g * m),
+    sum(g * m)], m the one-hot mask (the same OneHot with values [0, 1]). Only ``values`` (when
+    trainable) carries a gradient; indices and depth are integers."""
+    em, g = ctx.em, ctx.dy()
+    dtype = em.dtype(g)
+    axis = int(ctx.attr("axis", -1))
+    mask = em.op("OneHot", [ctx.x(0), ctx.x(1), em.const(np.asarray([0, 1], dtype=dtype))], em.shape(g), dtype,
+                 axis=axis)
+    every = list(range(len(em.shape(g))))
+    hit = em.reduce_sum(em.mul(g, mask), every, keepdims=False)
+    miss = em.sub(em.reduce_sum(g, every, keepdims=False), hit)
+    return {2: em.concat([em.reshape(miss, [1]), em.reshape(hit, [1])], 0)}
