@@ -195,9 +195,9 @@ def test_same_input_seed_and_workers_give_the_same_plan():
     preds = [sorted({int(x) for x in rng.integers(0, i, size=2)}) if i else [] for i in range(n)]
     p = PlanningProblem.build(size=rng.integers(1, 20, n), cost=rng.integers(1, 9, n), preds=preds)
     opts = PlannerOptions(time_limit=20, workers=2, seed=7)
-    # 0.6: remat is needed even in the memory-aware order (72 of 110 bytes unplanned); 0.75 in
-    # the given order only
-    for budget, o in ((p.budget_for(0.6), opts), (p.budget_for(0.75), replace(opts, reorder=False))):
+    # 0.55: remat is needed in every order (the least unplanned peak of any order is 63 of 110
+    # bytes, planner.reorder.least_peak_order); 0.75 in the given order only
+    for budget, o in ((p.budget_for(0.55), opts), (p.budget_for(0.75), replace(opts, reorder=False))):
         a, b = solve(p, budget, "cpsat", o), solve(p, budget, "cpsat", o)
         assert a.plan is not None and a.status == "optimal" and a.added_time > 0
         assert a.plan.events == b.plan.events and a.added_time == b.added_time
