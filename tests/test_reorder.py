@@ -308,3 +308,30 @@ def test_the_least_peak_order_of_a_small_graph_is_found_where_the_local_search_m
     res = solve(p, 122, "cpsat", PlannerOptions(time_limit=2, workers=1, seed=0))
     assert res.status == "optimal" and res.added_time == 0 and simulate(p, res.plan, 122).peak_bytes <= 122
     assert least_peak_order(p, max_nodes=9) is None and least_peak_order(p, max_states=10) is None
+
+
+def test_no_phase1_model_is_built_without_a_plan_once_the_time_left_cannot_cover_it(benchmarks_dir, monkeypatch):
+    # RL1000 at 70% with --time-limit 2 took 10 s: the memory-aware order's solve spent the limit,
+    # and the given order's solve (given at least 1 s) still built its phase-1 model (2-3 s there)
+    # with no plan to fall back on, and found none. With no fitting baseline and a pace that saw
+    # a model take longer to build than the time left, the solve now times out building nothing.
+    import planner.planning as planning
+    from planner import clock
+
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.56)
+    cands = planning._baselines(p, budget)
+    assert not planning._fits(cands, budget)
+    built = []
+    real = planning.RematModel
+    monkeypatch.setattr(planning, "RematModel", lambda *a, **k: built.append(1) or real(*a, **k))
+    opt = PlannerOptions(time_limit=1.0, workers=1)
+    pace = planning._Pace()
+    pace.model_s = 5.0  # a model took 5 s to build in this solve
+    res = planning._solve_cpsat(p, budget, opt, clock.now(), cands, pace)
+    assert res.status == "timeout" and res.plan is None and not built
+    assert "(time limit 1 s)" in res.note
+    assert res.unplanned_peak_bytes == p.unplanned_peak
+    # with time for it, phase 1 runs as before
+    planning._solve_cpsat(p, budget, replace(opt, time_limit=0.6), clock.now(), cands, planning._Pace())
+    assert built
