@@ -107,7 +107,8 @@ def greedy(problem: PlanningProblem, budget: int, deadline: float = math.inf) ->
     ``deadline`` (planner.clock.now() seconds): on RL1000 at tight budgets each takes 5-20 s and
     finds nothing, which made a 40 s solve take 120 s."""
     best: Candidate | None = None
-    makers = (partial(evict_greedy, deadline=deadline), split_greedy_simulated, checkpoint_greedy,
+    makers = (partial(evict_greedy, deadline=deadline), split_greedy_simulated,
+              partial(checkpoint_greedy, deadline=deadline),
               partial(tight_greedy_simulated, deadline=deadline))
     for make in makers:
         if clock.now() > deadline:
