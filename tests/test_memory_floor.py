@@ -223,3 +223,22 @@ def test_a_small_problem_whose_runtime_may_go_lower_names_the_exact_least_not_th
     assert res.plan is None and res.status == "timeout"
     assert "buffer of its own is 200 bytes (exact search)" in res.note
     assert "at least 110 bytes" in res.note and "--max-computations" not in res.note
+
+
+def test_the_least_peak_search_runs_its_greedies_within_the_time_limit(benchmarks_dir, monkeypatch):
+    # Below the floor the solve says how low plans get (least_peak). Its first greedy run at the
+    # floor had no deadline: the tight-budget greedy there took 107 s of a 2 s --time-limit
+    # (zoo:gpt?layers=32 at 40%: "infeasible" after 115 s). Every greedy run now gets the
+    # ladder's window, half of the limit.
+    import planner.planning as planning
+    from planner import clock
+
+    p = random_layered(benchmarks_dir, 100)
+    deadlines = []
+    real = planning.baseline
+    monkeypatch.setattr(planning, "baseline", lambda problem, s, budget, deadline=float("inf"):
+                        (s != "greedy" or not deadlines.append(deadline)) and real(problem, s, budget, deadline))
+    t0 = clock.now()
+    lower, upper, _ = planning.least_peak(p, PlannerOptions(time_limit=1.0, workers=1, least_share=0.0), 1.0)
+    assert lower == p.memory_floor and upper is not None and upper >= lower
+    assert deadlines and all(d <= t0 + 0.5 + 0.1 for d in deadlines)
