@@ -242,3 +242,34 @@ def test_the_least_peak_search_runs_its_greedies_within_the_time_limit(benchmark
     lower, upper, _ = planning.least_peak(p, PlannerOptions(time_limit=1.0, workers=1, least_share=0.0), 1.0)
     assert lower == p.memory_floor and upper is not None and upper >= lower
     assert deadlines and all(d <= t0 + 0.5 + 0.1 for d in deadlines)
+
+
+def test_no_min_peak_model_is_built_once_the_greedies_spent_the_time(benchmarks_dir, monkeypatch):
+    # least_peak's min-peak model was built and searched for at least MIN_SEARCH_S however much
+    # of its time the greedies had taken (zoo:gpt?layers=32 at 55%, --time-limit 2: 5.5 s of
+    # building and hinting past the limit, for the greedy's lowest plan again).
+    import time
+
+    import planner.planning as planning
+    from planner import clock
+
+    p = random_layered(benchmarks_dir, 100)
+    late = [0.0]
+    monkeypatch.setattr(clock, "_wall", lambda: time.perf_counter() + late[0])
+    ladder = planning._lowest_greedy
+
+    def slow_ladder(*a, **k):  # the ladder takes the whole limit
+        out = ladder(*a, **k)
+        late[0] += 10.0
+        return out
+
+    monkeypatch.setattr(planning, "_lowest_greedy", slow_ladder)
+    built = []
+    model = planning.RematModel
+    monkeypatch.setattr(planning, "RematModel", lambda *a, **k: built.append(1) or model(*a, **k))
+    opt = PlannerOptions(time_limit=2.0, workers=1)
+    lower, upper, _ = planning.least_peak(p, opt, 2.0)
+    assert lower == p.memory_floor and upper >= lower and not built
+    monkeypatch.setattr(planning, "_lowest_greedy", ladder)  # with time left, the model runs
+    planning.least_peak(p, opt, 2.0)
+    assert built
