@@ -115,12 +115,13 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
     pipeline's result for this (swap) problem (:func:`_swap_after_recompute`), whose plan hints
     the swap model in the node order it computes nodes first in; that order is searched as the
     memory-aware one where the recompute-only solve found its plan in one."""
+    pace = _Pace()  # the fused problem's model builds count for the unfused one's (it is larger)
     if problem.n > options.coarsen_above and problem.memory_floor <= budget < problem.unplanned_peak:
         c = coarsen(problem)
         # below the fused problem's own floor it has no plan, and proving its least would take
         # the time the unfused problem needs
         if c.coarse.n < problem.n and c.coarse.memory_floor <= budget:
-            res = _solve_coarse(c, budget, options, t0)
+            res = _solve_coarse(c, budget, options, t0, pace)
             if res.plan is not None:
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
@@ -145,7 +146,7 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
             # no plan in the given order fits; another order's may, however little lower its peak
             found = memory_order(problem, -math.inf, budget, work)
     res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint) if found is not None
-           else _solve_cpsat(problem, budget, options, t0, hint=hint))
+           else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
     walked = Candidate(*early.found) if early is not None else None
     if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
         # what the solve left of its limit (it ends early where it proves its orders hold no plan)
@@ -707,7 +708,7 @@ def _baselines(problem: PlanningProblem, budget: int, deadline: float = float("i
     return {k: c for k, c in found.items() if c is not None}
 
 
-def _solve_coarse(c: Coarsening, budget: int, options: PlannerOptions, t0: float) -> SolveResult:
+def _solve_coarse(c: Coarsening, budget: int, options: PlannerOptions, t0: float, pace: _Pace | None = None) -> SolveResult:
     """Solve the fused problem, expand its plan, replay it on the real one. Phase 1 (finding a
     plan within budget) may use half of the time, so that the unfused problem keeps half when the
     fused one gets none; with a plan, phase 2 refines it until the time limit (measured, 50% of
@@ -715,7 +716,7 @@ def _solve_coarse(c: Coarsening, budget: int, options: PlannerOptions, t0: float
     zoo:gpt?layers=24&batch=16 +6.13% either way, phase 2 ends at 54 s)."""
     half = replace(options, feasibility_share=min(options.feasibility_share, 0.5),
                    fallback_feasibility_share=min(options.fallback_feasibility_share, 0.5))
-    res = _solve_cpsat(c.coarse, budget, half, t0)
+    res = _solve_cpsat(c.coarse, budget, half, t0, pace=pace)
     if res.plan is None:
         return res
     note = f"solved on {c.coarse.n} fused nodes (from {c.fine.n}); bound and gap are for that model"

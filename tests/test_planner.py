@@ -539,3 +539,23 @@ def test_explain_reads_a_plan_in_its_own_node_order():
     assert [e["name"] for e in entries] == ["a", "c", "b", "d"]
     got = {e["name"]: (e["live"], e["resident"]) for e in entries}
     assert got == {"a": ([0, 2], [[0, 2]]), "c": ([1, 3], [[1, 3]]), "b": ([2, 3], [[2, 3]]), "d": ([3, 3], [[3, 3]])}
+
+
+def test_the_unfused_solve_builds_no_model_the_fused_ones_build_time_says_it_has_no_time_for(monkeypatch):
+    # A fused (coarsened) solve that ends without a plan hands the rest of the limit to the
+    # unfused problem, whose solve started with a fresh pace: with no plan to fall back on it
+    # built its (larger) phase-1 model however little time was left (zoo:gpt?layers=32 at 67%,
+    # --time-limit 2: two model builds, 8.4 s). The fused solve's builds now count there.
+    import planner.planning as planning
+    from passes.plan_model import lower_graph
+
+    graph, _ = cli._graph_to_plan("zoo:gpt?layers=1", {}, False)
+    p, _ = lower_graph(graph)
+    built = []
+    model = planning.RematModel
+    monkeypatch.setattr(planning, "RematModel", lambda problem, *a, **k: built.append(problem.n) or model(problem, *a, **k))
+    # each build takes longer than the limit
+    monkeypatch.setattr(planning._Pace, "built", lambda self, since: setattr(self, "model_s", 100.0))
+    res = solve(p, p.budget_for(0.7), "cpsat", PlannerOptions(time_limit=1.0, workers=1, coarsen_above=50))
+    assert built and all(n < p.n for n in built)  # the fused problem's model only
+    assert res.plan is None or simulate(p, res.plan).peak_bytes <= p.budget_for(0.7)
