@@ -317,7 +317,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         report = verify_models(reference, planned, feeds, predicted_planned_peak=predicted,
                                predicted_allocator_peak=planned_lv.allocator_dynamic_peak,
                                base_bytes=held_base_bytes(planned, planned_graph), rtol=rtol, atol=atol,
-                               predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics,
+                               predicted_time_overhead=made_with.get("added_time_fraction"), numerics=numerics, seed=seed,
                                predicted_device=made_with.get("costs") or (
                                    f"device profile {made_with['device']}" if made_with.get("device") else None))
         reference_lv = analyze(import_model(reference), model=MemoryModel(host_copies_resident=True))

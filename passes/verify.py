@@ -125,6 +125,9 @@ sys.path.insert(0, {root!r})
 from passes.verify import SessionConfig, proc_status as status
 {helpers}
 args = json.loads(sys.argv[1])
+# Random ops (Dropout in training mode, RandomNormal) without a seed attribute draw from ORT's
+# process-wide seed, the clock unless set: the same seed makes two runs' draws the same
+ort.set_seed(args["seed"])
 counter = _counter()
 so = SessionConfig(**args["session"]).session_options()
 so.intra_op_num_threads = args["threads"]
@@ -177,17 +180,21 @@ def measure_peak(
     keep_outputs: bool = False,
     repeats: int = 3,
     timeout: float = 600.0,
+    seed: int = 0,
 ) -> PeakMeasurement:
     """Measure one run's dynamic peak memory on CPU ORT in a fresh subprocess (Linux only).
 
     ``seconds`` is the median of ``repeats`` timed runs (the first is the measured one), on
-    ``threads`` intra-op threads.
+    ``threads`` intra-op threads. ``seed``: ORT's random seed (``onnxruntime.set_seed``), which
+    Dropout and the Random* ops without a seed attribute draw from: two runs of models with such
+    ops in the same order draw the same values.
     """
     with tempfile.TemporaryDirectory(prefix="memplan-measure-") as tmp:
         (path,), feeds_path = _stage(tmp, [model], feeds)
         out_path = os.path.join(tmp, "outputs.npz") if keep_outputs else ""
         result = _run_child(_CHILD, {"model": path, "feeds": feeds_path, "session": session.__dict__,
-                                     "threads": threads, "outputs": out_path, "repeats": max(1, repeats)},
+                                     "threads": threads, "outputs": out_path, "repeats": max(1, repeats),
+                                     "seed": int(seed)},
                             threads, timeout)
         outputs = None
         if keep_outputs:
@@ -443,13 +450,16 @@ def verify_models(
     predicted_time_overhead: float | None = None,
     predicted_device: str | None = None,
     numerics: tuple[str, onnx.ModelProto | str | os.PathLike] | None = None,
+    seed: int = 0,
 ) -> VerifyReport:
     """Run both models (protos, or files the runs read as they are) on the same feeds; compare
     outputs; measure peaks and step times.
 
     ``numerics``: (what it is, a model) computing what ``reference`` computes with the kernels the
     planned file makes ORT use (a pinned file reads Conv weights through views); the outputs are
-    compared with its outputs, and the largest difference from ``reference``'s is reported."""
+    compared with its outputs, and the largest difference from ``reference``'s is reported.
+    ``seed``: ORT's random seed in every run, so that Dropout's masks (never recomputed) are the
+    same in both models' runs."""
     (ref_in, ref_out), (got_in, got_out) = _signature(reference), _signature(planned)
     extra = [name for name in got_out if name not in ref_out]
     if extra:
@@ -462,8 +472,8 @@ def verify_models(
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise UsageError(f"the planned model does not have the reference's {shown}; was it made from this MODEL "
                          "(with the same --dim)?")
-    ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1)
-    got = measure_peak(planned, feeds, keep_outputs=True, repeats=1)
+    ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1, seed=seed)
+    got = measure_peak(planned, feeds, keep_outputs=True, repeats=1, seed=seed)
     default = measure_peak(planned, feeds, session=ORT_DEFAULT, repeats=1)
     no_arena = measure_peak(planned, feeds, session=replace(ORT_DEFAULT, arena=False), repeats=1)
     if len({m.method for m in (ref, got, default, no_arena)}) > 1:  # the counter gave up on one: all as RSS
@@ -476,7 +486,7 @@ def verify_models(
     compared_with = None
     if numerics is not None:
         compared_with, stand_in = numerics
-        same = measure_peak(stand_in, feeds, keep_outputs=True, repeats=1).outputs  # as ref and got ran
+        same = measure_peak(stand_in, feeds, keep_outputs=True, repeats=1, seed=seed).outputs  # as ref and got ran
         assert same is not None
         checks = compare_outputs({k: same[k] for k in got.outputs}, got.outputs, rtol, atol)
     return VerifyReport(checks, rtol, atol, base_bytes, ref.peak_bytes, got.peak_bytes,

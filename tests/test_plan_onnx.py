@@ -378,6 +378,28 @@ def test_outputs_compare_nan_and_infinities_where_the_reference_has_them():
     assert compare_outputs(ref, {"x": np.array([1.5, np.nan, np.inf, -np.inf], np.float32)}, 0.5, 0)[0].ok
 
 
+def test_runs_of_a_model_with_dropout_draw_the_same_masks():
+    """ORT seeds Dropout (training mode, no seed attribute) from the clock unless told: verify's two
+    processes drew other masks, and a correct plan of a model with Dropout read DIFFER (loss off by
+    0.03%, gradients by 4e3x relative). Each measuring run now seeds ORT; another seed, other masks."""
+    from tests.helpers import parse_model
+
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+drop (float[64, 32] x) => (float[64, 32] y, bool[64, 32] mask, float[64, 32] noise) <float ratio = {0.5}, bool tm = {1}>
+{
+    y, mask = Dropout(x, ratio, tm)
+    noise = RandomNormalLike(x)
+}
+""")
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)}
+    first, second = (measure_peak(model, feeds, keep_outputs=True, repeats=1).outputs for _ in range(2))
+    for name in ("y", "mask", "noise"):
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    other = measure_peak(model, feeds, keep_outputs=True, repeats=1, seed=1).outputs
+    assert not np.array_equal(first["mask"], other["mask"])
+
+
 def test_outputs_compare_a_chunk_at_a_time_with_the_same_figures(monkeypatch):
     """A 1 GiB gradient compared whole held 12 GiB of float64 temporaries (a 2.2 GB model's verify
     peaked at 17 GB): chunks give the same largest differences, a NaN on one side included."""
