@@ -256,7 +256,8 @@ def inspect(model: str, train: bool, add_loss: str | None, loss: str | None, dim
 @click.argument("model")
 @click.argument("planned", metavar="OUT.onnx")
 @dim_option
-@click.option("--seed", default=0, show_default=True, help="Seed of the generated inputs.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0, max=(1 << 63) - 1),
+              help="Seed of the generated inputs and of ORT's random ops (Dropout).")
 @click.option("--rtol", type=FiniteFloat(min=0), default=0.0, show_default=True, help="Relative tolerance (0: bit-identical).")
 @click.option("--atol", type=FiniteFloat(min=0), default=0.0, show_default=True, help="Absolute tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

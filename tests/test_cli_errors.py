@@ -333,6 +333,13 @@ def test_rewrite_refuses_a_malformed_plan_without_a_digest(planned, tmp_path):
     assert rc == 0 and out.is_file(), err
 
 
+def test_verify_refuses_a_negative_seed_in_one_line(planned):
+    """numpy's generator refuses a negative seed: verify --seed -1 ended in a ValueError traceback."""
+    _, model = planned
+    rc, _, err = memplan("verify", "zoo:cnn", model, "--seed", "-1")
+    assert rc == 2 and "Invalid value for '--seed'" in one_line(err) and "Traceback" not in err
+
+
 def test_verify_refuses_what_it_cannot_compare(planned, tmp_path):
     _, model = planned
     rc, _, err = memplan("verify", model, "zoo:cnn")
