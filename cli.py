@@ -119,8 +119,25 @@ def plan_digest(obj: dict, legacy: bool = False) -> str:
 
 
 def emit_json(obj: Any) -> None:
-    """Print exactly one JSON object on stdout."""
-    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=_json_default))
+    """Print exactly one JSON object on stdout. A NaN or infinite number (verify's difference of an
+    output NaN on one side or of another shape, a diverged train loss) is null, as JSON has no such
+    numbers (Python's NaN and Infinity tokens fail strict parsers)."""
+    click.echo(json.dumps(_finite_json(obj), indent=2, sort_keys=False, allow_nan=False, default=_json_default))
+
+
+def _finite_json(o: Any) -> Any:
+    """``o`` with every float that is NaN or infinite (numpy's included) as None."""
+    import numpy as np
+
+    if isinstance(o, dict):
+        return {k: _finite_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite_json(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _finite_json(o.tolist())
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else None
+    return o
 
 
 def _json_default(o: Any) -> Any:

@@ -570,3 +570,27 @@ def test_rewrite_applies_a_plan_made_with_loss(tmp_path):
     rc, _, err = memplan("rewrite", model, plan, "-o", rewritten)
     assert rc == 0, err
     assert rewritten.read_bytes() == emitted.read_bytes()
+
+
+def test_json_output_has_no_nan_or_infinity_tokens(capsys):
+    """verify --json of an output NaN on one side or of another shape printed NaN and Infinity,
+    which no strict JSON parser reads; such numbers are null now, finite ones as they were."""
+    from dataclasses import replace
+
+    from passes.verify import VerifyReport, compare_outputs
+
+    checks = compare_outputs({"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)},
+                             {"a": np.array([1, np.nan, 1], np.float32), "b": np.ones(4, np.float32)}, 0, 0)
+    report = VerifyReport(checks, 0, 0, 8, 16, 16, 16, 16, 16, 1.0, 1.0)
+    cli.emit_json({**report.as_dict(), "losses": [np.float32(0.5), np.float64("inf")],
+                   "grid": np.array([1.0, -np.inf])})
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert [o["max_abs_diff"] for o in out["outputs"]] == [None, None]
+    assert [o["ok"] for o in out["outputs"]] == [False, False] and out["outputs_equal"] is False
+    assert out["losses"] == [0.5, None] and out["grid"] == [1.0, None]
+    assert out["planned"]["measured_over_predicted"] == 1.0
+    assert replace(report, outputs=()).as_dict()["outputs_equal"] is True
