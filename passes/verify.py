@@ -414,15 +414,22 @@ def compare_outputs(ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]
             checks.append(OutputCheck(name, float("inf"), float("inf"), False))
             continue
         a, b = a.reshape(-1), b.reshape(-1)
+        # integers (and bools) compare as they are: float64 holds int64 exactly only up to 2**53
+        exact = all(x.dtype == np.bool_ or np.issubdtype(x.dtype, np.integer) for x in (a, b))
         max_abs = max_rel = 0.0
         ok = True
         for start in range(0, a.size, COMPARE_CHUNK):
             a64 = a[start:start + COMPARE_CHUNK].astype(np.float64)
             b64 = b[start:start + COMPARE_CHUNK].astype(np.float64)
             # NaN where the reference has NaN and infinities of its sign are equal outputs, not differences
-            same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+            if exact:
+                same = a[start:start + COMPARE_CHUNK] == b[start:start + COMPARE_CHUNK]
+            else:
+                same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
             with np.errstate(invalid="ignore"):
                 diff = np.where(same, 0.0, np.abs(a64 - b64))  # NaN where only one side is NaN
+                if exact:  # integers that differ differ by 1 at least, whatever float64 rounds them to
+                    diff = np.where(same, 0.0, np.maximum(diff, 1.0))
                 scale = np.where(np.isfinite(a64), np.abs(a64), 0.0)
                 # max() of an array holding NaN is NaN: a NaN on one side only shows as one
                 max_abs = max(max_abs, float(diff.max()), key=_nan_first)

@@ -400,6 +400,24 @@ drop (float[64, 32] x) => (float[64, 32] y, bool[64, 32] mask, float[64, 32] noi
     assert not np.array_equal(first["mask"], other["mask"])
 
 
+def test_integer_outputs_compare_exactly_beyond_float64s_integers():
+    """int64 outputs went through float64, which holds integers exactly only up to 2**53: 2**60 and
+    2**60 + 1 compared equal at rtol 0, atol 0."""
+    from passes.verify import compare_outputs
+
+    ref = np.array([2**60, 5, -(2**62)], np.int64)
+    for i in range(3):
+        got = ref.copy()
+        got[i] += 1
+        (check,) = compare_outputs({"i": ref}, {"i": got}, 0, 0)
+        assert not check.ok and check.max_abs_diff == 1.0, i
+    big = np.array([2**64 - 1], np.uint64)
+    assert not compare_outputs({"u": big}, {"u": big - 1}, 0, 0)[0].ok
+    assert compare_outputs({"i": ref}, {"i": ref.copy()}, 0, 0)[0].ok
+    assert compare_outputs({"i": ref[1:2]}, {"i": ref[1:2] + 2}, 0, 2)[0].ok  # a tolerance still applies
+    assert not compare_outputs({"b": np.array([True])}, {"b": np.array([False])}, 0, 0)[0].ok
+
+
 def test_outputs_compare_a_chunk_at_a_time_with_the_same_figures(monkeypatch):
     """A 1 GiB gradient compared whole held 12 GiB of float64 temporaries (a 2.2 GB model's verify
     peaked at 17 GB): chunks give the same largest differences, a NaN on one side included."""
