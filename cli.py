@@ -305,9 +305,14 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         raise UsageError(f"{planned} carries no memplan plan (its metadata has no memplan.plan entry): give a model "
                          "written by memplan plan --emit or memplan rewrite")
     made_with = json.loads(meta["memplan.plan"])
-    graph = import_model(model, parse_dims(dims) or made_with.get("dims") or {}, loose_dims=())
+    given, planned_dims = parse_dims(dims), made_with.get("dims") or {}
+    graph = import_model(model, given or planned_dims, loose_dims=())
     graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
+        if given and planned_dims and given != planned_dims:  # the same model, bound to other sizes
+            shown = " ".join(f"--dim {k}={v}" for k, v in planned_dims.items())
+            raise UsageError(f"{planned} was planned with {shown}, not the --dim given here; verify it with "
+                             f"those (or leave --dim out), or plan the model again at these sizes")
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
     planned_graph = import_model(planned)

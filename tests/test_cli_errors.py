@@ -594,3 +594,25 @@ def test_json_output_has_no_nan_or_infinity_tokens(capsys):
     assert out["losses"] == [0.5, None] and out["grid"] == [1.0, None]
     assert out["planned"]["measured_over_predicted"] == 1.0
     assert replace(report, outputs=()).as_dict()["outputs_equal"] is True
+
+
+def test_verify_at_other_dims_names_the_dims_the_file_was_planned_with(tmp_path):
+    """verify --dim batch=32 of a file planned with --dim batch=64 said it was planned for another
+    model (or the model changed): the model is the same, its sizes are not."""
+    model, planned = tmp_path / "sym.onnx", tmp_path / "sym.planned.onnx"
+    onnx.save(parse_model("""
+<ir_version: 8, opset_import: ["" : 18]>
+sym (float[batch, 64] x) => (float loss) <float w = {0.5}>
+{
+    h = Mul(x, w)
+    r = Relu(h)
+    t = Tanh(r)
+    loss = ReduceMean<keepdims=0>(t)
+}
+"""), model)
+    rc, _, err = memplan("plan", model, "--dim", "batch=64", "--budget", "100%", "--strategy", "greedy", "--emit", planned)
+    assert rc == 0, err
+    rc, _, err = memplan("verify", model, planned, "--dim", "batch=32")
+    assert rc == 2 and "was planned with --dim batch=64, not the --dim given here" in one_line(err), err
+    rc, _, err = memplan("verify", "zoo:cnn", planned)
+    assert rc == 2 and "planned for another model" in one_line(err)
