@@ -122,7 +122,7 @@ import json, sys, time
 import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, {root!r})
-from passes.verify import SessionConfig, proc_status as status
+from passes.verify import SessionConfig, proc_status as status, save_arrays
 {helpers}
 args = json.loads(sys.argv[1])
 # Random ops (Dropout in training mode, RandomNormal) without a seed attribute draw from ORT's
@@ -163,7 +163,7 @@ for _ in range(args["repeats"] - 1):
     times.append(time.perf_counter() - t0)
 dt = sorted(times)[len(times) // 2]
 if args["outputs"]:
-    np.savez(args["outputs"], **{{o.name: v for o, v in zip(sess.get_outputs(), outs)}})
+    save_arrays(args["outputs"], {{o.name: v for o, v in zip(sess.get_outputs(), outs)}})
 counted = {{}}
 if counter and counter["lost"]() == 0:
     counted = {{"counted_peak": high - before_count, "counted_cold": max(warm_high, high) - made_count}}
@@ -222,8 +222,20 @@ def _stage(tmp: str, models: Sequence[onnx.ModelProto | str | os.PathLike], feed
         else:
             paths.append(str(model))
     feeds_path = os.path.join(tmp, "feeds.npz")
-    np.savez(feeds_path, **{k: np.asarray(v) for k, v in feeds.items()})
+    save_arrays(feeds_path, feeds)
     return paths, feeds_path
+
+
+def save_arrays(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` as an .npz file that ``np.load`` reads back by name. ``np.savez(path, **arrays)``
+    takes its own parameters' names from the keywords: an input or output named ``file`` or
+    ``allow_pickle`` was a TypeError."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.asanyarray(value), allow_pickle=False)
 
 
 def _points_outside(model: onnx.ModelProto) -> bool:

@@ -418,6 +418,24 @@ def test_integer_outputs_compare_exactly_beyond_float64s_integers():
     assert not compare_outputs({"b": np.array([True])}, {"b": np.array([False])}, 0, 0)[0].ok
 
 
+def test_a_run_feeds_and_returns_tensors_named_like_savez_parameters():
+    """Feeds and outputs went through np.savez(path, **arrays): an input named file was a TypeError
+    traceback out of verify, an output named allow_pickle one in the measuring run."""
+    from tests.helpers import parse_model
+
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 18]>
+names (float[4, 8] file) => (float[4, 8] allow_pickle, float[4, 8] file_out) {
+    allow_pickle = Relu(file)
+    file_out = Neg(file)
+}
+""")
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    got = measure_peak(model, {"file": x}, keep_outputs=True, repeats=1).outputs
+    np.testing.assert_array_equal(got["allow_pickle"], np.maximum(x, 0))
+    np.testing.assert_array_equal(got["file_out"], -x)
+
+
 def test_outputs_compare_a_chunk_at_a_time_with_the_same_figures(monkeypatch):
     """A 1 GiB gradient compared whole held 12 GiB of float64 temporaries (a 2.2 GB model's verify
     peaked at 17 GB): chunks give the same largest differences, a NaN on one side included."""
