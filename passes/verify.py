@@ -27,7 +27,7 @@ import onnx
 
 from passes import alloc_counter
 from passes.onnx_export import save_model
-from passes.ort_errors import missing_kernel
+from passes.ort_errors import MissingKernelError, missing_kernel
 from planner.errors import PlannerError, UsageError
 from planner.graph import HALF_DTYPES
 
@@ -491,7 +491,19 @@ def verify_models(
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise UsageError(f"the planned model does not have the reference's {shown}; was it made from this MODEL "
                          "(with the same --dim)?")
-    ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1, seed=seed)
+    try:
+        ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1, seed=seed)
+    except MissingKernelError:
+        raise
+    except PlannerError as err:
+        # ORT's Python API takes and returns no bfloat16 array (numpy has no such type): it read the
+        # feed as a string tensor ("Unexpected input data type. Actual: (tensor(string))")
+        half = [f"{kind} {k!r}" for kind, sig in (("input", ref_in), ("output", ref_out))
+                for k, t in sig.items() if t == onnx.TensorProto.BFLOAT16]
+        if not half:
+            raise
+        raise PlannerError(f"the model's {half[0]} is bfloat16, which ONNX Runtime's Python API can neither feed "
+                           f"nor return, so verify cannot run it here ({err})") from err
     got = measure_peak(planned, feeds, keep_outputs=True, repeats=1, seed=seed)
     default = measure_peak(planned, feeds, session=ORT_DEFAULT, repeats=1)
     no_arena = measure_peak(planned, feeds, session=replace(ORT_DEFAULT, arena=False), repeats=1)

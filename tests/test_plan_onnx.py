@@ -714,6 +714,25 @@ def test_bfloat16_on_the_cpu_names_the_missing_kernel_and_what_to_do(tmp_path):
         assert "CPU provider has no kernel for" in line and "bfloat16" in line and advice in line, line
 
 
+def test_verify_of_a_bfloat16_input_says_why_it_cannot_run_it():
+    """A model whose ops all have CPU kernels but whose input is bfloat16 failed with ORT's
+    "Unexpected input data type. Actual: (tensor(string))": its Python API takes no bfloat16 array.
+    verify says so, naming the input."""
+    from passes.verify import verify_models
+    from planner.errors import PlannerError
+    from tests.helpers import parse_model
+
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 18]>
+bfin (bfloat16[8, 8] x) => (float[8, 8] z) {
+    f = Cast<to=1>(x)
+    z = Relu(f)
+}
+""")
+    with pytest.raises(PlannerError, match="input 'x' is bfloat16, which ONNX Runtime's Python API can neither"):
+        verify_models(model, model, models.example_feeds(model), predicted_planned_peak=0, base_bytes=0)
+
+
 def test_float32_fallback_casts_are_none_for_float32_and_cast_islands():
     """Only ops ORT's CPU provider lacks a float16 kernel for count: a float32 model has none, and the
     float16 MatMul of an AMP-style Cast island runs as it is."""
