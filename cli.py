@@ -304,7 +304,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if "memplan.plan" not in meta:
         raise UsageError(f"{planned} carries no memplan plan (its metadata has no memplan.plan entry): give a model "
                          "written by memplan plan --emit or memplan rewrite")
-    made_with = json.loads(meta["memplan.plan"])
+    made_with = _made_with(planned, meta["memplan.plan"])
     given, planned_dims = parse_dims(dims), made_with.get("dims") or {}
     graph = import_model(model, given or planned_dims, loose_dims=())
     graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
@@ -415,6 +415,45 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                    f"(measured {info['time_overhead'] * 100:+.1f}%, median of alternating runs, 1 thread{pred_text})")
     if not report.outputs_equal or info["budget"]["within"] is False:
         sys.exit(EXIT_FAILED)
+
+
+def _made_with(planned: str, text: str) -> dict:
+    """The memplan.plan metadata of a planned file, checked field by field: an edited entry (not
+    JSON, a list, a string for train or budget_bytes) was a JSONDecodeError/TypeError traceback."""
+    try:
+        made = json.loads(text)
+    except ValueError:
+        made = None
+
+    def integer(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(made, dict):
+        raise ModelImportError(f"{planned}: its memplan.plan metadata is not a JSON object; emit the file again "
+                               "with memplan plan --emit or memplan rewrite")
+    train, dims, budget, added = made.get("train"), made.get("dims"), made.get("budget_bytes"), \
+        made.get("added_time_fraction")
+    checks = (
+        ("train", train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss", "loss"}
+                                    and isinstance(train.get("optimizer", ""), str)
+                                    and (train.get("lr") is None or integer(train["lr"]) or isinstance(train["lr"], float))
+                                    and isinstance(train.get("add_loss") or "", str)
+                                    and isinstance(train.get("loss") or "", str)),
+         "an object of optimizer, lr, add_loss and loss"),
+        ("dims", dims is None or (isinstance(dims, dict) and all(integer(v) and v > 0 for v in dims.values())),
+         "an object of NAME: positive integer"),
+        ("budget_bytes", budget is None or (integer(budget) and budget >= 0), "a byte count"),
+        ("added_time_fraction", added is None or (isinstance(added, (int, float)) and not isinstance(added, bool)
+                                                  and math.isfinite(added)), "a number"),
+        ("model_fingerprint", isinstance(made.get("model_fingerprint", ""), str), "a string"),
+        ("device", isinstance(made.get("device") or "", str) and isinstance(made.get("costs") or "", str),
+         "a device profile's name"),
+    )
+    for field, ok, what in checks:
+        if not ok:
+            raise ModelImportError(f"{planned}: the {field} of its memplan.plan metadata is not {what}; emit the "
+                                   "file again with memplan plan --emit or memplan rewrite")
+    return made
 
 
 def _verify_budget(made_with: dict, planned_graph, report, info: dict) -> dict:

@@ -616,3 +616,21 @@ sym (float[batch, 64] x) => (float loss) <float w = {0.5}>
     assert rc == 2 and "was planned with --dim batch=64, not the --dim given here" in one_line(err), err
     rc, _, err = memplan("verify", "zoo:cnn", planned)
     assert rc == 2 and "planned for another model" in one_line(err)
+
+
+def test_verify_of_a_file_with_edited_plan_metadata_is_one_line(planned, tmp_path):
+    """An edited memplan.plan entry (not JSON, a list, a string budget or train) was a
+    JSONDecodeError/TypeError/AttributeError traceback; now one line naming the field, exit 3."""
+    _, model = planned
+    proto = onnx.load(str(model), load_external_data=False)
+    entry = next(p for p in proto.metadata_props if p.key == "memplan.plan")
+    made = json.loads(entry.value)
+    for text, words in (("{not json", "is not a JSON object"), ("[1, 2]", "is not a JSON object"),
+                        (json.dumps({**made, "budget_bytes": "x"}), "the budget_bytes of its memplan.plan"),
+                        (json.dumps({**made, "budget_bytes": -5}), "the budget_bytes of its memplan.plan"),
+                        (json.dumps({**made, "train": "adam"}), "the train of its memplan.plan")):
+        entry.value = text
+        edited = tmp_path / "edited.onnx"
+        onnx.save(proto, edited)
+        rc, _, err = memplan("verify", "zoo:cnn", edited)
+        assert rc == 3 and words in one_line(err) and "Traceback" not in err, (text, err)
