@@ -491,6 +491,9 @@ def verify_models(
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise UsageError(f"the planned model does not have the reference's {shown}; was it made from this MODEL "
                          "(with the same --dim)?")
+    reference, planned = (_seeded(m, seed) or m for m in (reference, planned))
+    if numerics is not None:
+        numerics = (numerics[0], _seeded(numerics[1], seed) or numerics[1])
     try:
         ref = measure_peak(reference, feeds, keep_outputs=True, repeats=1, seed=seed)
     except MissingKernelError:
@@ -525,6 +528,38 @@ def verify_models(
                         predicted_planned_peak, ref_s, got_s, predicted_time_overhead, predicted_device,
                         compared_with, reference_diff, got.method, ref.rss_peak_bytes, got.rss_peak_bytes,
                         predicted_allocator_peak)
+
+
+#: Random ops and the type of their ``seed`` attribute (Dropout's is an int, the others' a float).
+_SEED_TYPES = {"Dropout": "i", "RandomNormal": "f", "RandomUniform": "f", "RandomNormalLike": "f",
+               "RandomUniformLike": "f", "Bernoulli": "f", "Multinomial": "f"}
+
+
+def _seeded(model: onnx.ModelProto | str | os.PathLike, seed: int) -> onnx.ModelProto | None:
+    """``model`` with a ``seed`` attribute, from ``seed`` and its first output's name, on each random
+    op that has none (a copy; None where there is none). Without one ORT draws from one generator
+    in run order, so a planned file that runs two Dropouts the other way round (a memory-aware
+    order may) drew each other's masks and read DIFFER; seeded per node, each draws its own."""
+    import hashlib
+
+    from passes.onnx_import import load_proto
+
+    def unseeded(proto: onnx.ModelProto) -> bool:
+        return any(n.op_type in _SEED_TYPES and n.domain in ("", "ai.onnx") and n.output
+                   and all(a.name != "seed" for a in n.attribute) for n in proto.graph.node)
+
+    if not unseeded(load_proto(model, weights=False)[0] if not isinstance(model, onnx.ModelProto) else model):
+        return None
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model if isinstance(model, onnx.ModelProto) else load_proto(model)[0])
+    for n in proto.graph.node:
+        if n.op_type in _SEED_TYPES and n.domain in ("", "ai.onnx") and n.output \
+                and all(a.name != "seed" for a in n.attribute):
+            # below 2**24: a float attribute holds it exactly
+            value = int(hashlib.sha256(f"{seed}/{n.output[0]}".encode()).hexdigest()[:6], 16)
+            n.attribute.append(onnx.helper.make_attribute("seed", value if _SEED_TYPES[n.op_type] == "i"
+                                                          else float(value)))
+    return proto
 
 
 def _signature(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, int], dict[str, int]]:
