@@ -1,7 +1,7 @@
 """Plan, emit and verify every zoo model and torch fixture at 80/60/50% of the unplanned training peak.
 
     python bench/verify_zoo.py [--strategy cpsat|greedy] [--time-limit 20] [--budgets 80,60,50]
-                               [--device cpu] [--only NAME ...] [--json OUT]
+                               [--device cpu] [--only NAME ...] [--json OUT] [--deterministic]
 
 Per row (passes.verify.verify_models, what `memplan verify` prints): whether a plan exists, the
 planned peak (liveness of the rewritten graph, constants included), the measured peak (CPU ORT,
@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--strategy", default="cpsat")
     ap.add_argument("--time-limit", type=float, default=20)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="count --time-limit in CP-SAT's deterministic seconds (plan --deterministic): same plans on every run")
     ap.add_argument("--device", default="cpu", help="cost profile of the predicted time (cpu: compare with CPU ORT)")
     ap.add_argument("--budgets", default="80,60,50")
     ap.add_argument("--only", nargs="*")
@@ -79,7 +81,8 @@ def main() -> None:
         for pct in (int(x) for x in args.budgets.split(",")):
             budget = math.ceil(unplanned * pct / 100)
             pm = plan_graph(graph, budget, strategy=args.strategy, node_time=node_time, time_unit="s",
-                            options=PlannerOptions(time_limit=args.time_limit, workers=args.workers, seed=0))
+                            options=PlannerOptions(time_limit=args.time_limit, workers=args.workers, seed=0,
+                                                   work_limit=args.deterministic))
             row = {"model": name, "budget_pct": pct, "budget_bytes": budget, "unplanned_bytes": unplanned,
                    "status": pm.result.status}
             if pm.ok:
