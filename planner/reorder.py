@@ -273,8 +273,9 @@ def least_peak_order(problem: PlanningProblem, max_nodes: int = EXACT_MAX_NODES,
     """The topological order of least unplanned peak (as :class:`_Profile` counts memory), by
     search over the sets of nodes computed so far (each a state; its value the least peak of any
     order reaching it); None past ``max_nodes`` or ``max_states``. The local search may miss that
-    order (a 8-node graph: none found within 57 B, while one peaks at 50 B; so a budget of 57 B
-    cost +4 where 50 B cost +0). Ties: the order whose nodes come earliest in the given order."""
+    order (tests/test_reorder.py: a 10-node graph peaking at 141 B, where the starts and moves
+    reached no order within 122 B and one peaks there, so the plan at 122 B recomputed, +1).
+    Ties: the lexicographically first order."""
     p = problem
     n = p.n
     if n > max_nodes:
