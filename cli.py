@@ -417,6 +417,27 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         sys.exit(EXIT_FAILED)
 
 
+def _is_integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return (_is_integer(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+TRAIN_FIELD = "an object of optimizer, lr, add_loss and loss"
+
+
+def _train_field_ok(train: Any, lr_ok: Callable[[dict], bool]) -> bool:
+    """Whether the ``train`` field of a plan (rewrite) or of a planned file's metadata (verify) is
+    None or the training options memplan records; ``lr_ok(train)`` judges its lr."""
+    return train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss", "loss"}
+                             and isinstance(train.get("optimizer", ""), str) and lr_ok(train)
+                             and isinstance(train.get("add_loss") or "", str)
+                             and isinstance(train.get("loss") or "", str))
+
+
 def _made_with(planned: str, text: str) -> dict:
     """The memplan.plan metadata of a planned file, checked field by field: an edited entry (not
     JSON, a list, a string for train or budget_bytes) was a JSONDecodeError/TypeError traceback."""
@@ -424,27 +445,18 @@ def _made_with(planned: str, text: str) -> dict:
         made = json.loads(text)
     except ValueError:
         made = None
-
-    def integer(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
     if not isinstance(made, dict):
         raise ModelImportError(f"{planned}: its memplan.plan metadata is not a JSON object; emit the file again "
                                "with memplan plan --emit or memplan rewrite")
     train, dims, budget, added = made.get("train"), made.get("dims"), made.get("budget_bytes"), \
         made.get("added_time_fraction")
     checks = (
-        ("train", train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss", "loss"}
-                                    and isinstance(train.get("optimizer", ""), str)
-                                    and (train.get("lr") is None or integer(train["lr"]) or isinstance(train["lr"], float))
-                                    and isinstance(train.get("add_loss") or "", str)
-                                    and isinstance(train.get("loss") or "", str)),
-         "an object of optimizer, lr, add_loss and loss"),
-        ("dims", dims is None or (isinstance(dims, dict) and all(integer(v) and v > 0 for v in dims.values())),
+        ("train", _train_field_ok(train, lambda t: t.get("lr") is None or _is_integer(t["lr"]) or isinstance(t["lr"], float)),
+         TRAIN_FIELD),
+        ("dims", dims is None or (isinstance(dims, dict) and all(_is_integer(v) and v > 0 for v in dims.values())),
          "an object of NAME: positive integer"),
-        ("budget_bytes", budget is None or (integer(budget) and budget >= 0), "a byte count"),
-        ("added_time_fraction", added is None or (isinstance(added, (int, float)) and not isinstance(added, bool)
-                                                  and math.isfinite(added)), "a number"),
+        ("budget_bytes", budget is None or (_is_integer(budget) and budget >= 0), "a byte count"),
+        ("added_time_fraction", added is None or _is_number(added), "a number"),
         ("model_fingerprint", isinstance(made.get("model_fingerprint", ""), str), "a string"),
         ("device", isinstance(made.get("device") or "", str) and isinstance(made.get("costs") or "", str),
          "a device profile's name"),
@@ -724,9 +736,8 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
         every model at its default size and pass."""
         loose = sorted({d for item in items for d in item.loose_dims} - matched)
         if loose:
-            raise UsageError(f"dims {', '.join(loose)} matched no model's symbolic input dims or zoo options; "
-                             "fix the name, or drop it" if len(loose) > 1 else
-                             f"dim {loose[0]} matched no model's symbolic input dims or zoo options; "
+            word = "dims" if len(loose) > 1 else "dim"
+            raise UsageError(f"{word} {', '.join(loose)} matched no model's symbolic input dims or zoo options; "
                              "fix the name, or drop it")
 
     verdicts = gate.run_checks(items, lambda item: _load_for_check(item, matched), check_plan_fn,
@@ -1503,12 +1514,6 @@ def _plan_field_error(obj: dict) -> str | None:
     (written before digests, or edited and the digest dropped) is read field by field: a field of
     the wrong type was a TypeError/AttributeError traceback (a list for ``train``, a string for
     ``schedule``), and a ``budget_bytes`` that is no integer skipped the replay against the budget."""
-    def integer(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    def number(v: Any) -> bool:
-        return (integer(v) or isinstance(v, float)) and math.isfinite(v)
-
     status, schedule = obj.get("status"), obj.get("schedule")
     if status not in ("optimal", "feasible") or schedule is None:
         return (f"it holds no plan (status {status!r}: memplan plan found none within its budget), "
@@ -1516,18 +1521,14 @@ def _plan_field_error(obj: dict) -> str | None:
     train, dims, arena = obj.get("train"), obj.get("dims"), obj.get("ort_arena")
     checks = (
         ("schedule", isinstance(schedule, list) and all(isinstance(e, dict) for e in schedule), "a list of events"),
-        ("train", train is None or (isinstance(train, dict) and set(train) <= {"optimizer", "lr", "add_loss", "loss"}
-                                    and isinstance(train.get("optimizer", ""), str) and number(train.get("lr", 0))
-                                    and isinstance(train.get("add_loss") or "", str)
-                                    and isinstance(train.get("loss") or "", str)),
-         "an object of optimizer, lr, add_loss and loss"),
-        ("dims", dims is None or (isinstance(dims, dict) and all(integer(v) for v in dims.values())),
+        ("train", _train_field_ok(train, lambda t: _is_number(t.get("lr", 0))), TRAIN_FIELD),
+        ("dims", dims is None or (isinstance(dims, dict) and all(_is_integer(v) for v in dims.values())),
          "an object of NAME: integer"),
-        ("budget_bytes", integer(obj.get("budget_bytes")), "an integer"),
-        ("compute_time", number(obj.get("compute_time")), "a number"),
-        ("added_time", number(obj.get("added_time")), "a number"),
+        ("budget_bytes", _is_integer(obj.get("budget_bytes")), "an integer"),
+        ("compute_time", _is_number(obj.get("compute_time")), "a number"),
+        ("added_time", _is_number(obj.get("added_time")), "a number"),
         ("ort_arena", arena is None or (isinstance(arena, dict) and (arena.get("primed_bytes") is None
-                                                                      or integer(arena.get("primed_bytes")))),
+                                                                      or _is_integer(arena.get("primed_bytes")))),
          "an object whose primed_bytes is an integer"),
         ("pin_order", obj.get("pin_order") in (None, True, False), "true or false"),
     )
