@@ -530,11 +530,6 @@ def verify_models(
                         predicted_allocator_peak)
 
 
-#: Random ops and the type of their ``seed`` attribute (Dropout's is an int, the others' a float).
-_SEED_TYPES = {"Dropout": "i", "RandomNormal": "f", "RandomUniform": "f", "RandomNormalLike": "f",
-               "RandomUniformLike": "f", "Bernoulli": "f", "Multinomial": "f"}
-
-
 def _seeded(model: onnx.ModelProto | str | os.PathLike, seed: int) -> onnx.ModelProto | None:
     """``model`` with a ``seed`` attribute, from ``seed`` and its first output's name, on each random
     op that has none (a copy; None where there is none). Without one ORT draws from one generator
@@ -542,23 +537,22 @@ def _seeded(model: onnx.ModelProto | str | os.PathLike, seed: int) -> onnx.Model
     order may) drew each other's masks and read DIFFER; seeded per node, each draws its own."""
     import hashlib
 
-    from passes.onnx_import import load_proto
+    from passes.onnx_import import RANDOM_OPS, load_proto
 
-    def unseeded(proto: onnx.ModelProto) -> bool:
-        return any(n.op_type in _SEED_TYPES and n.domain in ("", "ai.onnx") and n.output
-                   and all(a.name != "seed" for a in n.attribute) for n in proto.graph.node)
+    def unseeded(n: onnx.NodeProto) -> bool:
+        return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx") and bool(n.output) \
+            and all(a.name != "seed" for a in n.attribute)
 
-    if not unseeded(load_proto(model, weights=False)[0] if not isinstance(model, onnx.ModelProto) else model):
+    looked = model if isinstance(model, onnx.ModelProto) else load_proto(model, weights=False)[0]
+    if not any(unseeded(n) for n in looked.graph.node):
         return None
     proto = onnx.ModelProto()
     proto.CopyFrom(model if isinstance(model, onnx.ModelProto) else load_proto(model)[0])
     for n in proto.graph.node:
-        if n.op_type in _SEED_TYPES and n.domain in ("", "ai.onnx") and n.output \
-                and all(a.name != "seed" for a in n.attribute):
-            # below 2**24: a float attribute holds it exactly
+        if unseeded(n):
+            # below 2**24: a float attribute holds it exactly; Dropout's seed is an int, the others' a float
             value = int(hashlib.sha256(f"{seed}/{n.output[0]}".encode()).hexdigest()[:6], 16)
-            n.attribute.append(onnx.helper.make_attribute("seed", value if _SEED_TYPES[n.op_type] == "i"
-                                                          else float(value)))
+            n.attribute.append(onnx.helper.make_attribute("seed", value if n.op_type == "Dropout" else float(value)))
     return proto
 
 
