@@ -764,6 +764,12 @@ def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
     return model
 
 
+def _plain_attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """``node``'s attributes by name, string ones as str (onnx gives bytes)."""
+    return {a.name: v.decode() if isinstance(v := helper.get_attribute_value(a), bytes) else v
+            for a in node.attribute}
+
+
 #: Pools whose ceil_mode output size ORT (and the ONNX spec since opset 19's note) cuts back where
 #: the last window would start past the input and its begin pad.
 _CEIL_POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
@@ -784,9 +790,8 @@ def _floor_empty_ceil_windows(g: onnx.GraphProto, display: str) -> bool:
     for node in g.node:
         if node.op_type not in _CEIL_POOLS or node.domain not in ("", "ai.onnx") or not node.input:
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        auto = attrs.get("auto_pad", b"NOTSET")
-        if not int(attrs.get("ceil_mode", 0)) or (auto.decode() if isinstance(auto, bytes) else auto) != "NOTSET":
+        attrs = _plain_attrs(node)
+        if not int(attrs.get("ceil_mode", 0)) or attrs.get("auto_pad", "NOTSET") != "NOTSET":
             continue
         x, y = known.get(node.input[0]), known.get(node.output[0])
         if not x or not y or len(x) != len(y) or None in x[2:] or None in y[2:]:
@@ -957,7 +962,8 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
                 and node.domain in ("", "ai.onnx")]
         if not dead:
             break
-        keep = [node for node in keep if all(node is not d for d in dead)]
+        gone = {id(d) for d in dead}
+        keep = [node for node in keep if id(node) not in gone]
     # Drop folded initializers nothing reads any more (e.g. a Shape's input chain).
     del g.node[:]
     g.node.extend(keep)
@@ -1267,9 +1273,8 @@ def _check_same_conv_transpose(node: onnx.NodeProto, x_shape: tuple[int, ...], y
     """Refuse a ConvTranspose with auto_pad SAME_* and output_padding (no output_shape): ONNX
     Runtime makes its output input * stride, as the spec says, while onnx's shape inference adds
     output_padding, so memplan would plan, and build the backward for, a tensor ORT never makes."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    auto = attrs.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
+    attrs = _plain_attrs(node)
+    auto = attrs.get("auto_pad", "NOTSET")
     if auto not in ("SAME_UPPER", "SAME_LOWER") or "output_shape" in attrs:
         return
     sp = len(x_shape) - 2
