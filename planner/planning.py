@@ -1237,16 +1237,14 @@ def least_peak(problem: PlanningProblem, options: PlannerOptions, time_limit: fl
     upper = ladder.sim.peak_bytes
     if all(c is not ladder for c in cands):
         cands.append(ladder)
-    if options.least_share <= 0 or clock.on_work_clock():
-        # Asked for the floor and the greedy's lowest plan only, or on the work clock, where this
+    if options.least_share <= 0 or clock.on_work_clock() or limit - (clock.now() - t0) < MIN_SEARCH_S:
+        # Asked for the floor and the greedy's lowest plan only; or on the work clock, where this
         # min-peak model runs 25-400x longer in wall time than the deterministic seconds it is
         # charged (RL250 at 5%: 99 s for 2; RL1000 at 5%: 872 s for 2; zoo:unet?batch=2 adam at
-        # 50%: 189 s for 2.5, and its figure only fell from 64.6% to 63.3% of the unplanned peak).
-        return floor, upper, upper <= floor
-    if limit - (clock.now() - t0) < MIN_SEARCH_S:
-        # the greedies spent the time: building the min-peak model only to search it for
-        # MIN_SEARCH_S took seconds past the limit (zoo:gpt?layers=32 at 55%, --time-limit 2:
-        # a 5.5 s build and hint, and the same lowest plan as the greedy's)
+        # 50%: 189 s for 2.5, and its figure only fell from 64.6% to 63.3% of the unplanned peak);
+        # or the greedies spent the time: building the model only to search it for MIN_SEARCH_S
+        # took seconds past the limit (zoo:gpt?layers=32 at 55%, --time-limit 2: a 5.5 s build and
+        # hint, and the same lowest plan as the greedy's).
         return floor, upper, upper <= floor
     light = [c for c in cands if _max_computations(c) <= options.hint_computations]
     low = min(light, key=lambda c: (c.sim.peak_bytes, c.plan.strategy))
