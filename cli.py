@@ -1036,7 +1036,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               "as train-graph).")
 @add_loss_option
 @loss_option
-@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan may take a quarter more for its last resorts).")
+@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
