@@ -395,7 +395,7 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
                                        f"bound)")
     rest = left()
     if moved is not None and not pace.room(rest):  # no time left to search the given order
-        return stamped(moved)
+        return stamped(_given_baseline_if_cheaper(problem, budget, moved, cands, options))
     given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), clock.now(), cands, pace,
                          known, hint=hint)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
@@ -408,6 +408,28 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
             given = replace(given, best_bytes=best, note=note)
         return stamped(given)
     return stamped(moved)
+
+
+def _given_baseline_if_cheaper(problem: PlanningProblem, budget: int, moved: SolveResult,
+                               cands: dict[str, Candidate] | None, options: PlannerOptions) -> SolveResult:
+    """``moved`` (the memory-aware order's plan, where no time is left to search the given order)
+    or, where cheaper, the cheapest baseline plan in the given order that fits (``cands``: its
+    baselines where the caller ran them; else run here, within the share of the limit the
+    baselines get). Returned unsearched, the given order's greedy was never compared: zoo:unet at
+    60%, ``--time-limit 0.3 --deterministic``: +14.394% in the memory-aware order, where
+    ``--strategy greedy`` gives +13.919%."""
+    if cands is None:
+        cands = _baselines(problem, budget, clock.now() + options.baseline_share * options.time_limit)
+    fitting = [c for c in cands.values() if c.sim.peak_bytes <= budget]
+    best = min(fitting, key=lambda c: (c.sim.added_time, c.plan.strategy), default=None)
+    if best is None or best.sim.added_time >= moved.added_time:
+        return moved
+    sim = simulate(problem, best.plan, budget)  # over budget here is a bug: it raises
+    note = (f"no time left to search; kept the {best.plan.strategy} plan in the given order: the plan in the "
+            f"{moved.order} order was dearer (+{moved.added_time:.6g} added time)")
+    return replace(moved, status="feasible", plan=replace(best.plan, strategy="cpsat"), peak_bytes=sim.peak_bytes,
+                   added_time=sim.added_time, order="given", note=note,
+                   solver=replace(moved.solver, bound=None, gap=None))
 
 
 #: Phase 1 searches again from its best solution while it has neither a plan within the budget nor
