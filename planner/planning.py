@@ -41,7 +41,7 @@ import numpy as np
 from planner import clock
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
-from planner.cpsat import PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
+from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
@@ -903,11 +903,19 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
         since = clock.now()
-        m1 = RematModel(problem, None, opt, hints)
-        m1.set_objective_peak()
-        h = m1.hint_from_plan(low.plan)
-        if h is not None:
-            m1.apply_hint(h)
+        try:  # no search is left once building passes the limit: the solve ends as its search would
+            m1 = RematModel(problem, None, opt, hints, deadline=deadline)
+            m1.set_objective_peak()
+            h = m1.hint_from_plan(low.plan)
+            if h is not None:
+                m1.apply_hint(h, deadline)
+        except OutOfTime:
+            pace.built(since)
+            if fallback is not None:
+                return _chosen(problem, budget, opt, t0, phases, fallback,
+                               f"no time left to search; kept the {fallback.plan.strategy} plan")
+            return _empty(problem, budget, "cpsat", status="timeout", solver=_stats(opt, t0, None, None, phases),
+                          note=_timeout_note(problem, opt.time_limit, None))
         pace.built(since)
         target = (budget - problem.base_bytes) // m1.mem_unit
         # the share is for all of phase 1's runs: counted again before each run, four runs at 30%
@@ -963,15 +971,20 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         return _chosen(problem, budget, opt, t0, phases, fallback,
                        f"no time left to search; kept the {fallback.plan.strategy} plan")
     since = clock.now()
-    m2 = RematModel(problem, budget, opt, hints)
-    m2.set_objective_time()
-    source = next((c for c in fitting if hintable(c)), None)
-    if named_hint and (source is None or phase1.sim.added_time <= source.sim.added_time):
-        hint = m2.hint_by_name(named_hint)  # m1 and m2 share hints, so the same slots
-    else:
-        hint = m2.hint_from_plan(source.plan) if source is not None else None
-    if hint:
-        m2.apply_hint(hint)
+    try:
+        m2 = RematModel(problem, budget, opt, hints, deadline=deadline)
+        m2.set_objective_time()
+        source = next((c for c in fitting if hintable(c)), None)
+        if named_hint and (source is None or phase1.sim.added_time <= source.sim.added_time):
+            hint = m2.hint_by_name(named_hint)  # m1 and m2 share hints, so the same slots
+        else:
+            hint = m2.hint_from_plan(source.plan) if source is not None else None
+        if hint:
+            m2.apply_hint(hint, deadline)
+    except OutOfTime:
+        pace.built(since)
+        return _chosen(problem, budget, opt, t0, phases, fallback,
+                       f"no time left to search; kept the {fallback.plan.strategy} plan")
     pace.built(since)
     # The recompute-closure bound (planner.order_bound) often proves more than phase 2 does
     # (zoo:gpt at 80%: 4.91% of the step time against 2.68%). When the closure bound applies,

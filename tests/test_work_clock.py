@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import replace
 
+import pytest
 from click.testing import CliRunner
 
 import cli
@@ -165,3 +166,39 @@ def test_each_phase_reports_its_own_wall_time_on_the_work_clock(benchmarks_dir):
     names = [ph["name"] for ph in res.solver.phases]
     assert "closure-cuts" in names, names
     assert sum(ph["wall_s"] for ph in res.solver.phases) <= res.solver.wall_s + 0.05, res.solver.phases
+
+
+def test_a_model_build_past_the_wall_limit_stops_and_searches_nothing(benchmarks_dir, monkeypatch):
+    # The first model of the lstm fixture (batch 8, seq 128: 2294 fused nodes) took 13 s to build,
+    # 9 s to hint and 12 s to load into CP-SAT for its 0.05-s search under --time-limit 2, which
+    # then found nothing: `memplan plan` took 52 s. Building now stops once the limit has passed.
+    import time
+
+    import planner.planning as planning
+    from planner.cpsat import RematModel
+
+    p = random_layered(benchmarks_dir, 100)
+    late = [0.0]
+    monkeypatch.setattr(clock, "_wall", lambda: time.perf_counter() + late[0])
+    add_order = RematModel._add_order
+
+    def slow_order(self):  # building takes the whole limit, halfway through
+        add_order(self)
+        late[0] += 100.0
+
+    monkeypatch.setattr(RematModel, "_add_order", slow_order)
+    searched = []
+    run = RematModel.solve
+    monkeypatch.setattr(RematModel, "solve", lambda self, *a, **k: searched.append(a[0]) or run(self, *a, **k))
+    opt = PlannerOptions(time_limit=2, workers=1, seed=0, reorder=False, early_walk_share=0.0)
+    for fraction in (0.65, 0.8):  # phase 1's model (no light plan fits), phase 2's (one does)
+        res = solve(p, p.budget_for(fraction), "cpsat", opt)
+        assert not searched, searched
+        assert res.plan is None or (res.peak_bytes <= res.budget_bytes and "no time left to search" in res.note)
+    from planner.cpsat import OutOfTime
+
+    with pytest.raises(OutOfTime):  # on its own: past its deadline, the build stops
+        RematModel(p, None, opt, deadline=clock.now() - 1.0)
+    # on the work clock no build time counts: the same build completes
+    with clock.work_clock(math.inf):
+        RematModel(p, None, opt, deadline=clock.now() - 1.0)
