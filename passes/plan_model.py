@@ -236,6 +236,19 @@ def plan_graph(
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over)
 
 
+def pinned_unplanned_peak(graph: Graph, lowered: tuple[PlanningProblem, Lowering]) -> int:
+    """The peak of the file ``plan_graph(..., pin=True)`` writes for ``graph`` with nothing
+    recomputed or swapped: its ordering edges hold a few bytes of their own, and pinning follows
+    the no-remat plan's order (constant nodes placed where the lowering computes them), so it
+    peaks a little above ``graph`` (the lstm fixture --forward: 34092 against 33996 bytes;
+    zoo:gpt?batch=2's training step: 366460 against 366068). ``lowered``: ``lower_graph(graph, ...)``."""
+    from planner.baselines import no_remat
+
+    problem, lowering = lowered
+    return analyze(pin_order(apply_schedule(inline_functions(graph),
+                                            tuple(lowering.onnx_schedule(no_remat(problem)))))).peak_bytes
+
+
 def lower_graph(graph: Graph, *, node_time: Callable | None = None,
                 transfer_time: Callable[[int], float] | None = None, copy_overlap: bool = True,
                 time_unit: str = "") -> tuple[PlanningProblem, Lowering]:

@@ -318,3 +318,18 @@ def test_a_pinned_optimizer_step_shows_ort_no_static_size_and_folds_nothing_big(
     feeds = models.example_feeds(export_model(g), seed=0)
     got = measure_peak(model, feeds, session=replace(ORT_DEFAULT, arena=False), repeats=1)
     assert got.peak_bytes <= 1.05 * predicted, got.peak_bytes / predicted
+
+
+def test_a_pinned_plan_at_the_whole_unplanned_peak_needs_no_plan(tmp_path):
+    # the lstm fixture as it is peaks at 33996 bytes, pinned at 34092 (its ordering edges' bytes):
+    # at 100% --pin-order was refused as over budget ("the plans found overshoot the budget once
+    # rewritten"); the percentage is now of the pinned model's unplanned peak, which fits as it is
+    emitted, plan_json = tmp_path / "p.onnx", tmp_path / "p.json"
+    rc, out, err = memplan("plan", ROOT / "tests/fixtures/lstm.onnx", "--dim", "batch=2", "--dim", "seq=8",
+                           "--forward", "--budget", "100%", "--pin-order", "--time-limit", "2", "--deterministic",
+                           "-o", plan_json, "--emit", emitted)
+    assert rc == 0, err
+    obj = json.loads(plan_json.read_text())
+    assert obj["recomputed"] == [] and obj["swapped"] == []
+    assert obj["peak_bytes"] <= obj["budget_bytes"] == obj["unplanned_peak_bytes"]
+    assert emitted.is_file()
