@@ -460,6 +460,7 @@ def _made_with(planned: str, text: str) -> dict:
         ("model_fingerprint", isinstance(made.get("model_fingerprint", ""), str), "a string"),
         ("device", isinstance(made.get("device") or "", str) and isinstance(made.get("costs") or "", str),
          "a device profile's name"),
+        ("pin_order", made.get("pin_order") is None or isinstance(made["pin_order"], bool), "true or false"),
     )
     for field, ok, what in checks:
         if not ok:
@@ -1538,7 +1539,8 @@ def _plan_field_error(obj: dict) -> str | None:
         ("ort_arena", arena is None or (isinstance(arena, dict) and (arena.get("primed_bytes") is None
                                                                       or _is_integer(arena.get("primed_bytes")))),
          "an object whose primed_bytes is an integer"),
-        ("pin_order", obj.get("pin_order") in (None, True, False), "true or false"),
+        # a bool: 0/1 passed the `in (None, True, False)` check (1 == True) and 1 wrote an unpinned model
+        ("pin_order", obj.get("pin_order") is None or isinstance(obj["pin_order"], bool), "true or false"),
     )
     for field, ok, what in checks:
         if not ok:

@@ -322,6 +322,9 @@ def test_rewrite_refuses_a_malformed_plan_without_a_digest(planned, tmp_path):
              ({"compute_time": "x"}, "its compute_time is not a number"),
              ({"added_time": None}, "its added_time is not a number"),
              ({"ort_arena": {"primed_bytes": "x"}}, "its ort_arena is not"),
+             # 0 and 1 passed (1 == True) and pin_order 1 wrote an unpinned model without a word
+             ({"pin_order": 1}, "its pin_order is not true or false"),
+             ({"pin_order": 0}, "its pin_order is not true or false"),
              ({"status": "infeasible", "schedule": None}, "it holds no plan (status 'infeasible'"))
     for change, says in cases:
         edited.write_text(json.dumps({**old, **change}))
@@ -628,7 +631,8 @@ def test_verify_of_a_file_with_edited_plan_metadata_is_one_line(planned, tmp_pat
     for text, words in (("{not json", "is not a JSON object"), ("[1, 2]", "is not a JSON object"),
                         (json.dumps({**made, "budget_bytes": "x"}), "the budget_bytes of its memplan.plan"),
                         (json.dumps({**made, "budget_bytes": -5}), "the budget_bytes of its memplan.plan"),
-                        (json.dumps({**made, "train": "adam"}), "the train of its memplan.plan")):
+                        (json.dumps({**made, "train": "adam"}), "the train of its memplan.plan"),
+                        (json.dumps({**made, "pin_order": 1}), "the pin_order of its memplan.plan")):
         entry.value = text
         edited = tmp_path / "edited.onnx"
         onnx.save(proto, edited)
