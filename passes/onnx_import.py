@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
 from planner.errors import ModelImportError, PlannerError, UsageError
-from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind
+from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind, fresh_name
 
 log = logging.getLogger(__name__)
 
@@ -922,10 +922,16 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
     }
     shapes = _static_shapes(model)
     graph_outputs = {o.name for o in g.output}
+    read_before = {n for node in g.node for n in node.input} | graph_outputs
     keep: list[onnx.NodeProto] = []
     new_inits: list[onnx.TensorProto] = []
     for node in g.node:
         if node.op_type in CONTROL_FLOW or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
+            keep.append(node)
+            continue
+        if node.op_type in ("Shape", "Size") and not any(o in read_before for o in node.output if o):
+            # nothing reads it, but ORT runs it, and so frees its input once read (the reader kept
+            # below for an output whose only readers were folded)
             keep.append(node)
             continue
         value = None
@@ -949,7 +955,6 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
                 new_inits.append(numpy_helper.from_array(np.asarray(v), name))
     if not new_inits:
         return model, set()
-    read_before = {n for node in g.node for n in node.input} | graph_outputs
     # Drop nodes only folded readers read: a Mul whose output only a Size read was left unread, and
     # ORT holds an unread output to the end (the written model peaked 1.5x the source file, where
     # ORT runs the Size first and frees it). Then the chain behind them; a node that was unread in
@@ -964,6 +969,21 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
             break
         gone = {id(d) for d in dead}
         keep = [node for node in keep if id(node) not in gone]
+    # A node that stays (another output is read) with an output only folded or dropped nodes read:
+    # ORT would hold that output to the end where the file freed it after its reader (a Split half
+    # only a Shape read: the written model peaked 1.33x the source file). A Shape reads it right
+    # after, as the source's reader did, and ORT frees it there.
+    read_now = {n for node in keep for n in node.input} | graph_outputs
+    names = read_before | {o for node in g.node for o in node.output} | {i.name for i in g.initializer} \
+        | {i.name for i in g.input} | {n.name for n in g.node}
+    readers: list[onnx.NodeProto] = []
+    for node in keep:
+        readers.append(node)
+        for o in node.output:
+            if o and o in read_before and o not in read_now:
+                name = fresh_name(f"{o}__read", names)
+                readers.append(helper.make_node("Shape", [o], [name], name=name))
+    keep = readers
     # Drop folded initializers nothing reads any more (e.g. a Shape's input chain).
     del g.node[:]
     g.node.extend(keep)
