@@ -172,6 +172,10 @@ def plan_graph(
         # each re-solve gets half the time of the one before: the whole stays within twice
         # --time-limit (seven full re-solves took 25 s of a 5 s limit on a fuzzed model, stop 48)
         result = solve(problem, target, strategy, replace(options, time_limit=options.time_limit / 2 ** attempt))
+        # the problem's base also holds the run-long copies of initializers that are graph outputs
+        # (MemoryModel.output_copy_bytes): output buffers, not the constant base of inputs and
+        # initializers (DESIGN.md) that plan.json's base_bytes and inspect report
+        result = replace(result, base_bytes=graph.base_bytes)
         if result.plan is None:
             if best is None:
                 break

@@ -856,3 +856,27 @@ def test_a_failed_write_leaves_neither_output(tmp_path, monkeypatch):
     assert res.exit_code != 0 and "No space left on device" in res.output
     assert list(tmp_path.iterdir()) == []
     assert CliRunner().invoke(cli.main, args).exit_code == 0 and plan_json.exists() and emitted.exists()
+
+
+def test_base_bytes_is_the_constant_base_without_the_copies_of_weights_returned():
+    """A weight that is a graph output gets a run-long copy (MemoryModel.output_copy_bytes), which
+    the problem holds in its base; plan.json's base_bytes and the infeasible message called it part
+    of what "initializers and graph inputs hold" (34816 B here, inspect's constant base 18432 B)."""
+    from tests.helpers import parse_model
+
+    w = ", ".join(["1.0"] * 64 * 64)
+    g = import_model(parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[8, 64] x) => (float[8, 64] z, float[64, 64] W) <float[64, 64] W = {{{w}}}> {{
+            y = MatMul(x, W)
+            z = Relu(y)
+        }}"""))
+    lv = analyze(g)
+    assert lv.output_copy_bytes == 64 * 64 * 4 and lv.base_bytes == 8 * 64 * 4 + 64 * 64 * 4
+    opts = PlannerOptions(time_limit=2, workers=1)
+    fits = plan_graph(g, lv.peak_bytes, options=opts)
+    assert fits.result.plan is not None and fits.peak_bytes == lv.peak_bytes
+    assert fits.result.base_bytes == lv.base_bytes
+    assert fits.result.to_json(fits.problem)["base_bytes"] == lv.base_bytes
+    short = plan_graph(g, lv.peak_bytes - 1024, options=opts)
+    assert short.result.plan is None and short.result.base_bytes == lv.base_bytes
