@@ -350,6 +350,8 @@ def _numpy_dtype_name(dt: np.dtype) -> str:
     name = np.dtype(dt).name
     if name == "bool":
         return "bool"
+    if name == "object":  # onnx's numpy_helper gives a STRING tensor as an object array of bytes
+        return "string"
     if name in DTYPE_BITS:
         return name
     raise GraphError(f"initializer has unsupported numpy dtype {name!r}")

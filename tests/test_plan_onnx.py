@@ -880,3 +880,33 @@ def test_base_bytes_is_the_constant_base_without_the_copies_of_weights_returned(
     assert fits.result.to_json(fits.problem)["base_bytes"] == lv.base_bytes
     short = plan_graph(g, lv.peak_bytes - 1024, options=opts)
     assert short.result.plan is None and short.result.base_bytes == lv.base_bytes
+
+
+def test_a_model_with_a_string_output_plans_and_verifies(tmp_path):
+    """A string Constant (an output here) failed import as 'initializer has unsupported numpy dtype
+    'object'' (exit 1); verify could neither save ORT's string outputs (no pickle) nor compare them
+    (float64). Strings now import, and verify compares them exactly."""
+    from passes.verify import compare_outputs
+
+    model = tmp_path / "m.onnx"
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"]),
+         onnx.helper.make_node("Constant", [], ["s"], value=onnx.helper.make_tensor(
+             "sv", onnx.TensorProto.STRING, [2], [b"a", b"bc"])),
+         onnx.helper.make_node("Identity", ["s"], ["so"])],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, 64])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 64]),
+         onnx.helper.make_tensor_value_info("so", onnx.TensorProto.STRING, [2])])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    proto.ir_version = 8
+    onnx.save(proto, model)
+    emitted = tmp_path / "p.onnx"
+    rc, _, err = memplan("plan", model, "--forward", "--budget", "100%", "--time-limit", "2", "--emit", emitted)
+    assert rc == 0, err
+    rc, out, err = memplan("verify", model, emitted, "--json")
+    assert rc == 0, out + err
+    rep = json.loads(out)
+    assert rep["outputs_equal"] is True and {o["name"] for o in rep["outputs"]} == {"y", "so"}
+    ref = {"s": np.array(["a", "bc"])}
+    assert compare_outputs(ref, {"s": np.array(["a", "bc"])}, 0, 0)[0].ok
+    assert not compare_outputs(ref, {"s": np.array(["a", "bd"])}, 1, 1)[0].ok
