@@ -292,7 +292,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from passes.onnx_export import export_model, write_model
     from passes.onnx_import import import_model, load_header
     from passes.plan_model import fingerprint
-    from passes.verify import cpu_float32_fallback_casts, held_base_bytes, verify_models
+    from passes.verify import cpu_float32_fallback_ops, held_base_bytes, verify_models
     from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
@@ -345,7 +345,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                                    f"device profile {made_with['device']}" if made_with.get("device") else None))
         reference_lv = analyze(import_model(reference), model=MemoryModel(host_copies_resident=True))
     info = report.as_dict()
-    info["cpu_float32_fallback_casts"] = fallback = cpu_float32_fallback_casts(planned_graph)
+    info["cpu_float32_fallback_ops"] = fallback = cpu_float32_fallback_ops(planned_graph)
     info["budget"] = _verify_budget(made_with, planned_graph, report, info)
     # what a memory limit on ORT's arena (gpu_mem_limit, a CPU arena's max_mem) must be for these two
     # files on this CPU provider: planner/arena.py's replay of ORT's BFC arena, per extend strategy
@@ -385,8 +385,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                        + f", measured/predicted {p['measured_over_predicted']:.3f}; {how})")
             if fallback:
                 click.echo(f"  not the plan's memory: ORT's CPU provider has no float16/bfloat16 kernel for some "
-                           f"ops here and ran them in float32 ({fallback} Casts inserted, their float32 copies "
-                           f"held); the outputs are compared, the peaks are not comparable: measure on a device "
+                           f"ops here and ran {fallback} ops in float32 (their float32 copies held, Casts inserted "
+                           f"around them); the outputs are compared, the peaks are not comparable: measure on a device "
                            f"(bench/gpu_check.py)")
             d = info["ort_default_options"]
             # a pinned model keeps its order and has no memory pattern under ORT's defaults; where it
@@ -488,9 +488,9 @@ def _verify_budget(made_with: dict, planned_graph, report, info: dict) -> dict:
         out["text"] = (f"{format_bytes(budget)}; the plan swaps {swaps} tensors to host memory, which on CPU is the "
                        f"memory they are in, so this run holds {format_bytes(measured)}; on a device the plan "
                        f"peaks at {format_bytes(device)} (predicted): measure it there (bench/gpu_check.py)")
-    elif info.get("cpu_float32_fallback_casts"):
+    elif info.get("cpu_float32_fallback_ops"):
         out["text"] = (f"{format_bytes(budget)}; not held against this run: ORT's CPU provider ran float16/bfloat16 "
-                       f"ops in float32 ({info['cpu_float32_fallback_casts']} Casts inserted), so its peak is not the "
+                       f"ops in float32 ({info['cpu_float32_fallback_ops']} ops), so its peak is not the "
                        f"plan's")
     elif not report.peak_resolved or info["measured_by"] != "allocator":
         out["text"] = f"{format_bytes(budget)}; the run's peak was not counted, so it is not held against it"
