@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.errors import GraphError
-from planner.graph import GraphBuilder, Tensor
+from planner.graph import HALF_DTYPES, GraphBuilder, Tensor
 
 #: Ops whose output is bool (the rest keep their first input's element type).
 _COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or"})
@@ -150,6 +150,19 @@ class Emitter:
         if self.dtype(x) == dtype:
             return x
         return self.op("Cast", [x], self.shape(x), dtype, to=DTYPE_TO_ONNX[dtype])
+
+    def scatter_add(self, op_type: str, data: int | None, indices: int, updates: int, shape: Sequence[int],
+                    **attrs: Any) -> int:
+        """``op_type`` (ScatterND or ScatterElements) with reduction='add' of ``updates`` into ``data``
+        (zeros where None), in ``updates``' element type. A float16/bfloat16 sum accumulates in float32
+        between Casts: ONNX Runtime's CPU provider has no half-precision scatter-add ("MLFloat16 data
+        type is not supported with ScatterND ... when reduction is 'add'"), and float32 keeps the sums
+        of repeated indices (an embedding's tokens) from rounding at every step."""
+        dtype = self.dtype(updates)
+        acc = "float32" if dtype in HALF_DTYPES else dtype
+        data = self.zeros(shape, acc) if data is None else self.cast(data, acc)
+        out = self.op(op_type, [data, indices, self.cast(updates, acc)], shape, acc, reduction="add", **attrs)
+        return self.cast(out, dtype)
 
     # ---- shape ops ---------------------------------------------------------------------------
     def reshape(self, x: int, shape: Sequence[int]) -> int:

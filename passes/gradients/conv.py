@@ -157,10 +157,7 @@ def max_pool(ctx: BackwardContext) -> dict[int, int]:
     kernel = ctx.int_list("kernel_shape", [])
     strides, dilations, _, _ = _conv_geometry(ctx, x_shape, kernel)
     overlapping = any(s < (k - 1) * d + 1 for s, k, d in zip(strides, kernel, dilations))
-    attrs = {"axis": 0}
-    if ctx.opset >= 16:
-        attrs["reduction"] = "add"
-    elif overlapping:
+    if ctx.opset < 16 and overlapping:
         raise OpsetTooOldError(
             f"node {ctx.node.name!r} (MaxPool) has overlapping windows, whose gradient needs "
             "ScatterElements with reduction='add' (opset 16)", 16
@@ -168,8 +165,11 @@ def max_pool(ctx: BackwardContext) -> dict[int, int]:
     total = prod(x_shape)
     flat_idx = em.reshape(ctx.y(1), [prod(ctx.y_shape())])
     flat_g = em.reshape(g, [prod(ctx.y_shape())])
-    dx = em.op("ScatterElements", [em.zeros([total], em.dtype(g)), flat_idx, flat_g], [total], em.dtype(g),
-               **attrs)
+    if ctx.opset >= 16:
+        dx = em.scatter_add("ScatterElements", None, flat_idx, flat_g, [total], axis=0)
+    else:
+        dx = em.op("ScatterElements", [em.zeros([total], em.dtype(g)), flat_idx, flat_g], [total], em.dtype(g),
+                   axis=0)
     return {0: em.reshape(dx, x_shape)}
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import Emitter, prod
 from planner.errors import ModelImportError
+from planner.graph import HALF_DTYPES
 
 _LINEAR = frozenset({"bilinear", "linear"})  # opset 16 / opset 20 spelling
 _CUBIC = frozenset({"bicubic", "cubic"})
@@ -156,12 +157,13 @@ def grid_sample(ctx: BackwardContext) -> dict[int, int]:
     g3 = em.reshape(g, [n, c, p])
     out: dict[int, int] = {}
     if ctx.needs(0):  # one scatter-add per corner: a corner's update and indices at a time
-        scattered = em.zeros([n, c, flat], em.dtype(g))
+        acc = "float32" if em.dtype(g) in HALF_DTYPES else em.dtype(g)  # as Emitter.scatter_add
+        scattered = em.zeros([n, c, flat], acc)
         for k in corners:
             update = em.mul(g3, em.reshape(em.cast(weight[k], em.dtype(g)), [n, 1, p]))
-            scattered = em.op("ScatterElements", [scattered, em.expand(index[k], [n, c, p]), update],
-                              [n, c, flat], em.dtype(g), axis=2, reduction="add")
-        out[0] = em.reshape(scattered, x_shape)
+            scattered = em.op("ScatterElements", [scattered, em.expand(index[k], [n, c, p]), em.cast(update, acc)],
+                              [n, c, flat], acc, axis=2, reduction="add")
+        out[0] = em.reshape(em.cast(scattered, em.dtype(g)), x_shape)
     if ctx.needs(1):
         if mode == "nearest":
             out[1] = em.zeros(grid_shape, gdtype)

@@ -193,8 +193,7 @@ def gather(ctx: BackwardContext) -> dict[int, int]:
     perm = [*range(axis, axis + ni), *range(axis), *range(axis + ni, len(em.shape(g)))]
     moved = em.transpose(g, perm)
     target = [x_shape[axis], *x_shape[:axis], *x_shape[axis + 1:]]
-    scattered = em.op("ScatterND", [em.zeros(target, em.dtype(g)), idx, moved], target, em.dtype(g),
-                      reduction="add")
+    scattered = em.scatter_add("ScatterND", None, idx, moved, target)
     back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
     return {0: em.transpose(scattered, back)}
 
@@ -207,8 +206,7 @@ def gather_elements(ctx: BackwardContext) -> dict[int, int]:
     _require_opset16(ctx, "ScatterElements")
     x_shape = ctx.x_shape(0)
     axis = int(ctx.attr("axis", 0)) % len(x_shape)
-    zeros = em.zeros(x_shape, em.dtype(g))
-    return {0: em.op("ScatterElements", [zeros, ctx.x(1), g], x_shape, em.dtype(g), axis=axis, reduction="add")}
+    return {0: em.scatter_add("ScatterElements", None, ctx.x(1), g, x_shape, axis=axis)}
 
 
 def _topk_indices(node, tensor_of, value_of):
@@ -255,7 +253,7 @@ def gather_nd(ctx: BackwardContext) -> dict[int, int]:
         grid = np.moveaxis(grid, 0, -1).reshape([*i_shape[:b], *[1] * (len(i_shape) - 1 - b), b])
         grid = em.const(np.broadcast_to(grid, [*i_shape[:-1], b]))
         idx = em.concat([grid, idx], len(i_shape) - 1)
-    return {0: em.op("ScatterND", [em.zeros(x_shape, em.dtype(g)), idx, g], x_shape, em.dtype(g), reduction="add")}
+    return {0: em.scatter_add("ScatterND", None, idx, g, x_shape)}
 
 
 def _scatter_reduction(ctx: BackwardContext) -> str:
