@@ -667,3 +667,22 @@ def test_an_output_only_a_folded_shape_read_is_still_read_where_it_was():
     written = measure_peak(export_model(g), feeds, repeats=1).peak_bytes
     assert lv.dynamic_peak == pytest.approx(written, rel=0.03)
     assert written == pytest.approx(source, rel=0.03)
+
+
+def test_a_reshape_to_another_element_count_is_refused_in_one_line():
+    """onnx's shape inference takes a constant Reshape shape as it is: a 4x6 tensor reshaped to
+    2x2x2x6 imported, inspect counted 128 B for a tensor that cannot exist, and train-graph wrote a
+    step ORT fails at that node. The import now names the node and both element counts."""
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+bad (float[4, 6] x) => (float loss) {
+    s = Constant<value = int64[4] {2, 2, 2, 6}>()
+    r = Reshape(x, s)
+    loss = ReduceSum<keepdims = 0>(r)
+}
+""")
+    with pytest.raises(ModelImportError, match=r"\(Reshape\) reshapes 'x', 4x6 \(24 elements\), to 2x2x2x6 \(48 elements\)"):
+        import_model(model)
+    model.graph.node[0].attribute[0].t.int64_data[:] = [2, 2, 1, 6]
+    graph = import_model(model)
+    assert graph.tensors[graph.by_name["r"]].shape == (2, 2, 1, 6)
