@@ -1598,6 +1598,7 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     from planner.cpsat import PlannerOptions
     from planner.fileio import atomic_write
     from planner.planning import STRATEGIES
+    from planner.units import percent_fraction
 
     _check_swap_bandwidth(swap_bandwidth)
     folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
@@ -1605,8 +1606,8 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
         raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
     _output_paths_ok({"-o": output, "--markdown": md_path}, [str(p) for p in sorted(folder.glob("*.json"))])
     try:
-        fractions = [float(x) / 100 for x in budgets.split(",") if x.strip()]
-    except ValueError:
+        fractions = [percent_fraction(x) for x in budgets.split(",") if x.strip()]
+    except (ValueError, OverflowError):
         raise UsageError(f"--budgets {budgets!r} must be comma-separated percentages, e.g. 90,50") from None
     if not fractions or any(not 0 < f <= 10 for f in fractions):
         raise UsageError(f"--budgets {budgets!r} must be percentages in (0, 1000]")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from planner.errors import UsageError
 
@@ -38,6 +39,13 @@ def share_of(peak: int, fraction: float) -> int:
     the same peak to the same bytes (check said 383554 where plan said 383555)."""
     num, den = _exact_fraction(fraction)
     return -((-int(peak) * num) // den)
+
+
+def percent_fraction(text: str) -> float:
+    """A percentage as written (``10.3``) -> its fraction of the peak (0.103), the double nearest
+    the exact decimal: ``10.3 / 100`` is 0.10300000000000001, whose exact ceiling over a peak of
+    1000 bytes is 104 bytes, not 103. ValueError for what is not a number."""
+    return float(Fraction(text.strip()) / 100)
 
 
 def _exact_fraction(x: float) -> tuple[int, int]:
@@ -80,7 +88,7 @@ def parse_budget(text: str) -> Budget:
         pct = float(m.group(1))
         if not 0 < pct <= 1000:
             raise UsageError(f"budget {text!r} must be a percentage in (0, 1000]")
-        return Budget(fraction=pct / 100.0)
+        return Budget(fraction=percent_fraction(m.group(1)))
     if m and not m.group(2) and 0 < float(m.group(1)) <= 100:
         # a forgotten %, far more likely than a budget of a few bytes (which still reads as "70B")
         t = str(text).strip()

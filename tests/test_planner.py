@@ -373,6 +373,16 @@ def test_cli_bench_remat_with_a_host_link_swaps(benchmarks_dir):
     assert bad.exit_code == 2 and "--swap-bandwidth must be > 0" in bad.output
 
 
+def test_cli_bench_remat_decimal_budget_is_the_exact_share(benchmarks_dir):
+    # 41.1% of MobileNet's 34701056000-byte peak is 14262134016 bytes exactly; 41.1 / 100 in floats
+    # is a hair above 0.411 and the row's budget came out one byte over
+    res = CliRunner().invoke(cli.main, ["bench", "remat", "--dir", str(benchmarks_dir / "remat"), "--graph",
+                                        "MobileNet", "--budgets", "41.1", "--strategies", "greedy", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["rows"]
+    assert row["budget_pct"] == 41.1 and row["budget_bytes"] == 14262134016
+
+
 def test_coarsening_fuses_single_use_chains_and_expands_valid_plans():
     from planner.coarsen import coarsen
 

@@ -62,3 +62,12 @@ def test_a_share_resolves_to_the_same_bytes_in_every_command():
     assert share_of(1000, 0.7) == 700 and share_of(1001, 0.7) == 701  # 700.7 -> 701; 0.7 is 7/10 exactly
     p = PlanningProblem.build(size=[426171], cost=[1.0], preds=[[]])
     assert p.budget_for(0.9) == parse_budget("90%").resolve(p.unplanned_peak)
+
+
+def test_a_decimal_percentage_resolves_to_its_exact_share():
+    """10.3% was read as 10.3 / 100 = 0.10300000000000001, whose exact ceiling over a 1000-byte peak
+    is 104 bytes: a budget a byte above the share asked for, wherever the product is whole."""
+    assert parse_budget("10.3%").resolve(1000) == 103
+    assert parse_budget("0.9%").resolve(1000) == 9 and parse_budget("1.1%").resolve(1000) == 11
+    assert parse_budget("41.1%").resolve(34701056000) == 14262134016
+    assert parse_budget("66.3%").resolve(776788) == 515011  # 515010.444: still the ceiling
