@@ -304,6 +304,17 @@ def test_a_budget_at_the_models_own_peak_needs_no_plan():
         assert obj["recomputed"] == []
 
 
+def test_strategy_none_over_budget_names_the_models_own_peak():
+    # --strategy none is the model unplanned; over the budget the error gave the lowered problem's
+    # peak (793172 bytes on zoo:cnn), which counts in-place outputs apart, not the model's 776788
+    rc, out, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--strategy", "none", "--json")
+    assert rc == 1
+    obj = json.loads(out)
+    own = obj["unplanned_peak_bytes"]
+    assert obj["status"] == "over_budget" and f"peaks at {own} bytes, over the budget" in obj["note"]
+    assert f"peaks at {own} bytes" in err and len(err.strip().splitlines()) == 1
+
+
 ROUTER = """
 <ir_version: 8, opset_import: ["" : 17]>
 router (float[256, 32] x) => (float loss)
