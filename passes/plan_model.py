@@ -78,6 +78,8 @@ class PlannedModel:
     arena_least: int | None = None
     # with ``ort_arena``: the bytes of the arena primer ``planned`` starts with (passes.rewrite.prime_arena)
     primed_bytes: int = 0
+    # no plan returned because each one found overshot the budget once rewritten: the least such peak
+    lowest_over: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -241,7 +243,8 @@ def plan_graph(
                          note=f"the plans found overshoot the budget once rewritten into the model (the lowest "
                               f"peaks at {lowest_over} bytes: a budget of that fits it), and tighter solves "
                               f"found none")
-    return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over)
+    return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over,
+                        lowest_over=lowest_over if failed.status == "over_budget" and arena_over is None else None)
 
 
 def pinned_unplanned_peak(graph: Graph, lowered: tuple[PlanningProblem, Lowering]) -> int:

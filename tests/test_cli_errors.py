@@ -98,6 +98,23 @@ def test_a_costs_profile_is_an_input(tmp_path):
     assert profile.read_text() == "[]"
 
 
+def test_check_counts_the_lowest_rewritten_plan_not_the_unplanned_peak(tmp_path):
+    """Where every plan overshoots the budget once rewritten (GELU_SLICE at 70%: the lowest by 16
+    bytes), check took the unplanned peak as the one that counts: -1.87 KiB of headroom and "peak
+    6.23 KiB is over the budget", while plan names the lowest plan's peak."""
+    model = tmp_path / "gelu_slice.onnx"
+    onnx.save(parse_model(GELU_SLICE), model)
+    args = ("--add-loss", "mean", "--budget", "70%", "--time-limit", "5", "--deterministic")
+    rc, _, err = memplan("plan", model, *args)
+    lowest = int(one_line(err).split("the lowest peaks at ")[1].split(" bytes")[0])
+    rc, out, _ = memplan("check", model, *args, "--json")
+    assert rc == 1
+    (v,) = json.loads(out)["results"]
+    assert v["plan"]["status"] == "over_budget" and v["plan"]["peak_bytes"] == lowest
+    assert v["peak_bytes"] == lowest < v["unplanned_peak_bytes"]
+    assert v["headroom_bytes"] == v["budget_bytes"] - lowest
+
+
 def test_bench_remat_never_writes_over_a_graph(benchmarks_dir):
     graph = next((benchmarks_dir / "remat").glob("random_layered_n100_*.json"))
     before = digest(graph)
