@@ -239,8 +239,10 @@ def plan_graph(
                               f"any needed was {arena_over} bytes ({ort_arena.label}), and tighter solves fit no "
                               "better; try a larger budget")
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
+        # best: the lowest rewritten plan's peak, not the last tighter solve's (a plan of the
+        # problem's, 4456 bytes under a 4464-byte budget, where the note said 4480)
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
-                         note=f"the plans found overshoot the budget once rewritten into the model (the lowest "
+                         best_bytes=lowest_over, note=f"the plans found overshoot the budget once rewritten into the model (the lowest "
                               f"peaks at {lowest_over} bytes: a budget of that fits it), and tighter solves "
                               f"found none")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over,

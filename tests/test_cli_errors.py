@@ -463,6 +463,12 @@ def test_a_plan_over_the_budget_once_rewritten_names_the_budget_that_fits_it(tmp
     rc, out, err = memplan("plan", model, "--add-loss", "mean", "--budget", fits, "--time-limit", "5", "--deterministic", "--json")
     assert rc == 0, err
     assert json.loads(out)["peak_bytes"] <= fits
+    # the plan JSON's best_peak_bytes is that same lowest rewritten peak (it gave the last tighter
+    # solve's problem peak, 4456 bytes: under the 4464-byte budget of an over_budget status)
+    rc, out, _ = memplan("plan", model, "--add-loss", "mean", "--budget", "70%", "--time-limit", "5", "--deterministic",
+                         "--json")
+    obj = json.loads(out)
+    assert rc == 1 and obj["status"] == "over_budget" and obj["best_peak_bytes"] == fits > obj["budget_bytes"]
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "chen"])
