@@ -254,12 +254,12 @@ def inspect(model: str, train: bool, add_loss: str | None, loss: str | None, dim
 
     _output_paths_ok({"--plot": plot}, [model])
     # as plan builds it: a loss is only for training, and a step train-graph wrote is inspected as it is
-    graph, _ = _graph_to_plan(model, parse_dims(dims), forward=not (train or add_loss or loss),
-                              add_loss=add_loss, loss=loss)
+    training = bool(train or add_loss or loss)  # --add-loss and --loss inspect the training step too
+    graph, _ = _graph_to_plan(model, parse_dims(dims), forward=not training, add_loss=add_loss, loss=loss)
     lv = analyze(graph)
     info = inspect_dict(lv, model, top)
     if plot:
-        atomic_write(plot, timeline_png(lv, f"{model}{' (training step)' if train else ''}"))
+        atomic_write(plot, timeline_png(lv, f"{model}{' (training step)' if training else ''}"))
         log.info("wrote %s", plot)
     if as_json:
         emit_json(info)

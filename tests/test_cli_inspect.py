@@ -169,3 +169,23 @@ def test_a_dim_that_matches_nothing_is_a_usage_error(mlp_path):
     assert rc == 2 and "--dim bacth matched no symbolic input dim" in err and "its symbolic input dims: batch" in err
     rc, _, err = memplan("plan", "zoo:gpt", "--budget", "90%", "--dim", "batc=8")
     assert rc == 2 and "gpt takes the options batch," in err and len(err.strip().splitlines()) == 1
+
+
+def test_plot_title_says_training_step_wherever_the_step_is_inspected(tmp_path, monkeypatch):
+    """--add-loss (or --loss) inspects the training step, as --train does; the plot's title said
+    "(training step)" for --train only, so the same training-step curve came out titled as a forward run."""
+    from click.testing import CliRunner
+
+    import cli
+    import planner.report
+
+    titles = []
+    real = planner.report.timeline_png
+    monkeypatch.setattr(planner.report, "timeline_png", lambda lv, title: titles.append(title) or real(lv, title))
+    for flags in (["--train"], ["--loss", "loss"]):
+        res = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", *flags, "--plot", str(tmp_path / "t.png"), "--json"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["peak_bytes"] > 0
+    res = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", "--plot", str(tmp_path / "f.png")])
+    assert res.exit_code == 0, res.output
+    assert titles == ["zoo:mlp (training step)", "zoo:mlp (training step)", "zoo:mlp"]
