@@ -136,7 +136,9 @@ def _keep_reason(problem: PlanningProblem, v: int, crowded: int) -> str:
         return "graph output: stays to the end"
     if not problem.recomputable[v] and not problem.swappable[v]:
         return "may not be recomputed or swapped"
-    if int(problem.last_use[v]) <= v + 1:
+    if int(problem.last_use[v]) == v:  # the last step's output, or one nothing reads
+        return "read by no later step: freed as soon as it is made"
+    if int(problem.last_use[v]) == v + 1:
         return "read only by the next step: nothing to free in between"
     if crowded == 0:
         return "its live interval never exceeds the budget"

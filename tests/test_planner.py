@@ -300,6 +300,17 @@ def test_explain_tells_a_recompute_for_a_later_read_from_one_that_feeds_a_chain(
     assert why["big"] == "read only by the next step: nothing to free in between"
 
 
+def test_explain_does_not_say_an_unread_output_is_read_by_the_next_step():
+    # out, the last step, is read by nobody (a JSON graph's last node is not pinned): its reason
+    # said "read only by the next step", a step that does not exist
+    p = PlanningProblem.build(size=[1, 10, 4], cost=[1, 1, 1], preds=[[], [0], [1]], names=["s", "a", "out"])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1), ("free", 2)], "hand")
+    simulate(p, plan)
+    why = {e["name"]: e["why"] for e in explain(p, plan, 100)}
+    assert why["a"] == "read only by the next step: nothing to free in between"
+    assert why["out"] == "read by no later step: freed as soon as it is made"
+
+
 def test_cli_plan_writes_json_and_explains(benchmarks_dir, tmp_path):
     path = remat(benchmarks_dir, "VGG16 (MLSys)_256_(224, 224, 3)_train")
     out = tmp_path / "plan.json"
