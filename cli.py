@@ -518,7 +518,9 @@ def _share_of_unplanned(note: str, best: int | None, unplanned: int | None) -> s
     if best >= unplanned:  # the problem's accounting of in-place outputs: the model as is is the lowest
         return note.replace(f"the lowest plan found peaks at {best} bytes",
                             f"no plan found goes below the unplanned peak ({unplanned} bytes)", 1)
-    return note.replace(f"peaks at {best} bytes", f"peaks at {best} bytes ({100 * best / unplanned:.1f}% of the "
+    from planner.units import share_up
+
+    return note.replace(f"peaks at {best} bytes", f"peaks at {best} bytes ({share_up(best, unplanned)} of the "
                                                   "unplanned peak)", 1)
 
 
@@ -530,7 +532,7 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
     least can exceed the real unplanned peak; then the unplanned schedule is the honest bound
     (passes.plan_model.plan_graph reports it so).
     """
-    from planner.units import format_bytes
+    from planner.units import format_bytes, share_up
 
     least = result.least_bytes
     tail = f"budget {budget} ({format_bytes(budget)})"
@@ -542,10 +544,10 @@ def _infeasible_error(result, budget: int, unplanned: int | None) -> BudgetInfea
             f"{const}; {tail}", least_bytes=unplanned)
     word = "is" if result.least_exact else "is at least"
     scope = " in the given node order" if result.least_order == "given" else ""
-    share = f", {100 * least / unplanned:.1f}% of the unplanned peak" if unplanned else ""  # for --budget N%
+    share = f", {share_up(least, unplanned)} of the unplanned peak" if unplanned else ""  # for --budget N%
     best, found = result.best_bytes, ""
     if best is not None and not result.least_exact and (unplanned is None or best < unplanned):
-        of = f", {100 * best / unplanned:.1f}%" if unplanned else ""
+        of = f", {share_up(best, unplanned)}" if unplanned else ""
         found = f", and the lowest plan found peaks at {best} ({format_bytes(best)}{of})"
     if budget < result.base_bytes:
         tail += (f", below the {result.base_bytes} bytes ({format_bytes(result.base_bytes)}) that initializers and "

@@ -4,6 +4,7 @@ and strategy; every plan in it has passed simulate() against its budget."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -118,7 +119,8 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     status = r["status"]
     if status == "infeasible" and r.get("least_pct") is not None:
         bound = "" if r.get("least_exact") else ">="
-        status = f"infeasible (least {bound}{r['least_pct']:.1f}%)"
+        # rounded up, as the least's share is a bound: 54.04% must not read as a 54.0% budget's
+        status = f"infeasible (least {bound}{math.ceil(round(10 * r['least_pct'], 6)) / 10:.1f}%)"
     if r.get("order", "given") != "given":
         status += ", reordered"
     if r.get("swap_ins"):

@@ -100,6 +100,13 @@ def parse_budget(text: str) -> Budget:
     return Budget(bytes=parse_bytes(text, "budget"))
 
 
+def share_up(part: int, whole: int) -> str:
+    """``part`` as a percentage of ``whole``, rounded up to 0.1 ("98.9%" for 98.84%): what a budget
+    of that share reaches. Rounded to nearest, a least of 343488 of 347520 bytes read "98.8%", and
+    --budget 98.8% (343350 bytes) was called infeasible with that same figure as its least."""
+    return f"{-(-1000 * int(part) // int(whole)) / 10:.1f}%"
+
+
 def format_bytes(n: float) -> str:
     """Human-readable binary size: 1.50 GiB, 12.0 MiB, 512 B."""
     n = float(n)

@@ -71,3 +71,22 @@ def test_a_decimal_percentage_resolves_to_its_exact_share():
     assert parse_budget("0.9%").resolve(1000) == 9 and parse_budget("1.1%").resolve(1000) == 11
     assert parse_budget("41.1%").resolve(34701056000) == 14262134016
     assert parse_budget("66.3%").resolve(776788) == 515011  # 515010.444: still the ceiling
+
+
+def test_a_least_share_is_rounded_up_so_a_budget_of_that_share_reaches_it():
+    """zoo:mlp's least, 343488 of 347520 bytes (98.84%), read "98.8%": --budget 98.8% was called
+    infeasible with 98.8% as its least. The infeasible message and bench's table round it up."""
+    from cli import _infeasible_error
+    from planner.plan import SolveResult
+    from planner.remat_bench import _cells
+    from planner.units import share_up
+
+    assert share_up(343488, 347520) == "98.9%" and share_up(500, 1000) == "50.0%" and share_up(1, 3) == "33.4%"
+    res = SolveResult("infeasible", "cpsat", 343350, 347520, 172800, 1.0, least_bytes=343488)
+    budget = parse_budget("98.8%").resolve(347520)
+    assert budget == 343350 < res.least_bytes
+    assert "(335.44 KiB, 98.9% of the unplanned peak)" in str(_infeasible_error(res, budget, 347520))
+    row = {"graph": "g", "n": 1, "budget_pct": 54, "strategy": "cpsat", "status": "infeasible", "least_pct": 54.04,
+           "least_exact": True, "peak_over_budget": None, "added_pct": None, "solve_s": 0.1, "gap": None}
+    assert _cells(row)[4] == "infeasible (least 54.1%)"
+    assert _cells({**row, "least_pct": 54.0})[4] == "infeasible (least 54.0%)"
