@@ -21,6 +21,7 @@ listed before it to finish (the memory it needs is not free yet) and for its swa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -47,6 +48,9 @@ class Simulation:
 
 def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) -> Simulation:
     """Check ``plan`` against the memory model and ``budget``; raise InvalidPlanError if it breaks them."""
+    fast = _computes_and_frees(problem, plan, budget)
+    if fast is not None:
+        return fast
     n = problem.n
     size, scratch, cost = problem.size, problem.scratch, problem.cost
     transfer = problem.transfer
@@ -191,3 +195,96 @@ def _freed_next(events, k: int, u: int) -> bool:
         if e.node == u:
             return True
     return False
+
+
+def _computes_and_frees(problem: PlanningProblem, plan: Plan, budget: int | None) -> Simulation | None:
+    """:func:`simulate` of a plan of computes and frees only, with array operations instead of a
+    walk of its events (Chen's plan of the lstm fixture at batch=8, seq=128 has 650k events: the
+    walk took 2.5 s): the same Simulation where the plan is valid; None where it is not, or has
+    other events, or its times cannot be summed in one go (negative costs, not float64), for
+    the walk to say where it breaks."""
+    n, m = problem.n, len(plan.events)
+    cost = problem.cost
+    if m == 0 or cost.dtype != np.float64 or not bool(np.all(cost >= 0)):
+        return None
+    ops = list(map(attrgetter("op"), plan.events))
+    if not set(ops) <= {"compute", "free"}:
+        return None
+    node = np.array(list(map(attrgetter("node"), plan.events)))
+    if node.ndim != 1 or node.dtype.kind not in "iu" or node.min() < 0 or node.max() >= n:
+        return None
+    node = node.astype(np.int64)
+    comp = np.array([op == "compute" for op in ops], dtype=bool)
+    idx = np.arange(m, dtype=np.int64)
+    # each node's events in list order: compute, free, compute, ... (never computed while
+    # resident, never freed while not)
+    order = np.argsort(node, kind="stable")
+    s_node, s_comp = node[order], comp[order]
+    first = np.searchsorted(s_node, np.arange(n))
+    rank = idx - first[s_node]
+    if not np.array_equal(s_comp, rank % 2 == 0):
+        return None
+    counts = np.bincount(node[comp], minlength=n).astype(np.int64)
+    if (counts == 0).any() or ((counts > 1) & ~problem.recomputable).any():
+        return None
+    if (~comp & problem.pinned[node]).any():
+        return None
+    events_of = np.bincount(node, minlength=n)
+    resident = events_of % 2 == 1  # the last event is a compute
+    if (problem.pinned != resident).any():  # a graph output lost, or a buffer leaked
+        return None
+    # every input of a compute resident: its input's last event before it is a compute
+    key = s_node * m + order  # ascending
+    c_at = idx[comp]
+    c_node = node[comp]
+    ptr, pidx = problem.pred_ptr, problem.pred_idx
+    deg = (ptr[c_node + 1] - ptr[c_node]).astype(np.int64)
+    total = int(deg.sum())
+    if total:
+        reads_at = np.repeat(c_at, deg)
+        offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(deg) - deg, deg)
+        read = pidx[np.repeat(ptr[c_node], deg) + offsets].astype(np.int64)
+        last = np.searchsorted(key, read * m + reads_at) - 1
+        if (last < 0).any():
+            return None
+        if not (s_comp[last] & (s_node[last] == read)).all():
+            return None
+    size = problem.size.astype(np.int64)
+    delta = np.where(comp, size[node], -size[node])
+    after = problem.base_bytes + np.cumsum(delta)
+    memory = after.copy()
+    memory[c_at] += problem.scratch.astype(np.int64)[c_node]
+    over = problem.takes_over
+    if over is not None:
+        taken = over[c_node] >= 0
+        k, u = c_at[taken], over[c_node[taken]].astype(np.int64)
+        if len(k):
+            # freed among the frees right after the compute: u's next event is a free before
+            # the next compute
+            nxt_compute = np.append(c_at, m)[np.searchsorted(c_at, k, side="right")]
+            nxt = np.searchsorted(key, u * m + k, side="right")
+            ok = nxt < m
+            nxt_c = np.minimum(nxt, m - 1)
+            freed = ok & (s_node[nxt_c] == u) & ~s_comp[nxt_c] & (order[nxt_c] < nxt_compute)
+            memory[k[freed]] -= size[u[freed]]
+    if budget is not None and (memory > budget).any():
+        return None
+    peak, peak_at = problem.base_bytes, -1
+    top = int(np.argmax(memory))
+    if memory[top] > peak:
+        peak, peak_at = int(memory[top]), top
+    # computes run back to back in list order: each starts when the one before ends
+    makespan = float(np.cumsum(cost[c_node])[-1])
+    added = float(makespan - problem.total_cost)
+    if -1e-9 * problem.total_cost <= added <= 1e-12 * problem.total_cost:
+        added = 0.0
+    return Simulation(
+        peak_bytes=int(peak),
+        peak_event=peak_at,
+        memory=memory,
+        makespan=makespan,
+        added_time=added,
+        recomputes=int((counts - 1).sum()),
+        swap_ins=0,
+        compute_counts=counts,
+    )

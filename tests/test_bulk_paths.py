@@ -2,8 +2,17 @@
 baselines' plans simulated without a per-event Python walk where they only compute and free."""
 from __future__ import annotations
 
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
 from planner import baselines
+from planner import simulate as sim_mod
 from planner.cpsat import PlannerOptions, RematModel
+from planner.plan import Event, Plan
+from planner.problem import PlanningProblem
+from planner.simulate import InvalidPlanError, Simulation
 from tests.helpers import random_layered
 
 ONE = PlannerOptions(time_limit=10, workers=1, seed=0)
@@ -42,3 +51,58 @@ def test_apply_hint_gives_the_per_variable_hint_in_one_bulk_write(benchmarks_dir
     assert calls == []  # no per-variable AddHint
     m.apply_hint(values)  # applied again: replaces the hint, as before
     assert (list(hint.vars), list(hint.values)) == want
+
+
+def _walked(monkeypatch, problem, plan, budget=None):
+    """simulate() as the per-event walk gives it."""
+    with monkeypatch.context() as mp:
+        mp.setattr(sim_mod, "_computes_and_frees", lambda *a: None, raising=False)
+        return sim_mod.simulate(problem, plan, budget)
+
+
+def _same(a: Simulation, b: Simulation) -> None:
+    for f in fields(Simulation):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        else:
+            assert type(x) is type(y) and x == y, f.name
+
+
+def _in_place_chain() -> PlanningProblem:
+    """RL-like chain where every other node writes into its input's buffer (takes_over)."""
+    n = 40
+    preds = [[i - 1] if i else [] for i in range(n)] + [[n - 1]] + [[n - 1 - j, n + j] for j in range(n)]
+    m = len(preds)
+    over = [-1] * m
+    for i in range(2, n, 2):
+        over[i] = i - 1
+    return PlanningProblem.build(size=[10 + (i + 1) // 2 % 7 for i in range(m)], cost=[1.0 + 0.1 * (i % 3) for i in range(m)],
+                                 preds=preds, scratch=[i % 5 for i in range(m)], base_bytes=3, takes_over=over)
+
+
+def test_baseline_plans_are_simulated_without_a_walk_of_their_events(benchmarks_dir, monkeypatch):
+    """Chen's plan of the lstm fixture (batch=8, seq=128) has 650k events: walked one by one
+    they took 2.5-4 s per problem, seconds past the --time-limit."""
+    for p in (random_layered(benchmarks_dir, 100), _in_place_chain()):
+        budget = int(0.7 * p.unplanned_peak)
+        plans = [baselines.no_remat(p), baselines.chen_sqrt(p), baselines.greedy(p, budget).plan]
+        want = [_walked(monkeypatch, p, plan) for plan in plans]
+        _ = p.pred_lists, p.succ_lists  # cached before the walk is barred
+        with monkeypatch.context() as mp:
+            mp.setattr(PlanningProblem, "preds", lambda self, i: pytest.fail("walked the plan's events"))
+            for plan, w in zip(plans, want):
+                _same(sim_mod.simulate(p, plan), w)
+                assert sim_mod.simulate(p, plan, w.peak_bytes).peak_bytes == w.peak_bytes
+    p = _in_place_chain()
+    plan = baselines.no_remat(p)
+    assert any(e > 0 for e in np.asarray(p.takes_over))
+    # a plan that breaks the model still gets the walk's message
+    broken = Plan(tuple(e for e in plan.events if e != Event("free", 3)), "none")
+    with pytest.raises(InvalidPlanError, match="never frees node 3"):
+        sim_mod.simulate(p, broken)
+    with pytest.raises(InvalidPlanError, match="over the budget of 5"):
+        sim_mod.simulate(p, plan, 5)
+    bad = Plan((Event("free", 0),) + plan.events, "none")
+    with pytest.raises(InvalidPlanError, match="event 0: frees node 0"):
+        sim_mod.simulate(p, bad)
