@@ -6,6 +6,7 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from planner import baselines
 from planner import simulate as sim_mod
@@ -106,3 +107,64 @@ def test_baseline_plans_are_simulated_without_a_walk_of_their_events(benchmarks_
     bad = Plan((Event("free", 0),) + plan.events, "none")
     with pytest.raises(InvalidPlanError, match="event 0: frees node 0"):
         sim_mod.simulate(p, bad)
+
+
+@st.composite
+def _problem_and_plan(draw):
+    """A small DAG (scratch, pinned outputs, random ops, in-place writers) and a plan of computes and
+    frees: a baseline's, then a few events dropped, repeated, moved or added."""
+    n = draw(st.integers(2, 8))
+    preds = [sorted(draw(st.sets(st.integers(0, i - 1), max_size=min(i, 3)))) if i else [] for i in range(n)]
+    over = [draw(st.sampled_from([-1, *preds[i]])) if preds[i] else -1 for i in range(n)]
+    try:
+        p = PlanningProblem.build(
+            size=draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)),
+            cost=draw(st.lists(st.floats(0, 5, allow_nan=False).map(lambda c: round(c, 2)), min_size=n, max_size=n)),
+            preds=preds, scratch=draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)),
+            pinned=[i == n - 1 or draw(st.booleans()) and not any(i in q for q in preds) for i in range(n)],
+            recomputable=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+            base_bytes=draw(st.integers(0, 5)), takes_over=over)
+    except Exception:  # noqa: BLE001 - a combination build() refuses (an in-place writer it does not allow)
+        assume(False)
+    base = draw(st.sampled_from([baselines.no_remat(p), baselines.chen_sqrt(p)]))
+    events = list(base.events)
+    for _ in range(draw(st.integers(0, 3))):
+        k = draw(st.integers(0, len(events)))
+        how = draw(st.sampled_from(["drop", "repeat", "move", "add", "pair", "early"]))
+        if how == "drop" and k < len(events):
+            del events[k]
+        elif how == "repeat" and k < len(events):
+            events.insert(draw(st.integers(0, len(events))), events[k])
+        elif how == "move" and k < len(events):
+            events.insert(draw(st.integers(0, len(events) - 1)), events.pop(k))
+        elif how == "add":
+            events.insert(k, Event(draw(st.sampled_from(["compute", "free"])), draw(st.integers(0, n - 1))))
+        elif how == "pair":  # a recompute (or a free and a compute again) of one node
+            x = draw(st.integers(0, n - 1))
+            pair = [Event("compute", x), Event("free", x)]
+            events[k:k] = pair if draw(st.booleans()) else pair[::-1]
+        elif how == "early":  # a free moved before the computes that still read it
+            frees = [j for j, e in enumerate(events) if e.op == "free"]
+            if frees:
+                j = draw(st.sampled_from(frees))
+                events.insert(draw(st.integers(0, j)), events.pop(j))
+    budget = draw(st.one_of(st.none(), st.integers(0, 60)))
+    return p, Plan(tuple(events), "none"), budget
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(_problem_and_plan())
+def test_the_array_path_agrees_with_the_walk_on_every_plan(case):
+    """simulate()'s array path for plans of computes and frees gives the walk's Simulation where the
+    walk accepts the plan, and hands every plan the walk refuses back to it (None)."""
+    p, plan, budget = case
+    fast = sim_mod._computes_and_frees(p, plan, budget)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sim_mod, "_computes_and_frees", lambda *a: None)
+        try:
+            walked = sim_mod.simulate(p, plan, budget)
+        except InvalidPlanError:
+            assert fast is None
+            return
+    assert fast is not None  # a valid plan of computes and frees (costs are floats >= 0)
+    _same(fast, walked)
