@@ -28,7 +28,8 @@ tests/test_peak_accuracy.py):
     ConvTranspose its column buffer, Softmax/LogSoftmax/Hardmax over an axis other than the last
     its input transposed there and back, Einsum its transposed operands and pairwise products
     (planner/einsum.py), ScatterElements an int64 copy of its indices, Dropout a bool
-    mask when the graph takes none, SoftmaxCrossEntropyLoss the temporaries of its function body
+    mask when the graph takes none, fused LSTM/GRU/RNN their gate projections of every step
+    (per direction), state and bias buffers and the final states the graph does not take, SoftmaxCrossEntropyLoss the temporaries of its function body
     (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs);
   * every tensor and kernel working buffer ORT's allocator gives takes whole 64-byte lines;
   * function ops ORT runs as their bodies (losses, HardSwish, Mish, GroupNormalization) are counted
@@ -173,11 +174,65 @@ class MemoryModel:
             y = graph.tensors[node.outputs[0]]
             return einsum_scratch(equation, [x.shape for x in ins], math.prod(y.shape), DTYPE_BITS[y.dtype] / 8,
                                   self.buffer_bytes)
+        if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
+            return self._recurrent_scratch(graph, node)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
             return (self.sce_scratch_factor - (1 if has_log_prob else 0)) * self.buffer_bytes(x)
         return 0
+
+    def _recurrent_scratch(self, graph: Graph, node: Node) -> int:
+        """The working buffers of ORT's fused LSTM / GRU / RNN CPU kernels (deep_cpu_lstm, deep_cpu_gru,
+        rnn.cc), all from its allocator and held while the node runs (measured per buffer on ORT 1.31
+        with single-node models: sequence length, batch, input and hidden sizes, each direction,
+        with and without bias, sequence_lens, initial states and each optional output).
+
+        LSTM and GRU keep one helper per direction, both alive to the end: the input projections of
+        every step (4 resp. 3 gates x seq x batch x hidden), the hidden (and LSTM's cell) state of one
+        step, the biases (LSTM: one row per gate; GRU: one per batch row), the sequence lengths
+        when the graph gives none (int32 per batch row), and for the reversed direction a reversed
+        copy of the input and of the output sequence (the peephole weights are read where they are).
+        A final state output (Y_h, LSTM's Y_c) the graph does not take is written to a temporary of
+        its shape. RNN projects the input of one direction
+        at a time into a seq x batch x hidden buffer, and runs into a temporary Y when Y is not taken.
+        """
+        line = self.buffer_bytes
+        x = graph.tensors[node.inputs[0]]
+        if len(x.shape) != 3:
+            return 0
+        elem = x.nbytes // max(1, math.prod(x.shape))
+        seq, batch, width = (x.shape[1], x.shape[0], x.shape[2]) if node.attr("layout", 0) else x.shape
+        hidden = int(node.attr("hidden_size", 0) or 0)
+        direction = node.attr("direction", "forward")
+        direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+        dirs = 2 if direction == "bidirectional" else 1
+
+        def given(slot: int, outputs: bool = False) -> bool:
+            ids = node.outputs if outputs else node.inputs
+            return slot < len(ids) and ids[slot] != NO_TENSOR
+
+        state = line(dirs * batch * hidden * elem)  # one final state of every direction
+        if node.op_type == "RNN":
+            return line(seq * batch * hidden * elem) + (0 if given(0, True) else line(seq * dirs * batch * hidden * elem))
+        lstm = node.op_type == "LSTM"
+        row, step = line(hidden * elem), line(batch * hidden * elem)
+        per_direction = line((4 if lstm else 3) * seq * batch * hidden * elem)
+        if not given(4):
+            per_direction += line(batch * 4)  # the sequence lengths, int32
+        if lstm:
+            per_direction += 2 * row + 3 * step  # zero state rows, batched hidden, cell and clipped cell
+            per_direction += 4 * row if given(3) else 0  # fused biases (peepholes are read in place)
+        else:
+            linear_before_reset = bool(node.attr("linear_before_reset", 0))
+            # current and initial hidden, and the recurrent product kept apart before the reset gate
+            per_direction += 2 * step + linear_before_reset * step
+            if given(3):
+                per_direction += (4 if linear_before_reset else 3) * step
+        reversed_copies = line(seq * batch * width * elem) + line(seq * batch * hidden * elem)
+        reversed_dirs = 1 if direction in ("bidirectional", "reverse") else 0
+        temporaries = (0 if given(1, True) else state) + (0 if not lstm or given(2, True) else state)
+        return dirs * per_direction + reversed_dirs * reversed_copies + temporaries
 
     def _conv_workspace(self, graph: Graph, node: Node) -> int:
         """MLAS's working buffer for a Conv (its MlasConvPrepare; temp bytes checked per node on ORT 1.31).
