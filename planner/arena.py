@@ -18,8 +18,8 @@ code, written from reading it) on a sequence of allocations and frees:
   None where ORT would fail; ``free`` returns it.
 * ``run_events(liveness)``: the allocation sequence of a Liveness timeline as ORT runs it with the
   planned session options (no memory pattern, no reuse of dead buffers): at each step the step's
-  new buffers in output order, then the kernel's scratch, scratch freed, then the buffers read
-  for the last time.
+  new buffers in output order, then the kernel's scratch (request by request), scratch freed, then
+  the buffers read for the last time.
 * ``replay`` / ``least_limit``: does a sequence run under a limit; the least limit it runs under.
 * ``arena_need(liveness)``: ``least_limit`` of a run with what the session holds before it: the
   initializers and MLAS's packed Gemm/MatMul weights as reservations (``reserved_bytes``), a
@@ -203,8 +203,13 @@ def run_events(liveness) -> list[Event]:
     for s in range(n):
         events.extend((1, b, int(lv.buffer_size[b])) for b in made[s])
         if lv.scratch[s] > 0:
-            events.append((1, ("scratch", s), int(lv.scratch[s])))
-            events.append((-1, ("scratch", s), 0))
+            # each of the kernel's requests on its own (a fused LSTM makes a dozen): one lump of their
+            # sum asks the arena for a region they need not share
+            parts = lv.model.scratch_parts(lv.graph, lv.graph.nodes[lv.order[s]])
+            if sum(parts) != int(lv.scratch[s]):
+                parts = [int(lv.scratch[s])]
+            events.extend((1, ("scratch", s, i), int(b)) for i, b in enumerate(parts))
+            events.extend((-1, ("scratch", s, i), 0) for i in reversed(range(len(parts))))
         events.extend((-1, b, 0) for b in gone[s])
     return events
 

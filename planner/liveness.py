@@ -175,32 +175,41 @@ class MemoryModel:
             return einsum_scratch(equation, [x.shape for x in ins], math.prod(y.shape), DTYPE_BITS[y.dtype] / 8,
                                   self.buffer_bytes)
         if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
-            return self._recurrent_scratch(graph, node)
+            return sum(self._recurrent_buffers(graph, node))
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
             return (self.sce_scratch_factor - (1 if has_log_prob else 0)) * self.buffer_bytes(x)
         return 0
 
-    def _recurrent_scratch(self, graph: Graph, node: Node) -> int:
+    def scratch_parts(self, graph: Graph, node: Node) -> list[int]:
+        """``scratch`` as the kernel's separate requests, in the order it makes them (an arena
+        places each on its own): several for a fused LSTM / GRU / RNN, else the one lump."""
+        if node.op_type in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
+            return [b for b in self._recurrent_buffers(graph, node) if b > 0]
+        lump = self.scratch(graph, node)
+        return [lump] if lump > 0 else []
+
+    def _recurrent_buffers(self, graph: Graph, node: Node) -> list[int]:
         """The working buffers of ORT's fused LSTM / GRU / RNN CPU kernels (deep_cpu_lstm, deep_cpu_gru,
-        rnn.cc), all from its allocator and held while the node runs (measured per buffer on ORT 1.31
-        with single-node models: sequence length, batch, input and hidden sizes, each direction,
-        with and without bias, sequence_lens, initial states and each optional output).
+        rnn.cc) in the order the kernel takes them, all from its allocator and held while the node
+        runs (measured per buffer on ORT 1.31 with single-node models: sequence length, batch, input
+        and hidden sizes, each direction, with and without bias, sequence_lens, initial states,
+        peepholes and each optional output; the same on 1, 2 and 4 threads).
 
         LSTM and GRU keep one helper per direction, both alive to the end: the input projections of
         every step (4 resp. 3 gates x seq x batch x hidden), the hidden (and LSTM's cell) state of one
-        step, the biases (LSTM: one row per gate; GRU: one per batch row), the sequence lengths
-        when the graph gives none (int32 per batch row), and for the reversed direction a reversed
-        copy of the input and of the output sequence (the peephole weights are read where they are).
-        A final state output (Y_h, LSTM's Y_c) the graph does not take is written to a temporary of
-        its shape. RNN projects the input of one direction
-        at a time into a seq x batch x hidden buffer, and runs into a temporary Y when Y is not taken.
+        step, the biases (LSTM: one row per gate; GRU: one per batch row), for the reversed direction
+        a reversed copy of the input and of the output sequence (the peephole weights are read where
+        they are), and the sequence lengths when the graph gives none (int32 per batch row). A final
+        state output (Y_h, LSTM's Y_c) the graph does not take is written to a temporary of its shape,
+        taken first. RNN projects the input of one direction at a time into a seq x batch x hidden
+        buffer, and runs into a temporary Y when Y is not taken.
         """
         line = self.buffer_bytes
         x = graph.tensors[node.inputs[0]]
         if len(x.shape) != 3:
-            return 0
+            return []
         elem = x.nbytes // max(1, math.prod(x.shape))
         seq, batch, width = (x.shape[1], x.shape[0], x.shape[2]) if node.attr("layout", 0) else x.shape
         hidden = int(node.attr("hidden_size", 0) or 0)
@@ -213,26 +222,29 @@ class MemoryModel:
             return slot < len(ids) and ids[slot] != NO_TENSOR
 
         state = line(dirs * batch * hidden * elem)  # one final state of every direction
+        steps = seq * batch * hidden * elem
         if node.op_type == "RNN":
-            return line(seq * batch * hidden * elem) + (0 if given(0, True) else line(seq * dirs * batch * hidden * elem))
+            return [line(steps)] + ([] if given(0, True) else [line(dirs * steps)])
         lstm = node.op_type == "LSTM"
         row, step = line(hidden * elem), line(batch * hidden * elem)
-        per_direction = line((4 if lstm else 3) * seq * batch * hidden * elem)
-        if not given(4):
-            per_direction += line(batch * 4)  # the sequence lengths, int32
-        if lstm:
-            per_direction += 2 * row + 3 * step  # zero state rows, batched hidden, cell and clipped cell
-            per_direction += 4 * row if given(3) else 0  # fused biases (peepholes are read in place)
-        else:
-            linear_before_reset = bool(node.attr("linear_before_reset", 0))
-            # current and initial hidden, and the recurrent product kept apart before the reset gate
-            per_direction += 2 * step + linear_before_reset * step
-            if given(3):
-                per_direction += (4 if linear_before_reset else 3) * step
-        reversed_copies = line(seq * batch * width * elem) + line(seq * batch * hidden * elem)
-        reversed_dirs = 1 if direction in ("bidirectional", "reverse") else 0
-        temporaries = (0 if given(1, True) else state) + (0 if not lstm or given(2, True) else state)
-        return dirs * per_direction + reversed_dirs * reversed_copies + temporaries
+        temporaries = ([] if given(1, True) else [state]) + ([] if not lstm or given(2, True) else [state])
+        lengths = [] if given(4) else [line(batch * 4)]  # the sequence lengths, int32
+
+        def helper(reverse: bool) -> list[int]:
+            if lstm:  # zero state rows, batched hidden, cell and clipped cell, projections, fused biases
+                parts = [row, row, step, step, step, line(4 * steps)] + ([row] * 4 if given(3) else [])
+            else:  # current and initial hidden, biases, the recurrent product kept apart, projections
+                linear_before_reset = bool(node.attr("linear_before_reset", 0))
+                parts = [step, step] + ([step] * (4 if linear_before_reset else 3) if given(3) else [])
+                parts += [step] * linear_before_reset + [line(3 * steps)]
+            if reverse:
+                parts += [line(seq * batch * width * elem), line(steps)]
+            return parts
+
+        reverse = [direction == "reverse"] if dirs == 1 else [False, True]
+        if lstm:  # both helpers are made, then each runs (and takes its sequence lengths)
+            return temporaries + [b for r in reverse for b in helper(r)] + lengths * dirs
+        return temporaries + [b for r in reverse for b in helper(r) + lengths]  # GRU: made and run in turn
 
     def _conv_workspace(self, graph: Graph, node: Node) -> int:
         """MLAS's working buffer for a Conv (its MlasConvPrepare; temp bytes checked per node on ORT 1.31).
