@@ -115,6 +115,17 @@ def test_simulator_rejects_broken_plans():
         simulate(p, leak)
 
 
+def test_simulator_counts_a_nodes_scratch_while_it_runs_and_not_after():
+    # a (10 B) -> b (20 B, 7 B scratch) -> c (5 B): b's step holds a + b + its scratch
+    p = PlanningProblem.build(size=[10, 20, 5], cost=[1, 1, 1], preds=[[], [0], [1]], scratch=[0, 7, 0], base_bytes=3,
+                              pinned=[False, False, True])
+    sim = simulate(p, Plan.of([("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1)], "s"))
+    assert [int(m) for m in sim.memory] == [13, 40, 23, 28, 8]
+    assert sim.peak_bytes == 40 == p.unplanned_peak and sim.peak_event == 1
+    with pytest.raises(InvalidPlanError, match="over the budget"):
+        simulate(p, Plan.of([("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1)], "s"), budget=39)
+
+
 def test_simulator_times_swaps_with_and_without_overlap():
     # x -> A; x -> c -> d (long); out reads A and d. A goes to host during c and back during d.
     base = PlanningProblem.build(size=[1, 100, 1, 1, 1], cost=[1, 1, 10, 10, 1], preds=[[], [0], [0], [2], [1, 3]])
