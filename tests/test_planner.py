@@ -595,3 +595,13 @@ def test_the_unfused_solve_builds_no_model_the_fused_ones_build_time_says_it_has
     res = solve(p, p.budget_for(0.7), "cpsat", PlannerOptions(time_limit=1.0, workers=1, coarsen_above=50))
     assert built and all(n < p.n for n in built)  # the fused problem's model only
     assert res.plan is None or simulate(p, res.plan).peak_bytes <= p.budget_for(0.7)
+
+
+def test_chen_keeps_every_kth_forward_output_and_recomputes_the_rest():
+    # 10 forward nodes (f0..f8, loss), k = ceil(sqrt(10)) = 4: f3 and f7 are the checkpoints;
+    # f8 and the loss are read at once by the backward pass, so none of those four is made twice
+    c = chain(9)
+    p = PlanningProblem.build(size=c.size, cost=c.cost, preds=c.pred_lists, backward=[False] * 10 + [True] * 9)
+    sim = simulate(p, chen_sqrt(p))
+    assert sim.compute_counts.tolist() == [2, 2, 2, 1, 2, 2, 2, 1, 1, 1] + [1] * 9
+    assert sim.peak_bytes == 60 < p.unplanned_peak == 110
