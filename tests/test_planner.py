@@ -605,3 +605,17 @@ def test_chen_keeps_every_kth_forward_output_and_recomputes_the_rest():
     sim = simulate(p, chen_sqrt(p))
     assert sim.compute_counts.tolist() == [2, 2, 2, 1, 2, 2, 2, 1, 1, 1] + [1] * 9
     assert sim.peak_bytes == 60 < p.unplanned_peak == 110
+
+
+def test_the_model_rounds_a_budget_between_its_memory_units_down():
+    # every size is 10 B, so the CP-SAT model counts memory in 10-byte units; a budget 5 B under
+    # the unplanned peak leaves room for one unit less, not the whole peak again
+    from planner.cpsat import RematModel
+
+    p = chain(6)
+    budget = p.unplanned_peak - 5
+    model = RematModel(p, budget, PlannerOptions(workers=1))
+    model.set_objective_time()
+    res = model.solve("units", 5)
+    assert res.plan is not None and model.mem_unit == 10
+    assert simulate(p, res.plan, budget).peak_bytes <= budget - 5
