@@ -409,3 +409,22 @@ def test_a_graph_without_nodes_still_holds_the_copy_of_an_initializer_output():
     assert lv.peak_bytes == g.base_bytes + 4 * n
     measured = measure_peak(export_model(g), {"x": np.zeros(n, np.float32)}, repeats=1).peak_bytes
     assert measured == pytest.approx(4 * n, rel=0.03)
+
+
+def test_a_widening_cast_on_the_last_read_gets_a_buffer_of_its_own():
+    # float32 -> float64 doubles the element size: ORT cannot write it over its input, even on
+    # the input's last read (same shape, other bytes); float32 -> int32 can (d and j are no graph
+    # outputs, which always get buffers of their own)
+    b = GraphBuilder()
+    x = b.input("x", F, (256,))
+    (a,) = b.node("Neg", [x], [("a", F, (256,))])
+    (d,) = b.node("Cast", [a], [("d", "float64", (256,))], attrs={"to": 11})
+    (i,) = b.node("Neg", [x], [("i0", F, (256,))])
+    (j,) = b.node("Cast", [i], [("j", "int32", (256,))], attrs={"to": 6})
+    (k,) = b.node("Neg", [j], [("k", "int32", (256,))])
+    (e,) = b.node("Neg", [d], [("e", "float64", (256,))])
+    b.output(e)
+    b.output(k)
+    lv = analyze(b.build(), model=EXACT)
+    assert lv.buffer_of[d] != lv.buffer_of[a] and lv.buffer_of[j] == lv.buffer_of[i]
+    assert lv.dynamic.tolist()[:2] == [1024, 1024 + 2048]
