@@ -661,3 +661,16 @@ def test_verify_of_a_file_with_edited_plan_metadata_is_one_line(planned, tmp_pat
         onnx.save(proto, edited)
         rc, _, err = memplan("verify", "zoo:cnn", edited)
         assert rc == 3 and words in one_line(err) and "Traceback" not in err, (text, err)
+
+
+def test_an_infeasible_plan_names_no_best_plan_above_the_models_own_peak():
+    """zoo:mlp at 60%: the lowest plan the least search found peaks at 348032 bytes in the
+    problem's accounting (in-place outputs apart), above the model's own 347520; the JSON gave it
+    as best_peak_bytes and the note as '(best plan found: 348032 bytes)', a best plan worse than
+    none. Now no best figure at or above the unplanned peak: the note names the model as it is."""
+    rc, out, err = memplan("plan", "zoo:mlp", "--budget", "60%", "--time-limit", "1", "--deterministic", "--json")
+    obj = json.loads(out)
+    assert rc == 1 and obj["status"] == "infeasible", err
+    own = obj["unplanned_peak_bytes"]
+    assert obj.get("best_peak_bytes") is None or obj["best_peak_bytes"] < own, obj
+    assert "best plan found" not in obj["note"] and f"the model as it is, which peaks at {own} bytes" in obj["note"]
