@@ -168,19 +168,31 @@ def plan_graph(
     arena_over = None  # the least arena need of a plan that fit the budget but not the arena
     best: PlannedModel | None = None  # with ort_arena: the cheapest plan that fits the arena
     fits_at = fails_at = None  # with ort_arena: the highest target that fit it, the lowest above that did not
+    timed_out = False  # a solve ended without a plan for want of time
+    none_at = None  # with ort_arena and no plan fitting it yet: the highest target under fails_at with no plan
     lowest_over = None  # the least peak of a plan that overshot the budget once rewritten
     options = options or PlannerOptions()
     for attempt in range(MAX_TIGHTENING + 1):
         # each re-solve gets half the time of the one before: the whole stays within twice
         # --time-limit (seven full re-solves took 25 s of a 5 s limit on a fuzzed model, stop 48)
         result = solve(problem, target, strategy, replace(options, time_limit=options.time_limit / 2 ** attempt))
+        timed_out = timed_out or (result.plan is None and result.status == "timeout")
         # the problem's base also holds the run-long copies of initializers that are graph outputs
         # (MemoryModel.output_copy_bytes): output buffers, not the constant base of inputs and
         # initializers (DESIGN.md) that plan.json's base_bytes and inspect report
         result = replace(result, base_bytes=graph.base_bytes)
         if result.plan is None:
             if best is None:
-                break
+                if fails_at is None:
+                    break
+                # the arena's scaled-down target overshot below where plans exist (zoo:cnn at 95%:
+                # 737949 -> 542807 -> 418262 bytes, where 85%'s plan needs a 621100-byte arena):
+                # bisect between it and the lowest target whose plan overshot the arena
+                none_at = target
+                if fails_at - none_at <= max(1, budget // 100):
+                    break
+                target = (none_at + fails_at) // 2
+                continue
             fails_at = target  # between a fitting target and a failing one: keep halving
         else:
             events = tuple(lowering.onnx_schedule(result.plan))
@@ -213,6 +225,11 @@ def plan_graph(
                 arena_over = need if arena_over is None else min(arena_over, need)
                 fails_at = target
                 if fits_at is None:
+                    if none_at is not None:  # between a target with no plan and this one: bisect
+                        if fails_at - none_at <= max(1, budget // 100):
+                            break
+                        target = (none_at + fails_at) // 2
+                        continue
                     # the arena's overshoot scales with what is live; never less than a 1% step
                     target = min(int(target * budget / need), target - max(1, budget // 100))
                     continue
@@ -241,10 +258,14 @@ def plan_graph(
                 .replace(f"the lowest plan found peaks at {failed.best_bytes} bytes", as_is, 1)
             failed = replace(failed, best_bytes=None, note=note)
     elif arena_over is not None:
+        # best_bytes: none (the last tighter solve's figure fit the budget: zoo:cnn at 95%, 536148 bytes)
+        try_ = ("some ran out of time; try a longer --time-limit (a tighter solve's plan may fit) or a larger budget"
+                if timed_out else "try a larger budget")
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
+                         best_bytes=None,
                          note=f"the plans found fit the budget but not ORT's arena under it: the least arena "
                               f"any needed was {arena_over} bytes ({ort_arena.label}), and tighter solves fit no "
-                              "better; try a larger budget")
+                              f"better; {try_}")
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
         # best: the lowest rewritten plan's peak, not the last tighter solve's (a plan of the
         # problem's, 4456 bytes under a 4464-byte budget, where the note said 4480)

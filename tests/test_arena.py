@@ -241,6 +241,42 @@ def test_plan_graph_tightens_until_the_arena_fits_and_keeps_the_cheapest_fitting
     assert f"the least arena any needed was {min(hopeless.needs)} bytes" in failed.result.note
 
 
+class _ThresholdArena:
+    """Stands in for passes.plan_model.OrtArena: a plan peaking at most ``fits`` bytes needs its peak,
+    one above needs three times it (the replay's overshoot jumps from plan to plan)."""
+
+    label = "threshold"
+
+    def __init__(self, fits: int):
+        self.fits = fits
+
+    def need(self, planned) -> int:
+        peak = analyze(planned).peak_bytes
+        return peak if peak <= self.fits else 3 * peak
+
+
+def test_plan_graph_bisects_up_when_the_arena_scaled_target_holds_no_plan():
+    """The arena's overshoot scaled the target so far down that no plan fits it (zoo:cnn at 95%
+    --ort-arena: 737949 -> 542807 -> 418263 bytes); plan_graph gave up with 'try a larger budget'
+    where a smaller budget found a plan the arena runs. It now bisects between that target and the
+    one whose plan overshot the arena, and returns a plan that fits."""
+    import math
+
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+    from passes.plan_model import plan_graph
+
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    own = analyze(g).peak_bytes
+    budget, fits = math.ceil(own * 0.8), math.ceil(own * 0.6)
+    pm = plan_graph(g, budget, strategy="greedy", ort_arena=_ThresholdArena(fits))
+    assert pm.ok, pm.result.note
+    assert pm.peak_bytes <= fits and pm.arena_need == pm.peak_bytes <= budget
+    # where none fits, the plan JSON names no best peak: the last solve's fit the budget, not the arena
+    failed = plan_graph(g, budget, strategy="greedy", ort_arena=_ThresholdArena(1))
+    assert not failed.ok and failed.result.status == "over_budget" and failed.result.best_bytes is None
+
+
 def test_max_batch_counts_the_arena_for_the_step_as_is_and_never_plans_below_it():
     """--max-batch --ort-arena took a batch as fitting unplanned by its peak alone, found no plan
     the arena ran there, and said planned batch 0 (zoo:resnet under 5.71 MiB: unplanned 15)."""
