@@ -587,7 +587,7 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, dete
         if r.status == "infeasible" and r.least_bytes is not None:
             raise _infeasible_error(r, budget_bytes, pm.unplanned_peak)
         if r.status == "timeout":
-            raise SolverTimeoutError(r.note or "no plan within the time limit")
+            raise SolverTimeoutError(r.note or "no plan within the time limit", best_bytes=r.best_bytes)
         # plans that overshot the budget once rewritten: the lowest is the peak that counts (not the
         # unplanned one, which the gate took instead: -1.87 KiB of headroom for a plan 16 B over)
         return PlanOutcome(False, pm.lowest_over or 0, 0.0, r.status, arena_bytes=pm.arena_least)

@@ -42,4 +42,9 @@ class BudgetInfeasibleError(PlannerError):
 
 
 class SolverTimeoutError(PlannerError):
-    """The solver found no plan within its time limit."""
+    """The solver found no plan within its time limit; ``best_bytes``: what the lowest plan found
+    (over the budget) peaks at, None when none was found."""
+
+    def __init__(self, message: str, best_bytes: int | None = None):
+        super().__init__(message)
+        self.best_bytes = best_bytes

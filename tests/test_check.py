@@ -492,6 +492,31 @@ def test_planner_answers_and_bugs():
         run_checks([item], lambda _: _tiny_graph(), lambda *_: PlanOutcome(True, 4096, 0.1, "optimal"))
 
 
+def test_a_timed_out_plan_counts_the_lowest_plan_found_for_headroom(monkeypatch):
+    """check zoo:cnn --train --budget 489748B timed out with a note saying the lowest plan found
+    peaks at 536020 bytes, and took the headroom from the unplanned peak (-280.31 KiB, not
+    -45.19 KiB). The timeout now carries that plan's peak, and headroom counts it."""
+    from types import SimpleNamespace
+
+    import passes.plan_model
+
+    item = make_item("m", ["1KiB"])
+
+    def timeout(*_):
+        raise SolverTimeoutError("no plan in 1 s; the lowest plan found peaks at 1500 bytes", best_bytes=1500)
+
+    (v,) = run_checks([item], lambda _: _tiny_graph(), timeout)
+    assert v.plan.peak_bytes == 1500 and v.headroom == 1024 - 1500 and v.outcome == "fail"
+    # the command's planner door passes the solve's lowest plan on
+    result = SimpleNamespace(status="timeout", note="no plan; the lowest plan found peaks at 1500 bytes",
+                             best_bytes=1500, least_bytes=None)
+    monkeypatch.setattr(passes.plan_model, "plan_graph",
+                        lambda *a, **k: SimpleNamespace(ok=False, result=result, unplanned_peak=2048))
+    with pytest.raises(SolverTimeoutError) as err:
+        cli.check_plan_fn(_tiny_graph(), 1024, "h100", 1.0)
+    assert err.value.best_bytes == 1500
+
+
 def test_load_failure_becomes_error_verdicts():
     def broken(item: CheckItem):
         raise ModelImportError(f"{item.model}: not an ONNX model")
