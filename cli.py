@@ -1695,6 +1695,10 @@ def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit
         ("lower bound", f"{lb} ({format_bytes(lb)})"),
         ("greedy", f"{result.greedy_height} (x{result.greedy_height / lb:.3f})" if lb else "0"),
         ("height", f"{result.height} (x{result.height / lb:.3f}) {result.status.value}" if lb else "0"),
+    ]
+    if result.proven_bound > lb:  # the exact search ruled out heights above the lower bound
+        rows.append(("proven bound", f"{result.proven_bound} (no lower height fits; gap {result.gap:.2%})"))
+    rows += [
         ("time", f"{result.wall_s:.2f} s ({result.method})"),
     ]
     if output:

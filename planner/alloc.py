@@ -83,11 +83,19 @@ class AllocResult:
     stats: dict = field(default_factory=dict, compare=False)
 
     @property
+    def proven_bound(self) -> int:
+        """The least height proven: the lower bound, raised where the exact search ruled lower
+        heights out (``stats["proven_bound"]``)."""
+        return max(self.lower_bound, int(self.stats.get("proven_bound") or 0))
+
+    @property
     def gap(self) -> float | None:
-        """(height - lower bound) / lower bound; 0.0 at the bound."""
+        """(height - proven bound) / proven bound; 0.0 at the bound (an optimal placement: the
+        repro of a height of 11 proven least over a lower bound of 10 said gap 0.1)."""
         if self.height is None:
             return None
-        return (self.height - self.lower_bound) / self.lower_bound if self.lower_bound else 0.0
+        bound = self.proven_bound
+        return (self.height - bound) / bound if bound else 0.0
 
     def to_json(self) -> dict:
         return {

@@ -115,6 +115,20 @@ def test_proven_infeasible_above_the_lower_bound():
     validate(FRAGMENTED, result.offsets)
 
 
+def test_an_optimal_placement_above_the_lower_bound_has_no_gap(tmp_path):
+    """alloc --minimize --json said "optimal" with "gap": 0.1 where proven_bound equalled the height
+    (11 over a live lower bound of 10): the gap is now measured against the proven bound."""
+    result = solve(FRAGMENTED, minimize=True)
+    assert result.status is AllocStatus.OPTIMAL and result.height == 5 > result.lower_bound
+    assert result.proven_bound == 5 and result.gap == 0.0
+    csv = tmp_path / "p.csv"
+    csv.write_text("id,lower,upper,size,alignment\na,0,10,3,4\nb,0,5,5,8\nc,5,10,6,8\nd,2,7,1,1\n")
+    out = CliRunner().invoke(cli.main, ["alloc", str(csv), "--minimize", "--json"])
+    obj = json.loads(out.output)
+    assert out.exit_code == 0 and obj["status"] == "optimal" and obj["height"] == obj["proven_bound"] == 11
+    assert obj["lower_bound"] == 10 and obj["gap"] == 0.0
+
+
 def test_empty_buffers_and_problem():
     assert solve([]).height == 0
     result = solve([Buffer("z", 0, 5, 0), Buffer("a", 0, 5, 8)], capacity=8)
