@@ -974,3 +974,22 @@ def test_a_model_with_a_string_output_plans_and_verifies(tmp_path):
     ref = {"s": np.array(["a", "bc"])}
     assert compare_outputs(ref, {"s": np.array(["a", "bc"])}, 0, 0)[0].ok
     assert not compare_outputs(ref, {"s": np.array(["a", "bd"])}, 1, 1)[0].ok
+
+
+def test_plan_counts_recomputed_and_swapped_in_one_unit():
+    """The text said '13 swapped' (tensors: a MaxPool's output and its indices move together) next
+    to 'N recomputed' (planning nodes) while --explain listed 11 swapped nodes (zoo:cnn --swap at
+    66%). Both counts are now planning nodes, as --explain lists them, with the tensors aside."""
+    import re
+
+    from click.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:cnn?depth=1&hw=32", "--swap", "--budget", "80%",
+                                        "--time-limit", "0.5", "--deterministic", "--explain"])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.lstrip().startswith("solver"))
+    explained = [ln for ln in res.output.splitlines() if "moved to host and back" in ln]
+    counted = re.search(r"nodes: \d+ recomputed, (\d+) swapped \((\d+) tensors\)", line)
+    assert counted and explained and int(counted[1]) == len(explained) < int(counted[2]), line
