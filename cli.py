@@ -1085,8 +1085,9 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     """Choose keep / recompute / swap for every tensor so the peak fits --budget.
 
     MODEL is an ONNX model (planned as a training step unless --forward or it already is one),
-    zoo:NAME, or a Checkmate/Moccasin JSON graph. Exit 1 when no plan reaches the budget, 4 when
-    the solver ran out of --time-limit before finding one.
+    zoo:NAME, or a Checkmate/Moccasin JSON graph. Exit 1 when no plan reaches the budget (proven),
+    4 when no plan was found and none was ruled out: the solver ran out of --time-limit, or node
+    orders it cannot search went unsearched (the message says which).
     """
     from planner.cpsat import PlannerOptions
     from planner.explain import explain as explain_plan, explain_table
