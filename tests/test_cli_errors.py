@@ -700,3 +700,27 @@ def test_exit_4_is_documented_for_unsearched_orders_too(tmp_path):
     assert "the others were not searched" in one_line(err)
     help_text = " ".join(CliRunner().invoke(cli.main, ["plan", "--help"]).output.split())
     assert "4 when no plan was found and none was ruled out" in help_text and "went unsearched" in help_text
+
+
+def test_a_timeout_names_no_lowest_plan_above_the_models_own_peak(tmp_path):
+    """A forward model whose Split outputs are read last, --swap at 80%: the solver's min-peak
+    model said 'the lowest of those peaks at 655360 bytes', above the model's own 524352 (the
+    problem counts the in-place Tanh outputs apart). It now names the model as it is instead."""
+    h, T = onnx.helper, onnx.TensorProto
+    nodes = [h.make_node("RandomNormalLike", ["x"], ["r"], seed=1.0),
+             h.make_node("Split", ["r"], ["s1", "s2"], axis=0, num_outputs=2),
+             h.make_node("Concat", ["x", "x"], ["h1"], axis=0), h.make_node("Tanh", ["h1"], ["h2"]),
+             h.make_node("Tanh", ["h2"], ["h3"]), h.make_node("ReduceSum", ["h3"], ["t"], keepdims=1),
+             h.make_node("Add", ["s1", "t"], ["y1"]), h.make_node("Add", ["y1", "s2"], ["y"])]
+    graph = h.make_graph(nodes, "split_swap", [h.make_tensor_value_info("x", T.FLOAT, [128, 256])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [64, 256])])
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    proto.ir_version = 8
+    model = tmp_path / "split.onnx"
+    onnx.save(proto, model)
+    rc, out, err = memplan("plan", model, "--forward", "--swap", "--budget", "80%", "--time-limit", "1",
+                           "--deterministic", "--json")
+    own = json.loads(out)["unplanned_peak_bytes"]
+    line = one_line(err)
+    assert rc == 4 and "the lowest of those peaks at" not in line, line
+    assert f"none of those goes below the model as it is, which peaks at {own} bytes" in line
