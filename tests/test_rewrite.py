@@ -91,6 +91,31 @@ def test_swap_nodes_and_values():
     np.testing.assert_array_equal(run(export_model(new), {"x": x})[0], run(export_model(g), {"x": x})[0])
 
 
+def test_a_swap_in_waits_behind_the_last_computation_before_it():
+    """The swap-in reads its host copy through an ordering edge tied to C3 (the last tensor first
+    computed before it), so that no execution order ORT picks (its default DFS one included) can
+    hoist it back next to the swap-out, where it would hold ``a`` on the device all along. On CPU
+    ORT the host copy counts as device memory too, so the measured peak cannot show this."""
+    g = long_skip(16)
+    sched = [
+        {"op": "compute", "node": "A"}, {"op": "compute", "node": "C1"}, {"op": "swap_out", "tensor": "a"},
+        {"op": "compute", "node": "C2"}, {"op": "compute", "node": "C3"}, {"op": "swap_in", "tensor": "a"},
+        {"op": "compute", "node": "Y"},
+    ]
+    new = apply_schedule(g, sched)
+    producer = {t: n for n in new.nodes for t in n.outputs}
+    (swap_in,) = [n for n in new.nodes if n.op_type == "MemcpyFromHost"]
+    ancestors, stack = set(), [swap_in]
+    while stack:
+        for t in stack.pop().inputs:
+            if t in producer and producer[t].name not in ancestors:
+                ancestors.add(producer[t].name)
+                stack.append(producer[t])
+    assert {"C3", "a__swap_out"} <= ancestors
+    x = np.random.default_rng(5).standard_normal(16).astype(np.float32)
+    np.testing.assert_array_equal(run(export_model(new), {"x": x}, planned=False)[0], run(export_model(g), {"x": x})[0])
+
+
 def split_then_one_half():
     """Split's two halves are read together, then only q is read again (after B)."""
     b = GraphBuilder()
