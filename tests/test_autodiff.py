@@ -109,6 +109,19 @@ def test_a_weight_used_at_every_step_sums_its_terms_in_the_gemms():
     assert [n.op_type for n in g.nodes[step.forward_nodes:]].count("Add") == 0
 
 
+def test_a_term_shared_by_two_inputs_is_added_not_folded_into_its_gemm():
+    # Add(u, v) hands the same fresh Gemm output (z's input gradient) to u and v. u already has a
+    # term (from s = z + u): folding it into that Gemm as C would give v the sum too (w3 wrong)
+    n = helper.make_node
+    rng = np.random.default_rng(2)
+    nodes = [n("Gemm", ["x", "w1"], ["u"]), n("Gemm", ["x", "w3"], ["v"]), n("Add", ["u", "v"], ["y"]),
+             n("Gemm", ["y", "w2"], ["z"]), n("Add", ["z", "u"], ["s"]), n("Tanh", ["s"], ["t"]),
+             n("ReduceSum", ["t"], ["loss"], keepdims=0)]
+    feeds = {"x": rng.standard_normal((6, 4))}
+    model = _model(nodes, {w: rng.standard_normal((4, 4)) for w in ("w1", "w2", "w3")}, feeds)
+    _fd_check(model, feeds)
+
+
 def test_relu_saves_its_output_not_its_input():
     model, _ = _mlp()
     step = build_training_graph(import_model(model))
