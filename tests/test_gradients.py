@@ -402,10 +402,12 @@ def test_unsupported_einsum_names_node_and_equation(equation, shapes, problem):
 
 @pytest.mark.parametrize("nodes, params, consts, opset", [
     ([node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], name="mp")], {"x": rnd(1, 2, 5, 5)}, {}, 11),
+    ([node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2], name="mp")],
+     {"x": rnd(1, 2, 5, 5)}, {}, 11),
     ([node("Gather", ["x", "i"], ["y"], axis=0, name="g")], {"x": rnd(5, 3)}, {"i": np.asarray([0, 2, 2, 4], I64)}, 13),
     ([node("GatherElements", ["x", "i"], ["y"], name="ge")], {"x": rnd(2, 3)}, {"i": np.asarray([[1, 0, 1], [1, 1, 0]], I64)}, 15),
     ([node("GatherND", ["x", "i"], ["y"], name="gn")], {"x": rnd(2, 3)}, {"i": np.asarray([[0], [1]], I64)}, 15),
-], ids=["maxpool_overlap_opset11", "gather_opset13", "gather_elements_opset15", "gather_nd_opset15"])
+], ids=["maxpool_overlap_opset11", "maxpool_dilated_overlap_opset11", "gather_opset13", "gather_elements_opset15", "gather_nd_opset15"])
 def test_gradients_that_need_opset16_upgrade_the_model(nodes, params, consts, opset, caplog):
     """Their gradients scatter-add (opset 16): the model is upgraded by onnx's version converter,
     with a warning, and the gradients still match finite differences of the original model."""
