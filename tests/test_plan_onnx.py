@@ -387,6 +387,9 @@ def test_outputs_compare_nan_and_infinities_where_the_reference_has_them():
         assert not compare_outputs(ref, {"x": np.array(got, np.float32)}, 0, 0)[0].ok
     assert not compare_outputs({"x": np.array([1.0, 2.0])}, {"x": np.array([1.0, np.nan])}, 0.5, 10)[0].ok
     assert compare_outputs(ref, {"x": np.array([1.5, np.nan, np.inf, -np.inf], np.float32)}, 0.5, 0)[0].ok
+    # an infinite reference allows no relative tolerance (rtol * inf would let any value through)
+    for got in ([1.0, np.nan, 1e30, -np.inf], [1.0, np.nan, np.inf, np.inf]):
+        assert not compare_outputs(ref, {"x": np.array(got, np.float32)}, 0.5, 0)[0].ok
 
 
 def test_runs_of_a_model_with_dropout_draw_the_same_masks():
