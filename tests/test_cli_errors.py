@@ -500,6 +500,9 @@ def test_verify_says_a_swapping_plan_cannot_be_held_to_its_budget_on_cpu():
     assert "which on CPU is the memory they are in" in out["text"] and "bench/gpu_check.py" in out["text"]
     plain = cli._verify_budget({"budget_bytes": 16384}, g, report, info)
     assert plain["within"] is False and "OVER it by 4.00 KiB" in plain["text"]
+    # a run that peaks exactly at the budget fits it
+    exact = cli._verify_budget({"budget_bytes": 20480}, g, report, info)
+    assert exact["within"] is True and "within it" in exact["text"]
 
 
 def test_a_reader_that_leaves_ends_the_command_quietly():
