@@ -169,21 +169,19 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     if len(leaked):
         v = int(leaked[0])
         raise InvalidPlanError(f"plan {plan.strategy!r} never frees node {problem.node_ids[v]} ({problem.names[v]})")
+    return _simulation(problem, peak, peak_at, memory, float(makespan), swap_ins, counts)
+
+
+def _simulation(problem: PlanningProblem, peak: int, peak_at: int, memory: np.ndarray, makespan: float,
+                swap_ins: int, counts: np.ndarray) -> Simulation:
+    """The Simulation of a valid plan (:func:`simulate`'s walk or its array path)."""
     added = float(makespan - problem.total_cost)
     # summed in event order vs all at once: rounding (recomputes of free nodes, such as a weight's
     # ConstantOfShape, left 5e-18 s of 2.9e-3 s on onnx's opset-9 ResNet-50)
     if -1e-9 * problem.total_cost <= added <= 1e-12 * problem.total_cost:
         added = 0.0
-    return Simulation(
-        peak_bytes=int(peak),
-        peak_event=peak_at,
-        memory=memory,
-        makespan=float(makespan),
-        added_time=added,
-        recomputes=int((counts - 1).sum()),
-        swap_ins=swap_ins,
-        compute_counts=counts,
-    )
+    return Simulation(peak_bytes=int(peak), peak_event=peak_at, memory=memory, makespan=makespan, added_time=added,
+                      recomputes=int((counts - 1).sum()), swap_ins=swap_ins, compute_counts=counts)
 
 
 def _freed_next(events, k: int, u: int) -> bool:
@@ -274,17 +272,4 @@ def _computes_and_frees(problem: PlanningProblem, plan: Plan, budget: int | None
     if memory[top] > peak:
         peak, peak_at = int(memory[top]), top
     # computes run back to back in list order: each starts when the one before ends
-    makespan = float(np.cumsum(cost[c_node])[-1])
-    added = float(makespan - problem.total_cost)
-    if -1e-9 * problem.total_cost <= added <= 1e-12 * problem.total_cost:
-        added = 0.0
-    return Simulation(
-        peak_bytes=int(peak),
-        peak_event=peak_at,
-        memory=memory,
-        makespan=makespan,
-        added_time=added,
-        recomputes=int((counts - 1).sum()),
-        swap_ins=0,
-        compute_counts=counts,
-    )
+    return _simulation(problem, peak, peak_at, memory, float(np.cumsum(cost[c_node])[-1]), 0, counts)

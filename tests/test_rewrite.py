@@ -77,14 +77,17 @@ def test_recompute_lowers_predicted_and_measured_peak():
     assert m_default <= after * 1.10
 
 
+#: long_skip's a swapped out after C1 and back in before Y.
+SWAP_A = [
+    {"op": "compute", "node": "A"}, {"op": "compute", "node": "C1"}, {"op": "swap_out", "tensor": "a"},
+    {"op": "compute", "node": "C2"}, {"op": "compute", "node": "C3"}, {"op": "swap_in", "tensor": "a"},
+    {"op": "compute", "node": "Y"},
+]
+
+
 def test_swap_nodes_and_values():
     g = long_skip(16)
-    sched = [
-        {"op": "compute", "node": "A"}, {"op": "compute", "node": "C1"}, {"op": "swap_out", "tensor": "a"},
-        {"op": "compute", "node": "C2"}, {"op": "compute", "node": "C3"}, {"op": "swap_in", "tensor": "a"},
-        {"op": "compute", "node": "Y"},
-    ]
-    new = apply_schedule(g, sched)
+    new = apply_schedule(g, SWAP_A)
     ops = [n.op_type for n in new.nodes]
     assert ops.count("MemcpyToHost") == 1 and ops.count("MemcpyFromHost") == 1
     x = np.random.default_rng(1).standard_normal(16).astype(np.float32)
@@ -97,12 +100,7 @@ def test_a_swap_in_waits_behind_the_last_computation_before_it():
     hoist it back next to the swap-out, where it would hold ``a`` on the device all along. On CPU
     ORT the host copy counts as device memory too, so the measured peak cannot show this."""
     g = long_skip(16)
-    sched = [
-        {"op": "compute", "node": "A"}, {"op": "compute", "node": "C1"}, {"op": "swap_out", "tensor": "a"},
-        {"op": "compute", "node": "C2"}, {"op": "compute", "node": "C3"}, {"op": "swap_in", "tensor": "a"},
-        {"op": "compute", "node": "Y"},
-    ]
-    new = apply_schedule(g, sched)
+    new = apply_schedule(g, SWAP_A)
     producer = {t: n for n in new.nodes for t in n.outputs}
     (swap_in,) = [n for n in new.nodes if n.op_type == "MemcpyFromHost"]
     ancestors, stack = set(), [swap_in]

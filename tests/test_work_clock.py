@@ -174,7 +174,6 @@ def test_a_model_build_past_the_wall_limit_stops_and_searches_nothing(benchmarks
     # then found nothing: `memplan plan` took 52 s. Building now stops once the limit has passed.
     import time
 
-    import planner.planning as planning
     from planner.cpsat import RematModel
 
     p = random_layered(benchmarks_dir, 100)
