@@ -301,3 +301,41 @@ def _read_again_at_the_end(b, t: int, copies: int) -> int:
     (e,) = b.node("ReduceMax", [d], [("e", "float32", (1,))], name="E", attrs={"keepdims": 1})
     (y,) = b.node("Add", [t, e], [("y", "float32", (256,))], name="Y")
     return y
+
+
+
+def _mlp16():
+    """x [4, 8] -> MatMul 8x16, Relu -> MatMul 16x8, Relu -> ReduceMean, all float16."""
+    import onnx
+    from onnx import numpy_helper
+
+    h, T = onnx.helper, onnx.TensorProto
+    w1 = numpy_helper.from_array(np.ones((8, 16), np.float16), "w1")
+    w2 = numpy_helper.from_array(np.ones((16, 8), np.float16), "w2")
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["a"]), h.make_node("Relu", ["a"], ["b"]),
+             h.make_node("MatMul", ["b", "w2"], ["c"]), h.make_node("Relu", ["c"], ["d"]),
+             h.make_node("ReduceMean", ["d"], ["y"], keepdims=0)]
+    graph = h.make_graph(nodes, "mlp16", [h.make_tensor_value_info("x", T.FLOAT16, [4, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT16, [])], initializer=[w1, w2])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_relu_on_a_matmul_leaves_the_problem_exact_and_a_budget_below_it_infeasible():
+    """MatMul then its in-place Relu is one problem node; the Relu reads nothing besides the
+    MatMul's buffer, so the node's step is exactly what ORT holds. Flagged ``two_step`` all the
+    same, the problem was not the runtime's (``runtime_exact``): at 97% of the training step's
+    peak the solve ended with no plan and no proof ('timeout'); the exact search now proves the
+    peak is the least."""
+    import cli
+    from passes.plan_model import lower_graph, plan_graph
+    from passes.onnx_import import import_model
+    from planner.liveness import analyze
+
+    graph = cli.training_graph(import_model(_mlp16()), optimizer="none", lr=0.01)
+    own = analyze(graph).peak_bytes
+    problem, _ = lower_graph(graph)
+    assert problem.unplanned_peak == own and problem.two_step is None and problem.runtime_exact
+    pm = plan_graph(graph, own - 1, options=PlannerOptions(time_limit=2, work_limit=True))
+    assert not pm.ok and pm.result.status == "infeasible" and pm.result.least_bytes == own
