@@ -270,12 +270,13 @@ class RematModel:
         self.budget = budget
         self.opt = options
         self.timed = problem.can_swap
-        # per node, the input whose buffer it takes over (PlanningProblem.takes_over), -1 for none:
-        # on slots only (on ticks a compute takes its own time; reads stay plain there)
-        self.takes_over = problem.takes_over if problem.takes_over is not None and not self.timed \
-            else np.full(problem.n, -1, dtype=np.int64)
         self.m = cp_model.CpModel()
         self._set_counts(hints)
+        # per node, the input whose buffer it takes over (PlanningProblem.takes_over), -1 for none;
+        # on ticks too (_add_reads): left out there, --swap could not reach the model's own peak
+        # (a forward Split/Tanh model: 655360 bytes at least, against the model's 524352)
+        self.takes_over = problem.takes_over if problem.takes_over is not None \
+            else np.full(problem.n, -1, dtype=np.int64)
         self._set_scales()
         self._set_axis(hints)
         self.build()
@@ -477,10 +478,11 @@ class RematModel:
         input v, ready before c starts and resident until c is done:
             x => S_j + ready_j <= S_c,   x => E_j >= S_c + d_w,
         where ready_j is d_v (ticks; 0 on slots: same slot, lower id first) or the transfer time
-        of a swap-in. On slots, where w takes over the buffer of input v (``takes_over``), the
-        second is E_j >= S_c: a copy of v that c reads last becomes c's output, so the two are
-        counted once (decode frees v right after c, and simulate() counts it so). A recompute or
-        swap-in nobody reads is absent."""
+        of a swap-in. Where w takes over the buffer of input v (``takes_over``), the second is
+        E_j >= S_c: a copy of v that c reads last becomes c's output, so the two are counted once
+        (decode frees v right after c, and simulate() counts it so); on ticks not for an original
+        that is also swapped out (the copy to host reads it). A recompute or swap-in nobody reads
+        is absent."""
         m, p = self.m, self.p
         self.reads: list[tuple[int, int, int, object]] = []  # (consumer, input node, provider, literal)
         used_by: dict[int, list] = {}
@@ -514,6 +516,11 @@ class RematModel:
                             m.Add(prov.start + ready <= cons.start).OnlyEnforceIf(x)
                             used_by.setdefault(j, []).append(x)
                         m.Add(prov.end >= need).OnlyEnforceIf(x)
+                        if over[w] == v and prov.kind == ORIGINAL and v in self.swap_out:
+                            # an original copied to host is still read by the copy: the op writes
+                            # its output elsewhere, and the two are held together (decode swaps it
+                            # out after the op)
+                            m.Add(prov.end >= cons.start + cons.dur).OnlyEnforceIf([x, self.swap_out[v][0]])
                         self.reads.append((c, v, j, x))
                     if cons.kind == ORIGINAL:
                         m.AddExactlyOne(lits)

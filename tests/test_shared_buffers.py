@@ -339,3 +339,21 @@ def test_a_relu_on_a_matmul_leaves_the_problem_exact_and_a_budget_below_it_infea
     assert problem.unplanned_peak == own and problem.two_step is None and problem.runtime_exact
     pm = plan_graph(graph, own - 1, options=PlannerOptions(time_limit=2, work_limit=True))
     assert not pm.ok and pm.result.status == "infeasible" and pm.result.least_bytes == own
+
+
+def test_the_swap_model_counts_a_taken_over_input_once():
+    """With a host link CP-SAT plans on ticks, where the taken-over input used to be counted apart.
+    X (50 B, 1000 s) and D (40 B, swapped, not recomputed) are read at the end; B runs in place into A. At a
+    120-byte budget D goes to host; then B's step holds X and one buffer (110 bytes), where
+    counted apart it held X + A + B (170) and X had to be recomputed (+1000 s). In the given
+    order: a memory-aware one computes X after B."""
+    p = PlanningProblem.build(
+        size=[50, 40, 60, 60, 10, 10], cost=[1000.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        preds=[[], [], [], [2], [3], [0, 1, 4]], names=["X", "D", "A", "B", "C", "E"],
+        pinned=[False] * 5 + [True], takes_over=[-1, -1, -1, 2, -1, -1],
+        swappable=[False, True, False, False, False, False], recomputable=[True, False] + [True] * 4,
+        transfer=[1.0] * 6)
+    res = solve(p, 120, "cpsat", PlannerOptions(time_limit=2, work_limit=True, reorder=False))
+    assert res.plan is not None and res.order == "given", res.note
+    sim = simulate(p, res.plan, 120)
+    assert sim.recomputes == 0 and sim.swap_ins == 1 and res.added_time < 1000
