@@ -137,10 +137,7 @@ class MemoryModel:
         """Bytes a kernel allocates for itself during its own step."""
         op = node.op_type
         if op == "Where" and self.where_branch_temporaries:
-            cond, a, b = (graph.tensors[t] for t in node.inputs[:3])
-            dtype = graph.tensors[node.outputs[0]].dtype
-            return sum(self.buffer_bytes(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape)))
-                       for x in (a, b))
+            return sum(self._where_branches(graph, node))
         if op == "Dropout" and (len(node.outputs) < 2 or node.outputs[1] == NO_TENSOR):
             return self.dropout_mask_bytes * math.prod(graph.tensors[node.outputs[0]].shape)
         if op == "Conv":
@@ -155,18 +152,9 @@ class MemoryModel:
         if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
             # ORT's CPU kernel: a scale buffer of x's size and one image's squares padded by
             # size - 1 channels (lrn.cc)
-            x = graph.tensors[node.inputs[0]]
-            _, c, h, w = x.shape
-            per = x.nbytes // max(1, math.prod(x.shape))
-            padded = per * (c + int(node.attr("size", 1)) - 1) * h * w
-            return self.buffer_bytes(x.nbytes) + self.buffer_bytes(padded)
-        if op in ("Softmax", "LogSoftmax", "Hardmax") and node.domain in ("", "ai.onnx") \
-                and graph.opsets.get("", 13) >= 13:
-            # one axis (opset 13 on): ORT's CPU kernel transposes it last and back, a temporary of
-            # the input's size each way (measured; a fuzzed plan ran 1.066x its prediction, stop 49)
-            x = graph.tensors[node.inputs[0]]
-            axis = int(node.attr("axis", -1)) % max(1, len(x.shape))
-            return 2 * self.buffer_bytes(x.nbytes) if axis != len(x.shape) - 1 else 0
+            return sum(self._lrn_buffers(graph, node))
+        if op in ("Softmax", "LogSoftmax", "Hardmax"):
+            return sum(self._softmax_transposes(graph, node))
         if op == "Einsum" and node.domain in ("", "ai.onnx"):
             ins = [graph.tensors[t] for t in node.inputs if t != NO_TENSOR]
             equation = node.attr("equation")
@@ -184,11 +172,48 @@ class MemoryModel:
 
     def scratch_parts(self, graph: Graph, node: Node) -> list[int]:
         """``scratch`` as the kernel's separate requests, in the order it makes them (an arena
-        places each on its own): several for a fused LSTM / GRU / RNN, else the one lump."""
-        if node.op_type in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
+        places each on its own): a fused LSTM / GRU / RNN's dozen, Where's two branch selections,
+        LRN's scale and padded squares, a Softmax over an inner axis's two transposed copies (each
+        measured on single-node models: as one lump of their sum the replay asked kNextPowerOfTwo's
+        ladder for a region they need not share, a least limit 1.33x what ORT runs under); else
+        the one lump."""
+        op = node.op_type
+        if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
             return [b for b in self._recurrent_buffers(graph, node) if b > 0]
+        if op == "Where" and self.where_branch_temporaries:
+            return [b for b in self._where_branches(graph, node) if b > 0]
+        if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
+            return [b for b in self._lrn_buffers(graph, node) if b > 0]
+        if op in ("Softmax", "LogSoftmax", "Hardmax"):
+            return [b for b in self._softmax_transposes(graph, node) if b > 0]
         lump = self.scratch(graph, node)
         return [lump] if lump > 0 else []
+
+    def _where_branches(self, graph: Graph, node: Node) -> list[int]:
+        """Where's CPU kernel (where_op.cc): the X selection, then the Y selection, each of shape
+        broadcast(cond, branch), both held while it merges them into the output."""
+        cond, a, b = (graph.tensors[t] for t in node.inputs[:3])
+        dtype = graph.tensors[node.outputs[0]].dtype
+        return [self.buffer_bytes(tensor_bytes(dtype, np.broadcast_shapes(cond.shape, x.shape))) for x in (a, b)]
+
+    def _lrn_buffers(self, graph: Graph, node: Node) -> list[int]:
+        """ORT's CPU LRN (lrn.cc): a scale buffer of x's size, then one image's squares padded by
+        size - 1 channels."""
+        x = graph.tensors[node.inputs[0]]
+        _, c, h, w = x.shape
+        per = x.nbytes // max(1, math.prod(x.shape))
+        padded = per * (c + int(node.attr("size", 1)) - 1) * h * w
+        return [self.buffer_bytes(x.nbytes), self.buffer_bytes(padded)]
+
+    def _softmax_transposes(self, graph: Graph, node: Node) -> list[int]:
+        """Softmax / LogSoftmax / Hardmax over one axis other than the last (opset 13 on): ORT's CPU
+        kernel transposes it last and back, a temporary of the input's size each way (measured; a
+        fuzzed plan ran 1.066x its prediction, stop 49)."""
+        if node.domain not in ("", "ai.onnx") or graph.opsets.get("", 13) < 13:
+            return []
+        x = graph.tensors[node.inputs[0]]
+        axis = int(node.attr("axis", -1)) % max(1, len(x.shape))
+        return [self.buffer_bytes(x.nbytes)] * 2 if axis != len(x.shape) - 1 else []
 
     def _recurrent_buffers(self, graph: Graph, node: Node) -> list[int]:
         """The working buffers of ORT's fused LSTM / GRU / RNN CPU kernels (deep_cpu_lstm, deep_cpu_gru,
