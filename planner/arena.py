@@ -19,7 +19,7 @@ code, written from reading it) on a sequence of allocations and frees:
 * ``run_events(liveness)``: the allocation sequence of a Liveness timeline as ORT runs it with the
   planned session options (no memory pattern, no reuse of dead buffers): at each step the step's
   new buffers in output order, then the kernel's scratch (request by request), scratch freed, then
-  the buffers read for the last time.
+  the buffers read for the last time; an Einsum's temporaries made and freed in turn around its output.
 * ``replay`` / ``least_limit``: does a sequence run under a limit; the least limit it runs under.
 * ``arena_need(liveness)``: ``least_limit`` of a run with what the session holds before it: the
   initializers and MLAS's packed Gemm/MatMul weights as reservations (``reserved_bytes``), a
@@ -205,8 +205,21 @@ def run_events(liveness, *, on_cpu: bool = True) -> list[Event]:
         gone[int(lv.free_step[b])].append(b)
     events: list[Event] = []
     for s in range(n):
-        events.extend((1, b, int(lv.buffer_size[b])) for b in made[s])
         node = lv.graph.nodes[lv.order[s]]
+        sequence = lv.model.scratch_sequence(lv.graph, node)
+        if sequence is not None:
+            # an Einsum: its temporaries made and freed in turn, its output made midway (even where
+            # no temporary outlives the output's size, so liveness counts no scratch)
+            if not any(sign == 0 for sign, _, _ in sequence):
+                sequence = [(0, -1, 0)] + sequence
+            for sign, key, nbytes in sequence:
+                if sign == 0:
+                    events.extend((1, b, int(lv.buffer_size[b])) for b in made[s])
+                else:
+                    events.append((sign, ("scratch", s, key), nbytes))
+            events.extend((-1, b, 0) for b in gone[s])
+            continue
+        events.extend((1, b, int(lv.buffer_size[b])) for b in made[s])
         if lv.scratch[s] > 0 and not (on_cpu and node.op_type in HEAP_SCRATCH_OPS):
             # each of the kernel's requests on its own (a fused LSTM makes a dozen): one lump of their
             # sum asks the arena for a region they need not share

@@ -45,7 +45,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from planner.einsum import einsum_scratch
+from planner.einsum import einsum_requests, einsum_scratch
 from planner.errors import GraphError
 from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind, tensor_bytes
 
@@ -188,6 +188,19 @@ class MemoryModel:
             return [b for b in self._softmax_transposes(graph, node) if b > 0]
         lump = self.scratch(graph, node)
         return [lump] if lump > 0 else []
+
+    def scratch_sequence(self, graph: Graph, node: Node) -> list[tuple[int, int, int]] | None:
+        """For a kernel that frees working buffers before it ends and makes its output midway (Einsum,
+        planner/einsum.py einsum_requests): its requests in order, (+1, key, bytes) made, (-1, key, 0)
+        freed, (0, -1, 0) where the output is made; None for the others (``scratch_parts``)."""
+        if node.op_type != "Einsum" or node.domain not in ("", "ai.onnx"):
+            return None
+        ins = [graph.tensors[t] for t in node.inputs if t != NO_TENSOR]
+        equation = node.attr("equation")
+        equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+        y = graph.tensors[node.outputs[0]]
+        return einsum_requests(equation, [x.shape for x in ins], math.prod(y.shape), DTYPE_BITS[y.dtype] / 8,
+                               self.buffer_bytes)
 
     def _where_branches(self, graph: Graph, node: Node) -> list[int]:
         """Where's CPU kernel (where_op.cc): the X selection, then the Y selection, each of shape
