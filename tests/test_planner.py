@@ -428,6 +428,29 @@ def test_coarsening_fuses_single_use_chains_and_expands_valid_plans():
         assert ("fused nodes" in res.note) == (budget < p.unplanned_peak)
 
 
+def test_fused_solve_expands_into_a_fine_plan_that_replays():
+    # The test above never reaches the fused solve (its budgets are all >= the unplanned peak).
+    # Here the fused floor (90) is below the peak (105): the plan is found on the fused problem
+    # and expanded; each member of the recomputed chain 1-2-3 runs and its predecessor is freed
+    # right after, and the expanded plan replays on the real problem within the budget.
+    from planner.coarsen import coarsen
+
+    preds = [[], [0], [1], [2], [3], [0, 4], [5], [6], [7, 3]]
+    p = PlanningProblem.build(size=[40, 10, 20, 20, 5, 40, 5, 10, 40], cost=[1] * 9, preds=preds)
+    c = coarsen(p)
+    assert c.groups == ((0,), (1, 2, 3), (4,), (5, 6, 7), (8,))
+    assert c.coarse.memory_floor == 90 < p.unplanned_peak == 105
+    res = solve(p, 90, "cpsat", PlannerOptions(time_limit=5, workers=1, coarsen_above=0))
+    check_result(p, res, 90)
+    assert "fused nodes" in res.note
+    events = [(e.op, e.node) for e in res.plan.events]
+    start = events.index(("compute", 1))
+    assert events[start:start + 5] == [("compute", 1), ("compute", 2), ("free", 1), ("compute", 3), ("free", 2)]
+    # a fused plan for the coarse problem expands to one no higher on the fine problem
+    coarse_plan = solve(c.coarse, 90, "cpsat", PlannerOptions(time_limit=5, workers=1, coarsen_above=10**9)).plan
+    assert simulate(p, c.expand(coarse_plan), 90).peak_bytes <= simulate(c.coarse, coarse_plan, 90).peak_bytes
+
+
 def test_no_fused_solve_below_the_fused_problems_floor(monkeypatch):
     # Fusing 1-2-3 holds 40 + 30 + 20 + scratch at once: the fused floor (85) is above the real
     # one (77). At 80 the fused problem has no plan, and proving its least memory would spend the
