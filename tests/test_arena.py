@@ -57,6 +57,25 @@ def test_freed_neighbours_merge_within_a_region_only():
     assert two.regions == 3 and two.total == MIB
 
 
+def test_a_freed_chunk_merges_with_its_free_lower_neighbour():
+    # The rest of the region stays in use, so only a merge with the chunk below frees 2 KiB in one piece.
+    arena = Arena(4 * KIB, NEXT_POWER_OF_TWO, first_region=4 * KIB)
+    a, b, rest = arena.alloc(KIB), arena.alloc(KIB), arena.alloc(2 * KIB)
+    assert (a.size, b.size, rest.size, arena.regions) == (KIB, KIB, 2 * KIB, 1)
+    arena.free(a)
+    arena.free(b)  # b's upper neighbour is in use: it merges downward with a
+    got = arena.alloc(2 * KIB)
+    assert got is not None and got.addr == a.addr and arena.regions == 1
+
+
+def test_a_region_clamped_to_the_limit_is_a_whole_number_of_256_byte_units():
+    arena = Arena(MIB + 1000, NEXT_POWER_OF_TWO)
+    arena.alloc(KIB)
+    arena.alloc(MIB - KIB)  # the rest of the first region
+    assert arena.alloc(512) is not None  # a region of the 768 bytes left in whole units, not 1000
+    assert arena.total == MIB + 768 and arena.regions == 2
+
+
 def test_regions_follow_the_power_of_two_ladder():
     arena = Arena(1 << 40, NEXT_POWER_OF_TWO)
     arena.alloc(KIB)  # first region: 1 MiB; the next will be 2 MiB
