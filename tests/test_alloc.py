@@ -134,6 +134,8 @@ def test_empty_buffers_and_problem():
     result = solve([Buffer("z", 0, 5, 0), Buffer("a", 0, 5, 8)], capacity=8)
     assert result.height == 8
     validate([Buffer("z", 0, 5, 0), Buffer("a", 0, 5, 8)], result.offsets, 8)
+    # an empty buffer holds no bytes: inside a live one it overlaps nothing
+    validate([Buffer("z", 0, 5, 0), Buffer("a", 0, 5, 8)], (4, 0), 8)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
