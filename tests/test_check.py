@@ -517,6 +517,38 @@ def test_a_timed_out_plan_counts_the_lowest_plan_found_for_headroom(monkeypatch)
     assert err.value.best_bytes == 1500
 
 
+def test_the_gates_boundaries_and_a_planless_answer():
+    # _tiny_graph's unplanned peak is 2 KiB (1 KiB x + 1 KiB y)
+    asked = []
+
+    def exact(graph, budget_bytes, device, time_limit, **kw):
+        asked.append(budget_bytes)
+        return PlanOutcome(True, budget_bytes, 0.1, "optimal")
+
+    # a budget of exactly the unplanned peak fits as is: the planner is not asked
+    (v,) = run_checks([make_item("m", ["2KiB"])], lambda _: _tiny_graph(), exact)
+    assert v.plan is None and v.outcome == "pass" and v.headroom == 0 and asked == []
+    # a plan that peaks at exactly the budget fits (it is no planner bug)
+    (v,) = run_checks([make_item("m", ["1KiB"])], lambda _: _tiny_graph(), exact)
+    assert asked == [1024] and v.fits_with_plan and v.outcome == "pass" and v.headroom == 0
+    # an answer without any plan (peak 0) leaves the unplanned peak as the one that counts
+    (v,) = run_checks([make_item("m", ["1KiB"])], lambda _: _tiny_graph(), lambda *_: PlanOutcome(False, 0, 0.0, "timeout"))
+    assert v.peak == 2048 and v.headroom == -1024 and v.outcome == "fail"
+
+
+def test_after_load_runs_only_when_every_model_loaded():
+    def load(item):
+        if item.model == "bad":
+            raise ModelImportError("bad: not an ONNX model")
+        return _tiny_graph()
+
+    hooks = []
+    run_checks([make_item("bad", ["1KiB"]), make_item("good", ["1GiB"])], load, after_load=lambda: hooks.append(1))
+    assert hooks == []
+    run_checks([make_item("good", ["1GiB"])], load, after_load=lambda: hooks.append(1))
+    assert hooks == [1]
+
+
 def test_load_failure_becomes_error_verdicts():
     def broken(item: CheckItem):
         raise ModelImportError(f"{item.model}: not an ONNX model")
