@@ -442,7 +442,8 @@ def test_fused_solve_expands_into_a_fine_plan_that_replays():
     assert c.coarse.memory_floor == 90 < p.unplanned_peak == 105
     res = solve(p, 90, "cpsat", PlannerOptions(time_limit=5, workers=1, coarsen_above=0))
     check_result(p, res, 90)
-    assert "fused nodes" in res.note
+    # optimal on the fused model is not optimal on the real one: the fused solve never claims it
+    assert "fused nodes" in res.note and res.status == "feasible"
     events = [(e.op, e.node) for e in res.plan.events]
     start = events.index(("compute", 1))
     assert events[start:start + 5] == [("compute", 1), ("compute", 2), ("free", 1), ("compute", 3), ("free", 2)]
