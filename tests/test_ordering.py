@@ -141,3 +141,27 @@ def test_dynamic_nodes_and_constant_shape_input():
     assert dynamic_nodes(g) == [False, True, True, True]
     assert constant_shape_input(g, g.nodes[2]) == (1, (3, 2))
     assert constant_shape_input(g, g.nodes[3]) is None and constant_shape_input(g, g.nodes[1]) is None
+
+
+def test_a_scalar_and_a_one_element_vector_of_zeros_are_distinct_constants():
+    # both hold the single value 0: one constant for both gave the scalar's Size(G) * 0 a shape
+    # [1] (or a 1-D view's target a scalar), and ORT rejects the model
+    b = GraphBuilder()
+    x = b.input("x", F, (4,))
+    s = b.input("s", F, ())
+    edges = OrderingEdges(b, {"x", "s", "a", "v", "w", "y", "z"})
+    (a,) = b.node("Sigmoid", [x], [("a", F, (4,))])
+    (v,) = edges.route([x], a, "v__order")  # a rank-1 view: target zeros of shape [1]
+    (w,) = edges.route([s], a, "w__order")  # a scalar: Size(a) * 0 as a scalar
+    (y,) = b.node("Add", [a, v], [("y", F, (4,))])
+    (z,) = b.node("Neg", [w], [("z", F, ())])
+    b.output(y)
+    b.output(z)
+    g = b.build()
+    consts = [t for t in g.tensors if t.name.startswith("memplan__order_const")]
+    assert sorted(g.values[t.id].shape for t in consts) == [(), (1,)]
+    sess = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    xv, sv = np.arange(4, dtype=np.float32), np.array(2.5, np.float32)
+    got_y, got_z = sess.run(None, {"x": xv, "s": sv})
+    np.testing.assert_allclose(got_y, 1 / (1 + np.exp(-xv)) + xv, rtol=1e-6)
+    assert got_z.shape == () and got_z == -2.5
