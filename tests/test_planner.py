@@ -452,6 +452,34 @@ def test_fused_solve_expands_into_a_fine_plan_that_replays():
     assert simulate(p, c.expand(coarse_plan), 90).peak_bytes <= simulate(c.coarse, coarse_plan, 90).peak_bytes
 
 
+def test_a_model_bound_above_the_kept_plans_cost_is_not_claimed(monkeypatch):
+    # The model's bound holds over its own plans only; a fallback plan outside the model can be
+    # cheaper than it. Claimed anyway, the gap clamps to 0 and the dearer-than-needed status says
+    # "optimal" for a plan nothing proved.
+    from types import SimpleNamespace
+
+    import planner.planning as planning
+    from planner.baselines import baseline
+    from planner import clock
+    from planner.cpsat import PhaseResult
+
+    p = PlanningProblem.build(size=[40, 10, 20, 20, 5, 40, 5, 10, 40], cost=[1] * 9,
+                              preds=[[], [0], [1], [2], [3], [0, 4], [5], [6], [7, 3]])
+    budget = 95
+    fallback = baseline(p, "greedy", budget)
+    assert fallback is not None and fallback.sim.peak_bytes <= budget and fallback.sim.added_time > 0
+    monkeypatch.setattr(planning, "_exact_cheapest", lambda *a: None)  # as on a large problem
+    monkeypatch.setattr(planning, "polished", lambda problem, plan, sim, *a, **k: (plan, sim))
+    added = fallback.sim.added_time
+    m2 = SimpleNamespace(time_of_objective=lambda objective: objective)
+    for bound, status, gap in ((added + 5.0, "feasible", None), (added / 2, "feasible", 0.5), (added, "optimal", 0.0)):
+        r2 = PhaseResult("refine", "FEASIBLE", 0.1, None, bound, None, None)
+        res = planning._chosen(p, budget, PlannerOptions(time_limit=1, workers=1), clock.now(), [r2], fallback,
+                               "", m2, r2)
+        assert (res.status, res.solver.gap) == (status, gap) and res.added_time == added
+        assert res.solver.bound == (None if gap is None else bound)
+
+
 def test_no_fused_solve_below_the_fused_problems_floor(monkeypatch):
     # Fusing 1-2-3 holds 40 + 30 + 20 + scratch at once: the fused floor (85) is above the real
     # one (77). At 80 the fused problem has no plan, and proving its least memory would spend the
