@@ -480,6 +480,28 @@ def test_a_model_bound_above_the_kept_plans_cost_is_not_claimed(monkeypatch):
         assert res.solver.bound == (None if gap is None else bound)
 
 
+def test_a_swap_solves_bound_above_the_recompute_only_plans_cost_is_not_claimed():
+    # _recompute_won keeps the recompute-only plan where the swap solve found none cheaper; the
+    # swap solve's bound, when above that plan's cost, proves nothing about it
+    from dataclasses import replace as dc_replace
+
+    import planner.planning as planning
+    from planner import clock
+    from planner.baselines import baseline
+    from planner.plan import SolverStats
+
+    p = PlanningProblem.build(size=[40, 10, 20, 20, 5, 40, 5, 10, 40], cost=[1] * 9,
+                              preds=[[], [0], [1], [2], [3], [0, 4], [5], [6], [7, 3]])
+    fb = baseline(p, "greedy", 95)
+    added = fb.sim.added_time
+    rec = planning._empty(p, 95, "cpsat", status="feasible", plan=fb.plan, peak_bytes=fb.sim.peak_bytes,
+                          added_time=added, solver=SolverStats())
+    for bound, status, gap in ((added + 5.0, "feasible", None), (added / 2, "feasible", 0.5), (added, "optimal", 0.0)):
+        swap = dc_replace(rec, added_time=added + 1, solver=SolverStats(bound=bound))
+        res = planning._recompute_won(p, rec, fb.sim, swap, clock.now())
+        assert (res.status, res.solver.gap, res.solver.bound) == (status, gap, None if gap is None else bound)
+
+
 def test_no_fused_solve_below_the_fused_problems_floor(monkeypatch):
     # Fusing 1-2-3 holds 40 + 30 + 20 + scratch at once: the fused floor (85) is above the real
     # one (77). At 80 the fused problem has no plan, and proving its least memory would spend the
