@@ -67,6 +67,16 @@ IN_PLACE_OPS: Mapping[str, int] = MappingProxyType({
                      "Softsign", "ThresholdedRelu", "Clip", "Softmax", "LogSoftmax", "Cast", "ScatterElements")
 })
 
+def _einsum_args(graph: Graph, node: Node) -> tuple[str, list, int, float]:
+    """An Einsum node's equation, input shapes, output element count and element bytes
+    (planner/einsum.py's einsum_scratch / einsum_requests)."""
+    equation = node.attr("equation")
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    y = graph.tensors[node.outputs[0]]
+    shapes = [graph.tensors[t].shape for t in node.inputs if t != NO_TENSOR]
+    return equation, shapes, math.prod(y.shape), DTYPE_BITS[y.dtype] / 8
+
+
 
 @dataclass(frozen=True)
 class MemoryModel:
@@ -156,12 +166,7 @@ class MemoryModel:
         if op in ("Softmax", "LogSoftmax", "Hardmax"):
             return sum(self._softmax_transposes(graph, node))
         if op == "Einsum" and node.domain in ("", "ai.onnx"):
-            ins = [graph.tensors[t] for t in node.inputs if t != NO_TENSOR]
-            equation = node.attr("equation")
-            equation = equation.decode() if isinstance(equation, bytes) else str(equation)
-            y = graph.tensors[node.outputs[0]]
-            return einsum_scratch(equation, [x.shape for x in ins], math.prod(y.shape), DTYPE_BITS[y.dtype] / 8,
-                                  self.buffer_bytes)
+            return einsum_scratch(*_einsum_args(graph, node), self.buffer_bytes)
         if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
             return sum(self._recurrent_buffers(graph, node))
         if op == "SoftmaxCrossEntropyLoss":
@@ -195,12 +200,7 @@ class MemoryModel:
         freed, (0, -1, 0) where the output is made; None for the others (``scratch_parts``)."""
         if node.op_type != "Einsum" or node.domain not in ("", "ai.onnx"):
             return None
-        ins = [graph.tensors[t] for t in node.inputs if t != NO_TENSOR]
-        equation = node.attr("equation")
-        equation = equation.decode() if isinstance(equation, bytes) else str(equation)
-        y = graph.tensors[node.outputs[0]]
-        return einsum_requests(equation, [x.shape for x in ins], math.prod(y.shape), DTYPE_BITS[y.dtype] / 8,
-                               self.buffer_bytes)
+        return einsum_requests(*_einsum_args(graph, node), self.buffer_bytes)
 
     def _where_branches(self, graph: Graph, node: Node) -> list[int]:
         """Where's CPU kernel (where_op.cc): the X selection, then the Y selection, each of shape
