@@ -21,10 +21,11 @@ schedule positions.
 """
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 
-from planner.graph import NO_TENSOR, Graph, GraphAppender, Node
+from planner.graph import NO_TENSOR, Graph, GraphAppender, Node, TensorKind
 
 #: The ONNX opset from which Reduce* take their axes as an input instead of an attribute.
 _AXES_AS_INPUT = 18
@@ -57,11 +58,22 @@ class _Splitter(GraphAppender):
 
     # -- the rewrite -------------------------------------------------------------------------
     def run(self) -> Graph:
+        # a running statistic nobody reads and no graph output: its update is not written (ORT would
+        # run it and hold its unread result to the end of the run)
+        self.used = {t for n in self.g.nodes for t in n.inputs if t != NO_TENSOR} | set(self.g.outputs)
+        self.unused: set[int] = set()  # running-statistic initializers only a dropped update read
         for node in self.g.nodes:
             if is_training_batchnorm(self.g, node):
                 self._split(node)
             else:
                 self.nodes.append(node)
+        # ORT drops an initializer no node reads; it is no longer one here either (so the base holds
+        # what ORT holds)
+        read = {t for n in self.nodes for t in n.inputs} | set(self.g.outputs)
+        for t in self.unused - read:
+            if self.tensors[t].kind is TensorKind.FROZEN:
+                self.tensors[t] = dataclasses.replace(self.tensors[t], kind=TensorKind.ACTIVATION)
+                self.values.pop(t, None)
         return self.finish()
 
     def _split(self, node: Node) -> None:
@@ -99,7 +111,8 @@ class _Splitter(GraphAppender):
         self.add_node("", "BatchNormalization", [x, scale, bias, mean_c, var_c], [y], {"epsilon": eps},
                    name=node.name)
         updates = [(out, running, stat) for out, running, stat in
-                   ((run_mean, in_mean, mean_c), (run_var, in_var, var_c)) if out != NO_TENSOR]
+                   ((run_mean, in_mean, mean_c), (run_var, in_var, var_c)) if out in self.used]
+        self.unused.update(t for t in (in_mean, in_var) if t != NO_TENSOR and t not in {u[1] for u in updates})
         if not updates:
             return
         keep = self.add_const(f"{b}.momentum", np.array(momentum, npdt))

@@ -1,6 +1,8 @@
 """Training graphs run on every ORT provider: training-mode BatchNormalization is split (passes/portable.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -77,3 +79,27 @@ def test_training_graph_has_no_training_batchnorm_and_same_numbers_and_peak(monk
     split_live, fused_live = analyze(step.graph), analyze(fused)
     assert split_live.dynamic_peak <= fused_live.dynamic_peak
     assert split_live.base_bytes - fused_live.base_bytes < 1024
+
+
+def _unread(graph):
+    """Node outputs no node reads and no graph output is: ORT holds them to the end of the run."""
+    read = {t for n in graph.nodes for t in n.inputs} | set(graph.outputs)
+    return [graph.tensors[t].name for n in graph.nodes for t in n.outputs if t >= 0 and t not in read]
+
+
+def test_running_statistics_nobody_reads_get_no_update_nodes():
+    graph = _bn_graph(17, running_outputs=True)
+    # the same node with its running outputs unread: only y is a graph output
+    graph = dataclasses.replace(graph, outputs=graph.outputs[:1])
+    split = portable_batchnorm(graph)
+    assert _unread(split) == []
+    assert not any(n.name.endswith((".keep", ".blend", ".running")) for n in split.nodes)
+    # the running statistics' initializers, which no node reads any more, are no initializers
+    # (ORT drops an unread initializer: counted in the base, they put the prediction above ORT's)
+    assert {"mean", "var"}.isdisjoint(t.name for t in split.initializers())
+    assert {"mean", "var"}.isdisjoint(i.name for i in export_model(split).graph.initializer)
+    feeds = {"x": np.random.default_rng(2).normal(3.0, 2.0, size=(4, 3, 5, 6)).astype(np.float32)}
+    np.testing.assert_allclose(_run(split, feeds)["y"], _run(graph, feeds)["y"], rtol=2e-5, atol=2e-5)
+    # the training step of a convnet: the running statistics are no output of it
+    step = autodiff.build_training_graph(import_model("zoo:cnn"))
+    assert _unread(step.graph) == []
