@@ -30,7 +30,7 @@ from passes.function_ops import inline_with_origins
 from passes.gradients import RULES, STOP_GRADIENT, BackwardContext, GradRule, supported_ops
 from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
-from passes.portable import portable_batchnorm
+from passes.portable import portable_batchnorm, release_unread_outputs
 from passes.rnn import is_recurrent, unroll_recurrent
 from planner.errors import GraphError, ModelImportError, OpsetTooOldError, UsageError
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
@@ -146,6 +146,12 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     if graph is not step.graph:
         step = dataclasses.replace(step, graph=graph,
                                    forward_nodes=step.forward_nodes + len(graph.nodes) - len(step.graph.nodes))
+    # Outputs nothing reads (a Split half the loss does not use, an inactive Dropout's mask): ORT
+    # would hold them to the end of the run.
+    graph, origins = release_unread_outputs(step.graph)
+    if graph is not step.graph:
+        step = dataclasses.replace(step, graph=graph,
+                                   forward_nodes=sum(1 for o in origins if o < step.forward_nodes))
     # The function ops ORT runs as their bodies (losses, HardSwish, ...), as it runs them: the
     # bodies hold buffers the one node does not show (passes/function_ops.py).
     graph, origins = inline_with_origins(step.graph)

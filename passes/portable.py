@@ -123,3 +123,56 @@ class _Splitter(GraphAppender):
             new = self.add_tensor(f"{self.tensors[out].name}.new", dtype, [channels])
             self.add_node(f"{b}.blend", "Mul", [stat, blend], [new])
             self.add_node(f"{b}.running", "Add", [kept, new], [out])
+
+
+def release_unread_outputs(graph: Graph) -> tuple[Graph, list[int]]:
+    """``graph`` where no node output is left that no node reads and no graph output is: ORT holds
+    such an output to the end of the run (a Split half the loss does not use, an inactive Dropout's
+    mask). An optional one (passes/rewrite.py ``OPTIONAL_OUTPUTS``) is not written, so ORT never
+    makes it; a required one gets a 1-element reader right after its node, so ORT frees it there.
+    Also returns, per node of the result, the id of the node it came from (a reader: its producer's).
+    """
+    read = {t for n in graph.nodes for t in n.inputs if t != NO_TENSOR} | set(graph.outputs)
+    if all(t == NO_TENSOR or t in read or graph.tensors[t].nbytes == 0 for n in graph.nodes for t in n.outputs):
+        return graph, list(range(len(graph.nodes)))
+    return _Releaser(graph, read).run()
+
+
+class _Releaser(GraphAppender):
+
+    def __init__(self, graph: Graph, read: set[int]):
+        super().__init__(graph)
+        self.read = read
+        self.origins: list[int] = []
+        self.bounds: dict[int, tuple[int, int]] = {}  # rank -> (starts, ends) of a 1-element Slice
+
+    def run(self) -> tuple[Graph, list[int]]:
+        from passes.rewrite import OPTIONAL_OUTPUTS
+
+        for node in self.g.nodes:
+            optional = OPTIONAL_OUTPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+            unread = [(k, t) for k, t in enumerate(node.outputs)
+                      if t != NO_TENSOR and t not in self.read and self.tensors[t].nbytes > 0]
+            drop = {k for k, _ in unread if k in optional}
+            if drop:
+                node = dataclasses.replace(node, outputs=tuple(
+                    NO_TENSOR if k in drop else t for k, t in enumerate(node.outputs)))
+            self.nodes.append(node)
+            for k, t in unread:
+                if k not in drop:
+                    self._sink(t)
+            self.origins.extend([node.id] * (len(self.nodes) - len(self.origins)))
+        return self.finish(), self.origins
+
+    def _sink(self, t: int) -> None:
+        x = self.tensors[t]
+        rank = len(x.shape)
+        if rank == 0:
+            self.add_node(f"{x.name}__sink", "Size", [t], [self.add_tensor(f"{x.name}__sink", "int64", ())])
+            return
+        if rank not in self.bounds:
+            self.bounds[rank] = (self.add_const(f"memplan__sink{rank}_starts", np.zeros(rank, np.int64)),
+                                 self.add_const(f"memplan__sink{rank}_ends", np.ones(rank, np.int64)))
+        starts, ends = self.bounds[rank]
+        self.add_node(f"{x.name}__sink", "Slice", [t, starts, ends],
+                      [self.add_tensor(f"{x.name}__sink", x.dtype, (1,) * rank)])

@@ -651,11 +651,13 @@ g (float[64, 64] x) => (float loss) <float[64, 32] W>
 
 
 def _split_half_unread_step():
+    """The forward model, whose Split half b nobody reads (a training step gives b a reader:
+    passes/portable.py release_unread_outputs)."""
     from tests.helpers import parse_model
 
     model = parse_model(SPLIT_HALF_UNREAD)
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((64, 32), np.float32), "W"))
-    return training_graph(import_model(model))
+    return import_model(model)
 
 
 def test_a_node_with_an_unread_output_is_never_recomputed():

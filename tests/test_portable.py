@@ -103,3 +103,54 @@ def test_running_statistics_nobody_reads_get_no_update_nodes():
     # the training step of a convnet: the running statistics are no output of it
     step = autodiff.build_training_graph(import_model("zoo:cnn"))
     assert _unread(step.graph) == []
+
+
+def _split_half_model():
+    """MatMul -> Split; the loss reads one half, through a Dropout of ratio 0 (its mask unread)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n) for n, s in
+             (("W", (64, 512)), ("W2", (256, 64)))]
+    inits += [numpy_helper.from_array(np.array([256, 256], np.int64), "split"),
+              numpy_helper.from_array(np.array(0.0, np.float32), "ratio"),
+              numpy_helper.from_array(np.array(True), "training")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Split", ["h", "split"], ["a", "b"], name="sp", axis=1),
+             helper.make_node("Dropout", ["a", "ratio", "training"], ["d", "mask"], name="drop"),
+             helper.make_node("MatMul", ["d", "W2"], ["z"], name="mm2"),
+             helper.make_node("Tanh", ["z"], ["t"], name="tanh"),
+             helper.make_node("ReduceMean", ["t"], ["loss"], name="mean", keepdims=0)]
+    g = helper.make_graph(nodes, "split_half", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 64])],
+                          [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], initializer=inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_training_step_releases_outputs_nobody_reads(monkeypatch):
+    from passes import alloc_counter
+    from passes.verify import measure_peak
+
+    forward = import_model(_split_half_model())
+    graph = autodiff.build_training_graph(forward).graph
+    # the unused Split half gets a 1-element reader right after the Split; the mask is not written
+    assert [n for n in _unread(graph) if not n.endswith("__sink")] == []
+    names = [n.name for n in graph.nodes]
+    assert names.index("b__sink") == names.index("sp") + 1
+    drop = next(n for n in graph.nodes if n.op_type == "Dropout")
+    assert drop.outputs[1] == -1
+    monkeypatch.setattr(autodiff, "release_unread_outputs", lambda g: (g, list(range(len(g.nodes)))))
+    kept = autodiff.build_training_graph(forward).graph
+    assert set(_unread(kept)) == {"b", "mask"}
+    half = 256 * 256 * 4
+    assert analyze(graph).dynamic_peak <= analyze(kept).dynamic_peak - half
+    feeds = {"x": np.random.default_rng(1).normal(size=(256, 64)).astype(np.float32)}
+    want, got = _run(kept, feeds), _run(graph, feeds)
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    if alloc_counter.library() is not None:  # ORT's counted bytes: the prediction holds, the half is freed
+        counted = measure_peak(export_model(graph), feeds, repeats=1).peak_bytes
+        assert counted == analyze(graph).allocator_dynamic_peak
+        assert counted <= measure_peak(export_model(kept), feeds, repeats=1).peak_bytes - half
