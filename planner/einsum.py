@@ -67,15 +67,10 @@ def einsum_scratch(equation: str, shapes: Sequence[Sequence[int]], out_elements:
     """Bytes the Einsum ``equation`` on operands of ``shapes`` (making ``out_elements``) holds
     besides its inputs and output, at its worst moment, as liveness counts a step (inputs + output
     + scratch); ``buffer_bytes`` rounds a tensor's bytes to what the allocator hands out."""
-    def nbytes(elements: int) -> int:
-        return buffer_bytes(math.ceil(elements * itemsize))
-
-    terms, out = _parse(equation)
-    out_bytes = nbytes(out_elements)
-    if any("." in t for t in terms) or len(terms) != len(shapes) or any(len(set(t)) != len(t) or len(t) != len(s)
-                                                    for t, s in zip(terms, shapes)):
-        return sum(nbytes(math.prod(s)) for s in shapes) + out_bytes
-    return _Replay(terms, out, shapes, nbytes, out_bytes).run()
+    replay, nbytes = _replay(equation, shapes, out_elements, itemsize, buffer_bytes)
+    if replay is None:
+        return sum(nbytes(math.prod(s)) for s in shapes) + nbytes(out_elements)
+    return replay.run()
 
 
 def einsum_requests(equation: str, shapes: Sequence[Sequence[int]], out_elements: int, itemsize: float,
@@ -86,17 +81,26 @@ def einsum_requests(equation: str, shapes: Sequence[Sequence[int]], out_elements
     is only a bound (an ellipsis or a repeated letter). Replayed on planner/arena.py's BFC arena
     this is the least limit ORT runs a single Einsum under (measured to 0.3%, where one lump of
     ``einsum_scratch`` was 1.43x it, or 0.89x and failed)."""
+    replay, _ = _replay(equation, shapes, out_elements, itemsize, buffer_bytes)
+    if replay is None:
+        return None
+    replay.run()
+    held = [key for sign, key, _ in replay.log if sign > 0 and key in replay.sizes]
+    return replay.log + [(-1, key, 0) for key in reversed(held)]
+
+
+def _replay(equation: str, shapes: Sequence[Sequence[int]], out_elements: int, itemsize: float,
+            buffer_bytes: Callable[[int], int]) -> tuple["_Replay | None", Callable[[int], int]]:
+    """The kernel's replay for ``equation`` (None where an ellipsis or a repeated letter leaves
+    only a bound) and the bytes the allocator hands out for a tensor of so many elements."""
     def nbytes(elements: int) -> int:
         return buffer_bytes(math.ceil(elements * itemsize))
 
     terms, out = _parse(equation)
     if any("." in t for t in terms) or len(terms) != len(shapes) or any(len(set(t)) != len(t) or len(t) != len(s)
                                                     for t, s in zip(terms, shapes)):
-        return None
-    replay = _Replay(terms, out, shapes, nbytes, nbytes(out_elements))
-    replay.run()
-    held = [key for sign, key, _ in replay.log if sign > 0 and key in replay.sizes]
-    return replay.log + [(-1, key, 0) for key in reversed(held)]
+        return None, nbytes
+    return _Replay(terms, out, shapes, nbytes, nbytes(out_elements)), nbytes
 
 
 class _Replay:

@@ -29,7 +29,8 @@ tests/test_peak_accuracy.py):
     its input transposed there and back, Einsum its transposed operands and pairwise products
     (planner/einsum.py), ScatterElements an int64 copy of its indices, Dropout a bool
     mask when the graph takes none, fused LSTM/GRU/RNN their gate projections of every step
-    (per direction), state and bias buffers and the final states the graph does not take, SoftmaxCrossEntropyLoss the temporaries of its function body
+    (per direction), state and bias buffers and the final states the graph does not take,
+    SoftmaxCrossEntropyLoss the temporaries of its function body
     (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs);
   * every tensor and kernel working buffer ORT's allocator gives takes whole 64-byte lines;
   * function ops ORT runs as their bodies (losses, HardSwish, Mish, GroupNormalization) are counted
@@ -67,6 +68,7 @@ IN_PLACE_OPS: Mapping[str, int] = MappingProxyType({
                      "Softsign", "ThresholdedRelu", "Clip", "Softmax", "LogSoftmax", "Cast", "ScatterElements")
 })
 
+
 def _einsum_args(graph: Graph, node: Node) -> tuple[str, list, int, float]:
     """An Einsum node's equation, input shapes, output element count and element bytes
     (planner/einsum.py's einsum_scratch / einsum_requests)."""
@@ -75,7 +77,6 @@ def _einsum_args(graph: Graph, node: Node) -> tuple[str, list, int, float]:
     y = graph.tensors[node.outputs[0]]
     shapes = [graph.tensors[t].shape for t in node.inputs if t != NO_TENSOR]
     return equation, shapes, math.prod(y.shape), DTYPE_BITS[y.dtype] / 8
-
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,9 @@ class MemoryModel:
     def scratch(self, graph: Graph, node: Node) -> int:
         """Bytes a kernel allocates for itself during its own step."""
         op = node.op_type
-        if op == "Where" and self.where_branch_temporaries:
-            return sum(self._where_branches(graph, node))
+        parts = self._requests(graph, node)
+        if parts is not None:
+            return sum(parts)
         if op == "Dropout" and (len(node.outputs) < 2 or node.outputs[1] == NO_TENSOR):
             return self.dropout_mask_bytes * math.prod(graph.tensors[node.outputs[0]].shape)
         if op == "Conv":
@@ -159,16 +161,8 @@ class MemoryModel:
             return self.buffer_bytes(cols * x.nbytes // max(1, math.prod(x.shape)))
         if op == "ScatterElements":
             return self.scatter_index_bytes * math.prod(graph.tensors[node.inputs[1]].shape)
-        if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
-            # ORT's CPU kernel: a scale buffer of x's size and one image's squares padded by
-            # size - 1 channels (lrn.cc)
-            return sum(self._lrn_buffers(graph, node))
-        if op in ("Softmax", "LogSoftmax", "Hardmax"):
-            return sum(self._softmax_transposes(graph, node))
         if op == "Einsum" and node.domain in ("", "ai.onnx"):
             return einsum_scratch(*_einsum_args(graph, node), self.buffer_bytes)
-        if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
-            return sum(self._recurrent_buffers(graph, node))
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
@@ -182,17 +176,25 @@ class MemoryModel:
         measured on single-node models: as one lump of their sum the replay asked kNextPowerOfTwo's
         ladder for a region they need not share, a least limit 1.33x what ORT runs under); else
         the one lump."""
-        op = node.op_type
-        if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
-            return [b for b in self._recurrent_buffers(graph, node) if b > 0]
-        if op == "Where" and self.where_branch_temporaries:
-            return [b for b in self._where_branches(graph, node) if b > 0]
-        if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
-            return [b for b in self._lrn_buffers(graph, node) if b > 0]
-        if op in ("Softmax", "LogSoftmax", "Hardmax"):
-            return [b for b in self._softmax_transposes(graph, node) if b > 0]
+        parts = self._requests(graph, node)
+        if parts is not None:
+            return [b for b in parts if b > 0]
         lump = self.scratch(graph, node)
         return [lump] if lump > 0 else []
+
+    def _requests(self, graph: Graph, node: Node) -> list[int] | None:
+        """The separate working buffers of a kernel that takes several (``scratch`` sums them,
+        ``scratch_parts`` lists them); None for the others."""
+        op = node.op_type
+        if op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
+            return self._recurrent_buffers(graph, node)
+        if op == "Where" and self.where_branch_temporaries:
+            return self._where_branches(graph, node)
+        if op == "LRN" and len(graph.tensors[node.inputs[0]].shape) == 4:
+            return self._lrn_buffers(graph, node)
+        if op in ("Softmax", "LogSoftmax", "Hardmax"):
+            return self._softmax_transposes(graph, node)
+        return None
 
     def scratch_sequence(self, graph: Graph, node: Node) -> list[tuple[int, int, int]] | None:
         """For a kernel that frees working buffers before it ends and makes its output midway (Einsum,
