@@ -1164,12 +1164,13 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
         if node.op_type == "Reshape" and node.domain in ("", "ai.onnx") and node.output and node.output[0] in shapes:
             # onnx's shape inference takes a constant shape as it is, whatever the input's size: the
             # planner then counted a tensor that cannot exist (ORT fails the run at this node)
-            before, after = b.tensor(ins[0]).shape, shapes[node.output[0]][0]
-            if int(np.prod(before, dtype=np.int64)) != int(np.prod(after, dtype=np.int64)):
+            (before, n_before), (after, n_after) = ((shape, int(np.prod(shape, dtype=np.int64))) for shape in
+                                                    (b.tensor(ins[0]).shape, shapes[node.output[0]][0]))
+            if n_before != n_after:
                 raise ModelImportError(
                     f"{display}: node {node.name or '(unnamed)'!r} (Reshape) reshapes {node.input[0]!r}, "
-                    f"{'x'.join(map(str, before)) or 'a scalar'} ({int(np.prod(before, dtype=np.int64))} elements), "
-                    f"to {'x'.join(map(str, after)) or 'a scalar'} ({int(np.prod(after, dtype=np.int64))} elements)"
+                    f"{'x'.join(map(str, before)) or 'a scalar'} ({n_before} elements), "
+                    f"to {'x'.join(map(str, after)) or 'a scalar'} ({n_after} elements)"
                 )
         outs = []
         for k, name in enumerate(node.output):

@@ -190,9 +190,9 @@ def plan_graph(
                 # 737949 -> 542807 -> 418262 bytes, where 85%'s plan needs a 621100-byte arena):
                 # bisect between it and the lowest target whose plan overshot the arena
                 none_at = target
-                if fails_at - none_at <= max(1, budget // 100):
+                target = _halfway(none_at, fails_at, budget)
+                if target is None:
                     break
-                target = (none_at + fails_at) // 2
                 continue
             fails_at = target  # between a fitting target and a failing one: keep halving
         else:
@@ -230,17 +230,17 @@ def plan_graph(
                 fails_at = target
                 if fits_at is None:
                     if none_at is not None:  # between a target with no plan and this one: bisect
-                        if fails_at - none_at <= max(1, budget // 100):
+                        target = _halfway(none_at, fails_at, budget)
+                        if target is None:
                             break
-                        target = (none_at + fails_at) // 2
                         continue
                     # the arena's overshoot scales with what is live; never less than a 1% step
                     target = min(int(target * budget / need), target - max(1, budget // 100))
                     continue
         # a plan fits the arena at fits_at: the cheapest lies between it and the lowest target above that failed
-        if fails_at is None or fails_at <= fits_at or fails_at - fits_at <= max(1, budget // 100):
+        target = None if fails_at is None else _halfway(fits_at, fails_at, budget)
+        if target is None:
             break
-        target = (fits_at + fails_at) // 2
     if best is not None:
         return best
     if attempt == 0:  # the solver itself found no plan: its status and least memory stand
@@ -285,6 +285,14 @@ def plan_graph(
                               f"found none")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over,
                         lowest_over=lowest_over if failed.status == "over_budget" and arena_over is None else None)
+
+
+def _halfway(low: int, high: int, budget: int) -> int | None:
+    """The target halfway between ``low`` (one whose plan fit the arena, or one with no plan) and
+    ``high`` (one whose plan overshot the arena); None once they are within 1% of ``budget``."""
+    if high - low <= max(1, budget // 100):
+        return None
+    return (low + high) // 2
 
 
 def _at_target(result: SolveResult, budget: int, why: str) -> SolveResult:

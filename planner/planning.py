@@ -877,6 +877,12 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     named_hint: dict[str, int] | None = None
     phase1: Candidate | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
+
+    def kept() -> SolveResult:
+        """The fallback, where no time is left to search (or to finish building) a model."""
+        return _chosen(problem, budget, opt, t0, phases, fallback,
+                       f"no time left to search; kept the {fallback.plan.strategy} plan")
+
     if fallback is None and pace.model_s > 0 and not pace.room(left()):
         # no plan yet, and the time left would not cover building a model as large as one this
         # solve built already and searching it: as phase 1 ending without a plan says (RL1000 at
@@ -912,8 +918,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         except OutOfTime:
             pace.built(since)
             if fallback is not None:
-                return _chosen(problem, budget, opt, t0, phases, fallback,
-                               f"no time left to search; kept the {fallback.plan.strategy} plan")
+                return kept()
             return _empty(problem, budget, "cpsat", status="timeout", solver=_stats(opt, t0, None, None, phases),
                           note=_timeout_note(problem, opt.time_limit, None))
         pace.built(since)
@@ -968,8 +973,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
                               solver=_stats(opt, t0, None, None, phases), note=note)
     if not pace.room(left()):  # a fallback fits (else phase 1 ran and returned above)
-        return _chosen(problem, budget, opt, t0, phases, fallback,
-                       f"no time left to search; kept the {fallback.plan.strategy} plan")
+        return kept()
     since = clock.now()
     try:
         m2 = RematModel(problem, budget, opt, hints, deadline=deadline)
@@ -983,8 +987,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             m2.apply_hint(hint, deadline)
     except OutOfTime:
         pace.built(since)
-        return _chosen(problem, budget, opt, t0, phases, fallback,
-                       f"no time left to search; kept the {fallback.plan.strategy} plan")
+        return kept()
     pace.built(since)
     # The recompute-closure bound (planner.order_bound) often proves more than phase 2 does
     # (zoo:gpt at 80%: 4.91% of the step time against 2.68%). When the closure bound applies,
