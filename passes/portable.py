@@ -154,6 +154,8 @@ class _Releaser(GraphAppender):
             unread = [(k, t) for k, t in enumerate(node.outputs)
                       if t != NO_TENSOR and t not in self.read and self.tensors[t].nbytes > 0]
             drop = {k for k, _ in unread if k in optional}
+            if drop and all(t == NO_TENSOR or k in drop for k, t in enumerate(node.outputs)):
+                drop.discard(min(drop))  # a node writes some output: that one gets a reader
             if drop:
                 node = dataclasses.replace(node, outputs=tuple(
                     NO_TENSOR if k in drop else t for k, t in enumerate(node.outputs)))

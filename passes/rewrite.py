@@ -24,9 +24,12 @@ from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, T
 
 
 #: Optional outputs a computation may omit when the plan reads that output only from another copy
-#: (ORT would keep an unread output to the end of the run). Required ones get a ``Size`` reader.
+#: (ORT would keep an unread output to the end of the run). Required ones get a 1-element reader.
+#: A recurrent node's final states (Y_h, LSTM's Y_c) left out go to kernel temporaries instead
+#: (planner/liveness.py MemoryModel._recurrent_buffers counts them).
 OPTIONAL_OUTPUTS: Mapping[str, tuple[int, ...]] = {
     "MaxPool": (1,), "Dropout": (1,), "SoftmaxCrossEntropyLoss": (1,), "LayerNormalization": (1, 2),
+    "LSTM": (1, 2), "GRU": (1,), "RNN": (1,),
 }
 
 

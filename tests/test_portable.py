@@ -154,3 +154,31 @@ def test_training_step_releases_outputs_nobody_reads(monkeypatch):
         counted = measure_peak(export_model(graph), feeds, repeats=1).peak_bytes
         assert counted == analyze(graph).allocator_dynamic_peak
         assert counted <= measure_peak(export_model(kept), feeds, repeats=1).peak_bytes - half
+
+
+def test_recurrent_final_states_nobody_reads_are_not_written(monkeypatch):
+    """A fused LSTM / GRU the loss does not differentiate (its weights frozen) stays one node; its
+    final states nobody reads (Y_h, Y_c) are optional outputs: left out, not given a reader, and
+    the kernel's temporaries for them (MemoryModel) are what ORT then allocates."""
+    from passes import alloc_counter
+    from passes.verify import measure_peak
+
+    forward = import_model("tests/fixtures/lstm.onnx", {"batch": 2, "seq": 8}, loose_dims=())
+    options = autodiff.TrainOptions.from_kwargs(freeze=("onnx::LSTM*", "onnx::GRU*"))
+    graph = autodiff.build_training_graph(forward, options).graph
+    recurrent = [n for n in graph.nodes if n.op_type in ("LSTM", "GRU")]
+    assert len(recurrent) == 3
+    for n in recurrent:
+        assert n.outputs[0] >= 0 and all(t == -1 for t in n.outputs[1:]), n.name
+    assert _unread(graph) == [] and not any(n.name.endswith("__sink") for n in graph.nodes)
+    monkeypatch.setattr(autodiff, "release_unread_outputs", lambda g: (g, list(range(len(g.nodes)))))
+    kept = autodiff.build_training_graph(forward, options).graph
+    assert len(_unread(kept)) == 5  # Y_h and Y_c of both LSTMs, the GRU's Y_h
+    feeds = models.example_feeds(export_model(forward, weights=False), seed=0)
+    want, got = _run(kept, feeds), _run(graph, feeds)
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    if alloc_counter.library() is not None:  # ORT's counted bytes: the kernel temporaries are predicted
+        counted = measure_peak(export_model(graph), feeds, repeats=1).peak_bytes
+        assert counted == analyze(graph).allocator_dynamic_peak
