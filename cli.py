@@ -228,10 +228,14 @@ def training_graph(graph, **options):
 
 
 def as_run(graph):
-    """A graph run as it is, as ORT runs it: function ops as their bodies (passes/function_ops.py)."""
+    """A graph run as it is, as ORT runs it: function ops as their bodies (passes/function_ops.py);
+    node outputs nobody reads (an unused Split half, LSTM's Y_h / Y_c) left out where optional and
+    given a 1-element reader otherwise, as in a training step (passes/portable.py): ORT would hold
+    them to the end of the run."""
     from passes.function_ops import inline_functions
+    from passes.portable import release_unread_outputs
 
-    return inline_functions(graph)
+    return inline_functions(release_unread_outputs(graph)[0])
 
 
 # ---- inspect ---------------------------------------------------------------------------------

@@ -105,13 +105,14 @@ def test_running_statistics_nobody_reads_get_no_update_nodes():
     assert _unread(step.graph) == []
 
 
-def _split_half_model():
-    """MatMul -> Split; the loss reads one half, through a Dropout of ratio 0 (its mask unread)."""
+def _split_half_model(out: int = 64):
+    """MatMul -> Split; the loss reads one half, through a Dropout of ratio 0 (its mask unread)
+    and a MatMul to ``out`` columns."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n) for n, s in
-             (("W", (64, 512)), ("W2", (256, 64)))]
+             (("W", (64, 512)), ("W2", (256, out)))]
     inits += [numpy_helper.from_array(np.array([256, 256], np.int64), "split"),
               numpy_helper.from_array(np.array(0.0, np.float32), "ratio"),
               numpy_helper.from_array(np.array(True), "training")]
@@ -182,3 +183,33 @@ def test_recurrent_final_states_nobody_reads_are_not_written(monkeypatch):
     if alloc_counter.library() is not None:  # ORT's counted bytes: the kernel temporaries are predicted
         counted = measure_peak(export_model(graph), feeds, repeats=1).peak_bytes
         assert counted == analyze(graph).allocator_dynamic_peak
+
+
+def test_forward_plans_release_outputs_nobody_reads(tmp_path):
+    """memplan plan --forward planned the model as it is: ORT held the unused Split half and the
+    Dropout mask to the end of the run (and the plan counted them there). Now the graph it plans,
+    emits and verifies against is released as a training step is."""
+    import onnx
+
+    import cli
+    from passes import alloc_counter
+    from passes.verify import measure_peak
+
+    path = tmp_path / "split_half.onnx"
+    onnx.save(_split_half_model(out=2048), str(path))  # the peak at the last MatMul, after the Split
+    graph, train = cli._graph_to_plan(str(path), {}, forward=True)
+    assert train is None
+    assert [n for n in _unread(graph) if not n.endswith("__sink")] == []
+    names = [n.name for n in graph.nodes]
+    assert names.index("b__sink") == names.index("sp") + 1
+    assert next(n for n in graph.nodes if n.op_type == "Dropout").outputs[1] == -1
+    raw = import_model(str(path))
+    assert set(_unread(raw)) == {"b", "mask"}
+    half = 256 * 256 * 4
+    assert analyze(graph).dynamic_peak <= analyze(raw).dynamic_peak - half
+    feeds = {"x": np.random.default_rng(1).normal(size=(256, 64)).astype(np.float32)}
+    np.testing.assert_array_equal(_run(graph, feeds)["loss"], _run(raw, feeds)["loss"])
+    if alloc_counter.library() is not None:  # ORT's counted bytes: the prediction holds, the half is freed
+        counted = measure_peak(export_model(graph), feeds, repeats=1).peak_bytes
+        assert counted == analyze(graph).allocator_dynamic_peak
+        assert counted <= measure_peak(export_model(raw), feeds, repeats=1).peak_bytes - half
