@@ -271,17 +271,25 @@ class _Rewriter:
         (and ORT's constant folding), which would leave ``t`` unread again.
         """
         x = self.b.tensor(t)
-        name = f"{x.name}__sink"
+        name = self._fresh(f"{x.name}__sink")
         r = len(x.shape)
         if r == 0:
             self.b.node("Size", [t], [(name, "int64", ())], name=name)
             return
         if r not in self.sink_slices:
+            # fresh names: a training step's or released forward graph's own sinks hold these already
             self.sink_slices[r] = (
-                self.b.initializer(f"memplan__sink{r}_starts", np.zeros(r, np.int64), trainable=False),
-                self.b.initializer(f"memplan__sink{r}_ends", np.ones(r, np.int64), trainable=False))
+                self.b.initializer(self._fresh(f"memplan__sink{r}_starts"), np.zeros(r, np.int64), trainable=False),
+                self.b.initializer(self._fresh(f"memplan__sink{r}_ends"), np.ones(r, np.int64), trainable=False))
         starts, ends = self.sink_slices[r]
         self.b.node("Slice", [t, starts, ends], [(name, x.dtype, (1,) * r)], name=name)
+
+    def _fresh(self, stem: str) -> str:
+        """``stem`` (or ``stem_k``), a tensor name the new graph does not have yet."""
+        name, k = stem, 0
+        while self.b.has(name):
+            name, k = f"{stem}_{k}", k + 1
+        return name
 
     def _free(self, tid: int) -> None:
         if self.g.tensors[tid].kind is not TensorKind.ACTIVATION:

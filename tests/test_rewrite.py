@@ -249,3 +249,30 @@ def test_an_in_place_group_swapped_out_in_and_freed_frees_each_tensor_once():
     sess = ort.InferenceSession(export_model(planned).SerializeToString(), planned_session_options())
     (got,) = sess.run(None, feeds)
     np.testing.assert_array_equal(got, np.maximum(feeds["x"] * feeds["x"], 0) + feeds["x"])
+
+
+def test_a_recompute_sink_in_a_graph_with_sinks_of_its_own_gets_fresh_names():
+    """A graph whose unread outputs already have readers (a training step, a forward plan's graph:
+    passes/portable.py release_unread_outputs) holds memplan__sink2_starts/_ends; a recompute copy's
+    unread output needed a reader of the same rank, and the rewrite failed with "tensor name
+    'memplan__sink2_starts' is used twice" (memplan plan --forward of a Split with one output unread
+    and one recomputed)."""
+    from passes.portable import release_unread_outputs
+
+    b = GraphBuilder()
+    x = b.input("x", F, (4, 8))
+    split = b.initializer("split", np.array([4, 2, 2], np.int64), trainable=False)
+    a, c, _ = b.node("Split", [x, split], [("a", F, (4, 4)), ("c", F, (4, 2)), ("d", F, (4, 2))], name="sp",
+                     attrs={"axis": 1})
+    b.output(b.node("Neg", [a], [("y", F, (4, 4))], name="neg")[0])
+    b.output(b.node("Tanh", [c], [("z", F, (4, 2))], name="tanh")[0])
+    graph, _ = release_unread_outputs(b.build())
+    assert "memplan__sink2_starts" in graph.names()
+    schedule = [{"op": "compute", "node": "sp"}, {"op": "compute", "node": "d__sink"},
+                {"op": "compute", "node": "neg"}, {"op": "free", "tensor": "c"},
+                {"op": "compute", "node": "sp"}, {"op": "compute", "node": "tanh"}]
+    out = apply_schedule(graph, schedule)
+    assert "sp__rc1" in [n.name for n in out.nodes] and "a__rc1__sink" in [n.name for n in out.nodes]
+    feeds = {"x": np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)}
+    for want, got in zip(run(export_model(graph), feeds), run(export_model(out), feeds)):
+        np.testing.assert_array_equal(got, want)
