@@ -167,14 +167,9 @@ class _Releaser(GraphAppender):
         return self.finish(), self.origins
 
     def _sink(self, t: int) -> None:
-        x = self.tensors[t]
-        rank = len(x.shape)
-        if rank == 0:
-            self.add_node(f"{x.name}__sink", "Size", [t], [self.add_tensor(f"{x.name}__sink", "int64", ())])
-            return
-        if rank not in self.bounds:
-            self.bounds[rank] = (self.add_const(f"memplan__sink{rank}_starts", np.zeros(rank, np.int64)),
-                                 self.add_const(f"memplan__sink{rank}_ends", np.ones(rank, np.int64)))
-        starts, ends = self.bounds[rank]
-        self.add_node(f"{x.name}__sink", "Slice", [t, starts, ends],
-                      [self.add_tensor(f"{x.name}__sink", x.dtype, (1,) * rank)])
+        from passes.rewrite import add_sink
+
+        def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...]) -> None:
+            self.add_node(stem, op, inputs, [self.add_tensor(stem, dtype, shape)])
+
+        add_sink(self.tensors[t], self.bounds, self.add_const, node)

@@ -14,13 +14,13 @@ before it in the schedule, so ORT's CSE cannot merge it with the original and ev
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
 from planner.errors import PlannerError
-from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, TensorKind
+from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, Tensor, TensorKind
 
 
 #: Optional outputs a computation may omit when the plan reads that output only from another copy
@@ -35,6 +35,28 @@ OPTIONAL_OUTPUTS: Mapping[str, tuple[int, ...]] = {
 
 class PlanMismatchError(PlannerError):
     """The plan does not fit this model (other model, edited file, corrupted plan)."""
+
+
+def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str, np.ndarray], int],
+             node: Callable[[str, str, list[int], str, tuple[int, ...]], None]) -> None:
+    """A tiny reader of tensor ``x`` (its first element), so that ORT frees it at once; the rewriter's
+    recompute copies and passes/portable.py release_unread_outputs both append it.
+
+    A 1-element Slice rather than Size: Size of a static shape is folded away by our importer
+    (and ORT's constant folding), which would leave ``x`` unread again. A scalar gets a Size.
+    ``bounds``: rank -> (starts, ends) of the Slice, made once per rank by ``const(stem, value)``
+    (the new initializer's id); ``node(stem, op, inputs, dtype, shape)`` appends the reader, its
+    node and output named from ``stem``.
+    """
+    stem, r = f"{x.name}__sink", len(x.shape)
+    if r == 0:
+        node(stem, "Size", [x.id], "int64", ())
+        return
+    if r not in bounds:
+        bounds[r] = (const(f"memplan__sink{r}_starts", np.zeros(r, np.int64)),
+                     const(f"memplan__sink{r}_ends", np.ones(r, np.int64)))
+    starts, ends = bounds[r]
+    node(stem, "Slice", [x.id, starts, ends], x.dtype, (1,) * r)
 
 
 def apply_schedule(graph: Graph, schedule: Sequence[Mapping[str, object]]) -> Graph:
@@ -265,24 +287,14 @@ class _Rewriter:
         self.computed[node.id] = k + 1
 
     def _sink(self, t: int) -> None:
-        """A tiny reader of ``t`` (its first element), so that ORT frees it at once.
+        """A tiny reader of ``t``, so that ORT frees it at once (``add_sink``)."""
+        def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...]) -> None:
+            name = self._fresh(stem)
+            self.b.node(op, inputs, [(name, dtype, shape)], name=name)
 
-        A 1-element Slice rather than Size: Size of a static shape is folded away by our importer
-        (and ORT's constant folding), which would leave ``t`` unread again.
-        """
-        x = self.b.tensor(t)
-        name = self._fresh(f"{x.name}__sink")
-        r = len(x.shape)
-        if r == 0:
-            self.b.node("Size", [t], [(name, "int64", ())], name=name)
-            return
-        if r not in self.sink_slices:
-            # fresh names: a training step's or released forward graph's own sinks hold these already
-            self.sink_slices[r] = (
-                self.b.initializer(self._fresh(f"memplan__sink{r}_starts"), np.zeros(r, np.int64), trainable=False),
-                self.b.initializer(self._fresh(f"memplan__sink{r}_ends"), np.ones(r, np.int64), trainable=False))
-        starts, ends = self.sink_slices[r]
-        self.b.node("Slice", [t, starts, ends], [(name, x.dtype, (1,) * r)], name=name)
+        # fresh names: a training step's or released forward graph's own sinks hold these already
+        add_sink(self.b.tensor(t), self.sink_slices,
+                 lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node)
 
     def _fresh(self, stem: str) -> str:
         """``stem`` (or ``stem_k``), a tensor name the new graph does not have yet."""
