@@ -47,7 +47,7 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
     size = p.size.astype(np.int64)
     segs: list[list[list[int]]] = [[[v, int(p.last_use[v])]] for v in range(n)]
     reads: list[list[int]] = [sorted(set(s)) for s in p.succ_lists]
-    mem = p.unplanned_memory.astype(np.int64).copy()
+    mem = p.step_memory.astype(np.int64).copy()  # a taken-over input counted apart (may outlive its reader)
     # the workspace counted at each step: its own, or a larger one of a recompute before it
     step_scratch = p.scratch.astype(np.int64).copy()
     preds = p.pred_lists

@@ -300,7 +300,23 @@ class PlanningProblem:
     # ---- the unplanned run ----------------------------------------------------------------
     @cached_property
     def unplanned_memory(self) -> np.ndarray:
-        """Bytes resident at each step with no remat (base and scratch included)."""
+        """Bytes resident at each step with no remat (base and scratch included), as simulate()
+        counts the no-remat plan: a node that takes over its input's buffer (``takes_over``: the
+        input's only reader, so the input dies at it in this run) holds the two as one buffer."""
+        mem = self.step_memory.copy()
+        if self.takes_over is not None:
+            at = np.flatnonzero(self.takes_over >= 0)
+            u = self.takes_over[at]
+            dies = (self.last_use[u] == at) & ~self.pinned[u]
+            mem[at[dies]] -= self.size[u[dies]]
+        mem.setflags(write=False)
+        return mem
+
+    @cached_property
+    def step_memory(self) -> np.ndarray:
+        """:attr:`unplanned_memory` with a taken-over input counted apart from the node that
+        takes it over: what a step holds whichever reads come later (split_greedy's accounting,
+        which may keep that input past its reader)."""
         delta = np.zeros(self.n + 1, dtype=np.int64)
         np.add.at(delta, np.arange(self.n), self.size)
         np.add.at(delta, self.last_use + 1, -self.size)

@@ -144,6 +144,7 @@ class _Profile:
         self.dst = np.asarray([w for s in p.succ_lists for w in s], dtype=np.int64)
         self.size = p.size.astype(np.int64)
         self.top = max(1, p.n // 20)
+        self.over = None if p.takes_over is None else np.flatnonzero(p.takes_over >= 0)  # PlanningProblem.takes_over
 
     def __call__(self, order: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(memory at each position, position of each node, position of its last read)."""
@@ -163,6 +164,10 @@ class _Profile:
         delta -= np.bincount(last + 1, weights=self.size, minlength=n + 1).astype(np.int64)
         mem = np.cumsum(delta[:n])
         mem[pos] += self.p.scratch
+        if self.over is not None:  # a node taking over an input that dies at it holds one buffer
+            u = self.p.takes_over[self.over]
+            dies = (last[u] == pos[self.over]) & ~self.p.pinned[u]
+            mem[pos[self.over[dies]]] -= self.size[u[dies]]
         return mem + self.p.base_bytes, pos, last
 
     def key(self, mem: np.ndarray) -> tuple[int, int, int]:
