@@ -416,17 +416,60 @@ class PlanningProblem:
             return self.runtime_need
         kept = self._pinned_kept
         cols = np.flatnonzero(self.pinned)
+        need = self.runtime_need - self._pinned_before + self._pinned_ancestors.astype(np.int64) @ kept[cols]
+        need.setflags(write=False)
+        return need
+
+    @cached_property
+    def _pinned_ancestors(self) -> np.ndarray:
+        """bool [n, pinned nodes]: the pinned nodes (in node order) each node depends on."""
+        cols = np.flatnonzero(self.pinned)
         col = np.full(self.n, -1, dtype=np.int64)
         col[cols] = np.arange(cols.size)
-        ancestors = np.zeros((self.n, cols.size), dtype=bool)  # pinned ancestors of each node
+        ancestors = np.zeros((self.n, cols.size), dtype=bool)
         for i in range(self.n):
             for u in self.pred_lists[i]:
                 ancestors[i] |= ancestors[u]
                 if col[u] >= 0:
                     ancestors[i, col[u]] = True
-        need = self.runtime_need - self._pinned_before + ancestors.astype(np.int64) @ kept[cols]
-        need.setflags(write=False)
-        return need
+        ancestors.setflags(write=False)
+        return ancestors
+
+    @cached_property
+    def _last_pinned_floor(self) -> int:
+        """A bound on every plan's peak, in every node order, from the pinned outputs: of any set
+        S of them, one is made last, and when it is made (a companion: when its node first runs)
+        the others of S and its own pinned ancestors are resident besides what its step needs.
+        So min over q in S of (q's step less the pinned outputs, + the kept bytes of S and of
+        q's pinned ancestors, less q's own, not made yet) bounds the peak. S starts as every
+        pinned output and drops, one at a time, the one that gives that least (the loss, whose
+        step holds a few bytes, made last); the highest of these bounds. zoo:mlp's training step:
+        343488 bytes with every pinned output in S (the loss made last), 347392 once the loss and
+        the head's bias gradient are out (before them the ReduceSum of the first layer's bias
+        gradient holds its 4 KiB input with every other gradient resident); its peak is 347520."""
+        cols = np.flatnonzero(self.pinned)
+        kept = self._pinned_kept[cols]
+        # the moments each q may be made at: its own step, and for a companion its node's first
+        # compute (that node is not pinned itself); own: the step less the pinned outputs
+        moments = [(self.runtime_need[cols] - self._pinned_before[cols], self._pinned_ancestors[cols])]
+        if self.companion is not None and self.companion[cols].any():
+            glued = self.companion[cols]
+            at = np.where(glued, cols - 1, cols)
+            own = np.where(glued, self.runtime_need[at] - self._pinned_before[at], np.iinfo(np.int64).min // 4)
+            moments.append((own, self._pinned_ancestors[at]))
+        in_s = np.ones(cols.size, dtype=bool)
+        # per moment and q: the kept bytes of S and of q's pinned ancestors
+        held = [np.full(cols.size, int(kept.sum()), dtype=np.int64) for _ in moments]
+        best = 0
+        while in_s.any():
+            f = np.max([own + h - kept for (own, _), h in zip(moments, held)], axis=0)
+            f = np.where(in_s, f, np.iinfo(np.int64).max)
+            q = int(np.argmin(f))
+            best = max(best, int(f[q]))
+            in_s[q] = False
+            for (_, anc), h in zip(moments, held):
+                h -= np.where(anc[:, q], 0, kept[q])  # an ancestor of r stays in r's count
+        return best
 
     @cached_property
     def _pinned_kept(self) -> np.ndarray:
@@ -448,12 +491,7 @@ class PlanningProblem:
         peak, where this order's floor says 71% and a memory-aware order's plan peaks at 64%."""
         if not self.pinned.any():
             return self.memory_floor
-        kept = self._pinned_kept
-        cols = np.flatnonzero(self.pinned)
-        # what each pinned node's step needs besides the pinned outputs (all in the total below)
-        own = self.runtime_need[cols] - self._pinned_before[cols]
-        last = int((own + int(kept.sum()) - kept[cols]).min())
-        lower = max(int(self.order_free_need.max()), last, self._last_input_floor)
+        lower = max(int(self.order_free_need.max()), self._last_pinned_floor, self._last_input_floor)
         return min(lower, self.memory_floor)
 
     def budget_for(self, fraction: float) -> int:
