@@ -291,6 +291,7 @@ def least_peak_order(problem: PlanningProblem, max_nodes: int = EXACT_MAX_NODES,
     pred_mask = [sum(1 << u for u in p.pred_lists[v]) for v in range(n)]
     succ_mask = [sum(1 << w for w in p.succ_lists[v]) for v in range(n)]
     base = int(p.base_bytes)
+    over = [-1] * n if p.takes_over is None else [int(x) for x in p.takes_over]
     # state (computed set) -> (peak so far, resident bytes, order reaching it); one layer per count
     layer: dict[int, tuple[int, int, tuple[int, ...]]] = {0: (base, 0, ())}
     states = 1
@@ -300,8 +301,10 @@ def least_peak_order(problem: PlanningProblem, max_nodes: int = EXACT_MAX_NODES,
             for v in range(n):
                 if done >> v & 1 or pred_mask[v] & ~done:
                     continue
-                top = max(peak, base + resident + size[v] + scratch[v])
                 now = done | 1 << v
+                u = over[v]  # an input v takes over and reads last: one buffer with v's output
+                shared = size[u] if u >= 0 and not p.pinned[u] and not succ_mask[u] & ~now else 0
+                top = max(peak, base + resident + size[v] + scratch[v] - shared)
                 after = resident + (size[v] if held[v] else 0)
                 for u in p.pred_lists[v]:  # inputs v reads last are freed after it
                     if not p.pinned[u] and not succ_mask[u] & ~now:
