@@ -138,7 +138,11 @@ def library() -> str | None:
                  "measuring RSS instead", target)
         return None
     if target.exists():
-        return str(target)
+        if _loads(target):
+            return str(target)
+        # a truncated or damaged file (a full disk, a copied cache) made every measuring child die
+        # of SIGBUS at preload ("measuring the model in onnxruntime failed: (no output)")
+        log.info("allocation counter: %s does not load; building it again", target)
     names = [os.environ[COMPILER_ENV]] if os.environ.get(COMPILER_ENV) else ["cc", "gcc"]
     compiler = next((shutil.which(c) for c in names if shutil.which(c)), None)
     if compiler is None:
@@ -156,11 +160,24 @@ def library() -> str | None:
                 tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 log.info("allocation counter: %s failed (%s); measuring RSS instead", compiler, tail)
                 return None
+            if not _loads(out):
+                log.info("allocation counter: the library %s built does not load; measuring RSS instead", compiler)
+                return None
             os.replace(out, target)  # atomic: a concurrent build leaves one whole library
     except (OSError, subprocess.SubprocessError) as err:
         log.info("allocation counter: cannot build in %s (%s); measuring RSS instead", target.parent, err)
         return None
     return str(target)
+
+
+def _loads(path: Path) -> bool:
+    """Whether a Python preloaded with the library at ``path`` starts and finds its counters."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL(None).memcount_high"],
+                              env=dict(os.environ, LD_PRELOAD=str(path)), capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
 
 
 #: Python run inside the measuring child: reads the preloaded counter, or None without it.

@@ -1,8 +1,10 @@
 """The allocation counter behind verify's peaks (passes/alloc_counter.py): exact, or absent and said."""
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,3 +194,26 @@ def test_working_buffers_are_counted_as_ort_allocates_them(case):
         assert lv.scratch[0] > exact.scratch[0]  # rounded up: the sizes above are not whole lines
     else:
         assert lv.dynamic_peak - lv.allocator_dynamic_peak == 1001  # the mask: real memory, not ORT's allocator
+
+
+@needs_counter
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_cached_library_is_built_again(tmp_path, monkeypatch, damage):
+    # a truncated library in the cache made every measuring child die of SIGBUS at preload:
+    # verify failed with "measuring the model in onnxruntime failed: (no output)"
+    good = Path(alloc_counter.library()).read_bytes()
+    monkeypatch.setenv("MEMPLAN_CACHE", str(tmp_path / "cache"))
+    alloc_counter.library.cache_clear()
+    try:
+        digest = hashlib.sha256(alloc_counter.SOURCE.encode()).hexdigest()[:16]
+        cached = tmp_path / "cache" / f"alloc_counter-{digest}.so"
+        cached.parent.mkdir()
+        damaged = {"truncated": good[:3000], "garbage": b"not a library"}[damage]
+        cached.write_bytes(damaged)
+        assert alloc_counter.library() == str(cached)
+        assert cached.read_bytes() != damaged and len(cached.read_bytes()) > len(good) // 2
+        n = 1001
+        m = measure_peak(export_model(long_skip(n)), {"x": np.ones(n, np.float32)}, repeats=1)
+        assert m.method == ALLOCATOR and m.peak_bytes == 4 * 4032
+    finally:
+        alloc_counter.library.cache_clear()
