@@ -132,7 +132,12 @@ def library() -> str | None:
         log.info("allocation counter: needs Linux (glibc); measuring RSS instead")
         return None
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    target = cache_dir() / f"alloc_counter-{digest}.so"
+    try:
+        folder = cache_dir()
+    except RuntimeError as err:  # no $HOME and no passwd entry (a container's arbitrary uid)
+        log.info("allocation counter: no cache folder (%s; set MEMPLAN_CACHE); measuring RSS instead", err)
+        return None
+    target = folder / f"alloc_counter-{digest}.so"
     if any(c in str(target) for c in " :"):  # LD_PRELOAD splits its list at spaces and colons
         log.info("allocation counter: the cache path %s has a space or colon (set MEMPLAN_CACHE); "
                  "measuring RSS instead", target)

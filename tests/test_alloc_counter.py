@@ -217,3 +217,22 @@ def test_a_damaged_cached_library_is_built_again(tmp_path, monkeypatch, damage):
         assert m.method == ALLOCATOR and m.peak_bytes == 4 * 4032
     finally:
         alloc_counter.library.cache_clear()
+
+
+def test_no_home_folder_means_no_counter_not_a_crash(monkeypatch):
+    # a container's arbitrary uid: no $HOME, no passwd entry; Path.home() raised RuntimeError and
+    # memplan verify died with a traceback
+    import pwd
+
+    for name in ("MEMPLAN_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    alloc_counter.library.cache_clear()
+    try:
+        assert alloc_counter.library() is None
+    finally:
+        alloc_counter.library.cache_clear()
