@@ -133,7 +133,7 @@ def library() -> str | None:
         return None
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
     try:
-        folder = cache_dir()
+        folder = cache_dir().absolute()  # LD_PRELOAD looks a name without a slash up on the library path
     except RuntimeError as err:  # no $HOME and no passwd entry (a container's arbitrary uid)
         log.info("allocation counter: no cache folder (%s; set MEMPLAN_CACHE); measuring RSS instead", err)
         return None

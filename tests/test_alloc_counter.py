@@ -236,3 +236,20 @@ def test_no_home_folder_means_no_counter_not_a_crash(monkeypatch):
         assert alloc_counter.library() is None
     finally:
         alloc_counter.library.cache_clear()
+
+
+@needs_counter
+def test_a_relative_cache_folder_still_preloads(tmp_path, monkeypatch):
+    # MEMPLAN_CACHE=. built ./alloc_counter-*.so but preloaded it as 'alloc_counter-*.so', a name
+    # ld.so looks up on the library path: not found, so verify measured RSS, and -v said nothing
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMPLAN_CACHE", ".")
+    alloc_counter.library.cache_clear()
+    try:
+        lib = alloc_counter.library()
+        assert lib is not None and os.path.isabs(lib) and Path(lib).parent == tmp_path
+        n = 1001
+        m = measure_peak(export_model(long_skip(n)), {"x": np.ones(n, np.float32)}, repeats=1)
+        assert m.method == ALLOCATOR and m.peak_bytes == 4 * 4032
+    finally:
+        alloc_counter.library.cache_clear()
