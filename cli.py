@@ -634,7 +634,7 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
     taken = {}
     for p in inputs:
         if p and not p.startswith("zoo:"):
-            taken[Path(p).resolve()] = "an input"
+            taken[Path(os.path.realpath(p))] = "an input"  # Path.resolve raised RuntimeError on a link loop
             for data in _external_files(p):
                 taken[data] = f"the data file {p} reads its weights from"
     for option, path in outputs.items():
@@ -643,7 +643,10 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
         if path == "-":
             raise UsageError(f"{option} - would write a file named '-' ({option} does not print to stdout); "
                              "give a file name")
-        target = Path(path).resolve()
+        try:
+            target = Path(path).resolve()
+        except RuntimeError:  # Python < 3.13: "Symlink loop from ..."
+            raise UsageError(f"{option} {path} is a symbolic link that loops; give a file name") from None
         if not target.parent.is_dir():
             raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
         if target.is_dir():
@@ -656,7 +659,7 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
         taken[target] = f"written by {option} too"
     for option in models:
         path = outputs.get(option)
-        data = Path(f"{path}.data").resolve() if path else None
+        data = Path(os.path.realpath(f"{path}.data")) if path else None
         if data is not None and data in taken:
             raise UsageError(f"{option} {path} would write its weights over {data.name}, which is {taken[data]}; "
                              "choose another file name")
@@ -691,7 +694,8 @@ def _external_files(model: str) -> set:
         proto, folder, _ = load_proto(model, weights=False)
     except PlannerError:
         return set()  # not a model: the command says so when it reads it
-    return {(folder / e.value).resolve() for t in onnx.external_data_helper._get_all_tensors(proto)  # noqa: SLF001
+    return {Path(os.path.realpath(folder / e.value))
+            for t in onnx.external_data_helper._get_all_tensors(proto)  # noqa: SLF001
             if t.data_location == onnx.TensorProto.EXTERNAL for e in t.external_data if e.key == "location"}
 
 

@@ -277,7 +277,7 @@ def _varint(buf, pos: int) -> tuple[int, int]:
 def _external_file(t: onnx.TensorProto, folder: Path, display: str) -> Path:
     """The data file of external tensor ``t``, refusing any location outside the model's own folder."""
     loc = {e.key: e.value for e in t.external_data}.get("location", "")
-    target = (folder / loc).resolve()
+    target = Path(os.path.realpath(folder / loc))  # Path.resolve raised RuntimeError on a link loop
     if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or folder not in target.parents:
         raise ModelImportError(
             f"{display}: initializer {t.name!r} has external data location {loc!r} outside the model's "

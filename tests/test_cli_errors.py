@@ -716,3 +716,26 @@ def test_a_swap_plan_counts_the_in_place_tanh_once_and_goes_below_the_models_own
     plan = json.loads(out)
     assert plan["status"] in ("optimal", "feasible") and plan["peak_bytes"] <= plan["budget_bytes"]
     assert plan["peak_bytes"] < plan["unplanned_peak_bytes"] - 100_000 and plan["swapped"]
+
+
+def test_a_symlink_loop_as_a_path_is_one_line(tmp_path):
+    # Path.resolve raised RuntimeError ("Symlink loop from ...") and the commands died with a traceback
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop.name)
+    rc, _, err = memplan("plan", "zoo:mlp", "--budget", "100%", "-o", loop)
+    assert rc == 2 and "is a symbolic link that loops" in one_line(err)
+    (tmp_path / "m.onnx.data").symlink_to("m.onnx.data")
+    rc, _, err = memplan("rewrite", loop, loop, "-o", tmp_path / "m.onnx")
+    assert rc == 2 and "loop" in one_line(err)
+    rc, _, err = memplan("check", loop, "--budget", "1GiB", "--junit", tmp_path / "r.xml")
+    assert rc == 3 and "Traceback" not in err and "loop: no such file" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop", "m.onnx.data", "r.xml"]
+
+
+def test_an_external_data_file_that_is_a_symlink_loop_is_one_line(external_model):
+    data = external_model.parent / "weights.bin"
+    data.unlink()
+    data.symlink_to(data.name)
+    for args in (("inspect", external_model), ("plan", external_model, "--budget", "100%")):
+        rc, _, err = memplan(*args)
+        assert rc == 3 and "external data file 'weights.bin'" in one_line(err)
