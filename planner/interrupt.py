@@ -8,6 +8,11 @@ CLI does), solves run through :func:`solve`: CP-SAT leaves SIGINT to Python, who
 writes the signal to a wakeup socket; a watcher thread reading it stops every running solve, and
 Python raises KeyboardInterrupt as the solve returns, so nothing more is planned or written.
 Without :func:`install` (memplan used as a library) CP-SAT keeps its own handling.
+
+SIGTERM (a CI job cancelled, ``timeout``) killed memplan where it stood: one caught mid-write left
+the half-written temp file (``.plan.json.XXXX.tmp``, or a ``tmpXXXX`` folder holding part of the
+model) in the output's folder. Once :func:`install` ran it stops running solves as Ctrl-C does
+and exits with status 143 (128 + SIGTERM) through the usual clean-up, so temp files go too.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ def install() -> None:
     global _installed
     if _installed == os.getpid() or threading.current_thread() is not threading.main_thread():
         return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
     reader, writer = socket.socketpair()
@@ -48,10 +55,17 @@ def _watch(reader: socket.socket, writer: socket.socket) -> None:
         data = reader.recv(64)
         if not data:
             return
-        if signal.SIGINT in data:  # the wakeup fd carries one byte per signal: its number
+        # the wakeup fd carries one byte per signal: its number
+        if signal.SIGINT in data or signal.SIGTERM in data:
             with _lock:
                 for solver in list(_active):
                     solver.StopSearch()
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM: leave through the clean-up that removes temp files; one line, status 128 + 15."""
+    os.write(2, b"memplan: terminated\n")
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 def solve(solver: Any, model: Any, callback: Any = None) -> int:

@@ -739,3 +739,41 @@ def test_an_external_data_file_that_is_a_symlink_loop_is_one_line(external_model
     for args in (("inspect", external_model), ("plan", external_model, "--budget", "100%")):
         rc, _, err = memplan(*args)
         assert rc == 3 and "external data file 'weights.bin'" in one_line(err)
+
+
+TERM_MID_WRITE = r"""
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from planner import fileio, interrupt
+from passes import onnx_export
+import models
+from passes.onnx_import import import_model
+interrupt.install()
+real_replace = os.replace
+
+def term_first(*args):
+    os.kill(os.getpid(), signal.SIGTERM)  # a CI job cancelled while the file is being written
+    return real_replace(*args)
+
+os.replace = term_first
+out = Path(sys.argv[1])
+if sys.argv[2] == "json":
+    fileio.atomic_write(out / "plan.json", "{{}}")
+else:
+    onnx_export.write_model(import_model("zoo:mlp"), out / "m.onnx")
+"""
+
+
+@pytest.mark.parametrize("kind", ["json", "model"])
+def test_sigterm_while_writing_leaves_no_temp_file(tmp_path, kind):
+    """SIGTERM killed memplan where it stood: caught mid-write it left .plan.json.XXXX.tmp (or a
+    tmpXXXX folder with part of the model) beside the output. Now it exits 143 through the clean-up."""
+    import subprocess
+    import sys
+
+    code = TERM_MID_WRITE.format(root=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), kind], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 143 and proc.stderr.strip() == "memplan: terminated", proc.stderr
+    assert list(tmp_path.iterdir()) == []
