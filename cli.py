@@ -643,6 +643,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
         if path == "-":
             raise UsageError(f"{option} - would write a file named '-' ({option} does not print to stdout); "
                              "give a file name")
+        if path.endswith(("/", os.sep)):  # resolve drops the slash: -o out/ wrote a file named out
+            raise UsageError(f"{option} {path} names a folder; give a file name")
         try:
             target = Path(path).resolve()
         except RuntimeError:  # Python < 3.13: "Symlink loop from ..."

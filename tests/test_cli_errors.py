@@ -777,3 +777,13 @@ def test_sigterm_while_writing_leaves_no_temp_file(tmp_path, kind):
                           timeout=120)
     assert proc.returncode == 143 and proc.stderr.strip() == "memplan: terminated", proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_path_ending_in_a_slash_is_refused(tmp_path):
+    # Path.resolve drops the trailing slash: -o out/ (meant as a folder that does not exist yet)
+    # wrote the plan as a file named out
+    rc, _, err = memplan("plan", "zoo:mlp", "--budget", "100%", "--strategy", "none", "-o", f"{tmp_path / 'out'}/")
+    assert rc == 2 and "names a folder; give a file name" in one_line(err)
+    rc, _, err = memplan("check", "zoo:mlp", "--budget", "1GiB", "--junit", f"{tmp_path / 'r'}/")
+    assert rc == 2 and "--junit" in one_line(err)
+    assert list(tmp_path.iterdir()) == []
