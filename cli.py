@@ -293,7 +293,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from pathlib import Path
 
     import models
-    from passes.onnx_export import export_model, write_model
+    from passes.onnx_export import export_model, initializer_values, write_model
     from passes.onnx_import import import_model, load_header
     from passes.plan_model import fingerprint
     from passes.verify import cpu_float32_fallback_ops, held_base_bytes, verify_models
@@ -311,6 +311,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     made_with = _made_with(planned, meta["memplan.plan"])
     given, planned_dims = parse_dims(dims), made_with.get("dims") or {}
     graph = import_model(model, given or planned_dims, loose_dims=())
+    weights = initializer_values(graph)  # the model's own, before the training step adds any
     graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
         if given and planned_dims and given != planned_dims:  # the same model, bound to other sizes
@@ -320,6 +321,13 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
     planned_graph = import_model(planned)
+    changed = _changed_weights(weights, initializer_values(planned_graph))
+    if changed:
+        # the fingerprint is structural: a planned file kept from before the weights changed ran, and
+        # verify said the outputs DIFFER, as if the plan had broken the numerics
+        raise UsageError(f"{planned} holds other values than {model!r} for {len(changed)} of its weights "
+                         f"({changed[0]!r} first): it was planned from another version of the model; plan it "
+                         "again with memplan plan --emit")
     # On CPU the swap nodes are plain copies in the same RAM: predict what this run will hold.
     planned_lv = analyze(planned_graph, model=MemoryModel(host_copies_resident=True))
     predicted = planned_lv.dynamic_peak
@@ -429,6 +437,24 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                    f"(measured {info['time_overhead'] * 100:+.1f}%, median of alternating runs, 1 thread{pred_text})")
     if not report.outputs_equal or info["budget"]["within"] is False:
         sys.exit(EXIT_FAILED)
+
+
+def _changed_weights(model: dict, planned: dict) -> list[str]:
+    """Names of ``model``'s initializers that ``planned`` holds under the same name with other
+    bytes (or another shape or type)."""
+    import numpy as np
+
+    def same(a, b) -> bool:
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.dtype == object:
+            return bool(np.array_equal(a, b))
+        # bytes, not values: a NaN weight equals itself
+        return bool(np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
+                                   np.ascontiguousarray(b).reshape(-1).view(np.uint8)))
+
+    return [name for name, value in model.items() if name in planned and not same(value, planned[name])]
 
 
 def _is_integer(v: Any) -> bool:

@@ -787,3 +787,22 @@ def test_an_output_path_ending_in_a_slash_is_refused(tmp_path):
     rc, _, err = memplan("check", "zoo:mlp", "--budget", "1GiB", "--junit", f"{tmp_path / 'r'}/")
     assert rc == 2 and "--junit" in one_line(err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_refuses_a_planned_file_made_from_other_weights(external_model, tmp_path):
+    """The fingerprint is structural: a planned file kept from before the model was retrained
+    passed it, ran, and verify said the outputs DIFFER (exit 1), as if the plan were wrong."""
+    from onnx import numpy_helper
+
+    planned = tmp_path / "planned.onnx"
+    rc, _, err = memplan("plan", external_model, "--budget", "100%", "--strategy", "none", "--emit", planned)
+    assert rc == 0, err
+    retrained = onnx.load(external_model)
+    w1 = retrained.graph.initializer[0]
+    w1.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w1) * 2, w1.name))
+    newer = tmp_path / "newer.onnx"
+    onnx.save(retrained, newer)
+    rc, _, err = memplan("verify", newer, planned)
+    assert rc == 2 and "holds other values than" in one_line(err) and "'W1' first" in err
+    rc, out, err = memplan("verify", external_model, planned)
+    assert rc == 0 and "outputs      equal" in out, err
