@@ -7,6 +7,8 @@ outputs nobody reads, so lowering groups them:
   * a view (Reshape/Identity/... of a produced tensor, other inputs constant) joins its source's
     group: it shares the buffer, so it is freed, recomputed and swapped with it;
   * a view of a constant is a problem node of size 0;
+  * a view into a graph output is a problem node of its own (its copy's bytes): ORT copies it
+    into the output when the view runs (liveness.py);
   * an output nobody reads stays resident to the end in ORT (liveness.py): its bytes go to a
     *companion* of its node (below), or under 0.1% of the peak to the constant base
     (conservative; ``late_base_bytes``: the floor leaves them out, as ORT holds them only once
@@ -123,7 +125,13 @@ def lower(
         others_constant = all(
             t == NO_TENSOR or graph.tensors[t].is_constant_base for t in node.inputs[1:]
         )
-        if src != NO_TENSOR and len(node.outputs) == 1 and others_constant and graph.tensors[src].producer >= 0:
+        # a view into a graph output is a copy (liveness.py: ORT allocates it when the view runs),
+        # so it is a problem node of its own: grouped with its source, its copy was counted from
+        # the source's step on, with the source's inputs (zoo:mlp's bias gradients: ReduceSum,
+        # then the Reshape into the graph output; the problem's unplanned peak was 512 B over
+        # the model's own)
+        if src != NO_TENSOR and len(node.outputs) == 1 and others_constant and graph.tensors[src].producer >= 0 \
+                and node.outputs[0] not in graph.output_set:
             j = int(group_of[graph.tensors[src].producer])
             groups[j].append(node.id)
             views[j].append(node.id)
@@ -212,7 +220,6 @@ def lower(
             in_place[j] = min(int(size[j]), lv.tensor_bytes(out))
     two_step = np.zeros(m, dtype=bool)
     for j, members in enumerate(groups):
-        first = {members[0]} | ({members[1]} if taken[j] else set())
         if taken[j]:
             # one op, then the op writing into its output (_in_place_group): ORT holds the
             # first op's inputs, then the second's, each with the buffer
@@ -227,9 +234,6 @@ def lower(
             # a MatMul's output), the node's step is the runtime's: nothing to leave out (flagged, a
             # float16 MLP's least was never searched exactly: no plan, no proof, at 97%)
             two_step[j] = in_place[j] > 0
-        # buffers a later member makes (a view copied into a graph output) wait for it
-        later = [t for t in buffers[j] if graph.tensors[t].producer not in first]
-        in_place[j] += sum(lv.tensor_bytes(t) for t in later)
     takes_over = _takes_over(graph, lv, groups, group_of, buffers, taken, preds, size, pinned, ort_rule)
     names = [graph.nodes[g[0]].name for g in groups]
     # Bytes that stay to the end from the step that makes them: a pinned node's graph outputs, where

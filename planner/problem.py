@@ -56,8 +56,7 @@ class PlanningProblem:
     backward: np.ndarray | None = None
     # Bytes the runtime need not hold of what ``step_need`` counts for node i: its output written
     # into the buffer of an input it reads last (ONNX Runtime runs Relu, Add, ScatterElements ...
-    # in place: planner/liveness.py), what a later member of an ONNX node group allocates (a view
-    # copied into a graph output), and for a ``two_step`` node the inputs of one op that the
+    # in place: planner/liveness.py), and for a ``two_step`` node the inputs of one op that the
     # other does not read. The problem's own accounting
     # holds them all at once (safe for plans); the floor subtracts them, so that what it claims
     # holds for the runtime too. None: nothing of the kind.

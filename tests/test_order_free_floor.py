@@ -137,7 +137,9 @@ def test_the_pinned_outputs_made_last_bound_every_order_on_the_mlp_training_step
     its 4 KiB input and every other gradient resident). The floor over every order took the loss
     (64 B made from a 64 B input) as the last pinned output made, 343488 bytes, so at 99%
     (344045) the solve had no plan and no proof: exit 4 on a 37-node step. With the loss and the
-    head's bias gradient made last, the others still cost 347392: infeasible."""
+    head's bias gradient made last, the others still cost 347392: infeasible. (Since the Reshape
+    copying each bias gradient into its graph output is a problem node of its own, that copy may be
+    made last apart from its ReduceSum's 4 KiB input: 345856, still above 99%.)"""
     import cli
     from passes.plan_model import lower_graph, plan_graph
     from planner.liveness import analyze
@@ -147,10 +149,10 @@ def test_the_pinned_outputs_made_last_bound_every_order_on_the_mlp_training_step
     own = analyze(graph).peak_bytes
     problem, _ = lower_graph(graph)
     assert own == 347520 and problem.memory_floor == own
-    assert problem.order_free_floor == 347392  # before: 343488
+    assert problem.order_free_floor == 345856  # before: 343488
     budget = share_of(own, 0.99)
     pm = plan_graph(graph, budget, options=PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True))
-    assert not pm.ok and pm.result.status == "infeasible" and pm.result.least_bytes == 347392
+    assert not pm.ok and pm.result.status == "infeasible" and pm.result.least_bytes == 345856
 
 
 

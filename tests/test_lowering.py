@@ -1,0 +1,55 @@
+"""planner/lowering.py: the lowered problem's own accounting against the model's (liveness.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from passes.autodiff import training_graph
+from passes.onnx_import import import_model
+from planner.baselines import no_remat
+from planner.liveness import analyze
+from planner.lowering import lower
+from planner.simulate import simulate
+from tests.helpers import parse_model
+
+# e dies at the ReduceSum; the Reshape copies the sum into the graph output y (a view into a
+# graph output is a buffer of its own, allocated when the Reshape runs, liveness.py)
+SUM_INTO_OUTPUT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[64, 64] x) => (float[64] y)
+<int64[1] axes = {0}, int64[1] shape = {64}>
+{
+  e = Exp(x)
+  s = ReduceSum<keepdims = 1>(e, axes)
+  y = Reshape(s, shape)
+}
+"""
+
+
+def test_a_view_copied_into_a_graph_output_is_counted_when_it_runs():
+    """A ReduceSum and the Reshape copying its sum into a graph output were one problem node: the
+    copy was counted at the ReduceSum's step, with the input that dies there (16 KiB + two
+    256-byte buffers, where ORT never holds more than 16 KiB + one)."""
+    graph = import_model(parse_model(SUM_INTO_OUTPUT))
+    lv = analyze(graph)
+    assert lv.peak_bytes == graph.base_bytes + 64 * 64 * 4 + 256
+    problem, lowering = lower(graph)
+    assert problem.unplanned_peak == lv.peak_bytes
+    assert simulate(problem, no_remat(problem)).peak_bytes == lv.peak_bytes
+    # the Reshape is a problem node of its own, holding the graph output
+    (k,) = [i for i, grp in enumerate(lowering.groups) if [graph.nodes[n].op_type for n in grp] == ["Reshape"]]
+    assert problem.pinned[k] and problem.size[k] == 256
+
+
+def test_the_mlp_training_steps_problem_peaks_at_the_models_own_peak():
+    """zoo:mlp's bias gradients are each a ReduceSum and a Reshape into the graph output: the
+    problem's unplanned peak was 348032 bytes, the model's 347520."""
+    graph = training_graph(import_model("zoo:mlp"))
+    lv = analyze(graph)
+    problem, lowering = lower(graph)
+    assert problem.unplanned_peak == lv.peak_bytes == 347520
+    # and step by step: each problem node made of consecutive graph nodes holds what ORT holds there
+    step_of = {n: s for s, n in enumerate(lv.order)}
+    for i, grp in enumerate(lowering.groups):
+        steps = [step_of[n] for n in grp]
+        if steps and steps == list(range(steps[0], steps[0] + len(steps))):
+            assert int(problem.unplanned_memory[i]) == int(np.max(lv.memory[steps])), problem.names[i]
