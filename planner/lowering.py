@@ -237,15 +237,23 @@ def lower(
     takes_over = _takes_over(graph, lv, groups, group_of, buffers, taken, preds, size, pinned, ort_rule)
     names = [graph.nodes[g[0]].name for g in groups]
     # Bytes that stay to the end from the step that makes them: a pinned node's graph outputs, where
-    # its other buffers die (a loss node's log-probabilities, a bias gradient's sum before the copy
-    # into its output), and outputs nobody reads (a gradient op's unused one). Pinned as one with
-    # the node, or counted in the base from the start, they over-stated the peak (gpt2: +3.7%; a
+    # its other buffers die (a loss node's log-probabilities), and outputs nobody reads (a gradient
+    # op's unused one). Pinned as one with the node, or counted in the base from the start, they over-stated the peak (gpt2: +3.7%; a
     # spatial transformer: +15.6%, a 64 KiB unread output of its backward). Such a node gets a
     # companion right after it: pinned, those bytes, cost 0, reading only the node and making no
     # ONNX node; a node that held graph outputs is then freed after its last read and may be
     # recomputed (the rewrite binds graph outputs to the first computation), never swapped.
-    # Unread outputs under 0.1% of the peak stay in the base.
-    moved = np.where(unread >= max(1, lv.peak_bytes // 1000), unread, 0)
+    # Unread outputs under 0.1% of the peak stay in the base, except where they are all the node
+    # makes (a sink's 1-element Slice, passes/rewrite.py): that node holds them itself, pinned,
+    # from its step on, as ORT does (in the base from the start, zoo:cnn?batch=1 --forward's four
+    # sinks put the problem's unplanned peak 256 bytes over the model's own, at its first Conv)
+    small = unread < max(1, lv.peak_bytes // 1000)
+    alone = (unread > 0) & small & (size == 0) & ~pinned
+    size[alone] = kept[alone] = read[alone] = unread[alone]
+    pinned[alone] = True
+    dangling -= int(unread[alone].sum())
+    unread[alone] = 0
+    moved = np.where(small, 0, unread)
     # ORT allocates them with the node's other outputs, while its inputs are still held: counted
     # in its step as scratch too (the companion right after it comes when an input that dies there
     # is gone; a Split's unread half was 17% of a fuzzed model's peak, left out of its step)
@@ -258,6 +266,7 @@ def lower(
     swappable = np.ones(m + len(split), dtype=bool)
     companion = np.zeros(m + len(split), dtype=bool)
     companion[comp] = True
+    swappable[at[alone]] = False  # ORT holds an unread output to the end, wherever a copy of it goes
     if split:
         def widen(a, fill):
             out = np.empty(m + len(split), dtype=np.asarray(a).dtype)
