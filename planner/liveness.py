@@ -30,7 +30,8 @@ tests/test_peak_accuracy.py):
     (planner/einsum.py), ScatterElements an int64 copy of its indices, Dropout a bool
     mask when the graph takes none, fused LSTM/GRU/RNN their gate projections of every step
     (per direction), state and bias buffers and the final states the graph does not take,
-    SoftmaxCrossEntropyLoss the temporaries of its function body
+    SoftmaxCrossEntropyLoss the temporaries of its function body, QLinearMatMul an int32 product
+    of the output's element count
     (calibrated with ``session.collect_node_memory_stats_to_file`` and single-node runs);
   * every tensor and kernel working buffer ORT's allocator gives takes whole 64-byte lines;
   * function ops ORT runs as their bodies (losses, HardSwish, Mish, GroupNormalization) are counted
@@ -163,6 +164,10 @@ class MemoryModel:
             return self.scatter_index_bytes * math.prod(graph.tensors[node.inputs[1]].shape)
         if op == "Einsum" and node.domain in ("", "ai.onnx"):
             return einsum_scratch(*_einsum_args(graph, node), self.buffer_bytes)
+        if op == "QLinearMatMul" and node.domain in ("", "ai.onnx"):
+            # ORT's CPU kernel (quantize_linear_matmul.cc) multiplies into an int32 buffer of the
+            # output's element count, then requantizes it into the output (measured, 2-4D)
+            return self.buffer_bytes(4 * math.prod(graph.tensors[node.outputs[0]].shape))
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
