@@ -1129,6 +1129,16 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
     for inp in g.input:
         if inp.name in init_names:
             continue
+        kind = inp.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            # a sequence, optional, map or sparse input has no tensor shape: saying a dim may be
+            # unbound sent users to --dim, which cannot help
+            what = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+                    "sparse_tensor_type": "a sparse tensor"}.get(kind, kind)
+            raise ModelImportError(
+                f"{display}: graph input {inp.name!r} is {what}; memplan plans dense tensors only: export the "
+                "model with tensor inputs (a fixed number of them)"
+            )
         shape, et = _require_shape(inp.name, shapes, display, "graph input")
         b.input(inp.name, _dtype(et, inp.name, display), shape)
     overridable = {inp.name for inp in g.input}

@@ -686,3 +686,22 @@ bad (float[4, 6] x) => (float loss) {
     model.graph.node[0].attribute[0].t.int64_data[:] = [2, 2, 1, 6]
     graph = import_model(model)
     assert graph.tensors[graph.by_name["r"]].shape == (2, 2, 1, 6)
+
+
+@pytest.mark.parametrize("input_type, op, what", [
+    ("seq(float[4, 8])", "ConcatFromSequence <axis = 0>", "a sequence"),
+    ("optional(float[4, 8])", "OptionalGetElement", "an optional"),
+])
+def test_a_sequence_or_optional_graph_input_is_named_not_blamed_on_an_unbound_dim(input_type, op, what):
+    # before: "cannot infer a static shape for tensor 'xs' (graph input); a symbolic dim may be
+    # unbound (bind it with --dim NAME=VALUE ...)", though the input has no dims to bind
+    model = parse_model(f"""
+<ir_version: 8, opset_import: ["" : 18]>
+g ({input_type} xs) => (float s) {{
+    c = {op}(xs)
+    s = ReduceSum <keepdims = 0> (c)
+}}
+""")
+    with pytest.raises(ModelImportError, match=rf"graph input 'xs' is {what}; memplan plans dense tensors only") as err:
+        import_model(model)
+    assert "--dim" not in str(err.value)
