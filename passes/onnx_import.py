@@ -17,6 +17,7 @@ Every failure raises ModelImportError with one line naming the file, node or dim
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import os
 import re
@@ -148,6 +149,46 @@ def _known_versions(model: onnx.ModelProto, text: str) -> None:
     if model.ir_version > onnx.IR_VERSION:
         raise ModelImportError(f"{text}: has IR version {model.ir_version}; the installed onnx {onnx.__version__} "
                                f"reads up to {onnx.IR_VERSION}: export it with an older IR version, or upgrade onnx")
+    if opset is not None and opset > _ORT_FLOOR_OPSET:
+        # an opset onnx knows and ONNX Runtime does not yet (onnx 1.23's 27 and 28 on ORT 1.31): the
+        # plan came out and its model, in this opset (and the IR version it needs), ORT refused to load
+        ir = max(helper.find_min_ir_version_for([helper.make_opsetid("", opset)], ignore_unknown=True), 7)
+        refusal = _ort_refusal(opset, ir)
+        if refusal is not None:
+            import onnxruntime
+
+            raise ModelImportError(f"{text}: uses ONNX opset {opset} (IR version {ir}), which the installed ONNX "
+                                   f"Runtime {onnxruntime.__version__} does not load ({refusal}): export the model "
+                                   "with an older opset, or upgrade onnxruntime")
+
+
+#: The oldest ONNX Runtime memplan supports (1.20, pyproject.toml) loads opsets up to 21 (IR version 10);
+#: a newer opset is asked of the installed one.
+_ORT_FLOOR_OPSET = 21
+
+
+@functools.lru_cache(maxsize=None)
+def _ort_refusal(opset: int, ir_version: int) -> str | None:
+    """Why the installed ONNX Runtime does not load a model of this opset and IR version (its own
+    words, shortened), or None when it loads one: a one-node model, tried."""
+    import onnxruntime
+
+    value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    probe = helper.make_model(
+        helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
+        opset_imports=[helper.make_opsetid("", opset)])
+    probe.ir_version = ir_version
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 - ORT raises its own types; any refusal is the answer
+        said = str(err)
+        known = re.search(r"(Current official support for domain \S+ is till opset \d+|max supported IR version: \d+)",
+                          said)
+        return known.group(1) if known else said.rsplit(" : ", 1)[-1].strip()[:200]
+    return None
 
 
 def load_header(spec: str | os.PathLike) -> onnx.ModelProto:
