@@ -32,7 +32,7 @@ from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
 from passes.portable import portable_batchnorm, release_unread_outputs
 from passes.rnn import is_recurrent, unroll_recurrent
-from planner.errors import GraphError, ModelImportError, OpsetTooOldError, UsageError
+from planner.errors import FREEZE_HINT, GraphError, ModelImportError, OpsetTooOldError, UsageError
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, Node, TensorKind
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ def _refuse_dropped_outputs(graph: Graph, loss: int, active: list[bool]) -> None
                 f"loss {graph.tensors[loss].name!r} depends on output {k} ({graph.tensors[t].name!r}) of node "
                 f"{node.name!r} ({node.op_type}), and memplan builds that op's gradient through output "
                 f"{carried} only; compute the loss from that output, or freeze the weights before the node "
-                "with --freeze PATTERN"
+                f"{FREEZE_HINT}"
             )
 
 
@@ -312,7 +312,7 @@ def _no_rule(graph: Graph, node: Node) -> None:
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
     raise ModelImportError(
         f"no gradient rule for node {node.name!r} ({op}) on the path from the trainable weights to the loss; "
-        f"supported ops: {', '.join(supported_ops())}; freeze the weights before it with --freeze PATTERN"
+        f"supported ops: {', '.join(supported_ops())}; freeze the weights before it {FREEZE_HINT}"
     )
 
 

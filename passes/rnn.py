@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from planner.errors import GraphError, ModelImportError
+from planner.errors import FREEZE_HINT, GraphError, ModelImportError
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphAppender, Node, TensorKind
 
 #: Op types this pass unrolls (default ONNX domain).
@@ -116,7 +116,7 @@ def _parse(graph: Graph, node: Node) -> _Spec:
     unknown = sorted(set(node.attrs) - _ATTRS[op])
     if unknown:
         raise _refuse(node, f"attribute(s) {', '.join(unknown)} not supported by memplan's unrolling",
-                      "remove them or freeze the weights before the node with --freeze PATTERN")
+                      f"remove them or freeze the weights before the node {FREEZE_HINT}")
     x = graph.tensors[node.inputs[0]]
     if x.dtype not in FLOAT_DTYPES:
         raise _refuse(node, f"input X is {x.dtype}", "recurrent nodes are unrolled for float types only")

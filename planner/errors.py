@@ -48,3 +48,10 @@ class SolverTimeoutError(PlannerError):
     def __init__(self, message: str, best_bytes: int | None = None):
         super().__init__(message)
         self.best_bytes = best_bytes
+
+
+#: How to freeze the weights before a node memplan cannot differentiate. --freeze is an option of
+#: train-graph and train only: plan, inspect, verify and check, which said "with --freeze PATTERN"
+#: too, answered it with "No such option"; they take the training step train-graph writes as it is.
+FREEZE_HINT = ("with --freeze PATTERN of memplan train-graph or train (plan, inspect, verify and check: "
+               "memplan train-graph MODEL --freeze PATTERN -o STEP.onnx, then give them STEP.onnx)")

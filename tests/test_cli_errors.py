@@ -813,3 +813,32 @@ def test_verify_refuses_a_planned_file_made_from_other_weights(external_model, t
     assert rc == 2 and "holds other values than" in one_line(err) and "'W1' first" in err
     rc, out, err = memplan("verify", external_model, planned)
     assert rc == 0 and "outputs      equal" in out, err
+
+
+def test_the_freeze_advice_names_a_command_that_has_freeze_and_it_works(tmp_path):
+    """plan, inspect, verify and check have no --freeze: their "no gradient rule" advice said "with
+    --freeze PATTERN", which `memplan plan` answered with "No such option '--freeze'"."""
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+q (float[4, 8] x) => (float loss) <float ws = {0.05}, int8 wz = {0}>
+{
+    wd = DequantizeLinear(wq, ws, wz)
+    h = MatMul(x, wd)
+    y = MatMul(h, w2)
+    loss = ReduceSum<keepdims: int = 0>(y)
+}
+""")
+    model.graph.initializer.extend([numpy_helper.from_array(np.ones((8, 8), np.int8), "wq"),
+                                    numpy_helper.from_array(np.ones((8, 8), np.float32), "w2")])
+    path = tmp_path / "q.onnx"
+    onnx.save(model, path)
+    code, _, err = memplan("plan", path, "--budget", "100%", "--time-limit", "1")
+    line = one_line(err)
+    assert code == 3 and "DequantizeLinear" in line and "memplan train-graph MODEL --freeze PATTERN -o STEP.onnx" in line
+    code, _, err = memplan("plan", path, "--freeze", "ws", "--budget", "100%")
+    assert code == 2 and "No such option" in err  # what the old advice led to
+    step = tmp_path / "step.onnx"
+    code, _, err = memplan("train-graph", path, "--freeze", "ws", "-o", step)
+    assert code == 0, err
+    code, out, err = memplan("plan", step, "--budget", "100%", "--time-limit", "1")
+    assert code == 0 and "peak" in out, err

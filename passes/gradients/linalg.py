@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import prod
-from planner.errors import ModelImportError
+from planner.errors import FREEZE_HINT, ModelImportError
 
 
 def _swap_last(rank: int) -> list[int]:
@@ -87,7 +87,7 @@ def _einsum_terms(ctx: BackwardContext) -> tuple[list[str], str]:
         raise ModelImportError(
             f"no gradient rule for node {ctx.node.name!r} (Einsum) with equation {equation!r}: it has {problem}; "
             "memplan differentiates one- and two-operand Einsums whose indices appear once per operand, "
-            "without '...'; rewrite the equation (or freeze the weights before it with --freeze PATTERN)"
+            f"without '...'; rewrite the equation (or freeze the weights before it {FREEZE_HINT})"
         )
     if not arrow:  # implicit output: the indices that appear once, in alphabetical order
         letters = lhs.replace(",", "")
