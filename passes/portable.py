@@ -169,7 +169,7 @@ class _Releaser(GraphAppender):
     def _sink(self, t: int) -> None:
         from passes.rewrite import add_sink
 
-        def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...]) -> None:
-            self.add_node(stem, op, inputs, [self.add_tensor(stem, dtype, shape)])
+        def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...], attrs: dict) -> None:
+            self.add_node(stem, op, inputs, [self.add_tensor(stem, dtype, shape)], attrs or None)
 
-        add_sink(self.tensors[t], self.bounds, self.add_const, node)
+        add_sink(self.tensors[t], self.bounds, self.add_const, node, self.opset)

@@ -38,25 +38,30 @@ class PlanMismatchError(PlannerError):
 
 
 def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str, np.ndarray], int],
-             node: Callable[[str, str, list[int], str, tuple[int, ...]], None]) -> None:
+             node: Callable[[str, str, list[int], str, tuple[int, ...], dict], None], opset: int) -> None:
     """A tiny reader of tensor ``x`` (its first element), so that ORT frees it at once; the rewriter's
     recompute copies and passes/portable.py release_unread_outputs both append it.
 
     A 1-element Slice rather than Size: Size of a static shape is folded away by our importer
     (and ORT's constant folding), which would leave ``x`` unread again. A scalar gets a Size.
     ``bounds``: rank -> (starts, ends) of the Slice, made once per rank by ``const(stem, value)``
-    (the new initializer's id); ``node(stem, op, inputs, dtype, shape)`` appends the reader, its
-    node and output named from ``stem``.
+    (the new initializer's id); ``node(stem, op, inputs, dtype, shape, attrs)`` appends the reader, its
+    node and output named from ``stem``. ``opset``: the graph's; below 10 Slice takes its bounds as
+    attributes (with inputs, ORT refused the planned model of an opset-9 graph: "Node(..) with
+    schema(::Slice:1) has input size 3 not in range [min=1, max=1]").
     """
     stem, r = f"{x.name}__sink", len(x.shape)
     if r == 0:
-        node(stem, "Size", [x.id], "int64", ())
+        node(stem, "Size", [x.id], "int64", (), {})
+        return
+    if opset < 10:
+        node(stem, "Slice", [x.id], x.dtype, (1,) * r, {"starts": [0] * r, "ends": [1] * r})
         return
     if r not in bounds:
         bounds[r] = (const(f"memplan__sink{r}_starts", np.zeros(r, np.int64)),
                      const(f"memplan__sink{r}_ends", np.ones(r, np.int64)))
     starts, ends = bounds[r]
-    node(stem, "Slice", [x.id, starts, ends], x.dtype, (1,) * r)
+    node(stem, "Slice", [x.id, starts, ends], x.dtype, (1,) * r, {})
 
 
 def apply_schedule(graph: Graph, schedule: Sequence[Mapping[str, object]]) -> Graph:
@@ -288,13 +293,14 @@ class _Rewriter:
 
     def _sink(self, t: int) -> None:
         """A tiny reader of ``t``, so that ORT frees it at once (``add_sink``)."""
-        def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...]) -> None:
+        def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...], attrs: dict) -> None:
             name = self._fresh(stem)
-            self.b.node(op, inputs, [(name, dtype, shape)], name=name)
+            self.b.node(op, inputs, [(name, dtype, shape)], name=name, attrs=attrs)
 
         # fresh names: a training step's or released forward graph's own sinks hold these already
         add_sink(self.b.tensor(t), self.sink_slices,
-                 lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node)
+                 lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node,
+                 int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17))))
 
     def _fresh(self, stem: str) -> str:
         """``stem`` (or ``stem_k``), a tensor name the new graph does not have yet."""

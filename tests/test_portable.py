@@ -213,3 +213,30 @@ def test_forward_plans_release_outputs_nobody_reads(tmp_path):
         counted = measure_peak(export_model(graph), feeds, repeats=1).peak_bytes
         assert counted == analyze(graph).allocator_dynamic_peak
         assert counted <= measure_peak(export_model(raw), feeds, repeats=1).peak_bytes - half
+
+
+def test_released_outputs_of_an_opset_9_graph_get_a_slice_it_knows(tmp_path):
+    """Slice takes its bounds as inputs from opset 10 on: the 1-element reader of an unread output of
+    an opset-9 model (a training-mode BatchNormalization's statistics, a Split half) was written
+    with inputs, and ORT refused the planned model ("schema(::Slice:1) has input size 3 not in
+    range [min=1, max=1]")."""
+    import onnx.parser
+
+    import cli
+
+    model = onnx.parser.parse_model("""
+<ir_version: 4, opset_import: ["" : 9]>
+g (float[4, 8] x) => (float[4, 4] y)
+{
+    a, b = Split<axis = 1, split = [4, 4]>(x)
+    y = Relu(a)
+}
+""")
+    path = tmp_path / "split9.onnx"
+    onnx.save(model, str(path))
+    graph, _ = cli._graph_to_plan(str(path), {}, forward=True)
+    sink = next(n for n in graph.nodes if n.op_type == "Slice")
+    assert graph.tensors[sink.inputs[0]].name == "b" and len(sink.inputs) == 1
+    assert (sink.attr("starts"), sink.attr("ends")) == ([0, 0], [1, 1])
+    feeds = {"x": np.arange(32, dtype=np.float32).reshape(4, 8) - 16}
+    assert _run(graph, feeds)["y"].tolist() == np.maximum(feeds["x"][:, :4], 0).tolist()
