@@ -549,9 +549,12 @@ def _seeded(model: onnx.ModelProto | str | os.PathLike, seed: int) -> onnx.Model
 
     def unseeded(n: onnx.NodeProto) -> bool:
         return n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx") and bool(n.output) \
-            and all(a.name != "seed" for a in n.attribute)
+            and all(a.name != "seed" for a in n.attribute) and (n.op_type != "Dropout" or opset >= 12)
 
     looked = model if isinstance(model, onnx.ModelProto) else load_proto(model, weights=False)[0]
+    # Dropout takes a seed from opset 12 on: a seed on an older one made ORT refuse the model
+    # ("Unrecognized attribute: seed for operator Dropout"); ORT runs those as inference-mode Dropouts
+    opset = next((o.version for o in looked.opset_import if o.domain in ("", "ai.onnx")), 1)
     if not any(unseeded(n) for n in looked.graph.node):
         return None
     proto = onnx.ModelProto()

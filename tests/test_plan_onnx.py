@@ -444,6 +444,25 @@ par (float[16, 8] x) => (float[16, 8] y) <float ratio = {0.5}, bool tm = {1}>
     assert all(a.name != "seed" for n in planned.graph.node for a in n.attribute)  # the caller's proto as it was
 
 
+def test_verify_runs_an_opset_9_dropout_without_giving_it_a_seed():
+    """Dropout has a seed attribute from opset 12 on: verify gave an opset-7..11 one a seed too, and
+    ORT refused both files ("Unrecognized attribute: seed for operator Dropout")."""
+    from passes.verify import verify_models
+    from tests.helpers import parse_model
+
+    model = parse_model("""
+<ir_version: 4, opset_import: ["" : 9]>
+d (float[16, 8] x) => (float[16, 8] y)
+{
+    a = Relu(x)
+    y = Dropout<ratio = 0.5>(a)
+}
+""", ir_version=4)
+    feeds = {"x": np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)}
+    report = verify_models(model, model, feeds, predicted_planned_peak=0, base_bytes=0, repeats=1)
+    assert report.outputs_equal, report.outputs
+
+
 def test_integer_outputs_compare_exactly_beyond_float64s_integers():
     """int64 outputs went through float64, which holds integers exactly only up to 2**53: 2**60 and
     2**60 + 1 compared equal at rtol 0, atol 0."""
