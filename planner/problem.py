@@ -639,34 +639,47 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     shared = [0 if atomic[v] else int(x) for v, x in enumerate(problem.shared_bytes)]
     # an input is resident with at least the bytes its readers read; q, while it runs, with all
     read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
-    preds = [frozenset() if atomic[v] else frozenset(int(u) for u in problem.pred_lists[v])
-             for v in range(problem.n)]
+    inputs = [frozenset(ps) for ps in problem.pred_lists]  # already ints
+    preds = [frozenset() if atomic[v] else inputs[v] for v in range(problem.n)]
+    # q's bytes while it runs beyond the set it reads: its output, scratch, less what it shares
+    extra = [size[q] + scratch[q] - shared[q] for q in range(problem.n)]
     memo: dict[tuple[frozenset, int], int] = {}
 
     def least(need: frozenset, d: int) -> int:
         """Least bytes (base excluded) some moment before ``need`` is all resident must hold."""
+        here = sum(read[v] for v in need)
+        if d <= 0 or not 0 < len(need) <= max_set:
+            return here  # not expanded: the set itself
         key = (need, d)
         if key in memo:
             return memo[key]
-        here = sum(read[v] for v in need)
-        best = here
-        if d > 0 and 0 < len(need) <= max_set:
-            best = None
-            for q in sorted(need):
-                grown = need | preds[q]
-                at_q = sum(read[v] for v in grown) - read[q] + size[q] + scratch[q] - shared[q]
-                if best is not None and at_q >= best:
-                    continue  # this q cannot lower the least
-                val = max(at_q, least(grown - {q}, d - 1))  # q is not its own input: a DAG
-                if best is None or val < best:
-                    best = val
-            best = max(here, best)
+        # each q's set when it ran (need, less q, with q's inputs) and its bytes then, by those
+        # bytes: the least over q of max(at_q, least(set, d - 1)), where no q whose at_q reaches
+        # the least so far can lower it (nor any after it)
+        steps = []
+        for q in need:
+            new = preds[q] - need
+            rest = here + sum(read[v] for v in new) - read[q]  # q is not its own input: a DAG
+            steps.append((rest + extra[q], q, rest, new))
+        if d == 1:  # the sets below are not expanded: least(set, 0) is its bytes, ``rest``
+            best = max(here, min(max(at_q, rest) for at_q, _, rest, _ in steps))
+            memo[key] = best
+            return best
+        steps.sort(key=lambda s: s[:2])
+        best = None
+        for at_q, q, rest, new in steps:
+            if best is not None and at_q >= best:
+                break
+            val = max(at_q, least((need - {q}) | new, d - 1))
+            if best is None or val < best:
+                best = val
+        best = max(here, best)
         memo[key] = best
         return best
 
     bound = 0
     for t in range(problem.n):  # t's own compute reads its inputs, swappable or not
-        need = frozenset(int(u) for u in problem.pred_lists[t])
+        need = inputs[t]
         if need:
             bound = max(bound, least(need, depth))
     return bound + problem.base_bytes

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
@@ -275,3 +276,76 @@ def test_no_min_peak_model_is_built_once_the_greedies_spent_the_time(benchmarks_
     monkeypatch.setattr(planning, "_lowest_greedy", ladder)  # with time left, the model runs
     planning.least_peak(p, opt, 2.0)
     assert built
+
+
+# planner.problem.last_input_bound as it was before its sums went incremental and its q's sorted
+# (the reference the faster one must match exactly)
+def reference_last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24) -> int:
+    import numpy as np
+
+    size = [int(x) for x in problem.size]
+    swappable = problem.swappable if problem.transfer is not None else np.zeros(problem.n, bool)
+    atomic = swappable if problem.two_step is None else swappable | problem.two_step
+    scratch = [0 if atomic[v] else int(x) for v, x in enumerate(problem.scratch)]
+    shared = [0 if atomic[v] else int(x) for v, x in enumerate(problem.shared_bytes)]
+    read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
+    preds = [frozenset() if atomic[v] else frozenset(int(u) for u in problem.pred_lists[v])
+             for v in range(problem.n)]
+    memo: dict = {}
+
+    def least(need: frozenset, d: int) -> int:
+        key = (need, d)
+        if key in memo:
+            return memo[key]
+        here = sum(read[v] for v in need)
+        best = here
+        if d > 0 and 0 < len(need) <= max_set:
+            best = None
+            for q in sorted(need):
+                grown = need | preds[q]
+                at_q = sum(read[v] for v in grown) - read[q] + size[q] + scratch[q] - shared[q]
+                if best is not None and at_q >= best:
+                    continue
+                val = max(at_q, least(grown - {q}, d - 1))
+                if best is None or val < best:
+                    best = val
+            best = max(here, best)
+        memo[key] = best
+        return best
+
+    bound = 0
+    for t in range(problem.n):
+        need = frozenset(int(u) for u in problem.pred_lists[t])
+        if need:
+            bound = max(bound, least(need, depth))
+    return bound + problem.base_bytes
+
+
+@st.composite
+def _bound_problems(draw):
+    n = draw(st.integers(2, 14))
+    preds = [[]] + [draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=4, unique=True)) for i in range(1, n)]
+    size = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
+    flags = lambda: draw(st.lists(st.booleans(), min_size=n, max_size=n))  # noqa: E731
+    kw = {"scratch": draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)),
+          "base_bytes": draw(st.integers(0, 9))}
+    if draw(st.booleans()):
+        kw["read_bytes"] = [draw(st.integers(0, s)) for s in size]
+    if draw(st.booleans()):
+        kw["in_place"] = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    if draw(st.booleans()):
+        kw["swappable"], kw["transfer"] = flags(), [1.0] * n
+    if draw(st.booleans()):
+        kw["two_step"] = flags()
+    if draw(st.booleans()):
+        kw["pinned"] = flags()
+    problem = PlanningProblem.build(size=size, cost=[1.0] * n, preds=preds, **kw)
+    return problem, draw(st.integers(0, 3)), draw(st.integers(1, 5))
+
+
+@given(_bound_problems())
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_last_input_bound_matches_reference(case):
+    problem, depth, max_set = case
+    assert last_input_bound(problem, depth, max_set) == reference_last_input_bound(problem, depth, max_set)
+    assert last_input_bound(problem) == reference_last_input_bound(problem)
