@@ -30,15 +30,25 @@ class Coarsening:
     def expand(self, plan: Plan) -> Plan:
         """The fine event list of a coarse plan (a fused compute runs its chain, freeing as it goes)."""
         events: list[Event] = []
+        # each coarse event's fine events, made once (events are values): a plan recomputes and
+        # frees the same nodes over and over (lstm fixture, batch 8: 330 thousand fine events)
+        runs: dict[int, tuple[Event, ...]] = {}
+        others: dict[Event, Event] = {}
         for ev in plan.events:
-            members = self.groups[ev.node]
             if ev.op != "compute":
-                events.append(Event(ev.op, members[-1]))
+                fine = others.get(ev)
+                if fine is None:
+                    fine = others[ev] = Event(ev.op, self.groups[ev.node][-1])
+                events.append(fine)
                 continue
-            events.append(Event("compute", members[0]))
-            for prev, cur in zip(members, members[1:]):
-                events.append(Event("compute", cur))
-                events.append(Event("free", prev))
+            run = runs.get(ev.node)
+            if run is None:
+                members = self.groups[ev.node]
+                chain = [Event("compute", members[0])]
+                for prev, cur in zip(members, members[1:]):
+                    chain += (Event("compute", cur), Event("free", prev))
+                run = runs[ev.node] = tuple(chain)
+            events.extend(run)
         return Plan(tuple(events), plan.strategy)
 
 
