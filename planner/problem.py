@@ -250,14 +250,16 @@ class PlanningProblem:
     def succ_lists(self) -> tuple[tuple[int, ...], ...]:
         """succ_lists[i] = nodes reading i's output, ascending."""
         acc: list[list[int]] = [[] for _ in range(self.n)]
-        for i in range(self.n):
-            for p in self.preds(i):
-                acc[int(p)].append(i)
+        for i, ps in enumerate(self.pred_lists):  # Python ints: not a numpy scalar per edge
+            for p in ps:
+                acc[p].append(i)
         return tuple(tuple(s) for s in acc)
 
     @cached_property
     def pred_lists(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(int(p) for p in self.preds(i)) for i in range(self.n))
+        # sliced from Python lists, not an int() per numpy element (0.9 s on 26 thousand nodes)
+        flat, ptr = self.pred_idx.tolist(), self.pred_ptr.tolist()
+        return tuple(tuple(flat[ptr[i]:ptr[i + 1]]) for i in range(self.n))
 
     @cached_property
     def companion_of(self) -> tuple[int, ...]:

@@ -168,3 +168,19 @@ def test_the_array_path_agrees_with_the_walk_on_every_plan(case):
             return
     assert fast is not None  # a valid plan of computes and frees (costs are floats >= 0)
     _same(fast, walked)
+
+
+@given(st.integers(1, 30), st.randoms(use_true_random=False))
+@settings(max_examples=100, deadline=None, derandomize=True)
+def test_pred_and_succ_lists_match_per_node_reference(n, rnd):
+    """pred_lists / succ_lists, now sliced from Python lists, equal the per-node numpy reading
+    they replaced (ints, ascending, one tuple per node)."""
+    preds = [sorted(rnd.sample(range(i), rnd.randint(0, min(i, 4)))) for i in range(n)]
+    p = PlanningProblem.build(size=[1] * n, cost=[1.0] * n, preds=preds)
+    ref_preds = tuple(tuple(int(u) for u in p.preds(i)) for i in range(n))
+    acc: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for u in p.preds(i):
+            acc[int(u)].append(i)
+    assert p.pred_lists == ref_preds and p.succ_lists == tuple(tuple(s) for s in acc)
+    assert all(type(u) is int for ps in p.pred_lists + p.succ_lists for u in ps)
