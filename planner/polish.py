@@ -106,28 +106,33 @@ class _Copies:
         p = problem
         self.keep_firsts = keep_firsts
         m = len(computes)
-        self.node = list(computes)
-        self.size = [int(x) for x in p.size]
-        self.inputs: list[list[int]] = [[] for _ in range(m)]  # the copies step k reads
-        self.readers: list[list[int]] = [[] for _ in range(m)]  # the steps reading copy c, ascending
+        self.node = node = [int(t) for t in computes]
+        self.size = size = p.size.tolist()
+        inputs: list[list[int]] = []  # the copies step k reads
+        readers: list[list[int]] = [[] for _ in range(m)]  # the steps reading copy c, ascending
         self.copies: list[list[int]] = [[] for _ in range(p.n)]  # each node's copies, ascending
-        latest: dict[int, int] = {}
-        for k, t in enumerate(self.node):
-            for u in p.pred_lists[t]:
-                c = latest[int(u)]
-                if c not in self.inputs[k]:
-                    self.inputs[k].append(c)
-                    self.readers[c].append(k)
+        latest = [-1] * p.n  # each node's current copy (a valid plan computes inputs first)
+        preds, copies = p.pred_lists, self.copies
+        for k, t in enumerate(node):
+            mine = []
+            for u in preds[t]:  # distinct nodes, so distinct copies
+                c = latest[u]
+                mine.append(c)
+                readers[c].append(k)
+            inputs.append(mine)
             latest[t] = k
-            self.copies[t].append(k)
-        self.kept = {latest[v] for v in range(p.n) if p.pinned[v]}  # resident to the end
-        self.end = [m - 1 if c in self.kept else (r[-1] if r else c) for c, r in enumerate(self.readers)]
+            copies[t].append(k)
+        self.inputs, self.readers = inputs, readers
+        self.kept = {latest[v] for v in np.flatnonzero(p.pinned).tolist()}  # resident to the end
+        kept = self.kept
+        self.end = [m - 1 if c in kept else (r[-1] if r else c) for c, r in enumerate(readers)]
         self.alive = [True] * m
+        nodes = np.asarray(node, dtype=np.int64)
+        sizes = p.size.astype(np.int64)[nodes]
         change = np.zeros(m + 1, dtype=np.int64)
-        for c, t in enumerate(self.node):
-            change[c] += self.size[t]
-            change[self.end[c] + 1] -= self.size[t]
-        scratch = np.asarray([int(p.scratch[t]) for t in self.node], dtype=np.int64)
+        change[:m] += sizes
+        np.subtract.at(change, np.asarray(self.end, dtype=np.int64) + 1, sizes)
+        scratch = p.scratch.astype(np.int64)[nodes]
         self.profile = _Profile(np.cumsum(change[:m]) + scratch + p.base_bytes)
 
     def removal(self, k: int, j: int) -> tuple[list[tuple[int, int, int]], dict[int, int], list[int], dict[int, set[int]]]:

@@ -12,6 +12,7 @@ from planner.cpsat import PlannerOptions
 from planner.pebble import depth_first_walk, plan_of
 from planner.planning import solve
 from planner.polish import _Copies, polish, polished
+from planner.problem import PlanningProblem
 from planner.simulate import simulate
 from tests.helpers import random_layered
 from tests.test_pebble import beams_dead_end, dags
@@ -104,3 +105,64 @@ def test_a_polish_whose_window_has_passed_builds_and_simulates_nothing(monkeypat
     assert not built and not made
     # with its window open it still polishes
     assert polished(p, plan, sim, 109)[1].recomputes < sim.recomputes and built and made
+
+
+class _ReferenceCopies:
+    """planner.polish._Copies' tables as they were built before (a dict of latest copies, a
+    membership test per input, a Python loop for the memory profile): the reference."""
+
+    def __init__(self, p, computes, keep_firsts):
+        import numpy as np
+
+        m = len(computes)
+        self.node = list(computes)
+        self.size = [int(x) for x in p.size]
+        self.inputs = [[] for _ in range(m)]
+        self.readers = [[] for _ in range(m)]
+        self.copies = [[] for _ in range(p.n)]
+        latest = {}
+        for k, t in enumerate(self.node):
+            for u in p.pred_lists[t]:
+                c = latest[int(u)]
+                if c not in self.inputs[k]:
+                    self.inputs[k].append(c)
+                    self.readers[c].append(k)
+            latest[t] = k
+            self.copies[t].append(k)
+        self.kept = {latest[v] for v in range(p.n) if p.pinned[v]}
+        self.end = [m - 1 if c in self.kept else (r[-1] if r else c) for c, r in enumerate(self.readers)]
+        self.alive = [True] * m
+        change = np.zeros(m + 1, dtype=np.int64)
+        for c, t in enumerate(self.node):
+            change[c] += self.size[t]
+            change[self.end[c] + 1] -= self.size[t]
+        scratch = np.asarray([int(p.scratch[t]) for t in self.node], dtype=np.int64)
+        self.memory = np.cumsum(change[:m]) + scratch + p.base_bytes
+
+
+def test_copies_tables_match_reference():
+    """_Copies builds its tables from Python lists and numpy (0.66 -> 0.54 CPU s on the lstm
+    fixture's chen plan, 293 thousand computes; it is rebuilt every pass): the same tables as
+    the reference, on random DAGs with random recomputes and pinned outputs."""
+    import random
+
+    import numpy as np
+
+    from planner.polish import _Copies
+
+    rnd = random.Random(7)
+    for _ in range(150):
+        n = rnd.randint(1, 12)
+        preds = [sorted(rnd.sample(range(i), rnd.randint(0, min(i, 3)))) for i in range(n)]
+        p = PlanningProblem.build(size=[rnd.randint(0, 9) for _ in range(n)], cost=[1.0] * n, preds=preds,
+                                  scratch=[rnd.randint(0, 5) for _ in range(n)], base_bytes=rnd.randint(0, 4),
+                                  pinned=[rnd.random() < 0.3 for _ in range(n)])
+        computes = []
+        for v in range(n):  # every node once in order, with recomputes of earlier nodes between
+            computes += [rnd.randrange(v) for _ in range(rnd.randint(0, 2))] if v else []
+            computes.append(v)
+        got, ref = _Copies(p, computes, True), _ReferenceCopies(p, computes, True)
+        for field in ("node", "size", "inputs", "readers", "copies", "kept", "end", "alive"):
+            assert getattr(got, field) == getattr(ref, field), field
+        m = len(computes)
+        assert np.array_equal(got.profile.v[:m], ref.memory) and (got.profile.v[m:] < 0).all()
