@@ -101,3 +101,15 @@ def test_verify_gives_a_pinned_model_no_pin_order_advice(tmp_path):
         rc, outs[name], err = memplan("verify", spec, path)
         assert rc == 0 and "default ORT" in outs[name], err
     assert "--pin-order" not in outs["pinned"] and "--pin-order" in outs["plain"]
+
+
+def test_verify_names_the_arenas_first_region_for_a_model_under_it(tmp_path):
+    # a pinned zoo:cnn?batch=1 (under 200 KiB dynamic) read 1.00 MiB under ORT's defaults and 1.00 x
+    # with the arena off, and verify called the rest "the CPU arena's fragmentation": it is the
+    # arena's first 1 MiB region, reserved however little the run needs
+    spec, path = "zoo:cnn?batch=1", tmp_path / "p.onnx"
+    rc, _, err = memplan("plan", spec, "--budget", "101%", "--strategy", "none", "--emit", path, "--pin-order")
+    assert rc == 0, err
+    rc, out, err = memplan("verify", spec, path)
+    line = next(x for x in out.splitlines() if x.startswith("default ORT"))
+    assert rc == 0 and "first region (1 MiB" in line and "fragmentation" not in line, out
