@@ -917,14 +917,27 @@ SHAPE_OF_INPUT = frozenset({"GroupNormalization", "MeanVarianceNormalization"})
 
 
 def _shape_like_input(model: onnx.ModelProto) -> bool:
-    """Give an unshaped output of a SHAPE_OF_INPUT op its input's shape as value_info; whether any
-    was given (then inference runs again, for what reads it)."""
+    """Give an unshaped output of a SHAPE_OF_INPUT op its input's shape as value_info, and an
+    unshaped statistics output of a BatchNormalization of opset 7-13 its per-channel shape (onnx
+    infers only Y there; a reader of one, such as a pinned model's sink, got no shape: ``memplan
+    verify`` refused memplan's own --pin-order file); whether any was given (then inference runs
+    again, for what reads it)."""
     g = model.graph
     known = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output) if _is_static(vi)}
     for init in g.initializer:  # an op fed by a weight itself (fuzzed, stop 49)
         known.setdefault(init.name, helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     added = False
     for node in g.node:
+        x = known.get(node.input[0]) if node.input else None
+        if x is not None and node.op_type == "BatchNormalization" and len(x.type.tensor_type.shape.dim) >= 2:
+            for k, name in enumerate(node.output):
+                if name and name not in known and _batchnorm_statistics_output(node, k, opsets):
+                    channels = x.type.tensor_type.shape.dim[1].dim_value
+                    vi = helper.make_tensor_value_info(name, x.type.tensor_type.elem_type, [channels])
+                    g.value_info.append(vi)
+                    known[name] = vi
+                    added = True
         if node.op_type in SHAPE_OF_INPUT and node.input and node.input[0] in known and node.output \
                 and node.output[0] and node.output[0] not in known:
             vi = onnx.ValueInfoProto()

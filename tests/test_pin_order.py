@@ -333,3 +333,29 @@ def test_a_pinned_plan_at_the_whole_unplanned_peak_needs_no_plan(tmp_path):
     assert obj["recomputed"] == [] and obj["swapped"] == []
     assert obj["peak_bytes"] <= obj["budget_bytes"] == obj["unplanned_peak_bytes"]
     assert emitted.is_file()
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+def test_verify_reads_a_pinned_model_whose_batchnorm_statistics_nothing_reads(tmp_path, opset):
+    """A BatchNormalization of opset 7-13 in training mode (five outputs) whose statistics nothing
+    reads: the planned file sinks each one with a Slice; pinned, no shape is recorded and onnx
+    infers only Y of that op, so `memplan verify` refused memplan's own file ("cannot infer a
+    static shape for tensor 'rm__sink'")."""
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(np.full(4, v, np.float32), n) for n, v in zip("sbmv", (1, 0, 0, 1))]
+    bn = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv", "sm", "sv"])
+    model = helper.make_model(
+        helper.make_graph([bn, helper.make_node("Relu", ["y"], ["z"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4, 3, 3])], inits),
+        opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+    src, out = tmp_path / "bn.onnx", tmp_path / "bn.pinned.onnx"
+    onnx.save(model, src)
+    rc, _, err = memplan("plan", src, "--forward", "--budget", "100%", "--workers", "1", "--time-limit", "2",
+                         "--emit", out, "--pin-order")
+    assert rc == 0, err
+    assert any(n.name == "rm__sink" for n in onnx.load(out).graph.node)
+    import_model(out)
+    rc, stdout, err = memplan("verify", src, out, "--json")
+    assert rc == 0, err
+    assert json.loads(stdout)["outputs_equal"] is True
