@@ -11,6 +11,7 @@ node of ``ORT_INLINED_OPS`` is written as its ONNX function body, in place, its 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -24,7 +25,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE,
-                                RAW_DATA_FIELD, field_head, is_stub)
+                                RAW_DATA_FIELD, SHAPES_KEY, field_head, is_stub)
 from planner.errors import GraphError, ModelImportError
 from planner.fileio import atomic_write, write_mode, write_target
 from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name
@@ -62,6 +63,16 @@ ORT_INLINED_OPS = frozenset({
 def tensor_value_info(t: Tensor) -> onnx.ValueInfoProto:
     """The ValueInfoProto of one tensor of a Graph (name, element type, static shape)."""
     return helper.make_tensor_value_info(t.name, DTYPE_TO_ONNX[t.dtype], list(t.shape))
+
+
+def hidden_shapes(graph: Graph, io: set[int]) -> dict[str, list]:
+    """Name -> [dtype, shape] of each output of an op outside the ONNX domain but ORT's own (a
+    com.microsoft FusedMatMul) that a file without static shapes leaves out: onnx cannot infer them,
+    so memplan could not read its own pinned file (``memplan verify``); a static value_info would
+    show ORT the size (passes/pin_order.py), the metadata does not (onnx_import reads it)."""
+    return {t.name: [t.dtype, list(t.shape)] for node in graph.nodes
+            if node.domain not in ("", "ai.onnx") and node.op_type not in ORT_ONLY_OPS
+            for t in (graph.tensors[o] for o in node.outputs if o != NO_TENSOR and o not in io)}
 
 
 def attribute_proto(name: str, value):
@@ -193,7 +204,10 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
         else:
             model.graph.initializer.append(numpy_helper.from_array(np.asarray(graph.values[t.id]), t.name))
     model.ir_version = ir_version_for(opsets)
-    for key, value in sorted((metadata or {}).items()):
+    metadata = dict(metadata or {})
+    if not value_info and (hidden := hidden_shapes(graph, io)):
+        metadata[SHAPES_KEY] = json.dumps(hidden, sort_keys=True)
+    for key, value in sorted(metadata.items()):
         model.metadata_props.add(key=key, value=value)
     if not mem_pattern:
         mark_mem_pattern_off(model)  # the model is ours: no copy of its weights

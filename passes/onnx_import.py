@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import logging
 import os
 import re
@@ -676,6 +677,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     static = [vi for vi in g.value_info if _is_static(vi)]
     del g.value_info[:]
     g.value_info.extend(static)
+    g.value_info.extend(_recorded_shapes(model, {vi.name for vi in static}, display))
     for out in g.output:
         if out.type.HasField("tensor_type") and not _is_static(out):
             out.type.tensor_type.ClearField("shape")
@@ -692,6 +694,26 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         folded |= new
     drop_cast_round_trips(model.graph)
     return model, folded
+
+
+#: Metadata key of a file memplan wrote without static shapes (a --pin-order model): name ->
+#: [dtype, shape] of the tensors onnx cannot infer there (passes.onnx_export.hidden_shapes).
+SHAPES_KEY = "memplan.shapes"
+
+
+def _recorded_shapes(model: onnx.ModelProto, known: set[str], display: str) -> list[onnx.ValueInfoProto]:
+    """Static value_info for the shapes ``model`` records under ``SHAPES_KEY`` (none known yet)."""
+    text = next((p.value for p in model.metadata_props if p.key == SHAPES_KEY), None)
+    if text is None:
+        return []
+    try:
+        recorded = json.loads(text)
+        out = [helper.make_tensor_value_info(name, DTYPE_TO_ONNX[dtype], [int(d) for d in shape])
+               for name, (dtype, shape) in recorded.items() if name not in known]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ModelImportError(f"{display}: metadata {SHAPES_KEY!r} is not memplan's; write the model again "
+                               "with memplan (plan --emit or rewrite)") from None
+    return out
 
 
 _T = onnx.TensorProto
