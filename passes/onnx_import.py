@@ -131,7 +131,10 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = 
     if not model.opset_import or not model.graph.output:
         raise ModelImportError(f"{text}: not an ONNX model (no opset or no graph outputs)")
     _known_versions(model, text)
-    folder = path.resolve().parent
+    # the folder the user's path names, as ORT reads it: a model that is a symbolic link (the
+    # HuggingFace hub cache: snapshots/<rev>/model.onnx -> ../../blobs/<sha>) has its data file
+    # beside the link, not beside the file it points at
+    folder = path.absolute().parent
     if weights == "mapped":
         _map_external_data(model, folder, text)
     elif weights:
@@ -240,10 +243,10 @@ def _weights_pointed_at(path: Path) -> bytes:
                 graph = bytearray()
                 for gkey, gstart, gbody, gend in _fields(buf, body, end):
                     if gkey == (INITIALIZER_FIELD << 3 | 2):
-                        # the file's own name in its own folder: where _map_external_data looks (a symlink's
-                        # name may not be there)
+                        # the file's own name in the folder _map_external_data looks in (the one the
+                        # user's path names, a symlink's)
                         graph += _field_bytes(INITIALIZER_FIELD, _tensor_pointed_at(buf, gbody, gend,
-                                                                                    path.resolve().name))
+                                                                                    path.name))
                     else:
                         graph += buf[gstart:gend]
                 out += _field_bytes(GRAPH_FIELD, graph)
@@ -317,9 +320,12 @@ def _varint(buf, pos: int) -> tuple[int, int]:
 
 
 def _external_file(t: onnx.TensorProto, folder: Path, display: str) -> Path:
-    """The data file of external tensor ``t``, refusing any location outside the model's own folder."""
+    """The data file of external tensor ``t``, refusing any location outside the model's own folder:
+    an absolute one, or one with ``..``. The location is what the model file says; a symbolic link
+    in the folder is the folder's owner's (the HuggingFace hub cache links each file to a blob
+    outside it), and is followed as ORT follows it."""
     loc = {e.key: e.value for e in t.external_data}.get("location", "")
-    target = Path(os.path.realpath(folder / loc))  # Path.resolve raised RuntimeError on a link loop
+    target = folder / loc
     if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or folder not in target.parents:
         raise ModelImportError(
             f"{display}: initializer {t.name!r} has external data location {loc!r} outside the model's "
@@ -333,13 +339,11 @@ def _external_file(t: onnx.TensorProto, folder: Path, display: str) -> Path:
 def _load_external_data(model: onnx.ModelProto, folder: Path, display: str) -> None:
     """Load external tensors, refusing any location outside the model's own folder."""
     tensors = list(onnx.external_data_helper._get_all_tensors(model))  # noqa: SLF001 - public in spirit
-    for t in tensors:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            _external_file(t, folder, display)
-    try:
-        onnx.external_data_helper.load_external_data_for_model(model, str(folder))
-    except (OSError, ValueError) as err:
-        raise ModelImportError(f"{display}: cannot load external data ({err})") from None
+    external = [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    for t in external:
+        _external_file(t, folder, display)
+    for t in external:
+        _load_tensor(t, folder, display)
 
 
 #: Element types whose bytes in a data file are the numpy array's own (little-endian, one element
@@ -390,10 +394,23 @@ def _map_external_data(model: onnx.ModelProto, folder: Path, display: str) -> No
 
 
 def _load_tensor(t: onnx.TensorProto, folder: Path, display: str) -> None:
+    """Read external tensor ``t``'s bytes into it. Read here, not by onnx's loader: that one refuses
+    a data file that is a symbolic link (the HuggingFace hub cache's are), which ORT reads."""
+    target = _external_file(t, folder, display)
+    info = {e.key: e.value for e in t.external_data}
     try:
-        onnx.external_data_helper.load_external_data_for_tensor(t, str(folder))
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else -1
+        with open(target, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(length)
     except (OSError, ValueError) as err:
-        raise ModelImportError(f"{display}: cannot load external data of {t.name!r} ({err})") from None
+        raise ModelImportError(f"{display}: cannot load external data of {t.name!r} "
+                               f"({getattr(err, 'strerror', None) or err})") from None
+    if length >= 0 and len(data) != length:
+        raise ModelImportError(f"{display}: external data of {t.name!r} ends early ({len(data)} of {length} bytes "
+                               f"at offset {offset} in {target.name}); write the model again with onnx.save_model")
+    t.raw_data = data
     t.data_location = onnx.TensorProto.DEFAULT
     del t.external_data[:]
 

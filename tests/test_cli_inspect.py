@@ -112,6 +112,39 @@ def test_external_data_outside_folder(tmp_path, location):
     assert "outside the model's folder" in _one_line_exit3([p], tmp_path)
 
 
+def test_a_model_in_a_hub_cache_folder_of_symlinks_is_read_planned_and_verified(tmp_path):
+    """The HuggingFace hub cache: snapshots/<rev>/model.onnx and model.onnx_data are symbolic links
+    to ../../blobs/<sha>. ORT reads the data file beside the link; memplan looked beside the blob
+    ("external data file 'model.onnx_data' ... not found beside the model", exit 3)."""
+    model = parse_model(MLP.replace("64", "1040").replace("128", "256"))  # W1 over 1 MiB: mapped, W2 read
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((1040, 256)).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.standard_normal((256, 16)).astype(np.float32), "W2")])
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    onnx.save_model(model, blobs / "m.onnx", save_as_external_data=True, location="model.onnx_data",
+                    size_threshold=0)
+    (blobs / "m.onnx").rename(blobs / "aaa")
+    (blobs / "model.onnx_data").rename(blobs / "bbb")
+    (snap / "model.onnx").symlink_to("../../blobs/aaa")
+    (snap / "model.onnx_data").symlink_to("../../blobs/bbb")
+    before = {p.name: p.read_bytes() for p in blobs.iterdir()}
+    rc, out, err = memplan("inspect", snap / "model.onnx", "--dim", "batch=2", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["peak_bytes"] > (1040 * 256 + 256 * 16) * 4
+    emitted = snap / "planned.onnx"
+    rc, _, err = memplan("plan", snap / "model.onnx", "--dim", "batch=2", "--forward", "--budget", "100%",
+                         "--workers", "1", "--time-limit", "2", "--emit", emitted)
+    assert rc == 0, err
+    assert emitted.is_file() and not emitted.is_symlink()
+    assert {p.name: p.read_bytes() for p in blobs.iterdir()} == before  # nothing written into the blobs
+    rc, out, err = memplan("verify", snap / "model.onnx", emitted, "--dim", "batch=2", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["outputs_equal"] is True
+
+
 def test_bad_dim_flag_is_usage_error(mlp_path):
     rc, _, err = memplan("inspect", mlp_path, "--dim", "batch")
     assert rc == 2 and "NAME=POSITIVE_INT" in err
