@@ -1366,9 +1366,11 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         return _some_batch_fits(result, model, budget)
     click.echo(f"{model} under {format_bytes(budget)}:")
     click.echo(f"  largest batch unplanned  {result.unplanned}")
+    # the plan's added time and peak whether or not batch 1 fits unplanned (no ratio then)
+    ratio = f"{result.ratio:.2f}x, " if result.ratio else ""
     click.echo(f"  largest batch planned    {result.planned}"
-               + (f"  ({result.ratio:.2f}x, +{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
-                  if pm is not None and result.ratio else ""))
+               + (f"  ({ratio}+{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
+                  if pm is not None else ""))
     if "note" in obj:
         click.echo(f"  note                     {obj['note']}")
     _some_batch_fits(result, model, budget)

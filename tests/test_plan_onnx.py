@@ -1,5 +1,6 @@
 """Planning ONNX training graphs end to end: plan -> emit -> ORT runs it, same numbers, less memory."""
 import json
+import re
 
 import numpy as np
 import onnx
@@ -1018,3 +1019,19 @@ def test_plan_counts_recomputed_and_swapped_in_one_unit():
     explained = [ln for ln in res.output.splitlines() if "moved to host and back" in ln]
     counted = re.search(r"nodes: \d+ recomputed, (\d+) swapped \((\d+) tensors\)", line)
     assert counted and explained and int(counted[1]) == len(explained) < int(counted[2]), line
+
+
+
+def test_max_batch_shows_the_plans_added_time_when_batch_1_needs_a_plan():
+    """zoo:cnn under 202300 B: batch 1 fits only planned (+12.4%), and the text output printed
+    'largest batch planned 1' with neither its added time nor its peak (no ratio over 0 unplanned)."""
+    from click.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:cnn", "--budget", "202300B", "--max-batch", "--time-limit", "2",
+                                        "--deterministic"])
+    assert res.exit_code == 0, res.output
+    assert "largest batch unplanned  0" in res.stdout
+    line = next(x for x in res.stdout.splitlines() if "largest batch planned" in x)
+    assert re.search(r"planned +[1-9]\d*  \(\+\d+\.\d% time, peak [\d.]+ KiB\)$", line), line
