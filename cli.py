@@ -1381,6 +1381,10 @@ def _some_batch_fits(result, model: str, budget: int) -> None:
     from planner.units import format_bytes
 
     if not result.planned and not result.unplanned:
+        if result.misses.get(1) == "timeout":  # not a proof: the solve ran out of time
+            raise SolverTimeoutError(f"{model}: batch 1 found no plan under {format_bytes(budget)} within "
+                                     "--time-limit (not proven infeasible); try a longer --time-limit or a "
+                                     "larger --budget")
         raise BudgetInfeasibleError(f"{model}: not even batch 1 fits {format_bytes(budget)}, planned or not; "
                                     "try a larger --budget")
 

@@ -1035,3 +1035,27 @@ def test_max_batch_shows_the_plans_added_time_when_batch_1_needs_a_plan():
     assert "largest batch unplanned  0" in res.stdout
     line = next(x for x in res.stdout.splitlines() if "largest batch planned" in x)
     assert re.search(r"planned +[1-9]\d*  \(\+\d+\.\d% time, peak [\d.]+ KiB\)$", line), line
+
+
+def test_max_batch_batch_1_timeout_is_not_reported_as_proven(monkeypatch):
+    """zoo:gpt under 232000 B with --time-limit 0.1 --deterministic: batch 1 found no plan in the
+    time (the note said so), yet the error said 'not even batch 1 fits ... try a larger --budget'
+    and exited 1, the proven-infeasible code. A timeout now exits 4, as plan does, and says so."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    for why, code in (("timeout", 4), ("infeasible", 1)):
+        def fake(build, budget, plan, max_added=None, ort_arena=None, why=why):
+            return plan_model.MaxBatch(0, 0, None, ((1, "unplanned", False), (1, "planned", False)), {1: why})
+
+        monkeypatch.setattr(plan_model, "max_batch", fake)
+        res = CliRunner().invoke(cli.main, ["plan", "zoo:gpt", "--budget", "1MiB", "--max-batch"])
+        assert res.exit_code == code, (why, res.output)
+        err = res.stderr.strip()
+        assert len(err.splitlines()) == 1, err
+        if why == "timeout":
+            assert "not proven infeasible" in err and "longer --time-limit" in err and "not even" not in err, err
+        else:
+            assert "not even batch 1 fits" in err, err
