@@ -1099,7 +1099,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
               "as train-graph).")
 @add_loss_option
 @loss_option
-@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts).")
+@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (with --max-batch: for each batch tried; one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
@@ -1118,7 +1118,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--ort-arena", "ort_arena", type=click.Choice(["next-power-of-two", "same-as-requested"]), default=None,
               help=ORT_ARENA_HELP)
 @click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits an absolute --budget "
-              "(e.g. 8GiB), unplanned and planned.")
+              "(e.g. 8GiB), unplanned and planned. Each batch it tries is its own solve with its own --time-limit "
+              "(about 2 log2(batch) solves in all), so the search can take many times the limit.")
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen, each point what "
                    "--budget P% --strategy S reports (with --json: the rows); takes no --budget or --strategy.")

@@ -1059,3 +1059,15 @@ def test_max_batch_batch_1_timeout_is_not_reported_as_proven(monkeypatch):
             assert "not proven infeasible" in err and "longer --time-limit" in err and "not even" not in err, err
         else:
             assert "not even batch 1 fits" in err, err
+
+
+def test_max_batch_help_says_the_time_limit_is_per_batch():
+    """--time-limit read 'Seconds for the whole solve', yet --max-batch gives each batch it tries a
+    solve of its own: the gpt2 fixture (--dim seq=16) under 8MiB with --time-limit 2 ran 6 minutes."""
+    from click.testing import CliRunner
+
+    import cli
+
+    text = " ".join(CliRunner().invoke(cli.main, ["plan", "--help"]).stdout.split())
+    assert "(with --max-batch: for each batch tried;" in text
+    assert "Each batch it tries is its own solve with its own --time-limit" in text
