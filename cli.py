@@ -1333,9 +1333,12 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         def spec_at(b: int) -> tuple[str, dict]:
             return model, {**dims, batch_dim: b}
 
+    made_with = {}  # the training options the probes' graphs were built with, as plan's JSON says them
+
     def build(b: int):
         spec, d = spec_at(b)
-        return _graph_to_plan(spec, d, forward, **train)[0]
+        graph, made_with["train"] = _graph_to_plan(spec, d, forward, **train)
+        return graph
 
     bfc = _ort_arena(ort_arena, device_name)
 
@@ -1352,7 +1355,9 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     pm = result.planned_result
     added = None if pm is None else added_fraction(pm)
     obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,
-           "device": device_name, "max_added_time_fraction": cap,
+           "device": device_name, "strategy": strategy, "swap": swap, "dims": dims,
+           "train": made_with.get("train"), "time_limit_s_per_batch": options.time_limit,
+           "deterministic": options.work_limit, "max_added_time_fraction": cap,
            "unplanned_batch": result.unplanned, "planned_batch": result.planned, "ratio": result.ratio,
            "planned_added_time_fraction": added, "planned_peak_bytes": None if pm is None else pm.peak_bytes,
            "probes": [{"batch": b, "kind": k, "fits": f,

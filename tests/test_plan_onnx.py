@@ -1071,3 +1071,32 @@ def test_max_batch_help_says_the_time_limit_is_per_batch():
     text = " ".join(CliRunner().invoke(cli.main, ["plan", "--help"]).stdout.split())
     assert "(with --max-batch: for each batch tried;" in text
     assert "Each batch it tries is its own solve with its own --time-limit" in text
+
+
+def test_max_batch_json_says_how_the_batches_were_planned(monkeypatch):
+    """memplan.max_batch/1 named neither the strategy, --swap, the other dims, the optimizer nor the
+    time limit: runs with --optimizer adam --swap and without them printed the same keys, so
+    results compared across them (issue #5) could not be told apart."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    def fake(build, budget, plan, max_added=None, ort_arena=None):
+        build(1)  # the graph of a probe: the training options it was built with
+        return plan_model.MaxBatch(1, 1, None, ((1, "unplanned", True),), {})
+
+    monkeypatch.setattr(plan_model, "max_batch", fake)
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:cnn?hw=8", "--budget", "1MiB", "--max-batch", "--json",
+                                        "--optimizer", "adam", "--swap", "--time-limit", "3", "--deterministic"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["strategy"] == "cpsat" and obj["swap"] is True and obj["dims"] == {}
+    assert obj["train"]["optimizer"] == "adam" and obj["time_limit_s_per_batch"] == 3.0
+    assert obj["deterministic"] is True
+    res = CliRunner().invoke(cli.main, ["plan", "tests/fixtures/gpt2.onnx", "--dim", "seq=4", "--forward",
+                                        "--budget", "1MiB", "--max-batch", "--json", "--strategy", "greedy"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["strategy"] == "greedy" and obj["swap"] is False and obj["dims"] == {"seq": 4}
+    assert obj["train"] is None and obj["deterministic"] is False
