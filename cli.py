@@ -1296,7 +1296,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     from dataclasses import replace
 
     import models
-    from passes.plan_model import added_fraction, max_batch, plan_graph
+    from passes.plan_model import MAX_BATCH_LIMIT, added_fraction, max_batch, plan_graph
     from planner.problem import is_remat_json
     from planner.units import format_bytes
 
@@ -1363,10 +1363,15 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
            "probes": [{"batch": b, "kind": k, "fits": f,
                        **({"why": result.misses[b]} if k == "planned" and not f and b in result.misses else {})}
                       for b, k, f in result.probes]}
+    capped = [kind for kind, b in (("unplanned", result.unplanned), ("planned", result.planned))
+              if b >= MAX_BATCH_LIMIT]
     above = result.misses.get(result.planned + 1)
     if above == "timeout":  # the bisection's "no" next to the answer was not a proof
         obj["note"] = (f"batch {result.planned + 1} found no plan within --time-limit (not proven infeasible); "
                        "a longer --time-limit may fit it")
+    if capped:  # the search stops there: the batch fits, the largest is not known
+        obj["note"] = (f"the search stops at batch {MAX_BATCH_LIMIT}, which fits {' and '.join(capped)}: "
+                       "a larger batch may fit too")
     if as_json:
         emit_json(obj)
         return _some_batch_fits(result, model, budget)

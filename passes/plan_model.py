@@ -386,7 +386,11 @@ class MaxBatch:
         return None if self.unplanned == 0 else self.planned / self.unplanned
 
 
-def _largest(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20) -> int:
+#: The largest batch ``max_batch`` tries: an answer equal to it is a lower bound, not the largest.
+MAX_BATCH_LIMIT = 1 << 20
+
+
+def _largest(fits: Callable[[int], bool], start: int = 1, limit: int = MAX_BATCH_LIMIT) -> int:
     """Largest b in [1, limit] with fits(b), assuming fits is monotone (doubling, then bisection)."""
     if not fits(start):
         return 0

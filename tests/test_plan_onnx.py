@@ -1100,3 +1100,25 @@ def test_max_batch_json_says_how_the_batches_were_planned(monkeypatch):
     obj = json.loads(res.stdout)
     assert obj["strategy"] == "greedy" and obj["swap"] is False and obj["dims"] == {"seq": 4}
     assert obj["train"] is None and obj["deterministic"] is False
+
+
+def test_max_batch_says_when_the_search_stopped_at_its_limit(monkeypatch):
+    """The search tries batches up to 2**20: a model that fits there (zoo:mlp under 1TiB) was
+    reported 'largest batch unplanned 1048576', the search's limit, not the largest that fits."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    top = plan_model.MAX_BATCH_LIMIT
+    assert plan_model._largest(lambda b: True) == top and plan_model._largest(lambda b: b <= 5) == 5
+
+    def fake(build, budget, plan, max_added=None, ort_arena=None):
+        return plan_model.MaxBatch(top, top, None, ((top, "unplanned", True), (top, "planned", True)), {})
+
+    monkeypatch.setattr(plan_model, "max_batch", fake)
+    for extra in ([], ["--json"]):
+        res = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "1TiB", "--max-batch", *extra])
+        assert res.exit_code == 0, res.output
+        assert f"the search stops at batch {top}, which fits unplanned and planned: a larger batch may fit too" \
+            in res.stdout, res.stdout
