@@ -1369,6 +1369,9 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     if above == "timeout":  # the bisection's "no" next to the answer was not a proof
         obj["note"] = (f"batch {result.planned + 1} found no plan within --time-limit (not proven infeasible); "
                        "a longer --time-limit may fit it")
+    if above == "wall cap":  # nor when the command's --wall-cap stopped that solve
+        obj["note"] = (f"batch {result.planned + 1} found no plan before --wall-cap stopped its solve (not proven "
+                       "infeasible); a larger --wall-cap may fit it")
     if capped:  # the search stops there: the batch fits, the largest is not known
         obj["note"] = (f"the search stops at batch {MAX_BATCH_LIMIT}, which fits {' and '.join(capped)}: "
                        "a larger batch may fit too")
@@ -1392,10 +1395,10 @@ def _some_batch_fits(result, model: str, budget: int) -> None:
     from planner.units import format_bytes
 
     if not result.planned and not result.unplanned:
-        if result.misses.get(1) == "timeout":  # not a proof: the solve ran out of time
+        if result.misses.get(1) in ("timeout", "wall cap"):  # not a proof: the solve ran out of time
+            flag = "--time-limit" if result.misses[1] == "timeout" else "--wall-cap"
             raise SolverTimeoutError(f"{model}: batch 1 found no plan under {format_bytes(budget)} within "
-                                     "--time-limit (not proven infeasible); try a longer --time-limit or a "
-                                     "larger --budget")
+                                     f"{flag} (not proven infeasible); try a longer {flag} or a larger --budget")
         raise BudgetInfeasibleError(f"{model}: not even batch 1 fits {format_bytes(budget)}, planned or not; "
                                     "try a larger --budget")
 

@@ -378,7 +378,8 @@ class MaxBatch:
     planned_result: PlannedModel | None  # the plan at ``planned``
     probes: tuple[tuple[int, str, bool], ...]  # (batch, "unplanned"|"planned", fits), in probe order
     # why each planned probe that did not count failed: "timeout" (no plan found in the time: not a
-    # proof), "infeasible" (proven), "added time" (a plan over --max-added-time), or the solve's status
+    # proof), "wall cap" (no plan found before --wall-cap stopped it: no proof either), "infeasible"
+    # (proven), "added time" (a plan over --max-added-time), or the solve's status
     misses: Mapping[int, str] = field(default_factory=dict)
 
     @property
@@ -446,7 +447,9 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
         if ok:
             plans[b] = pm
         else:
-            misses[b] = "added time" if pm.ok else pm.result.status
+            r = pm.result  # --wall-cap cut the solve short: no proof, and no longer --time-limit helps
+            misses[b] = "added time" if pm.ok else "wall cap" if r.status == "timeout" and r.solver.wall_capped \
+                else r.status
         return ok
 
     unplanned = _largest(fits_unplanned)

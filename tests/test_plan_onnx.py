@@ -1122,3 +1122,32 @@ def test_max_batch_says_when_the_search_stopped_at_its_limit(monkeypatch):
         assert res.exit_code == 0, res.output
         assert f"the search stops at batch {top}, which fits unplanned and planned: a larger batch may fit too" \
             in res.stdout, res.stdout
+
+
+def test_max_batch_a_probe_cut_by_the_wall_cap_says_so(monkeypatch):
+    """With --deterministic --wall-cap, once the cap passes every probe's solve stops at once:
+    their misses read "timeout" and the note advised 'a longer --time-limit may fit it', which
+    cannot help (zoo:gpt --budget 232000B --time-limit 0.1 --deterministic --wall-cap 0.01).
+    They now read "wall cap" and the note and the batch-1 error name --wall-cap."""
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    def plan(graph, budget):  # what a solve the wall cap stopped returns
+        return SimpleNamespace(ok=False, result=SimpleNamespace(status="timeout",
+                                                                solver=SimpleNamespace(wall_capped=True)))
+
+    build = lambda b: training_graph(import_model(f"zoo:mlp?batch={b}"))  # noqa: E731
+    res = plan_model.max_batch(build, 1000, plan)
+    assert (res.unplanned, res.planned, dict(res.misses)) == (0, 0, {1: "wall cap"})
+
+    for misses, code, says in (({3: "wall cap"}, 0, "batch 3 found no plan before --wall-cap stopped its solve"),
+                               ({1: "wall cap"}, 4, "batch 1 found no plan under 1.00 MiB within --wall-cap")):
+        planned = 2 if code == 0 else 0
+        monkeypatch.setattr(plan_model, "max_batch", lambda *a, _m=misses, _p=planned, **k: plan_model.MaxBatch(
+            min(_p, 1), _p, None, (), _m))
+        out = CliRunner().invoke(cli.main, ["plan", "zoo:gpt", "--budget", "1MiB", "--max-batch"])
+        assert out.exit_code == code and says in out.output and "--time-limit" not in out.output, out.output
