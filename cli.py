@@ -1399,6 +1399,10 @@ def _some_batch_fits(result, model: str, budget: int) -> None:
             flag = "--time-limit" if result.misses[1] == "timeout" else "--wall-cap"
             raise SolverTimeoutError(f"{model}: batch 1 found no plan under {format_bytes(budget)} within "
                                      f"{flag} (not proven infeasible); try a longer {flag} or a larger --budget")
+        if result.misses.get(1) == "added time":  # it fits, only dearer than the cap allows
+            raise BudgetInfeasibleError(f"{model}: batch 1 fits {format_bytes(budget)} only with a plan that adds "
+                                        "more time than --max-added-time allows; try a larger --max-added-time or "
+                                        "--budget")
         raise BudgetInfeasibleError(f"{model}: not even batch 1 fits {format_bytes(budget)}, planned or not; "
                                     "try a larger --budget")
 

@@ -1151,3 +1151,18 @@ def test_max_batch_a_probe_cut_by_the_wall_cap_says_so(monkeypatch):
             min(_p, 1), _p, None, (), _m))
         out = CliRunner().invoke(cli.main, ["plan", "zoo:gpt", "--budget", "1MiB", "--max-batch"])
         assert out.exit_code == code and says in out.output and "--time-limit" not in out.output, out.output
+
+
+def test_max_batch_batch_1_over_the_added_time_cap_is_not_said_not_to_fit():
+    """zoo:cnn under 202300 B fits batch 1 only planned (+12.4%): with --max-added-time 5 the
+    error said 'not even batch 1 fits ..., planned or not; try a larger --budget'."""
+    from click.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:cnn", "--budget", "202300B", "--max-batch", "--max-added-time",
+                                        "5", "--time-limit", "2", "--deterministic"])
+    assert res.exit_code == 1, res.output
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and "not even" not in err, err
+    assert "batch 1 fits 197.56 KiB only with a plan that adds more time than --max-added-time allows" in err, err
