@@ -1367,43 +1367,45 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
               if b >= MAX_BATCH_LIMIT]
     above = result.misses.get(result.planned + 1)
     if above == "timeout":  # the bisection's "no" next to the answer was not a proof
-        obj["note"] = (f"batch {result.planned + 1} found no plan within --time-limit (not proven infeasible); "
+        obj["note"] = (f"{batch_dim} {result.planned + 1} found no plan within --time-limit (not proven infeasible); "
                        "a longer --time-limit may fit it")
     if above == "wall cap":  # nor when the command's --wall-cap stopped that solve
-        obj["note"] = (f"batch {result.planned + 1} found no plan before --wall-cap stopped its solve (not proven "
+        obj["note"] = (f"{batch_dim} {result.planned + 1} found no plan before --wall-cap stopped its solve (not proven "
                        "infeasible); a larger --wall-cap may fit it")
     if capped:  # the search stops there: the batch fits, the largest is not known
-        obj["note"] = (f"the search stops at batch {MAX_BATCH_LIMIT}, which fits {' and '.join(capped)}: "
-                       "a larger batch may fit too")
+        obj["note"] = (f"the search stops at {batch_dim} {MAX_BATCH_LIMIT}, which fits {' and '.join(capped)}: "
+                       f"a larger {batch_dim} may fit too")
     if as_json:
         emit_json(obj)
-        return _some_batch_fits(result, model, budget)
+        return _some_batch_fits(result, model, budget, batch_dim)
     click.echo(f"{model} under {format_bytes(budget)}:")
-    click.echo(f"  largest batch unplanned  {result.unplanned}")
+    # the dim grown (--batch-dim seq: 'largest seq'), the columns aligned as for batch
+    width = max(len("largest batch unplanned "), len(f"largest {batch_dim} unplanned "))
+    click.echo(f"  {f'largest {batch_dim} unplanned':{width}} {result.unplanned}")
     # the plan's added time and peak whether or not batch 1 fits unplanned (no ratio then)
     ratio = f"{result.ratio:.2f}x, " if result.ratio else ""
-    click.echo(f"  largest batch planned    {result.planned}"
+    click.echo(f"  {f'largest {batch_dim} planned':{width}} {result.planned}"
                + (f"  ({ratio}+{100 * added:.1f}% time, peak {format_bytes(pm.peak_bytes)})"
                   if pm is not None else ""))
     if "note" in obj:
-        click.echo(f"  note                     {obj['note']}")
-    _some_batch_fits(result, model, budget)
+        click.echo(f"  {'note':{width}} {obj['note']}")
+    _some_batch_fits(result, model, budget, batch_dim)
 
 
-def _some_batch_fits(result, model: str, budget: int) -> None:
+def _some_batch_fits(result, model: str, budget: int, dim: str = "batch") -> None:
     """--max-batch fails (exit 1) when not even batch 1 fits, planned or not."""
     from planner.units import format_bytes
 
     if not result.planned and not result.unplanned:
         if result.misses.get(1) in ("timeout", "wall cap"):  # not a proof: the solve ran out of time
             flag = "--time-limit" if result.misses[1] == "timeout" else "--wall-cap"
-            raise SolverTimeoutError(f"{model}: batch 1 found no plan under {format_bytes(budget)} within "
+            raise SolverTimeoutError(f"{model}: {dim} 1 found no plan under {format_bytes(budget)} within "
                                      f"{flag} (not proven infeasible); try a longer {flag} or a larger --budget")
         if result.misses.get(1) == "added time":  # it fits, only dearer than the cap allows
-            raise BudgetInfeasibleError(f"{model}: batch 1 fits {format_bytes(budget)} only with a plan that adds "
+            raise BudgetInfeasibleError(f"{model}: {dim} 1 fits {format_bytes(budget)} only with a plan that adds "
                                         "more time than --max-added-time allows; try a larger --max-added-time or "
                                         "--budget")
-        raise BudgetInfeasibleError(f"{model}: not even batch 1 fits {format_bytes(budget)}, planned or not; "
+        raise BudgetInfeasibleError(f"{model}: not even {dim} 1 fits {format_bytes(budget)}, planned or not; "
                                     "try a larger --budget")
 
 

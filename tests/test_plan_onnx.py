@@ -1166,3 +1166,26 @@ def test_max_batch_batch_1_over_the_added_time_cap_is_not_said_not_to_fit():
     err = res.stderr.strip()
     assert len(err.splitlines()) == 1 and "not even" not in err, err
     assert "batch 1 fits 197.56 KiB only with a plan that adds more time than --max-added-time allows" in err, err
+
+
+def test_max_batch_names_the_dim_it_grows(monkeypatch):
+    """--batch-dim seq grows seq, yet the report read 'largest batch unplanned 56' (zoo:gpt under
+    1MiB) and its notes and errors 'batch N': it now names the dim it grew."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    for misses, says in (({57: "timeout"}, "seq 57 found no plan within --time-limit"), ({1: "infeasible"}, None)):
+        planned = 56 if says else 0
+        monkeypatch.setattr(plan_model, "max_batch", lambda *a, _m=misses, _p=planned, **k: plan_model.MaxBatch(
+            _p, _p, None, (), _m))
+        res = CliRunner().invoke(cli.main, ["plan", "zoo:gpt", "--batch-dim", "seq", "--budget", "1MiB",
+                                            "--max-batch", "--strategy", "none"])
+        assert "batch" not in res.output, res.output
+        assert f"largest seq unplanned    {planned}" in res.stdout and f"largest seq planned      {planned}" \
+            in res.stdout, res.stdout
+        if says:
+            assert res.exit_code == 0 and says in res.stdout, res.output
+        else:
+            assert res.exit_code == 1 and "not even seq 1 fits 1.00 MiB" in res.stderr, res.output
