@@ -1140,7 +1140,9 @@ def test_max_batch_a_probe_cut_by_the_wall_cap_says_so(monkeypatch):
         return SimpleNamespace(ok=False, result=SimpleNamespace(status="timeout",
                                                                 solver=SimpleNamespace(wall_capped=True)))
 
-    build = lambda b: training_graph(import_model(f"zoo:mlp?batch={b}"))  # noqa: E731
+    def build(b):
+        return training_graph(import_model(f"zoo:mlp?batch={b}"))
+
     res = plan_model.max_batch(build, 1000, plan)
     assert (res.unplanned, res.planned, dict(res.misses)) == (0, 0, {1: "wall cap"})
 
