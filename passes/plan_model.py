@@ -81,6 +81,8 @@ class PlannedModel:
     primed_bytes: int = 0
     # no plan returned because each one found overshot the budget once rewritten: the least such peak
     lowest_over: int | None = None
+    # no plan returned, and a solve on the way ended without one for want of time: not a proof
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -288,6 +290,7 @@ def plan_graph(
                               f"peaks at {lowest_over} bytes: a budget of that fits it), and tighter solves "
                               f"found none")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over,
+                        timed_out=timed_out or failed.status == "timeout",
                         lowest_over=lowest_over if failed.status == "over_budget" and arena_over is None else None)
 
 
@@ -449,7 +452,7 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
         else:
             r = pm.result  # --wall-cap cut the solve short: no proof, and no longer --time-limit helps
             misses[b] = "added time" if pm.ok else "wall cap" if r.status == "timeout" and r.solver.wall_capped \
-                else r.status
+                else "timeout" if r.status == "timeout" or getattr(pm, "timed_out", False) else r.status
         return ok
 
     unplanned = _largest(fits_unplanned)

@@ -1191,3 +1191,23 @@ def test_max_batch_names_the_dim_it_grows(monkeypatch):
             assert res.exit_code == 0 and says in res.stdout, res.output
         else:
             assert res.exit_code == 1 and "not even seq 1 fits 1.00 MiB" in res.stderr, res.output
+
+
+def test_max_batch_an_arena_miss_with_timed_out_solves_is_not_a_proof(monkeypatch):
+    """--ort-arena: zoo:cnn at batch 30 under 4MiB (--device cpu, --time-limit 1) ends over_budget,
+    'some ran out of time; try a longer --time-limit' (plan says so), yet --max-batch took that
+    miss as proven and gave no note next to its answer 29. Such a miss now reads "timeout"."""
+    from types import SimpleNamespace
+
+    from passes import plan_model
+
+    def plan(graph, budget):  # batch 1 fits; above it, what plan_graph returns in that case
+        if graph == 1:
+            return SimpleNamespace(ok=True, result=SimpleNamespace(added_time=0.0, compute_time=1.0))
+        return plan_model.PlannedModel(graph, None, None, SimpleNamespace(status="over_budget",
+                                                                          solver=SimpleNamespace(wall_capped=False)),
+                                       budget, (), None, None, 0, timed_out=True)
+
+    monkeypatch.setattr(plan_model, "analyze", lambda g: SimpleNamespace(peak_bytes=10 ** 9))  # none fits as is
+    res = plan_model.max_batch(lambda b: b, 1000, plan)
+    assert (res.unplanned, res.planned) == (0, 1) and res.misses[2] == "timeout", res
