@@ -176,7 +176,7 @@ class _Rewriter:
                     # its unread outputs to the end of the run, so this computation is not emitted
                     for t in node.inputs:
                         if t != NO_TENSOR and t not in self.skipped:
-                            self._read(t, f"node {node.name!r}")
+                            self._read(t, node)
                     self.computed.setdefault(node.id, 0)
                     for t in node.outputs:
                         if t != NO_TENSOR and not self._bound(t):
@@ -243,11 +243,15 @@ class _Rewriter:
             raise PlanMismatchError(f"schedule event {k} moves tensor {name!r}, which this model does not have")
         return tid
 
-    def _read(self, tid: int, reader: str) -> int:
+    def _read(self, tid: int, reader: str | Node) -> int:
+        """``tid``'s current copy. ``reader`` (a description, or the node reading it) names the
+        reader in the error; a node's is made only then (one string per input read cost seconds
+        on graphs of a few hundred thousand computes)."""
         cur = self.current.get(tid)
         if cur is None:
+            who = f"node {reader.name!r}" if isinstance(reader, Node) else reader
             raise PlanMismatchError(
-                f"{reader} reads {self.g.tensors[tid].name!r} while it is not resident in the plan"
+                f"{who} reads {self.g.tensors[tid].name!r} while it is not resident in the plan"
             )
         return cur
 
@@ -259,7 +263,7 @@ class _Rewriter:
     # ---- events ----------------------------------------------------------------------------
     def _compute(self, node: Node, read: set[int] | frozenset[int] = frozenset()) -> None:
         k = self.computed.get(node.id, 0)
-        inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, f"node {node.name!r}") for t in node.inputs]
+        inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, node) for t in node.inputs]
         if k == 0:
             name, suffix = node.name, ""
         else:

@@ -149,7 +149,8 @@ def test_a_swapped_in_output_nobody_reads_is_not_brought_back():
 
 @pytest.mark.parametrize("bad, match", [
     ([{"op": "compute", "node": "Z"}], "does not have"),
-    ([{"op": "compute", "node": "A"}, {"op": "free", "tensor": "a"}, {"op": "compute", "node": "C1"}], "not resident"),
+    ([{"op": "compute", "node": "A"}, {"op": "free", "tensor": "a"}, {"op": "compute", "node": "C1"}],
+     "node 'C1' reads 'a' while it is not resident"),  # the reader named (made only on failure)
     ([{"op": "compute", "node": "A"}], "never computes"),
     ([{"op": "swap_in", "tensor": "a"}], "before swapping it out"),
     ([{"op": "jump"}], "unknown op"),
