@@ -190,6 +190,23 @@ def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+class _SaidOnce(logging.Filter):
+    """Lets each warning text through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        text = record.getMessage()
+        if text in self.said:
+            return False
+        self.said.add(text)
+        return True
+
+
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
 @click.version_option(package_name="memplan")
@@ -197,6 +214,12 @@ def main(verbose: int) -> None:
     """memplan: static memory planning for ONNX training graphs."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="memplan: %(message)s")
+    # a command that solves many times (--max-batch's probes, --sweep's rows, --ort-arena's re-solves)
+    # says the planner's same warning once: the --wall-cap deadline is the command's, so every solve
+    # after it passed says it was capped
+    planning_log, once = logging.getLogger("planner.planning"), _SaidOnce()
+    planning_log.addFilter(once)
+    click.get_current_context().call_on_close(lambda: planning_log.removeFilter(once))
     from planner import interrupt
 
     interrupt.install()  # Ctrl-C stops a CP-SAT solve too, and memplan with it (nothing written)

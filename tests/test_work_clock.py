@@ -255,3 +255,18 @@ def baselines_candidate(p, plan, simulate):
     from planner.baselines import Candidate
 
     return Candidate(plan, simulate(p, plan))
+
+
+def test_max_batch_says_the_wall_cap_warning_once(monkeypatch, caplog):
+    """Every --max-batch probe after the --wall-cap passed is capped at once: the warning was printed
+    once per batch tried (memplan plan zoo:cnn --budget 4MiB --max-batch --time-limit 2 --deterministic
+    --wall-cap 1: 6 times); it is now said once per command, and again by the next command."""
+    argv = ["plan", "zoo:mlp", "--budget", "1MiB", "--max-batch", "--time-limit", "1", "--deterministic",
+            "--wall-cap", "1", "--json"]
+    for _ in range(2):
+        caplog.clear()
+        crawling_wall(monkeypatch)  # the cap passes in the first probe's solve
+        out = CliRunner().invoke(cli.main, argv)
+        assert out.exit_code in (0, 4), out.output
+        said = [r for r in caplog.records if "--wall-cap stopped" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
