@@ -310,7 +310,9 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     """Run MODEL's (training) graph and the planned OUT.onnx on the same inputs in ORT: outputs, peak, time.
 
     Exit 0 when every output matches within the tolerance and the counted peak is within the
-    plan's budget, 1 when not.
+    plan's budget, 1 when not, 2 when OUT.onnx was not planned from MODEL as it is now (another
+    model or --dim, other weight values, or no memplan plan in it: plan it again), 3 when a model
+    cannot be read.
     """
     import tempfile
     from pathlib import Path
@@ -1115,7 +1117,8 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
                    "ONNX Runtime on this machine (timings vary, so plans may); or an ORT profile JSON of the model "
                    "`memplan train-graph` writes (the same file gives the same plan).")
 @dim_option
-@click.option("--forward", is_flag=True, help="ONNX models: plan the graph as it is (no training step).")
+@click.option("--forward", is_flag=True, help="ONNX models: plan the graph as it is (no training step); node outputs "
+              "nobody reads are released once made (optional ones left out, others given a 1-element reader).")
 @click.option("--optimizer", type=click.Choice(["none", "sgd", "adam"]), default="none", show_default=True,
               help="ONNX models: optimizer step added to the training graph.")
 @click.option("--lr", type=FiniteFloat(), default=None, help="Learning rate of --optimizer (default 0.01 sgd, 0.003 adam, "

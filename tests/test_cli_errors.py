@@ -858,3 +858,14 @@ def test_json_graph_input_check_reads_no_onnx(benchmarks_dir, monkeypatch):
 
     monkeypatch.setattr(onnx_import, "load_proto", no_load)
     assert cli._external_files(str(graph)) == set()
+
+
+def test_help_says_verifys_exit_2_and_what_forward_plans_release():
+    """verify refuses a planned file made from another version of MODEL (exit 2) and forward plans
+    release node outputs nobody reads, changing the emitted model; verify --help said only exit 0/1
+    and plan --help said --forward plans the graph 'as it is'."""
+    verify_help = " ".join(CliRunner().invoke(cli.main, ["verify", "--help"]).output.split())
+    assert "2 when OUT.onnx was not planned from MODEL as it is now" in verify_help
+    assert "other weight values" in verify_help and "3 when a model cannot be read" in verify_help
+    plan_help = " ".join(CliRunner().invoke(cli.main, ["plan", "--help"]).output.split())
+    assert "node outputs nobody reads are released once made" in plan_help
