@@ -107,7 +107,7 @@ class _Copies:
         self.keep_firsts = keep_firsts
         m = len(computes)
         self.node = node = [int(t) for t in computes]
-        self.size = size = p.size.tolist()
+        self.size = p.size.tolist()
         inputs: list[list[int]] = []  # the copies step k reads
         readers: list[list[int]] = [[] for _ in range(m)]  # the steps reading copy c, ascending
         self.copies: list[list[int]] = [[] for _ in range(p.n)]  # each node's copies, ascending
