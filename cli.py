@@ -1343,6 +1343,8 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         if batch_dim not in models.ZOO[name].option_names:
             raise UsageError(f"--batch-dim {batch_dim!r}: zoo:{name} has no such option (options: "
                              f"{', '.join(models.ZOO[name].option_names)}); name the one to grow with --batch-dim")
+        # hw=1 would fail at once (cnn's hw comes in steps of 2**depth): only legal values are tried
+        step = models.ZOO[name].growth_step(batch_dim, opts)
 
         def spec_at(b: int) -> tuple[str, dict]:
             return models.format_spec(name, {**opts, batch_dim: b}), dims
@@ -1355,6 +1357,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                 f"--max-batch grows the symbolic input dim {batch_dim!r}, which {model} does not have (inputs: "
                 f"{input_shapes_text(proto)}); name another with --batch-dim, or export the model with a dynamic "
                 "batch axis")
+        step = 1
 
         def spec_at(b: int) -> tuple[str, dict]:
             return model, {**dims, batch_dim: b}
@@ -1377,7 +1380,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                           ort_arena=bfc)
 
     cap = None if max_added_pct is None else max_added_pct / 100
-    result = max_batch(build, budget, plan_at, max_added=cap, ort_arena=bfc)
+    result = max_batch(build, budget, plan_at, max_added=cap, ort_arena=bfc, step=step)
     pm = result.planned_result
     added = None if pm is None else added_fraction(pm)
     obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,
@@ -1390,16 +1393,16 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                        **({"why": result.misses[b]} if k == "planned" and not f and b in result.misses else {})}
                       for b, k, f in result.probes]}
     capped = [kind for kind, b in (("unplanned", result.unplanned), ("planned", result.planned))
-              if b >= MAX_BATCH_LIMIT]
-    above = result.misses.get(result.planned + 1)
+              if b and b + step > MAX_BATCH_LIMIT]
+    above = result.misses.get(result.planned + step)
     if above == "timeout":  # the bisection's "no" next to the answer was not a proof
-        obj["note"] = (f"{batch_dim} {result.planned + 1} found no plan within --time-limit (not proven infeasible); "
+        obj["note"] = (f"{batch_dim} {result.planned + step} found no plan within --time-limit (not proven infeasible); "
                        "a longer --time-limit may fit it")
     if above == "wall cap":  # nor when the command's --wall-cap stopped that solve
-        obj["note"] = (f"{batch_dim} {result.planned + 1} found no plan before --wall-cap stopped its solve (not proven "
+        obj["note"] = (f"{batch_dim} {result.planned + step} found no plan before --wall-cap stopped its solve (not proven "
                        "infeasible); a larger --wall-cap may fit it")
     if capped:  # the search stops there: the batch fits, the largest is not known
-        obj["note"] = (f"the search stops at {batch_dim} {MAX_BATCH_LIMIT}, which fits {' and '.join(capped)}: "
+        obj["note"] = (f"the search stops at {batch_dim} {MAX_BATCH_LIMIT // step * step}, which fits {' and '.join(capped)}: "
                        f"a larger {batch_dim} may fit too")
     if as_json:
         emit_json(obj)
@@ -1419,19 +1422,19 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
 
 
 def _some_batch_fits(result, model: str, budget: int, dim: str = "batch") -> None:
-    """--max-batch fails (exit 1) when not even batch 1 fits, planned or not."""
+    """--max-batch fails (exit 1) when not even the first batch (1, or the option's step) fits, planned or not."""
     from planner.units import format_bytes
 
     if not result.planned and not result.unplanned:
-        if result.misses.get(1) in ("timeout", "wall cap"):  # not a proof: the solve ran out of time
-            flag = "--time-limit" if result.misses[1] == "timeout" else "--wall-cap"
-            raise SolverTimeoutError(f"{model}: {dim} 1 found no plan under {format_bytes(budget)} within "
+        if result.misses.get(result.step) in ("timeout", "wall cap"):  # not a proof: the solve ran out of time
+            flag = "--time-limit" if result.misses[result.step] == "timeout" else "--wall-cap"
+            raise SolverTimeoutError(f"{model}: {dim} {result.step} found no plan under {format_bytes(budget)} within "
                                      f"{flag} (not proven infeasible); try a longer {flag} or a larger --budget")
-        if result.misses.get(1) == "added time":  # it fits, only dearer than the cap allows
-            raise BudgetInfeasibleError(f"{model}: {dim} 1 fits {format_bytes(budget)} only with a plan that adds "
+        if result.misses.get(result.step) == "added time":  # it fits, only dearer than the cap allows
+            raise BudgetInfeasibleError(f"{model}: {dim} {result.step} fits {format_bytes(budget)} only with a plan that adds "
                                         "more time than --max-added-time allows; try a larger --max-added-time or "
                                         "--budget")
-        raise BudgetInfeasibleError(f"{model}: not even {dim} 1 fits {format_bytes(budget)}, planned or not; "
+        raise BudgetInfeasibleError(f"{model}: not even {dim} {result.step} fits {format_bytes(budget)}, planned or not; "
                                     "try a larger --budget")
 
 

@@ -37,7 +37,10 @@ class ZooModel:
     ``presets[size]`` holds a value for every option except ``size`` (so it also defines the option
     names and their types); ``choices`` lists the legal values of string options; ``minimum``
     overrides the default lower bound 1 of integer options and ``maximum`` gives the few that have
-    an upper bound below MAX_OPTION (flags); ``make`` gets the resolved options.
+    an upper bound below MAX_OPTION (flags); ``make`` gets the resolved options. ``steps[key]``
+    gives, from the resolved options, the step the legal values of an integer option come in
+    (``hw`` a multiple of 2**depth); ``bounded[key]`` describes, from them, the legal values of one
+    the others bound in a way no step says (``heads`` dividing ``dim``).
     """
 
     name: str
@@ -47,6 +50,8 @@ class ZooModel:
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     minimum: Mapping[str, int] = field(default_factory=lambda: {"seed": 0})
     maximum: Mapping[str, int] = field(default_factory=dict)
+    steps: Mapping[str, Callable[[Mapping[str, OptionValue]], int]] = field(default_factory=dict)
+    bounded: Mapping[str, Callable[[Mapping[str, OptionValue]], str]] = field(default_factory=dict)
 
     @property
     def option_names(self) -> list[str]:
@@ -82,6 +87,22 @@ class ZooModel:
             legal = f">= {low}" if high is None else f"in {low}..{high}"
             raise UsageError(f"zoo:{self.name} option {key} must be an integer {legal}, got {value!r}")
         return value
+
+    def growth_step(self, key: str, options: Mapping[str, OptionValue]) -> int:
+        """The step in which option ``key`` can grow from it (its other options ``options``): its
+        legal values are that step's multiples. A UsageError names the legal values of an option that
+        cannot grow so (a string, a flag, one the others bound)."""
+        resolved = self.resolve(options)
+        if key == "size" or key in self.choices:
+            legal = SIZES if key == "size" else self.choices[key]
+            raise UsageError(f"zoo:{self.name} option {key} is one of: {', '.join(legal)}; --max-batch cannot grow it")
+        if key in self.maximum:
+            raise UsageError(f"zoo:{self.name} option {key} takes only {self.minimum.get(key, 1)}.."
+                             f"{self.maximum[key]}; --max-batch cannot grow it")
+        if key in self.bounded:
+            raise UsageError(f"zoo:{self.name} option {key} takes only {self.bounded[key](resolved)}; "
+                             "--max-batch grows only an option with no upper bound")
+        return self.steps[key](resolved) if key in self.steps else 1
 
     def __call__(self, **options: OptionValue) -> onnx.ModelProto:
         resolved = self.resolve(options)

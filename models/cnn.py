@@ -23,6 +23,12 @@ PRESETS = {
 }
 
 
+def _depths(hw: int) -> str:
+    """The legal depths at ``hw`` (2**depth divides it), for --max-batch's refusal to grow depth."""
+    top = (hw & -hw).bit_length() - 1
+    return f"1..{top} (hw={hw} divisible by 2**depth)" if top else f"none at hw={hw} (odd)"
+
+
 def make(o: Mapping[str, OptionValue]) -> onnx.ModelProto:
     hw, depth = o["hw"], o["depth"]
     require(hw % 2**depth == 0, "cnn", f"hw={hw} must be divisible by 2**depth={2**depth}")
@@ -41,4 +47,5 @@ def make(o: Mapping[str, OptionValue]) -> onnx.ModelProto:
     return b.model(__doc__, opset=17)
 
 
-MODEL = ZooModel("cnn", "Conv-BN-Relu-MaxPool blocks -> Gemm -> softmax cross-entropy", PRESETS, make)
+MODEL = ZooModel("cnn", "Conv-BN-Relu-MaxPool blocks -> Gemm -> softmax cross-entropy", PRESETS, make,
+                 steps={"hw": lambda o: 2 ** o["depth"]}, bounded={"depth": lambda o: _depths(o["hw"])})

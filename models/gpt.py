@@ -109,4 +109,6 @@ def make(o: Mapping[str, OptionValue]) -> onnx.ModelProto:
 
 MODEL = ZooModel("gpt", "decoder-only transformer with causal attention and a tied head", PRESETS, make,
                  choices={"gelu": ("erf", "op")}, minimum={"seed": 0, "logits": 0},
-                 maximum={"logits": 1})
+                 maximum={"logits": 1}, steps={"dim": lambda o: o["heads"]},
+                 bounded={"heads": lambda o: f"divisors of dim={o['dim']}: "
+                                             + ", ".join(str(h) for h in range(1, o["dim"] + 1) if o["dim"] % h == 0)})

@@ -41,6 +41,12 @@ def _double_conv(b: OnnxBuilder, x: str, c_in: int, c_out: int, name: str) -> st
     return b.conv_bn_relu(b.conv_bn_relu(x, c_in, c_out, f"{name}.0"), c_out, c_out, f"{name}.1")
 
 
+def _depths(hw: int) -> str:
+    """The legal depths at ``hw`` (2**depth divides it), for --max-batch's refusal to grow depth."""
+    top = (hw & -hw).bit_length() - 1
+    return f"1..{top} (hw={hw} divisible by 2**depth)" if top else f"none at hw={hw} (odd)"
+
+
 def make(o: Mapping[str, OptionValue]) -> onnx.ModelProto:
     hw, depth, width = o["hw"], o["depth"], o["width"]
     require(hw % 2**depth == 0, "unet", f"hw={hw} must be divisible by 2**depth={2**depth}")
@@ -68,4 +74,5 @@ def make(o: Mapping[str, OptionValue]) -> onnx.ModelProto:
 
 
 MODEL = ZooModel("unet", "encoder/decoder with skip Concat and Resize -> per-pixel cross-entropy", PRESETS,
-                 make, choices={"upsample": tuple(RESIZE)})
+                 make, choices={"upsample": tuple(RESIZE)},
+                 steps={"hw": lambda o: 2 ** o["depth"]}, bounded={"depth": lambda o: _depths(o["hw"])})

@@ -384,6 +384,7 @@ class MaxBatch:
     # proof), "wall cap" (no plan found before --wall-cap stopped it: no proof either), "infeasible"
     # (proven), "added time" (a plan over --max-added-time), or the solve's status
     misses: Mapping[int, str] = field(default_factory=dict)
+    step: int = 1  # the batches tried are its multiples (a zoo option that takes only those)
 
     @property
     def ratio(self) -> float | None:
@@ -417,7 +418,8 @@ def added_fraction(pm: PlannedModel) -> float:
 
 
 def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph, int], PlannedModel],
-              max_added: float | None = None, ort_arena: OrtArena | None = None) -> MaxBatch:
+              max_added: float | None = None, ort_arena: OrtArena | None = None,
+              step: int = 1) -> MaxBatch:
     """Largest batch whose training step fits ``budget`` as is, and with a plan.
 
     ``build(b)`` returns the graph to plan at batch b; ``plan(graph, budget)`` plans it. With
@@ -425,7 +427,8 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
     time. With ``ort_arena`` (what ``plan`` plans for), the step as is fits only where the arena
     also runs it under the budget. Memory (and the recompute needed) grows with the batch, so both
     searches double then bisect; the planned search starts at the unplanned answer (no plan is
-    needed there, so the planned batch is never below it).
+    needed there, so the planned batch is never below it). With ``step``, only its multiples are
+    tried (a zoo option such as cnn's hw takes no other values).
     """
     probes: list[tuple[int, str, bool]] = []
     misses: dict[int, str] = {}
@@ -438,12 +441,14 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
             graphs[b] = build(b)
         return graphs[b]
 
-    def fits_unplanned(b: int) -> bool:
+    def fits_unplanned(k: int) -> bool:
+        b = k * step
         ok = analyze(graph(b)).peak_bytes <= budget and (ort_arena is None or ort_arena.need(graph(b)) <= budget)
         probes.append((b, "unplanned", ok))
         return ok
 
-    def fits_planned(b: int) -> bool:
+    def fits_planned(k: int) -> bool:
+        b = k * step
         pm = plan(graph(b), budget)
         ok = pm.ok and (max_added is None or added_fraction(pm) <= max_added)
         probes.append((b, "planned", ok))
@@ -455,6 +460,7 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
                 else "timeout" if r.status == "timeout" or getattr(pm, "timed_out", False) else r.status
         return ok
 
-    unplanned = _largest(fits_unplanned)
-    planned = max(unplanned, _largest(fits_planned, start=max(1, unplanned)))
-    return MaxBatch(unplanned, planned, plans.get(planned), tuple(probes), misses)
+    limit = MAX_BATCH_LIMIT // step
+    unplanned = step * _largest(fits_unplanned, limit=limit)
+    planned = max(unplanned, step * _largest(fits_planned, start=max(1, unplanned // step), limit=limit))
+    return MaxBatch(unplanned, planned, plans.get(planned), tuple(probes), misses, step)

@@ -204,7 +204,7 @@ def test_max_batch_says_when_the_batch_above_its_answer_timed_out(monkeypatch):
     import cli
     from passes import plan_model
 
-    def fake(build, budget, plan, max_added=None, ort_arena=None):
+    def fake(build, budget, plan, max_added=None, ort_arena=None, step=1):
         probes = ((1, "unplanned", True), (2, "unplanned", False), (2, "planned", True), (3, "planned", False))
         return plan_model.MaxBatch(1, 2, None, probes, {3: "timeout"})
 
@@ -1047,7 +1047,7 @@ def test_max_batch_batch_1_timeout_is_not_reported_as_proven(monkeypatch):
     from passes import plan_model
 
     for why, code in (("timeout", 4), ("infeasible", 1)):
-        def fake(build, budget, plan, max_added=None, ort_arena=None, why=why):
+        def fake(build, budget, plan, max_added=None, ort_arena=None, step=1, why=why):
             return plan_model.MaxBatch(0, 0, None, ((1, "unplanned", False), (1, "planned", False)), {1: why})
 
         monkeypatch.setattr(plan_model, "max_batch", fake)
@@ -1082,7 +1082,7 @@ def test_max_batch_json_says_how_the_batches_were_planned(monkeypatch):
     import cli
     from passes import plan_model
 
-    def fake(build, budget, plan, max_added=None, ort_arena=None):
+    def fake(build, budget, plan, max_added=None, ort_arena=None, step=1):
         build(1)  # the graph of a probe: the training options it was built with
         return plan_model.MaxBatch(1, 1, None, ((1, "unplanned", True),), {})
 
@@ -1113,7 +1113,7 @@ def test_max_batch_says_when_the_search_stopped_at_its_limit(monkeypatch):
     top = plan_model.MAX_BATCH_LIMIT
     assert plan_model._largest(lambda b: True) == top and plan_model._largest(lambda b: b <= 5) == 5
 
-    def fake(build, budget, plan, max_added=None, ort_arena=None):
+    def fake(build, budget, plan, max_added=None, ort_arena=None, step=1):
         return plan_model.MaxBatch(top, top, None, ((top, "unplanned", True), (top, "planned", True)), {})
 
     monkeypatch.setattr(plan_model, "max_batch", fake)
@@ -1211,3 +1211,28 @@ def test_max_batch_an_arena_miss_with_timed_out_solves_is_not_a_proof(monkeypatc
     monkeypatch.setattr(plan_model, "analyze", lambda g: SimpleNamespace(peak_bytes=10 ** 9))  # none fits as is
     res = plan_model.max_batch(lambda b: b, 1000, plan)
     assert (res.unplanned, res.planned) == (0, 1) and res.misses[2] == "timeout", res
+
+
+def test_max_batch_grows_a_zoo_option_in_its_legal_steps():
+    """zoo:cnn --batch-dim hw failed at once, 'hw=1 must be divisible by 2**depth=4' (exit 3): the
+    search started at 1 whatever values the option takes. hw now grows in steps of 2**depth, and an
+    option no step describes (depth, heads, a flag, a string) is refused up front naming its values."""
+    from click.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:cnn", "--budget", "1MiB", "--max-batch", "--batch-dim", "hw",
+                                        "--strategy", "greedy", "--json"])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert obj["unplanned_batch"] > 0 and obj["planned_batch"] >= obj["unplanned_batch"]
+    assert obj["probes"] and all(p["batch"] % 4 == 0 for p in obj["probes"]), obj["probes"]
+    fits = {(p["batch"], p["kind"]): p["fits"] for p in obj["probes"]}
+    assert not fits[(obj["unplanned_batch"] + 4, "unplanned")]
+    for model, dim, says in (("zoo:cnn", "depth", "option depth takes only 1..5 (hw=32 divisible by 2**depth)"),
+                             ("zoo:gpt", "heads", "option heads takes only divisors of dim=32: 1, 2, 4, 8, 16, 32"),
+                             ("zoo:gpt", "logits", "option logits takes only 0..1"),
+                             ("zoo:unet", "upsample", "option upsample is one of: nearest, linear")):
+        res = CliRunner().invoke(cli.main, ["plan", model, "--budget", "4MiB", "--max-batch", "--batch-dim", dim])
+        err = res.stderr.strip()
+        assert res.exit_code == 2 and says in err and len(err.splitlines()) == 1 and not res.stdout, res.output
