@@ -1401,6 +1401,10 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     if above == "wall cap":  # nor when the command's --wall-cap stopped that solve
         obj["note"] = (f"{batch_dim} {result.planned + step} found no plan before --wall-cap stopped its solve (not proven "
                        "infeasible); a larger --wall-cap may fit it")
+    if above == "added time (not proven)":  # nor a plan over the cap not proven the cheapest
+        obj["note"] = (f"{batch_dim} {result.planned + step}'s plan adds more time than --max-added-time but was not "
+                       "proven the cheapest (a cheaper one may be under the cap); "
+                       + ("a longer --time-limit" if strategy == "cpsat" else "--strategy cpsat") + " may find it")
     if capped:  # the search stops there: the batch fits, the largest is not known
         obj["note"] = (f"the search stops at {batch_dim} {MAX_BATCH_LIMIT // step * step}, which fits {' and '.join(capped)}: "
                        f"a larger {batch_dim} may fit too")
@@ -1430,6 +1434,11 @@ def _some_batch_fits(result, model: str, budget: int, dim: str = "batch") -> Non
             flag = "--time-limit" if result.misses[result.step] == "timeout" else "--wall-cap"
             raise SolverTimeoutError(f"{model}: {dim} {result.step} found no plan under {format_bytes(budget)} within "
                                      f"{flag} (not proven infeasible); try a longer {flag} or a larger --budget")
+        if result.misses.get(result.step) == "added time (not proven)":  # a cheaper plan may be under the cap
+            raise BudgetInfeasibleError(f"{model}: {dim} {result.step} fits {format_bytes(budget)} with a plan that adds "
+                                        "more time than --max-added-time allows, not proven the cheapest (a cheaper one "
+                                        "may be under the cap); try a longer --time-limit (or --strategy cpsat), a "
+                                        "larger --max-added-time or --budget")
         if result.misses.get(result.step) == "added time":  # it fits, only dearer than the cap allows
             raise BudgetInfeasibleError(f"{model}: {dim} {result.step} fits {format_bytes(budget)} only with a plan that adds "
                                         "more time than --max-added-time allows; try a larger --max-added-time or "

@@ -382,7 +382,8 @@ class MaxBatch:
     probes: tuple[tuple[int, str, bool], ...]  # (batch, "unplanned"|"planned", fits), in probe order
     # why each planned probe that did not count failed: "timeout" (no plan found in the time: not a
     # proof), "wall cap" (no plan found before --wall-cap stopped it: no proof either), "infeasible"
-    # (proven), "added time" (a plan over --max-added-time), or the solve's status
+    # (proven), "added time" (a plan over --max-added-time, proven the cheapest), "added time (not
+    # proven)" (one over it not proven the cheapest: a cheaper one may be under it), or the solve's status
     misses: Mapping[int, str] = field(default_factory=dict)
     step: int = 1  # the batches tried are its multiples (a zoo option that takes only those)
 
@@ -456,7 +457,10 @@ def max_batch(build: Callable[[int], Graph], budget: int, plan: Callable[[Graph,
             plans[b] = pm
         else:
             r = pm.result  # --wall-cap cut the solve short: no proof, and no longer --time-limit helps
-            misses[b] = "added time" if pm.ok else "wall cap" if r.status == "timeout" and r.solver.wall_capped \
+            # a plan over the cap that was not proven the cheapest (feasible: the solve ran out of
+            # time, or a heuristic's) leaves a cheaper one under the cap possible
+            misses[b] = ("added time" if r.status == "optimal" else "added time (not proven)") if pm.ok \
+                else "wall cap" if r.status == "timeout" and r.solver.wall_capped \
                 else "timeout" if r.status == "timeout" or getattr(pm, "timed_out", False) else r.status
         return ok
 
