@@ -209,7 +209,7 @@ class GraphBuilder:
         if name in self._by_name:
             raise GraphError(f"tensor name {name!r} is used twice")
         tid = len(self._tensors)
-        self._tensors.append(Tensor(tid, name, dtype, tuple(int(d) for d in shape), kind, producer))
+        self._tensors.append(Tensor(tid, name, dtype, tuple(map(int, shape)), kind, producer))
         self._by_name[name] = tid
         return tid
 
@@ -244,10 +244,10 @@ class GraphBuilder:
         a ``_<k>`` suffix (a file's unnamed Identity became 'Identity_4' beside the file's own
         'Identity_4', and plans computed the wrong one; fuzzed, stop 49)."""
         nid = len(self._nodes)
-        out_ids = tuple(
+        out_ids = tuple([
             NO_TENSOR if spec is None else self._add(spec[0], spec[1], spec[2], TensorKind.ACTIVATION, nid)
             for spec in outputs
-        )
+        ])
         want = name or f"{op_type}_{nid}"
         unique, k = want, 0
         while unique in self._node_names:
