@@ -393,6 +393,18 @@ def test_the_same_plan_has_the_same_digest(planned, tmp_path):
     assert first["plan_digest"] == second["plan_digest"] == cli.plan_digest(second)
 
 
+def test_rewrite_digests_a_current_plan_once(planned, tmp_path, monkeypatch):
+    """rewrite hashed every plan twice, as now and as before stop 51, whichever matched: the legacy
+    digest is made only where the current one does not match."""
+    plan, _ = planned
+    calls = []
+    digest = cli.plan_digest
+    monkeypatch.setattr(cli, "plan_digest", lambda obj, legacy=False: calls.append(legacy) or digest(obj, legacy))
+    res = CliRunner().invoke(cli.main, ["rewrite", "zoo:cnn", str(plan), "-o", str(tmp_path / "r.onnx")])
+    assert res.exit_code == 0, res.output
+    assert calls == [False]
+
+
 def test_the_arena_placements_seconds_are_not_digested(tmp_path):
     """With --arena the digest hashed the placement's wall seconds: a new digest on every run
     (determinism audit, stop 51). A plan written before, digested with them, is still read."""
