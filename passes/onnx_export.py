@@ -28,7 +28,7 @@ from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, M
                                 RAW_DATA_FIELD, SHAPES_KEY, field_head, is_stub)
 from planner.errors import GraphError, ModelImportError
 from planner.fileio import atomic_write, write_mode, write_target
-from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name
+from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name, gc_paused
 from planner.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,21 @@ ORT_INLINED_OPS = frozenset({
 })
 
 
-def tensor_value_info(t: Tensor) -> onnx.ValueInfoProto:
-    """The ValueInfoProto of one tensor of a Graph (name, element type, static shape)."""
-    return helper.make_tensor_value_info(t.name, DTYPE_TO_ONNX[t.dtype], list(t.shape))
+def tensor_value_info(t: Tensor, types: dict[tuple[str, tuple[int, ...]], onnx.TypeProto] | None = None
+                      ) -> onnx.ValueInfoProto:
+    """The ValueInfoProto of one tensor of a Graph (name, element type, static shape), as
+    ``helper.make_tensor_value_info`` makes it. ``types``: (dtype, shape) -> TypeProto made so far,
+    shared by the calls of one export (a planned model's 200k tensors have a few hundred types)."""
+    if types is None:
+        return helper.make_tensor_value_info(t.name, DTYPE_TO_ONNX[t.dtype], list(t.shape))
+    key = (t.dtype, tuple(t.shape))
+    kind = types.get(key)
+    if kind is None:
+        kind = types[key] = helper.make_tensor_type_proto(DTYPE_TO_ONNX[t.dtype], list(t.shape))
+    info = onnx.ValueInfoProto()
+    info.name = t.name
+    info.type.CopyFrom(kind)
+    return info
 
 
 def hidden_shapes(graph: Graph, io: set[int]) -> dict[str, list]:
@@ -151,9 +163,16 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     of the source model), written after the graph's own inputs; names the graph has no initializer of
     are skipped.
     """
+    with gc_paused():  # a few protos per node, no cycles: planner.graph.gc_paused
+        return _export_model(graph, producer, metadata, value_info, mem_pattern, inline, weights, overridable)
+
+
+def _export_model(graph: Graph, producer: str, metadata: dict[str, str] | None, value_info: bool,
+                  mem_pattern: bool, inline: bool, weights: bool, overridable: Sequence[str]) -> onnx.ModelProto:
     name = lambda tid: "" if tid == NO_TENSOR else graph.tensors[tid].name  # noqa: E731
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opsets.items())]
     taken = graph.names()
+    types: dict[tuple[str, tuple[int, ...]], onnx.TypeProto] = {}
     nodes, body_info = [], []
     for node in graph.nodes:
         n = helper.make_node(
@@ -165,7 +184,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
         )
         n.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()))
         if inline and node.op_type in ORT_INLINED_OPS and node.domain in ("", "ai.onnx"):
-            io_info = [tensor_value_info(graph.tensors[t]) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
+            io_info = [tensor_value_info(graph.tensors[t], types) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
             body, info = function_body(n, io_info, opsets, taken)
             nodes.extend(body)
             body_info.extend(info)
@@ -178,7 +197,7 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
             "one ONNX tensor can hold in memory (protobuf); memplan writes such a model (--emit) with its weights "
             "in a data file beside it, but cannot hold it whole")
     io = set(graph.inputs) | set(graph.outputs)
-    shapes = [tensor_value_info(t) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io and (
+    shapes = [tensor_value_info(t, types) for t in graph.tensors if t.producer != NO_TENSOR and t.id not in io and (
         value_info or graph.nodes[t.producer].op_type in ORT_ONLY_OPS)]
     if value_info:
         shapes += body_info
@@ -188,10 +207,10 @@ def export_model(graph: Graph, producer: str = "memplan", metadata: dict[str, st
     g = helper.make_graph(
         nodes,
         graph.name,
-        [tensor_value_info(graph.tensors[t]) for t in graph.inputs] + [
-            tensor_value_info(graph.tensors[graph.by_name[x]]) for x in dict.fromkeys(overridable)
+        [tensor_value_info(graph.tensors[t], types) for t in graph.inputs] + [
+            tensor_value_info(graph.tensors[graph.by_name[x]], types) for x in dict.fromkeys(overridable)
             if x in graph.by_name and graph.tensors[graph.by_name[x]].kind in (TensorKind.TRAINABLE, TensorKind.FROZEN)],
-        [tensor_value_info(graph.tensors[t]) for t in graph.outputs],
+        [tensor_value_info(graph.tensors[t], types) for t in graph.outputs],
         value_info=shapes,
     )
     model = helper.make_model(g, opset_imports=opsets, producer_name=producer)

@@ -14,14 +14,13 @@ before it in the schedule, so ORT's CSE cannot merge it with the original and ev
 """
 from __future__ import annotations
 
-import gc
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
 from planner.errors import PlannerError
-from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, Tensor, TensorKind
+from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, Tensor, TensorKind, gc_paused
 
 
 #: Optional outputs a computation may omit when the plan reads that output only from another copy
@@ -66,18 +65,10 @@ def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str
 
 
 def apply_schedule(graph: Graph, schedule: Sequence[Mapping[str, object]]) -> Graph:
-    """Rewrite ``graph`` so that running it in file order executes ``schedule``.
-
-    Python's cyclic garbage collector is off meanwhile: the rewrite makes a few objects per event
-    and no cycles, and the collections their count set off walked every object again and again
-    (2.5 of 6 CPU seconds on the lstm fixture's plan of 733k events, batch=8 seq=128 at 80%)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    """Rewrite ``graph`` so that running it in file order executes ``schedule`` (the cyclic GC paused:
+    planner.graph.gc_paused)."""
+    with gc_paused():
         return _Rewriter(graph).run(schedule)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 class _Rewriter:

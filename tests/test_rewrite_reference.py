@@ -257,3 +257,28 @@ def test_fast_rewriter_writes_what_the_reference_wrote(spec):
         emitted += isinstance(want, bytes)
         errors += isinstance(want, str)
     assert emitted >= 6 and errors >= 1
+
+
+def test_export_writes_value_info_as_onnx_helper_does_with_the_gc_paused(monkeypatch):
+    """export_model shares one TypeProto per (dtype, shape) among its value_infos and pauses the
+    cyclic GC (0.9 and 0.7 of 3.4 CPU seconds on the lstm fixture's planned model, 185k nodes):
+    the bytes are helper.make_tensor_value_info's, and the GC is back on after."""
+    import gc
+
+    from passes import onnx_export
+    from planner.graph import Tensor
+
+    types: dict = {}
+    for dtype, shape in [("float32", ()), ("float32", (3,)), ("int64", (0, 2)), ("float32", (3,)), ("bool", (1, 1))]:
+        t = Tensor(0, f"t{len(types)}", dtype, shape, TensorKind.ACTIVATION, 0)
+        assert (onnx_export.tensor_value_info(t, types).SerializeToString()
+                == onnx_export.tensor_value_info(t).SerializeToString())
+    assert len(types) == 4
+    g = outputs_beside_graph_outputs()
+    want = export_model(g).SerializeToString()
+    seen = []
+    plain = onnx_export.tensor_value_info
+    monkeypatch.setattr(onnx_export, "tensor_value_info",
+                        lambda t, types=None: seen.append((gc.isenabled(), types is not None)) or plain(t))
+    assert export_model(g).SerializeToString() == want
+    assert seen and set(seen) == {(False, True)} and gc.isenabled()
