@@ -374,7 +374,9 @@ class _Rewriter:
     def _swap_out(self, tid: int) -> None:
         t = self.g.tensors[tid]
         src = self._read(tid, "a swap_out event")
-        (host,) = self.b.node("MemcpyToHost", [src], [(f"{t.name}__host", t.dtype, t.shape)],
+        # a tensor swapped out again (out, in, out) gets a host copy of a fresh name: the second
+        # one was a GraphError "tensor name 'a__host' is used twice"
+        (host,) = self.b.node("MemcpyToHost", [src], [(self._fresh(f"{t.name}__host"), t.dtype, t.shape)],
                               name=f"{t.name}__swap_out")
         self.swapped[tid] = host
         self.current[tid] = None

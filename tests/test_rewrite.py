@@ -160,6 +160,21 @@ def test_mismatched_plans_are_refused(bad, match):
         apply_schedule(long_skip(4), bad)
 
 
+def test_a_tensor_swapped_out_twice_gets_two_host_copies():
+    """Swapping a tensor out, in and out again named both host copies 'a__host': a GraphError
+    ("used twice") for a plan the simulator runs."""
+    ev = lambda op, x: {"op": op, ("node" if op == "compute" else "tensor"): x}  # noqa: E731
+    sched = [ev("compute", "A"), ev("swap_out", "a"), ev("swap_in", "a"), ev("compute", "C1"), ev("swap_out", "a"),
+             ev("compute", "C2"), ev("compute", "C3"), ev("swap_in", "a"), ev("compute", "Y")]
+    g = long_skip(4)
+    new = apply_schedule(g, sched)
+    assert [n.op_type for n in new.nodes].count("MemcpyToHost") == 2
+    assert {"a__host", "a__host_0"} <= {t.name for t in new.tensors}
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    np.testing.assert_allclose(run(export_model(new), {"x": x})[0], run(export_model(g), {"x": x}, planned=False)[0],
+                               rtol=1e-6)
+
+
 def pool_with_read_indices():
     """MaxPool whose Indices reach the output through a view, the shape of a MaxPool backward."""
     b = GraphBuilder()

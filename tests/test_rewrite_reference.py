@@ -203,7 +203,7 @@ def random_plan(g: Graph, rng: random.Random, bad: bool) -> list[dict]:
             compute(n)
         for t in sorted(resident):
             if g.tensors[t].kind is TensorKind.ACTIVATION and rng.random() < 0.25:
-                swap = t not in swapped and rng.random() < 0.3  # once: a second one is refused (GraphError)
+                swap = t not in swapped and rng.random() < 0.3  # once: the reference refused a second (GraphError)
                 swapped.update([t] if swap else [])
                 events.append({"op": "swap_out" if swap else "free", "tensor": g.tensors[t].name})
                 resident.discard(t)
