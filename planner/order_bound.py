@@ -41,12 +41,6 @@ from planner import clock, interrupt
 from planner.problem import PlanningProblem
 
 
-#: What building :func:`_closure_model` charges the work clock (planner/clock.py), in
-#: deterministic seconds: per buffer a step's closure holds (its variables and constraints), and
-#: per earlier node a step scans. About their time on the 2-core machine of the figures (16-57 us
-#: per buffer: the lstm fixture at batch 1, seq 8, at 70%, RL100 and RL250 at 60%).
-VAR_SECONDS, SCAN_SECONDS = 2e-5, 1e-7
-
 def fixed_order_bound(problem: PlanningProblem, budget: int, time_limit: float | None = None) -> float | None:
     """Least added time any recompute-only plan in ``problem``'s node order needs under ``budget``
     (module docstring): ``math.inf`` when no plan in that order fits, None when the LP was not
@@ -256,9 +250,7 @@ def _solve_tightened(c: "_Closure", time_limit: float, seed: int
 
 def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadline: float) -> "_Closure | None":
     """:func:`closure_bound`'s constraints over the steps ``over`` and its recompute events
-    ((node, reads before) -> bool), objective not set; None when building took past ``deadline``.
-    Each step charges the work clock its work (:data:`VAR_SECONDS`, :data:`SCAN_SECONDS`): charged
-    nothing, building never reached a deadline there, whatever it took."""
+    ((node, reads before) -> bool), objective not set; None when building took past ``deadline``."""
     c = _Closure(p, budget, cp_model.CpModel(), {}, {})
     m, last, succ, event = c.m, p.last_use, p.succ_lists, c.event
     for t in over:
@@ -293,7 +285,6 @@ def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadlin
                  + sum(int(p.size[u]) for u in inputs if not p.pinned[u]) - int(p.credit[t]))
         m.Add(sum(int(p.size[i]) * a[i] for i in a) <= budget - fixed)
         c.steps[t] = (a, r)
-        clock.charge(t * SCAN_SECONDS + len(a) * VAR_SECONDS)
     for s in c.steps:  # the events the last-input rule may name, before any objective sums them
         if s - 1 in c.steps:
             for u in c.others(s):

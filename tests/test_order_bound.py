@@ -427,18 +427,3 @@ def test_an_extended_deadline_reaches_the_closure_bound_and_phase_2(benchmarks_d
     assert len(limits) == 2 and limits[0] <= opts.early_proof_share * opts.time_limit < opts.time_limit < limits[1]
     names = [ph["name"] for ph in res.solver.phases]
     assert names[:3] == ["feasibility", "optimize", "closure-guided"] and _after_guided(names[3:]), names
-
-
-def test_building_the_closure_model_charges_the_work_clock_and_stops_at_its_deadline(benchmarks_dir):
-    # on the work clock (--deterministic) building charged nothing, so the check for a deadline
-    # passed while building never fired there, however long the build took
-    from planner.order_bound import _closure_model
-
-    p = random_layered(benchmarks_dir, 100)
-    budget = p.budget_for(0.6)
-    with clock.work_clock():
-        assert _closure_model(p, budget, range(p.n), math.inf) is not None
-        spent = clock.now()
-    assert spent > 0
-    with clock.work_clock():
-        assert _closure_model(p, budget, range(p.n), clock.now() + 0.5 * spent) is None
