@@ -4,13 +4,9 @@ By default, the wall clock: a solve cut short by its limit returns what it found
 loaded machine that can be another plan than on an idle one (RL100 at 65%, two runs of one command
 on this 2-core machine: +10.03% and +6.72%). On the *work clock* (``PlannerOptions.work_limit``,
 ``memplan plan --deterministic``) the limit counts CP-SAT's deterministic time instead: every
-solver run gets its share as ``max_deterministic_time`` and charges what it used, and the Python
-searches that read a deadline (greedies, walks, polish, the exact search) charge a fixed price
-per basic step they take (a count of their work, calibrated to about a wall second per unit on
-the 2-core machine of the figures), so every decision the planner takes on "time left" is the
-same on every machine and under any load. Work that charges nothing (model building) never
-ends a deadline; a search that read one and charged nothing ran on without end there (the lstm
-fixture, batch 8, seq 128, at 80%: over 10 minutes of a ``--time-limit 1`` solve). The wall time such a solve takes varies,
+solver run gets its share as ``max_deterministic_time`` and charges what it used; nothing else
+(greedies, model building) advances the clock, so every decision the planner takes on "time
+left" is the same on every machine and under any load. The wall time such a solve takes varies,
 and CP-SAT's deterministic seconds can run far slower than wall ones: the lstm fixture (batch 32,
 2294 fused nodes) at 80% spent 60 wall s on 2.6 deterministic ones, and a ``--time-limit 5``
 solve took 532 s. So the work clock may have a wall deadline too (``PlannerOptions.wall_deadline``,
@@ -60,8 +56,7 @@ def on_work_clock() -> bool:
 
 
 def charge(seconds: float) -> None:
-    """Charge a solver run's deterministic time, or a search's counted work, to the work clock
-    (nothing on the wall clock)."""
+    """Charge a solver run's deterministic time to the work clock (nothing on the wall clock)."""
     if _work is not None:
         _work.spent += max(0.0, float(seconds))
 

@@ -203,60 +203,6 @@ def test_a_model_build_past_the_wall_limit_stops_and_searches_nothing(benchmarks
         RematModel(p, None, opt, deadline=clock.now() - 1.0)
 
 
-def test_the_greedies_charge_their_work_and_stop_at_a_work_clock_deadline(benchmarks_dir):
-    # the eviction and checkpoint greedies read their deadline but charged the work clock nothing,
-    # so on it no deadline ever ended them: the lstm fixture (batch 8, seq 128) at 80% ran the
-    # phase-1 ladder's greedies for over 10 minutes of a `--time-limit 1 --deterministic` solve
-    from planner.chain_greedy import checkpoint_greedy
-    from planner.greedy import evict_greedy
-
-    for make, n, fraction in ((checkpoint_greedy, 100, 0.72), (evict_greedy, 250, 0.8)):
-        p = random_layered(benchmarks_dir, n)
-        budget = p.budget_for(fraction)
-        with clock.work_clock():
-            whole = make(p, budget)
-            spent = clock.now()
-        assert whole is not None and spent > 0  # in time it finds its plan, and its work shows
-        with clock.work_clock():
-            again = make(p, budget, deadline=clock.now() + spent)
-            assert clock.now() == pytest.approx(spent)  # the same count: the same plan
-        assert again is not None and again.events == whole.events
-        with clock.work_clock():
-            assert make(p, budget, deadline=clock.now() + 0.5 * spent) is None  # stopped half-way
-            assert clock.now() < spent
-
-
-def test_the_ladder_stops_once_its_charged_work_passes_its_deadline(benchmarks_dir, monkeypatch):
-    # planner.planning._lowest_greedy bisects the budget greedy's budget, each rung running every
-    # greedy; on the work clock a deadline that the first greedy's work passes ends the ladder there
-    import planner.chain_greedy as cg
-    from planner.baselines import chen_sqrt
-    from planner.planning import _lowest_greedy
-    from planner.simulate import simulate
-
-    p = random_layered(benchmarks_dir, 100)
-    budget = p.budget_for(0.6)
-    chen = chen_sqrt(p)
-    start = baselines_candidate(p, chen, simulate)
-    runs = []
-    real = cg.chain_run
-    monkeypatch.setattr(cg, "chain_run", lambda *a, **k: runs.append(1) or real(*a, **k))
-    with clock.work_clock():
-        low = _lowest_greedy(p, budget, [start], 6, math.inf, clock.now() + 1e-4)
-        spent = clock.now()
-    assert low is start and not runs  # the eviction greedy's work passed it: no checkpoint round ran
-    assert spent < 0.05
-    with clock.work_clock():
-        _lowest_greedy(p, budget, [start], 6, math.inf)
-    assert len(runs) > 6  # without a deadline, every rung runs the checkpoint greedy's rounds
-
-
-def baselines_candidate(p, plan, simulate):
-    from planner.baselines import Candidate
-
-    return Candidate(plan, simulate(p, plan))
-
-
 def test_max_batch_says_the_wall_cap_warning_once(monkeypatch, caplog):
     """Every --max-batch probe after the --wall-cap passed is capped at once: the warning was printed
     once per batch tried (memplan plan zoo:cnn --budget 4MiB --max-batch --time-limit 2 --deterministic
