@@ -558,18 +558,20 @@ def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
     out = tmp_path / "plan.json"
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.argv = ['memplan'] + sys.argv[1:]; import cli; cli.main()",
-         "plan", "zoo:gpt", "--budget", "80%", "--time-limit", "60", "-o", str(out), "--json"],
+         "plan", "zoo:gpt", "--budget", "80%", "--time-limit", "600", "-o", str(out), "--json"],
         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(5)  # imported, lowered and solving by then (a signal before the solve must work too)
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGINT)
     try:
-        stdout, stderr = proc.communicate(timeout=30)
+        # a phase CP-SAT does not stop at once (its presolve) can hold it for a while on a loaded
+        # machine (the full suite on 2 cores missed 30 s twice); far less than the 600 s limit
+        stdout, stderr = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         pytest.fail("memplan plan went on solving after Ctrl-C")
-    assert time.perf_counter() - t0 < 15
+    assert time.perf_counter() - t0 < 120
     assert proc.returncode == 130  # 128 + SIGINT, as a shell reports an interrupted command
     assert "aborted" in stderr and "Traceback" not in stderr
     assert stdout == ""
