@@ -546,6 +546,16 @@ def test_bench_remat_labels_a_fractional_budget_as_given(benchmarks_dir, tmp_pat
     assert "('greedy'" not in err  # progress lines are words, not a tuple's repr
 
 
+def _default_sigint() -> None:
+    """In the child, SIGINT as a terminal's foreground job has it: a child inherits an ignored
+    SIGINT (and a blocked one), and in the full suite's xdist worker the memplan child ignored it
+    and solved on (the test alone passed)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
     """CP-SAT caught SIGINT itself: Ctrl-C ended one solve phase, the planner went on for the rest
     of the time limit and wrote the plan, exit 0. Now the solve stops and memplan exits at once."""
@@ -559,7 +569,7 @@ def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.argv = ['memplan'] + sys.argv[1:]; import cli; cli.main()",
          "plan", "zoo:gpt", "--budget", "80%", "--time-limit", "600", "-o", str(out), "--json"],
-        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     time.sleep(5)  # imported, lowered and solving by then (a signal before the solve must work too)
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGINT)
