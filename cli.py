@@ -445,8 +445,10 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
             elif d["arena_off_over_predicted"] <= 1.05:
                 # the arena's first region is 1 MiB whatever the run asks: a model under it reads
                 # 3-7x (zoo:cnn?batch=1 at 70%: 1.00 MiB, 5.44 x), none of it fragmentation
+                from planner.arena import FIRST_REGION
+
                 rest = ("the CPU arena's first region (1 MiB, reserved however little the run needs)"
-                        if d["dynamic_peak_bytes"] <= ORT_ARENA_FIRST_REGION else "the CPU arena's fragmentation")
+                        if d["dynamic_peak_bytes"] <= FIRST_REGION else "the CPU arena's fragmentation")
                 advice = (f"the rest is {rest}: SessionOptions.enable_cpu_mem_arena = False, "
                           "or passes.verify.planned_session_options()")
             click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
@@ -466,10 +468,6 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                    f"(measured {info['time_overhead'] * 100:+.1f}%, median of alternating runs, 1 thread{pred_text})")
     if not report.outputs_equal or info["budget"]["within"] is False:
         sys.exit(EXIT_FAILED)
-
-
-#: ORT's CPU arena's first region (OrtArenaCfg's default initial chunk): bench/results/ort_default_options_arena.md
-ORT_ARENA_FIRST_REGION = 1 << 20
 
 
 def _changed_weights(model: dict, planned: dict) -> list[str]:
