@@ -112,6 +112,16 @@ def _md(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
+def _code(text: str, table: bool = True) -> str:
+    """``text`` as a code span. A code span shows backslashes as they are (through _md,
+    C:\\nets\\mlp.onnx read C:\\\\nets\\\\mlp.onnx); in a ``table`` cell GitHub reads \\| before the
+    span, so pipes are escaped there; the fence is one backtick longer than any run of them inside."""
+    fence = "`" * (1 + max(map(len, re.findall("`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    escaped = text.replace("|", "\\|") if table else text
+    return f"{fence}{pad}{escaped}{pad}{fence}"
+
+
 def to_markdown(verdicts: Sequence[Verdict]) -> str:
     """A heading with the counts, a GitHub-flavoured table, and the load errors below it."""
     mark = {"PASS": "✅ pass", "FAIL": "❌ fail", "ERROR": "⚠️ error"}
@@ -119,16 +129,15 @@ def to_markdown(verdicts: Sequence[Verdict]) -> str:
              "|" + "---|" * len(HEADER)]
     for v in verdicts:
         row = list(cells(v))
-        row[0] = f"`{row[0]}`"
         row[-1] = mark[row[-1]]
-        lines.append("| " + " | ".join(_md(c) for c in row) + " |")
+        lines.append("| " + " | ".join([_code(row[0]), *map(_md, row[1:])]) + " |")
     said = _notes(verdicts)
     if said:
         lines += ["", "Why no plan was found:", ""] + [f"- {_md(line)}" for line in said[1:]]
     errors = {v.item.name: v.error for v in verdicts if v.error is not None}
     if errors:
         lines += ["", "Models that could not be loaded:", ""]
-        lines += [f"- `{_md(name)}`: {_md(error or '')}" for name, error in errors.items()]
+        lines += [f"- {_code(name, table=False)}: {_md(error or '')}" for name, error in errors.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -227,6 +227,21 @@ def test_markdown_table(mlp, wide, tmp_path, monkeypatch):
     assert rc == 1 and out.startswith("### memplan check: 0 of 1 passed") and "❌ fail" in out
 
 
+def test_markdown_code_spans_keep_backslashes_pipes_and_backticks():
+    # a code span shows backslashes as they are: doubled, C:\nets\mlp.onnx read C:\\nets\\mlp.onnx
+    from planner.gate_report import to_markdown
+
+    fits = make_item("m.onnx", ["1MiB"], label="C:\\nets\\mlp.onnx")
+    odd = make_item("m.onnx", ["1MiB"], label="a|b`c")
+    bad = make_item("m.onnx", ["1MiB"], label="D:\\x.onnx")
+    md = to_markdown([Verdict(fits, "1MiB", 1 << 20, 1000, None), Verdict(odd, "1MiB", 1 << 20, 1000, None),
+                      Verdict(bad, "1MiB", None, None, None, error="D:\\x.onnx: no such file")])
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| `C:\\nets\\mlp.onnx` | 1MiB |")
+    assert rows[2].startswith("| ``a\\|b`c`` | 1MiB |")  # GitHub reads \| in a table's code span as |
+    assert "- `D:\\x.onnx`: D:\\\\x.onnx: no such file" in md.splitlines()  # outside a span, \\ shows \
+
+
 def test_training_step_uses_the_autodiff_hook(mlp, monkeypatch):
     seen = []
     monkeypatch.setattr(cli, "_training_available", lambda: True)
