@@ -801,6 +801,7 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     from planner import gate, gate_report
     from planner.fileio import atomic_write
     from planner.gate_config import Overrides, collect_items
+    from planner.problem import is_remat_json
 
     if as_json and markdown == "-":
         raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
@@ -808,6 +809,10 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
                     time_limit=time_limit,
                     no_plan=no_plan, deterministic=deterministic, ort_arena=ort_arena)
     items, config_path = collect_items(models, cli, config, Path.cwd())
+    for item in items:  # read as ONNX, a JSON graph was "not a valid ONNX protobuf" (exit 3)
+        if is_remat_json(item.model):
+            raise UsageError(f"{item.label or item.model} is a Checkmate/Moccasin JSON graph, which memplan check "
+                             "does not gate (it checks .onnx files and zoo:NAME); use memplan plan GRAPH --budget B")
     if any(item.train for item in items) and not _training_available():
         raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
     inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])

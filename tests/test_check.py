@@ -345,6 +345,20 @@ def test_bad_model_among_good_ones_exit_3(mlp, tmp_path):
     assert "not a valid ONNX" in cases[2].find("error").get("message")
 
 
+def test_a_json_graph_is_refused_in_one_line_before_any_work(mlp, tmp_path):
+    # read as ONNX it was "not a valid ONNX protobuf", exit 3, with a report written
+    graph = tmp_path / "net_nx.json"
+    graph.write_text('{"directed": true, "multigraph": false, "graph": {}, "nodes": [], "links": []}')
+    junit = tmp_path / "j.xml"
+    rc, out, err = run([mlp, graph, "--dim", "batch=32", "--budget", "1MiB", "--junit", junit])
+    assert rc == 2 and out == "" and not junit.exists()
+    line = one_error_line(err)
+    assert "net_nx.json is a Checkmate/Moccasin JSON graph" in line and "memplan plan" in line
+    (tmp_path / "memplan.toml").write_text('[[check]]\nmodel = "net_nx.json"\nbudget = "1MiB"\n')
+    rc, _, err = run(["--config", tmp_path / "memplan.toml"])
+    assert rc == 2 and one_error_line(err).startswith("memplan: error: net_nx.json is a Checkmate")
+
+
 # ---- config discovery ------------------------------------------------------------------------
 PYPROJECT = """
 [project]
