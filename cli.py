@@ -702,6 +702,10 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
                              "give a file name")
         if path.endswith(("/", os.sep)):  # resolve drops the slash: -o out/ wrote a file named out
             raise UsageError(f"{option} {path} names a folder; give a file name")
+        if _names_a_descriptor(path):  # renamed over /dev/stdout's file: `> log` lost the table to the report
+            also = " (- prints it)" if option in stdout else ""
+            raise UsageError(f"{option} {path} names an open file descriptor, not a file (writing it would replace "
+                             f"whatever that stream goes to); give a file name{also}")
         try:
             target = Path(path).resolve()
         except RuntimeError:  # Python < 3.13: "Symlink loop from ..."
@@ -722,6 +726,22 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
         if data is not None and data in taken:
             raise UsageError(f"{option} {path} would write its weights over {data.name}, which is {taken[data]}; "
                              "choose another file name")
+
+
+def _names_a_descriptor(path: str) -> bool:
+    """Whether ``path`` (/dev/stdout, /dev/fd/2, /proc/self/fd/1) goes through a folder of this
+    process's file descriptors: its file is whatever stdout or stderr was sent to, and writing
+    (temp + rename) would replace that file, or fail in /proc with a puzzling message for a pipe."""
+    import re
+
+    hop = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if re.fullmatch(r"/proc/\d+(/task/\d+)?/fd", os.path.realpath(os.path.dirname(hop))):
+            return True
+        if not os.path.islink(hop):
+            return False
+        hop = os.path.normpath(os.path.join(os.path.dirname(hop), os.readlink(hop)))
+    return False
 
 
 def _writable_folder(option: str, path: str, folder) -> None:

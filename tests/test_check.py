@@ -286,6 +286,20 @@ def test_report_paths_checked_before_running(mlp, tmp_path):
     assert mlp.read_bytes() == before
 
 
+@pytest.mark.parametrize("option, path", [("--junit", "/dev/stdout"), ("--markdown", "/proc/self/fd/1")])
+def test_a_report_to_a_descriptor_is_refused_not_renamed_over_the_log(mlp, tmp_path, option, path):
+    # `--junit /dev/stdout >> ci.log` renamed the report over ci.log: its earlier lines gone, exit 0
+    log = tmp_path / "ci.log"
+    log.write_text("earlier step\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "a") as out:
+        proc = subprocess.run([sys.executable, "-m", "cli", "check", mlp, "--dim", "batch=32", "--budget", "1MiB",
+                               option, path], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.PIPE, text=True,
+                              check=False)
+    assert proc.returncode == 2 and "names an open file descriptor" in one_error_line(proc.stderr)
+    assert log.read_text() == "earlier step\n"
+
+
 def test_no_models_and_no_config_exit_2(tmp_path):
     (tmp_path / ".git").mkdir()  # the search for a config stops at the repository root
     rc, out, err = memplan(cwd=tmp_path)
