@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from planner.costs import read_ort_profile
+from planner.costs import ort_profile_providers, read_ort_profile
 from planner.errors import UsageError
 from planner.graph import Graph, Node
 
@@ -38,7 +38,7 @@ class MeasuredCosts:
     """Seconds per graph node name, where it came from, and how many nodes it timed."""
 
     seconds: Mapping[str, float]  # node name -> seconds (only the timed nodes)
-    source: str  # "measured on CPUExecutionProvider" or "profile PATH"
+    source: str  # "measured on CPUExecutionProvider" or "profile PATH, run on CPUExecutionProvider"
     timed: int  # graph nodes with a time of their own
     total: int  # graph nodes
 
@@ -81,8 +81,13 @@ def map_to_graph(graph: Graph, per_ort_node: Mapping[str, float], source: str) -
 
 
 def read_profile(graph: Graph, path: str | os.PathLike) -> MeasuredCosts:
-    """``--costs PROFILE.json``: an ORT profile (``enable_profiling``) of ``graph``'s model."""
-    return map_to_graph(graph, read_ort_profile(path, statistic="median"), f"profile {path}")
+    """``--costs PROFILE.json``: an ORT profile (``enable_profiling``) of ``graph``'s model. The
+    source ends "on CPUExecutionProvider" where the CPU provider ran every kernel it times, as a
+    measurement on the CPU does (--swap refuses both)."""
+    seconds = read_ort_profile(path, statistic="median")
+    on = ort_profile_providers(path)
+    where = f", run on {', '.join(sorted(on, key=lambda p: (p != 'CPUExecutionProvider', p)))}" if on else ""
+    return map_to_graph(graph, seconds, f"profile {path}{where}")
 
 
 def measure(graph: Graph, runs: int = RUNS, seed: int = 0, threads: int = 1) -> MeasuredCosts:

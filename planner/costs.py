@@ -128,19 +128,9 @@ def read_ort_profile(path: str | Path, statistic: str = "mean") -> dict[str, flo
     ORT writes a JSON list of trace events; node kernels are ``"cat": "Node"`` events named
     ``<node>_kernel_time`` with ``dur`` in microseconds, one per run.
     """
-    try:
-        events = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such profile file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UsageError(f"{path}: not an ORT profile JSON ({err}); write one with enable_profiling") from None
     durations: dict[str, list[float]] = defaultdict(list)
-    for ev in events if isinstance(events, list) else []:
-        if not isinstance(ev, dict) or ev.get("cat") != "Node":
-            continue
-        name = str(ev.get("name", ""))
-        if not name.endswith("_kernel_time"):
-            continue
+    for ev in _kernel_events(path):
+        name = str(ev["name"])
         try:
             dur = float(ev.get("dur", 0.0))
         except (TypeError, ValueError):
@@ -153,3 +143,23 @@ def read_ort_profile(path: str | Path, statistic: str = "mean") -> dict[str, flo
         raise UsageError(f"{path}: no node kernel events; profile a run with SessionOptions.enable_profiling = True")
     reduce = {"mean": statistics.fmean, "median": statistics.median}[statistic]
     return {k: float(reduce(durations[k])) for k in sorted(durations)}
+
+
+def ort_profile_providers(path: str | Path) -> frozenset[str]:
+    """The execution providers that ran the node kernels of an ORT profile (each kernel event's
+    ``args.provider``; empty where the profile does not say): ``--swap`` refuses op times the CPU
+    provider took, as it refuses ``--costs measured`` on the CPU."""
+    return frozenset(str(ev["args"]["provider"]) for ev in _kernel_events(path)
+                     if isinstance(ev.get("args"), dict) and ev["args"].get("provider"))
+
+
+def _kernel_events(path: str | Path) -> list[dict[str, Any]]:
+    """The ``"cat": "Node"`` events named ``<node>_kernel_time`` of the ORT profile at ``path``."""
+    try:
+        events = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"{path}: not an ORT profile JSON ({err}); write one with enable_profiling") from None
+    return [ev for ev in (events if isinstance(events, list) else [])
+            if isinstance(ev, dict) and ev.get("cat") == "Node" and str(ev.get("name", "")).endswith("_kernel_time")]

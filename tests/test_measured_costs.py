@@ -132,3 +132,26 @@ def test_swap_with_op_times_measured_on_the_cpu_is_refused(monkeypatch):
                                         "--time-limit", "2"])
     assert res.exit_code == 2 and "--costs measured timed the ops on this machine's CPU" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_swap_with_a_profile_the_cpu_provider_made_is_refused(tmp_path):
+    """--costs PROFILE.json made on the CPU with --swap was the same mismatch as --costs measured
+    there, but planned: zoo:gpt?batch=8 at 45% swapped 23 nodes at an added time of 0 s. Refused in
+    one line, nothing written; a profile where a GPU provider ran the kernels still plans."""
+    profile = _profile_of_train_graph(tmp_path, MLP)
+    out = tmp_path / "plan.json"
+    argv = ["plan", MLP, "--budget", "85%", "--swap", "--costs", profile, "--time-limit", "2", "--workers", "1",
+            "-o", str(out)]
+    res = CliRunner().invoke(cli.main, argv)
+    assert res.exit_code == 2 and f"--costs {profile} timed the ops on the CPU (CPUExecutionProvider)" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+    # the same kernels as a CUDA run records them (its shape ops stay on the CPU provider)
+    events = json.loads(open(profile).read())
+    for k, ev in enumerate(e for e in events if e.get("cat") == "Node" and "provider" in e.get("args", {})):
+        ev["args"]["provider"] = "CUDAExecutionProvider" if k % 2 else "CPUExecutionProvider"
+    gpu = tmp_path / "gpu_profile.json"
+    gpu.write_text(json.dumps(events))
+    argv[argv.index(profile)] = str(gpu)
+    res = CliRunner().invoke(cli.main, argv)
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["costs"].startswith(f"profile {gpu}, run on CPUExecutionProvider, CUDA")
