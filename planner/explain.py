@@ -109,9 +109,11 @@ def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str,
         swaps = counts["swap_in"][v]
         crowded = int(over[live[0] : live[1] + 1].sum())
         if swaps:
-            decision = "swap"
+            decision = "swap" + (f" + recompute x{extra}" if extra > 0 else "")
             why = (f"moved to host and back {swaps}x: frees {format_bytes(size)} across "
-                   f"{crowded} over-budget step(s); transfer {problem.transfer[v]:g} vs recompute {cost:g}")
+                   f"{crowded} over-budget step(s); transfer {problem.transfer[v]:g} each way vs recompute {cost:g}")
+            if extra > 0:  # both in one plan: the recomputes cost time too (they were left unsaid)
+                why += f"; also recomputed {extra}x at cost {cost * extra:g}"
         elif extra > 0:
             decision = f"recompute x{extra}"
             why = _recompute_reason(problem, v, copies[v], crowded)

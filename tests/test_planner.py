@@ -311,6 +311,23 @@ def test_explain_tells_a_recompute_for_a_later_read_from_one_that_feeds_a_chain(
     assert why["big"] == "read only by the next step: nothing to free in between"
 
 
+def test_explain_says_both_when_a_plan_swaps_and_recomputes_one_buffer():
+    # A goes to host during c and back for b, then is freed and recomputed for out: its entry
+    # said only "swap" (and nothing of the recompute's cost of 10)
+    p = PlanningProblem.build(size=[1, 100, 1, 50, 50, 1], cost=[1, 10, 10, 10, 10, 1],
+                              preds=[[], [0], [1], [0], [3], [1, 2, 4]], names=["x", "A", "b", "c", "d", "out"])
+    p = p.with_swap([0, 4, 0, 0, 0, 0])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("swap_out", 1), ("compute", 3), ("swap_in", 1), ("compute", 2),
+                    ("free", 1), ("compute", 4), ("free", 3), ("compute", 1), ("compute", 5), ("free", 1),
+                    ("free", 2), ("free", 4), ("free", 0), ("free", 5)], "hand")
+    sim = simulate(p, plan, 160)
+    assert sim.recomputes == 1 and sim.swap_ins == 1
+    (a,) = [e for e in explain(p, plan, 160) if e["name"] == "A"]
+    assert a["decision"] == "swap + recompute x1"
+    assert a["why"].startswith("moved to host and back 1x: frees 100 B")
+    assert "transfer 4 each way vs recompute 10" in a["why"] and a["why"].endswith("also recomputed 1x at cost 10")
+
+
 def test_explain_does_not_say_an_unread_output_is_read_by_the_next_step():
     # out, the last step, is read by nobody (a JSON graph's last node is not pinned): its reason
     # said "read only by the next step", a step that does not exist
