@@ -28,6 +28,13 @@ from planner import clock
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
+#: What one basic step of :func:`chain_run` charges the work clock (planner/clock.py), in
+#: deterministic seconds: a step is an event, a node of a step's missing closure, a buffer
+#: weighed for eviction, or a node its recompute cost visits. About its time on the 2-core machine
+#: of the figures (2.4-3.9 us: the lstm fixture at batch 1, seq 8, at 60-90% of its peak, RL100 and
+#: RL250 at 60-80%), so that a deadline means the same on either clock.
+STEP_SECONDS = 3e-6
+
 
 def effective_readers(problem: PlanningProblem, keep: np.ndarray, window: int) -> list[list[int]]:
     """Steps before which each buffer must be resident: its readers, plus the steps where a
@@ -157,8 +164,11 @@ class ChainRun:
     added: float  # recompute cost spent (up to the failure)
 
 
-def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_events: int | None = None) -> ChainRun:
-    """Run the executor (module docstring) with ``protect`` as the never-evicted set."""
+def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_events: int | None = None,
+              deadline: float = math.inf) -> ChainRun:
+    """Run the executor (module docstring) with ``protect`` as the never-evicted set. Each step
+    charges the work clock STEP_SECONDS per basic step of it; past ``deadline``
+    (planner.clock.now() seconds) the run stops where it is, stuck at that step."""
     p = problem
     n = p.n
     size = p.size
@@ -171,6 +181,7 @@ def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_ev
     events: list[Event] = []
     mem = p.base_bytes
     added = 0.0
+    work = 0  # basic steps not charged to the work clock yet
     cap = max_events if max_events is not None else 60 * n + 1000
     dies: list[list[int]] = [[] for _ in range(n)]
     for v in range(n):
@@ -194,27 +205,42 @@ def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_ev
         mem -= int(size[u])
 
     def make_room(need: int, t: int) -> bool:
+        nonlocal work
         memo: dict[int, float] = {}
         while mem + need > budget:
             best, victim = None, -1
-            for v in np.nonzero(resident & evictable & (pending == 0))[0]:
+            weighed = np.nonzero(resident & evictable & (pending == 0))[0]
+            work += len(weighed)
+            for v in weighed:
                 v = int(v)
                 nxt = next_read(v, t)
                 key = (-1.0, v) if nxt is None else (redo_cost(v, memo) / (max(1, int(size[v])) * (nxt - t)), v)
                 if best is None or key < best:
                     best, victim = key, v
+            work += len(memo)  # the nodes redo_cost visited
             if victim < 0:
                 return False
             release(victim)
             memo.clear()
         return True
 
+    def settle() -> None:
+        """Charge the basic steps since the last charge."""
+        nonlocal work
+        clock.charge((work + len(events)) * STEP_SECONDS)
+        work = -len(events)
+
     def stuck(t: int, need: int) -> ChainRun:
+        settle()
         held = np.nonzero(resident & protect & p.recomputable & ~p.pinned & (pending == 0))[0]
         return ChainRun(None, t, tuple(int(v) for v in held), mem + need - budget, added)
 
     for t in range(n):
+        settle()
+        if clock.now() > deadline:
+            return stuck(t, 0)
         chain = (*missing_closure(t, preds, resident), t)
+        work += len(chain)
         for y in chain:
             for u in preds[y]:
                 pending[u] += 1
@@ -235,6 +261,7 @@ def chain_run(problem: PlanningProblem, budget: int, protect: np.ndarray, max_ev
         for u in (*dies[t], t):  # past their last read, even one a resident reader never made
             if resident[u] and not p.pinned[u] and next_read(u, t) is None:
                 release(u)
+    settle()
     return ChainRun(Plan(tuple(events), "greedy"), n, (), 0, added)
 
 
@@ -245,13 +272,15 @@ def checkpoint_greedy(problem: PlanningProblem, budget: int, tries: int = 3, max
     At most ``max_rounds`` rounds of ``tries`` trial runs: the greedy is called several times per
     solve (comparison row, hints, the phase-1 ladder), and on graphs where it does not get
     there (random layered graphs of a few hundred nodes) more rounds only cost time (measured).
-    No round starts after ``deadline`` (planner.clock.now() seconds; None then): the coarse
-    zoo:gpt?layers=32 at 70% spent 1.6 s in it of a 2 s --time-limit, its deadline long passed.
-    Nothing here charges the work clock, so on it the rounds run as they did.
+    No round starts after ``deadline`` (planner.clock.now() seconds; None then), and a run stops
+    there: the coarse zoo:gpt?layers=32 at 70% spent 1.6 s in it of a 2 s --time-limit, its
+    deadline long passed. The runs charge the work clock their steps (:data:`STEP_SECONDS`), so on
+    it the deadline ends them too: uncharged, the lstm fixture (batch 8, seq 128) at 80% ran the
+    ladder's rounds for over 10 minutes of a ``--time-limit 1 --deterministic`` solve.
     """
     p = problem
     protect = np.ones(p.n, dtype=bool)
-    run = chain_run(p, budget, protect)
+    run = chain_run(p, budget, protect, deadline=deadline)
     for _ in range(max_rounds):
         if run.plan is not None:
             return run.plan
@@ -262,7 +291,7 @@ def checkpoint_greedy(problem: PlanningProblem, budget: int, tries: int = 3, max
         for v in cands:
             trial = protect.copy()
             trial[v] = False
-            out = chain_run(p, budget, trial)
+            out = chain_run(p, budget, trial, deadline=deadline)
             key = (out.plan is None, -out.fail_step, out.short, out.added, v)
             if best is None or key < best[0]:
                 best = (key, trial, out)

@@ -4,9 +4,18 @@ By default, the wall clock: a solve cut short by its limit returns what it found
 loaded machine that can be another plan than on an idle one (RL100 at 65%, two runs of one command
 on this 2-core machine: +10.03% and +6.72%). On the *work clock* (``PlannerOptions.work_limit``,
 ``memplan plan --deterministic``) the limit counts CP-SAT's deterministic time instead: every
-solver run gets its share as ``max_deterministic_time`` and charges what it used; nothing else
-(greedies, model building) advances the clock, so every decision the planner takes on "time
-left" is the same on every machine and under any load. The wall time such a solve takes varies,
+solver run gets its share as ``max_deterministic_time`` and charges what it used, and the Python
+searches that read a deadline (greedies, walks, polish, the exact search) charge a fixed price
+per basic step they take (a count of their work, calibrated to about a wall second per unit on
+the 2-core machine of the figures), so every decision the planner takes on "time left" is the
+same on every machine and under any load. Work that charges nothing (model building) never
+ends a deadline; a search that read one and charged nothing ran on without end there (the lstm
+fixture, batch 8, seq 128, at 80%: over 15 minutes of a ``--time-limit 1`` solve, 98% of it in
+the comparison baselines' greedies). Those baselines (planner.planning._baselines: the plans a
+solve is never dearer than) run :func:`uncharged`, to a deadline of at least
+``PlannerOptions.baseline_work_floor`` charged seconds, so a short limit neither stops nor is
+spent by them. A solve's Python searches thus charge at most its limit, plus that floor (or the
+baselines' share of the limit, if larger) per set of baselines it runs. The wall time such a solve takes varies,
 and CP-SAT's deterministic seconds can run far slower than wall ones: the lstm fixture (batch 32,
 2294 fused nodes) at 80% spent 60 wall s on 2.6 deterministic ones, and a ``--time-limit 5``
 solve took 532 s. So the work clock may have a wall deadline too (``PlannerOptions.wall_deadline``,
@@ -28,7 +37,8 @@ CAPPED_JUMP = 1e9
 
 class _Work:
     def __init__(self, wall_deadline: float) -> None:
-        self.spent = 0.0  # deterministic seconds charged so far
+        self.spent = 0.0  # deterministic seconds charged so far (less those refunded)
+        self.charged = 0.0  # every charge made so far (what :func:`uncharged` refunds from)
         self.wall0 = _wall()
         self.wall_deadline = wall_deadline  # the wall reading past which the clock jumps (math.inf: never)
         self.capped = False
@@ -56,9 +66,28 @@ def on_work_clock() -> bool:
 
 
 def charge(seconds: float) -> None:
-    """Charge a solver run's deterministic time to the work clock (nothing on the wall clock)."""
+    """Charge a solver run's deterministic time, or a search's counted work, to the work clock
+    (nothing on the wall clock)."""
     if _work is not None:
         _work.spent += max(0.0, float(seconds))
+        _work.charged += max(0.0, float(seconds))
+
+
+@contextmanager
+def uncharged() -> Iterator[None]:
+    """Run the block on the work clock, its charges advancing :func:`now` (so deadlines inside it
+    end it), then take them back: the block's work counts against no later deadline. For the
+    comparison baselines (planner.planning._baselines), which a short limit must not starve and
+    whose own deadline bounds them. A wall cap passed inside stays passed."""
+    if _work is None:
+        yield
+        return
+    work, before = _work, _work.charged
+    try:
+        yield
+    finally:
+        work.spent -= work.charged - before
+        work.charged = before
 
 
 def wall_deadline(seconds: float) -> float:

@@ -153,6 +153,15 @@ class PlannerOptions:
     # Share of the time left that the baselines' greedies may start in (planner.baselines.greedy:
     # on RL1000 at 40% each call took 20-40 s and found nothing; a 40 s solve then ran 120 s).
     baseline_share: float = 0.3
+    # On the work clock (``work_limit``), the least charged seconds the comparison baselines'
+    # greedies get whatever the share (planning._baselines): the plan returned is never dearer than
+    # a fitting baseline's, and at short limits the share cut them off (zoo:unet at 60% with 0.3 s:
+    # the given order's greedy, 0.16 charged s, never ran, and cpsat returned +0.000233 s against
+    # its +0.000121 s; RL250 at 70% with 2 s: the memory-aware order's, 1.55 charged s, found no
+    # plan, nor did the solve); their charges are taken back (clock.uncharged). The cap that
+    # remains bounds graphs whose greedies take minutes (the lstm fixture, batch 8, seq 128, at
+    # 80%: over 15 minutes of a ``--time-limit 1`` solve, 98% of it in these greedies, uncapped).
+    baseline_work_floor: float = 5.0
     # Phase 1 on one worker: interleave the subsolvers, LNS included, instead of the lone
     # single-thread search (measured: RL100 at 68% gets a plan in 0.5 deterministic s this way,
     # none alone; on RL250 at 70% the search alone improved the start once in 30 s).

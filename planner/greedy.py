@@ -28,6 +28,14 @@ from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
 
+#: What one basic step of the greedies here charges the work clock (planner/clock.py), in
+#: deterministic seconds: an event, a buffer weighed for eviction or a node the walks weighing it visit (:func:`evict_greedy`), a
+#: buffer weighed or a move resolved at the peak (:func:`split_greedy_simulated`). About its time on
+#: the 2-core machine of the figures (1.1-3.3 us, and 5 us for the split greedy on RL250: the lstm
+#: fixture at batch 1, seq 8, at 60-90% of its peak, RL100 and RL250 at 60-80%), so that a
+#: deadline means the same on either clock.
+STEP_SECONDS = 2e-6
+
 
 def split_greedy(problem: PlanningProblem, budget: int, max_moves: int | None = None, chain_depth: int = 8) -> Plan | None:
     """A plan whose step-accounted peak is within ``budget``, or None if the greedy gets stuck."""
@@ -101,6 +109,7 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
         peak = int(mem[t])
         if peak <= budget:
             break
+        clock.charge(t * STEP_SECONDS)  # the buffers weighed below (the chains resolved: as they pop)
         busy = set(preds[t])
         # Moves by (score, -benefit, v), cheapest first. A move's score is at least
         # cost[v] / size[v] (its chain adds cost, its extensions take benefit away), so moves sit
@@ -127,6 +136,7 @@ def split_greedy_simulated(problem: PlanningProblem, budget: int, max_moves: int
         best = None
         while heap:
             score, rank, v, k, a, b, actions = heapq.heappop(heap)
+            clock.charge(STEP_SECONDS)
             if actions is None:  # resolve its chain, back in the heap under its own key
                 actions = {}
                 extra, loss = resolve(v, b, t, actions, chain_depth)
@@ -219,7 +229,9 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     million events by step 486; with needs through freed readers RL100 at 80% and RL1000 at 70%
     get plans, where none did). A missing input is recomputed from its inputs, recursively.
     Inputs of the compute in progress are locked. None when nothing can be freed, or when the
-    walk is still going at ``deadline`` (planner.clock.now() seconds).
+    walk is still going at ``deadline`` (planner.clock.now() seconds). Before each step the walk
+    charges the work clock :data:`STEP_SECONDS` per event, per buffer weighed for eviction and
+    per node the walks weighing them visited, since the last step, so that on it too the deadline ends the walk.
     """
     p = problem
     n = p.n
@@ -234,6 +246,8 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     mem = p.base_bytes
     cap = max_events if max_events is not None else 20 * n + 1000
     t_now = 0
+    charged = 0  # events charged so far
+    weighed = 0  # buffers weighed for eviction, not charged to the work clock yet
     # buffers needed_later found with no later need, kept for the whole walk: see
     # planner.tight_greedy._run (make_room's evictions empty it)
     dead: set[int] = set()
@@ -249,13 +263,15 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
         return c
 
     def make_room(need: int) -> bool:
-        nonlocal mem
+        nonlocal mem, weighed
         while mem + need > budget:
             best, victim = None, -1
             memo: dict[int, float] = {}
             needs: dict[int, int | None] = {}
             again: dict[int, bool] = {}
-            for v in np.nonzero(resident & evictable & (lock == 0))[0]:
+            candidates = np.nonzero(resident & evictable & (lock == 0))[0]
+            weighed += len(candidates)
+            for v in candidates:
                 v = int(v)
                 if not redoable(v, preds, resident, p.recomputable, again):
                     continue
@@ -267,6 +283,7 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
                     key = (redo / (max(1, int(size[v])) * max(1, nxt - t_now + 1)), v)
                 if best is None or key < best:
                     best, victim = key, v
+            weighed += len(memo) + len(needs) + len(again)  # the nodes their walks visited
             if victim < 0:
                 return False
             dead.clear()  # a buffer that may still be needed: it may revive those found dead
@@ -323,6 +340,8 @@ def evict_greedy(problem: PlanningProblem, budget: int, max_events: int | None =
     try:
         for t in range(n):
             t_now = t
+            clock.charge((weighed + len(events) - charged) * STEP_SECONDS)
+            weighed, charged = 0, len(events)
             if clock.now() > deadline or not ensure(t):
                 return None
             t_now = t + 1

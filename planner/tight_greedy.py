@@ -70,11 +70,14 @@ VARIANTS = (
 #: the plan takes 16704 events, 16.7 per node, where the paced runs stop at 8 per step (+ 1000)
 #: and share 12 n + 3000 events.
 LONG_VARIANT, LONG_PACE, LONG_EVENTS_PER_NODE = Variant(power=2.0), 20, 30
-#: What one event of :func:`long_run` charges the work clock per node of the problem, in
-#: deterministic seconds: about its wall time on the 2-core machine of the figures, where an event
-#: costs about 0.7 us per node (RL100 0.51, RL250 0.76, RL500 0.70, RL1000 0.74: each eviction
-#: weighs the resident buffers). RL1000: 12 s for 16704 events.
-EVENT_SECONDS_PER_NODE = 7e-7
+#: What one basic step of a run charges the work clock, in deterministic seconds: about its wall
+#: time on the 2-core machine of the figures. A step is an event, a resident buffer weighed for
+#: eviction, or a node the walks weighing it (or ordering a compute's inputs) visit. Charged per
+#: event and node of the problem instead (0.7 us: RL1000's 16704 events in 12 s), the runs on
+#: graphs that hold few buffers at a time were charged several times their work (the lstm fixture,
+#: batch 1, seq 8, at 90%: 24 s for 0.26 s). Per step: 1.6-1.8 us on that fixture at 60-90% of
+#: its peak, RL100 and RL250 at 60-80%.
+STEP_SECONDS = 1.6e-6
 
 
 def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(), rounds: int = ROUNDS,
@@ -90,8 +93,8 @@ def evict_run(problem: PlanningProblem, budget: int, variant: Variant = Variant(
 def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
          max_events: int | None, pace: int, deadline: float = math.inf) -> tuple[Plan | None, int]:
     """evict_run, and how many events the run made (its work, also when it failed). With a
-    ``deadline`` (planner.clock.now() seconds) the run charges the work clock EVENT_SECONDS_PER_NODE
-    times n per event and gives up once past it."""
+    ``deadline`` (planner.clock.now() seconds) the run gives up once past it. It charges the work
+    clock STEP_SECONDS per basic step, with no deadline too (later deadlines count it)."""
     p = problem
     n = p.n
     size = [int(x) for x in p.size]  # Python lists: this loop reads them element by element
@@ -115,6 +118,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
     cap = max_events if max_events is not None else EVENTS_PER_NODE * n + 1000
     t_now = 0
     charged = 0  # events charged to the work clock so far
+    work = 0  # other basic steps (STEP_SECONDS) not charged yet
     # buffers needed_later found with no later need. They stay so as t_now grows, as buffers are
     # recomputed (fewer freed readers to reach through) and as such buffers are freed (see
     # needed_later); only freeing a buffer that may still be needed can revive them, so make_room
@@ -124,14 +128,12 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
 
     def too_long() -> bool:
         """Past the event cap, the pace, or the deadline."""
-        nonlocal charged
+        nonlocal charged, work
+        clock.charge((len(events) - charged + work) * STEP_SECONDS)  # with no deadline too
+        charged, work = len(events), 0
         if len(events) > min(cap, pace * (t_now + 1) + 1000):
             return True
-        if deadline == math.inf:
-            return False
-        clock.charge((len(events) - charged) * EVENT_SECONDS_PER_NODE * n)
-        charged = len(events)
-        return clock.now() > deadline
+        return deadline != math.inf and clock.now() > deadline
 
     def redo_cost(v: int, memo: dict[int, float]) -> float:
         """Cost to recompute v from what is resident now (its missing ancestors included)."""
@@ -168,6 +170,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
 
     def make_room(need: int) -> bool:
         """Free buffers, best key first, until ``need`` more bytes fit (keys taken once per call)."""
+        nonlocal work
         if mem + need <= budget:
             return True
         costs: dict[int, float] = {}
@@ -186,6 +189,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
                 tier = 2 if variant.shallow and deep(v) else 1
                 dist = max(1, nxt - t_now + 1)
                 keys.append((tier, redo_cost(v, costs) / (max(1, size[v]) * dist ** power), v))
+        work += len(live) + len(costs) + len(needs) + len(redo)
         keys.sort()
         for _, _, v in keys:
             free(v)
@@ -209,7 +213,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
 
     def ensure(x: int, depth: int) -> bool:
         """Make x resident: fetch its missing inputs (largest need first), then compute it."""
-        nonlocal mem
+        nonlocal mem, work
         if resident[x]:
             return True
         for q in preds[x]:
@@ -220,6 +224,7 @@ def _run(problem: PlanningProblem, budget: int, variant: Variant, rounds: int,
                 break
             memo: dict[int, int] = {}
             missing = sorted((q for q in preds[x] if not resident[q]), key=lambda q: (-chain_need(q, memo), q))
+            work += len(memo)
             if not missing:
                 ok = True
                 break
@@ -286,8 +291,8 @@ def tight_greedy_simulated(problem: PlanningProblem, budget: int, variants: tupl
     simulation (the caller need not replay it again); None when no run fits. The runs share
     ``work`` events (default 12 n + 3000: the greedy runs several times per solve, and a
     thrashing run costs about a millisecond per event on large graphs); each run stops at
-    20 n + 1000 events, and after the first fitting plan at that plan's count. No run starts
-    after ``deadline`` (planner.clock.now() seconds)."""
+    20 n + 1000 events, and after the first fitting plan at that plan's count. No run starts, or
+    goes on, after ``deadline`` (planner.clock.now() seconds)."""
     n = problem.n
     left = work if work is not None else 12 * n + 3000
     best: tuple[Plan, Simulation] | None = None
@@ -295,7 +300,7 @@ def tight_greedy_simulated(problem: PlanningProblem, budget: int, variants: tupl
         cap = min(EVENTS_PER_NODE * n + 1000 if best is None else len(best[0].events), left)
         if cap <= 0 or clock.now() > deadline:
             break
-        plan, used = _run(problem, budget, variant, ROUNDS, cap, PACE)
+        plan, used = _run(problem, budget, variant, ROUNDS, cap, PACE, deadline)
         left -= used
         if plan is None:
             continue

@@ -216,3 +216,82 @@ def test_max_batch_says_the_wall_cap_warning_once(monkeypatch, caplog):
         assert out.exit_code in (0, 4), out.output
         said = [r for r in caplog.records if "--wall-cap stopped" in r.getMessage()]
         assert len(said) == 1, [r.getMessage() for r in said]
+
+
+def test_the_greedies_charge_their_work_and_stop_at_a_work_clock_deadline(benchmarks_dir):
+    # the eviction and checkpoint greedies read their deadline but charged the work clock nothing,
+    # so on it no deadline ever ended them: the lstm fixture (batch 8, seq 128) at 80% ran the
+    # phase-1 ladder's greedies for over 10 minutes of a `--time-limit 1 --deterministic` solve
+    from planner.chain_greedy import checkpoint_greedy
+    from planner.greedy import evict_greedy
+
+    for make, n, fraction in ((checkpoint_greedy, 100, 0.72), (evict_greedy, 250, 0.8)):
+        p = random_layered(benchmarks_dir, n)
+        budget = p.budget_for(fraction)
+        with clock.work_clock():
+            whole = make(p, budget)
+            spent = clock.now()
+        assert whole is not None and spent > 0  # in time it finds its plan, and its work shows
+        with clock.work_clock():
+            again = make(p, budget, deadline=clock.now() + spent)
+            assert clock.now() == pytest.approx(spent)  # the same count: the same plan
+        assert again is not None and again.events == whole.events
+        with clock.work_clock():
+            assert make(p, budget, deadline=clock.now() + 0.5 * spent) is None  # stopped half-way
+            assert clock.now() < spent
+
+
+def test_the_ladder_stops_once_its_charged_work_passes_its_deadline(benchmarks_dir, monkeypatch):
+    # planner.planning._lowest_greedy bisects the budget greedy's budget, each rung running every
+    # greedy; on the work clock a deadline that the first greedy's work passes ends the ladder there
+    import planner.chain_greedy as cg
+    from planner.baselines import chen_sqrt
+    from planner.planning import _lowest_greedy
+    from planner.simulate import simulate
+
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.6)
+    chen = chen_sqrt(p)
+    start = baselines_candidate(p, chen, simulate)
+    runs = []
+    real = cg.chain_run
+    monkeypatch.setattr(cg, "chain_run", lambda *a, **k: runs.append(1) or real(*a, **k))
+    with clock.work_clock():
+        low = _lowest_greedy(p, budget, [start], 6, math.inf, clock.now() + 1e-4)
+        spent = clock.now()
+    assert low is start and not runs  # the eviction greedy's work passed it: no checkpoint round ran
+    assert spent < 0.05
+    with clock.work_clock():
+        _lowest_greedy(p, budget, [start], 6, math.inf)
+    assert len(runs) > 6  # without a deadline, every rung runs the checkpoint greedy's rounds
+
+
+def baselines_candidate(p, plan, simulate):
+    from planner.baselines import Candidate
+
+    return Candidate(plan, simulate(p, plan))
+
+
+def test_the_comparison_baselines_finish_at_a_short_limit_and_charge_it_nothing(benchmarks_dir):
+    # charged, the given order's baselines stopped at a short --deterministic limit, and cpsat
+    # returned plans dearer than --strategy greedy (zoo:unet at 60%, 0.3 s); uncharged, they ran
+    # on without end (the lstm fixture, batch 8, seq 128: minutes of a --time-limit 1 solve). They
+    # now get at least the floor, what they charge is taken back, and a graph whose greedies need
+    # more than the floor is stopped there
+    from planner.baselines import greedy
+    from planner.planning import _baselines
+
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.6)
+    with clock.work_clock():
+        whole = greedy(p, budget)
+        spent = clock.now()
+    assert whole is not None and spent > 0
+    with clock.work_clock():
+        cands = _baselines(p, budget, clock.now() + 1e-6, floor=2 * spent)
+        assert clock.now() == 0.0  # charged nothing
+    assert cands["greedy"].plan == whole.plan
+    with clock.work_clock():
+        cut = _baselines(p, budget, clock.now() + 1e-6, floor=0.1 * spent)
+        assert clock.now() == 0.0
+    assert "greedy" not in cut or cut["greedy"].sim.added_time > whole.sim.added_time
