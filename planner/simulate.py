@@ -13,9 +13,11 @@ At the end every graph output (pinned) is resident and nothing else is (no leaks
 
 Time is derived as soon-as-possible from the same order: computes run one at a time in list
 order; each transfer takes ``transfer[i]``; with ``copy_overlap`` swap-outs and swap-ins each have
-their own stream, otherwise transfers share the compute stream. An event may not happen before
-the one listed before it (memory order is real-time order), so a compute waits for a swap-out
-listed before it to finish (the memory it needs is not free yet) and for its swapped-in inputs.
+their own stream, otherwise transfers share the compute stream. A swap-out copies the resident
+copy: it starts once that copy is there (its compute or its swap-in ended) and its stream is
+free. An event may not happen before the one listed before it (memory order is real-time order),
+so a compute waits for a swap-out listed before it to finish (the memory it needs is not free
+yet) and for its swapped-in inputs.
 ``added_time`` = makespan - sum of every node's cost once.
 """
 from __future__ import annotations
@@ -58,7 +60,6 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     host = np.zeros(n, dtype=bool)
     counts = np.zeros(n, dtype=np.int64)
     ready = np.zeros(n)  # when the resident copy can be read
-    made = np.zeros(n)  # when the compute that made the resident copy ended
     host_ready = np.zeros(n)
     read_end = np.zeros(n)  # latest end of a compute reading the resident copy
     mem = problem.base_bytes
@@ -102,7 +103,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             mem += int(size[v])
             resident[v] = True
             counts[v] += 1
-            ready[v] = made[v] = read_end[v] = end
+            ready[v] = read_end[v] = end
             t_now, memory[k] = start, during
             makespan = max(makespan, end)
         elif op == "free":
@@ -121,7 +122,8 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             if op == "swap_out":
                 if not resident[v]:
                     raise fail(k, f"swaps out {label}, which is not resident")
-                start = max(made[v], out_free if problem.copy_overlap else compute_free)
+                # the copy reads the resident copy: from when its compute or its swap-in ended
+                start = max(ready[v], out_free if problem.copy_overlap else compute_free)
                 end = start + dur
                 if problem.copy_overlap:
                     out_free = end

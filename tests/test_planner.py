@@ -141,6 +141,23 @@ def test_simulator_times_swaps_with_and_without_overlap():
     assert simulate(base.with_swap([0, 4, 0, 0, 0]), Plan.of(early, "swap")).added_time == pytest.approx(4.0)
 
 
+def test_simulator_starts_a_second_swap_out_when_the_swap_in_before_it_ends():
+    # x -> A -> b; x -> c -> d (long); out reads A and d. A goes out and back in for b (2-6, 6-10),
+    # then out again for c: that copy reads the swapped-in A, so it runs 10-14 and c, listed after
+    # it, starts at 14. It was started at 2 (when A was first computed), as if already done by 11.
+    p = PlanningProblem.build(size=[1, 100, 1, 1, 1, 1], cost=[1, 1, 1, 10, 10, 1],
+                              preds=[[], [0], [1], [0], [3], [1, 4]], names=["x", "A", "b", "c", "d", "out"])
+    p = p.with_swap([0, 4, 0, 0, 0, 0])
+    events = [("compute", 0), ("compute", 1), ("swap_out", 1), ("swap_in", 1), ("compute", 2), ("free", 2),
+              ("swap_out", 1), ("compute", 3), ("free", 0), ("swap_in", 1), ("compute", 4), ("free", 3),
+              ("compute", 5), ("free", 1), ("free", 4), ("free", 5)]
+    sim = simulate(p, Plan.of(events, "out twice"))
+    assert sim.swap_ins == 2 and sim.makespan == pytest.approx(35.0) and sim.added_time == pytest.approx(11.0)
+    # keeping A through b and swapping it once costs the 3 of b's wait only
+    once = events[:2] + events[4:]
+    assert simulate(p, Plan.of(once, "out once")).added_time == pytest.approx(3.0)
+
+
 # ---- baselines and CP-SAT ------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["none", "chen", "greedy", "cpsat"])
 @pytest.mark.parametrize("n,frac", [(4, 1.0), (6, 0.7), (8, 0.6)])
