@@ -459,7 +459,7 @@ class RematModel:
             last = int(self.until[v])
             lit = m.NewBoolVar(f"w{v}")
             so = m.NewIntVar(int(self.lo[v]) + orig.dur, self.horizon, f"SO{v}")
-            m.Add(so >= orig.start + orig.dur)
+            m.Add(so >= orig.start + orig.dur).OnlyEnforceIf(lit)
             m.Add(orig.end >= so + tr).OnlyEnforceIf(lit)
             m.Add(so == int(self.lo[v]) + orig.dur).OnlyEnforceIf(lit.Not())
             out_iv = m.NewOptionalFixedSizeIntervalVar(so, tr, lit, f"O{v}")

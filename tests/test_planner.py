@@ -264,6 +264,46 @@ def test_recompute_when_the_transfer_cannot_hide():
         assert res.added_time == pytest.approx(10.0)
 
 
+def recompute_or_swap_back_graph() -> PlanningProblem:
+    """A (100 B, cost 5, transfer 4) is read by b and by out. The scratch of c and of d1 (50 B)
+    leaves no room for A beside them at 140 B; e and d2 (no scratch) can hide A's copies. Every
+    other transfer (100) is dearer than anything it could save."""
+    p = PlanningProblem.build(size=[1, 100, 1, 1, 1, 1, 1, 1], cost=[1, 5, 5, 6, 1, 10, 10, 1],
+                              scratch=[0, 0, 0, 50, 0, 50, 0, 0],
+                              preds=[[], [0], [0], [2], [1, 3], [4], [5], [1, 6]],
+                              names=["x", "A", "e", "c", "b", "d1", "d2", "out"])
+    return p.with_swap([100, 4, 100, 100, 100, 100, 100, 100])
+
+
+#: A plan of recompute_or_swap_back_graph at 140 B: A recomputed for b and again for out (+10).
+RECOMPUTE_A_TWICE = Plan.of([("compute", 0), ("compute", 1), ("compute", 2), ("free", 1), ("compute", 3), ("free", 2),
+                             ("compute", 1), ("compute", 4), ("free", 1), ("free", 3), ("compute", 5), ("free", 4),
+                             ("compute", 6), ("free", 5), ("compute", 1), ("free", 0), ("compute", 7), ("free", 1),
+                             ("free", 6), ("free", 7)], "recompute A twice")
+
+
+def test_the_swap_model_holds_a_recompute_only_plan_that_delays_later_steps():
+    # A recomputed for b and again for out: every step after the first recompute starts 5 later
+    # than back to back. The model tied an original's swap-out start to its compute end even when
+    # the swap was off (pinned to the earliest start then): a delayed step had to be swapped out,
+    # so the plan hinted infeasible ("solution hint is complete, but it is infeasible") and the
+    # swap solve of this 8-node problem found no plan in 5 s.
+    from planner.cpsat import RematModel
+
+    p = recompute_or_swap_back_graph()
+    plan = RECOMPUTE_A_TWICE
+    assert simulate(p, plan, 140).added_time == pytest.approx(10.0)
+    opts = replace(FIXED, solver_params=(("fix_variables_to_their_hinted_value", True),))
+    model = RematModel(p, 140, opts, [plan])
+    model.set_objective_time()
+    values = model.hint_from_plan(plan)
+    assert values is not None
+    model.apply_hint(values)
+    res = model.solve("hinted", 10)
+    assert res.status == "OPTIMAL" and res.plan is not None
+    assert simulate(p, res.plan, 140).added_time == pytest.approx(10.0)
+
+
 @pytest.mark.parametrize("fraction", [0.8, 0.6])
 def test_allowing_swap_never_costs_more_than_recompute_only(fraction):
     # Slow transfers that cannot hide: the swap model starts from the recompute-only plan.
