@@ -152,11 +152,14 @@ def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> P
                 merged[-1][1] = max(merged[-1][1], e)
             else:
                 merged.append([s, e, kind])
+        # the model copies the original to host (its residency, the first, lasts until the copy
+        # ends): that residency ends in the swap-out, where a swap-in is left to read the copy
+        # (a recompute in between ended in it: a second copy the model does not time)
+        swapped = any(kind == SWAP_IN for _, _, kind in merged)
         for k, (s, e, kind) in enumerate(merged):
             events.append((s, 1 if kind == SWAP_IN else 2, v, 0, v, "swap_in" if kind == SWAP_IN else "compute"))
             if e != math.inf:
-                nxt = merged[k + 1][2] if k + 1 < len(merged) else None
-                op = "swap_out" if nxt == SWAP_IN else "free"
+                op = "swap_out" if swapped and k == 0 else "free"
                 taker = _taker(model, v, e, last_read, present, start) if op == "free" else None
                 if taker is not None:  # read last by a node taking its buffer over: freed right after it
                     events.append((taker[0], 2, taker[1], 1, v, op))

@@ -304,6 +304,23 @@ def test_the_swap_model_holds_a_recompute_only_plan_that_delays_later_steps():
     assert simulate(p, res.plan, 140).added_time == pytest.approx(10.0)
 
 
+def test_a_swap_plan_with_a_recompute_before_its_swap_in_replays_at_the_models_time():
+    # The model's best plan: A copied to host during e, recomputed for b (5), back from host
+    # during d2 for out (hidden). The decode ended the recompute's residency in the swap-out (a
+    # second copy, after b, that d1 waited for): simulated +8.0 against the model's +5.0.
+    from planner.cpsat import RematModel
+
+    p = recompute_or_swap_back_graph()
+    model = RematModel(p, 140, FIXED, [RECOMPUTE_A_TWICE])
+    model.set_objective_time()
+    model.apply_hint(model.hint_from_plan(RECOMPUTE_A_TWICE))
+    res = model.solve("optimize", 10)
+    assert res.status == "OPTIMAL" and res.plan is not None
+    sim = simulate(p, res.plan, 140)
+    assert model.time_of_objective(res.objective) == pytest.approx(5.0, abs=model.tick)
+    assert sim.added_time == pytest.approx(5.0) and sim.swap_ins == 1 and sim.recomputes == 1
+
+
 @pytest.mark.parametrize("fraction", [0.8, 0.6])
 def test_allowing_swap_never_costs_more_than_recompute_only(fraction):
     # Slow transfers that cannot hide: the swap model starts from the recompute-only plan.
