@@ -651,7 +651,7 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, dete
             raise SolverTimeoutError(r.note or "no plan within the time limit", best_bytes=r.best_bytes)
         # plans that overshot the budget once rewritten: the lowest is the peak that counts (not the
         # unplanned one, which the gate took instead: -1.87 KiB of headroom for a plan 16 B over)
-        return PlanOutcome(False, pm.lowest_over or 0, 0.0, r.status, arena_bytes=pm.arena_least)
+        return PlanOutcome(False, pm.lowest_over or 0, None, r.status, arena_bytes=pm.arena_least)
     return PlanOutcome(True, int(pm.peak_bytes), float(r.added_time / max(r.compute_time, 1e-300)), r.status,
                        arena_bytes=pm.arena_need)
 

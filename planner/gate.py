@@ -56,7 +56,9 @@ class PlanOutcome:
     fits: bool  # the plan's (simulated) peak is within the budget
     # the plan's simulated peak; "infeasible": the lowest plan found (0 when none was)
     peak_bytes: int
-    added_time_fraction: float  # added time / compute time of the unplanned step (0.125 = +12.5%)
+    # added time / compute time of the unplanned step (0.125 = +12.5%); None when no plan fits (no
+    # cost to report: 0.0 read as "fits for free" to a script)
+    added_time_fraction: float | None
     status: str  # optimal | feasible | infeasible | timeout | no-planner | ...
     # with ort_arena: the least arena limit the plan runs under (not fitting: the least of those tried)
     arena_bytes: int | None = None
@@ -75,7 +77,7 @@ PlanFn = Callable[[Graph, int, str, float], PlanOutcome]
 
 def no_planner(graph: Graph, budget_bytes: int, device: str, time_limit: float) -> PlanOutcome:
     """The honest default until a planner is wired in: no plan, so nothing fits *with* a plan."""
-    return PlanOutcome(fits=False, peak_bytes=0, added_time_fraction=0.0, status="no-planner")
+    return PlanOutcome(fits=False, peak_bytes=0, added_time_fraction=None, status="no-planner")
 
 
 @dataclass(frozen=True)
@@ -307,11 +309,11 @@ def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> 
             extra["ort_arena"] = item.ort_arena
         outcome = plan_fn(graph, budget_bytes, item.device, item.time_limit, **extra)
     except BudgetInfeasibleError as err:
-        return PlanOutcome(False, err.best_bytes or 0, 0.0, "infeasible", least_bytes=err.least_bytes)
+        return PlanOutcome(False, err.best_bytes or 0, None, "infeasible", least_bytes=err.least_bytes)
     except SolverTimeoutError as err:  # its message says what was searched and how low it got
         # the lowest plan found is the peak that counts, not the unplanned one (zoo:cnn at 489748 B:
         # headroom -280.31 KiB where the note said the lowest plan peaks at 536020 bytes)
-        return PlanOutcome(False, getattr(err, "best_bytes", None) or 0, 0.0, "timeout", note=str(err) or None)
+        return PlanOutcome(False, getattr(err, "best_bytes", None) or 0, None, "timeout", note=str(err) or None)
     judged = outcome.arena_bytes if item.ort_arena else outcome.peak_bytes
     if outcome.fits and (judged is None or judged > budget_bytes):
         raise GraphError(

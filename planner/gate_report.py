@@ -67,7 +67,8 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
         "fits_with_plan": v.fits_with_plan,
         "plan": None if p is None else {
             "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes or None, "arena_bytes": p.arena_bytes,
-            "added_time_fraction": p.added_time_fraction, **({"note": p.note} if p.note else {}),
+            # null unless the plan fits: a plan that does not meet the budget has no cost to report
+            "added_time_fraction": p.added_time_fraction if p.fits else None, **({"note": p.note} if p.note else {}),
         },
         "peak_bytes": v.peak,
         # an infeasible budget: the least memory any plan reaches (also the top-level peak_bytes, which
@@ -158,8 +159,10 @@ def _details(v: Verdict) -> str:
         if v.plan is not None and v.plan.peak_bytes > 0:
             lines.append(f"lowest plan found: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)})")
     elif v.plan is not None and v.plan.peak_bytes > 0:
-        lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}, "
-                     f"added time {v.plan.added_time_fraction * 100:.1f}%")
+        # a plan that does not fit has no cost to state (it was "added time 0.0%": free)
+        added = (f", added time {v.plan.added_time_fraction * 100:.1f}%"
+                 if v.plan.fits and v.plan.added_time_fraction is not None else "")
+        lines.append(f"plan peak: {v.plan.peak_bytes} bytes ({_size(v.plan.peak_bytes)}), status {v.plan.status}{added}")
     if v.plan is not None and v.plan.note and not v.plan.fits:
         lines.append(f"planner: {v.plan.note}")
     if v.plan is not None and v.plan.arena_bytes is not None:

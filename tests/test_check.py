@@ -523,7 +523,7 @@ def test_planner_answers_and_bugs():
         raise SolverTimeoutError("no plan in 1 s")
 
     (v,) = run_checks([item], lambda _: _tiny_graph(), timeout)
-    assert v.plan == PlanOutcome(False, 0, 0.0, "timeout", note="no plan in 1 s") and v.outcome == "fail"
+    assert v.plan == PlanOutcome(False, 0, None, "timeout", note="no plan in 1 s") and v.outcome == "fail"
     # what the planner said reaches every report: a "timeout" may have ended long before its limit
     # (zoo:mlp --train at 99%: every order searched in 1 s of 5), and the row alone said "timeout"
     from planner.gate_report import to_junit, to_markdown, to_table
@@ -758,3 +758,22 @@ def test_a_shared_dim_that_matches_no_model_fails_the_gate(tmp_path, mlp, wide):
                    '[[check]]\nmodel = "wide.onnx"\nbudget = "1MiB"\nplan = false\n')
     rc, _, err = run(["--config", cfg])
     assert rc == 2 and "error: dim seq matched no model's" in err.strip().splitlines()[-1]
+
+
+def test_no_plan_that_fits_reports_no_added_time(mlp, monkeypatch):
+    # infeasible and timed-out budgets have no plan whose cost could be stated: JSON said
+    # "added_time_fraction": 0.0 (free) and JUnit "added time 0.0%" for the lowest plan found
+    def timeout(graph, budget_bytes, device, time_limit, **kw):
+        raise SolverTimeoutError("no plan in 5 s", best_bytes=MLP_PEAK - 64)
+
+    for planner, status in ((FakePlanner(), "infeasible"), (timeout, "timeout")):
+        rc, out, _ = run([mlp, "--budget", "10KiB", "--dim", "batch=32", "--json"], monkeypatch, planner)
+        (r,) = json.loads(out)["results"]
+        assert rc == 1 and r["plan"]["status"] == status and r["plan"]["peak_bytes"] > 0
+        assert r["plan"]["added_time_fraction"] is None
+        (v,) = run_checks([make_item(mlp, ["10KiB"], dims={"batch": 32})],
+                          lambda item: cli._load_for_check(item), planner)
+        from planner.gate_report import to_junit, to_markdown, to_table
+
+        for text in (to_junit([v]), to_markdown([v]), to_table([v])):
+            assert "added time" not in text and "% time" not in text, text
