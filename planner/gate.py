@@ -128,6 +128,10 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
                 f"{prefix}budget {text!r} is a share of the unplanned peak and only means something with a "
                 "plan; drop --no-plan (plan = false) or give an absolute size such as 8GiB"
             )
+        same = next((t for t, b in parsed if b == budget), None)
+        if same is not None:  # two verdicts, one JUnit testcase name: CI could not tell them apart
+            also = f" (as {same!r} and {str(text)!r})" if same != str(text) else ""
+            raise UsageError(f"{prefix}budget {text!r} is given twice for {model!r}{also}; give each budget once")
         parsed.append((str(text), budget))
     if options.get("device"):  # checked with --no-plan too: a typo is not a pass
         try:

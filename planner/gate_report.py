@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 from typing import Any, Sequence
 
 from planner.gate import Verdict, exit_code
@@ -27,14 +28,41 @@ def _yes_no(flag: bool | None) -> str:
     return "-" if flag is None else "yes" if flag else "no"
 
 
-def cells(v: Verdict) -> tuple[str, ...]:
-    """One verdict as the report columns (HEADER order), in words."""
+#: What may tell apart rows of the same model and budget (config entries differing only there), as
+#: the row names say it.
+_TELLS = (lambda i: f"device={i.device}", lambda i: f"ort-arena={i.ort_arena or 'off'}",
+          lambda i: "plan" if i.plan else "no-plan", lambda i: "deterministic" if i.deterministic else "wall-clock",
+          lambda i: f"time-limit={i.time_limit:g}s")
+
+
+def row_names(verdicts: Sequence[Verdict]) -> list[str]:
+    """Each verdict's model name as the reports print it, unique per budget: rows of the same
+    name and budget (entries that differ only in device, ort_arena, plan, ...) get what differs
+    between them in parentheses, and rows alike in all of that their place, #1, #2, ... A name
+    no other row shares stays as it is, so CI's history of a testcase keeps its name."""
+    names = [v.item.name for v in verdicts]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for k, v in enumerate(verdicts):
+        groups.setdefault((v.item.name, v.budget), []).append(k)
+    for rows in (rows for rows in groups.values() if len(rows) > 1):
+        tells = [show for show in _TELLS if len({show(verdicts[k].item) for k in rows}) > 1]
+        extras = {k: tuple(show(verdicts[k].item) for show in tells) for k in rows}
+        alike, place = Counter(extras.values()), Counter()
+        for k in rows:
+            place[extras[k]] += 1
+            more = [*extras[k], *([f"#{place[extras[k]]}"] if alike[extras[k]] > 1 else [])]
+            names[k] = f"{names[k]} ({', '.join(more)})"
+    return names
+
+
+def cells(v: Verdict, name: str | None = None) -> tuple[str, ...]:
+    """One verdict as the report columns (HEADER order), in words; ``name`` as row_names gives it."""
     share = v.budget.strip().endswith("%") and v.budget_bytes is not None
     budget = f"{v.budget} ({_size(v.budget_bytes)})" if share else v.budget
     peak = _size(v.unplanned_peak)
     if v.item.ort_arena and v.unplanned_arena is not None:
         peak += f" (arena {_size(v.unplanned_arena)})"
-    return (v.item.name, budget, peak, _yes_no(v.fits_as_is), v.plan_note, _size(v.headroom), v.outcome.upper())
+    return (name or v.item.name, budget, peak, _yes_no(v.fits_as_is), v.plan_note, _size(v.headroom), v.outcome.upper())
 
 
 def counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
@@ -95,7 +123,7 @@ def to_json(verdicts: Sequence[Verdict]) -> dict[str, Any]:
 # ---- text and Markdown tables -----------------------------------------------------------------
 def to_table(verdicts: Sequence[Verdict]) -> str:
     """Aligned plain-text table for a terminal, with the summary line under it."""
-    rows = [HEADER, *(cells(v) for v in verdicts)]
+    rows = [HEADER, *(cells(v, n) for v, n in zip(verdicts, row_names(verdicts)))]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join([*lines, *_notes(verdicts), "", summary_line(verdicts)])
@@ -128,8 +156,8 @@ def to_markdown(verdicts: Sequence[Verdict]) -> str:
     mark = {"PASS": "✅ pass", "FAIL": "❌ fail", "ERROR": "⚠️ error"}
     lines = [f"### memplan check: {summary_line(verdicts)}", "", "| " + " | ".join(HEADER) + " |",
              "|" + "---|" * len(HEADER)]
-    for v in verdicts:
-        row = list(cells(v))
+    for v, name in zip(verdicts, row_names(verdicts)):
+        row = list(cells(v, name))
         row[-1] = mark[row[-1]]
         lines.append("| " + " | ".join([_code(row[0]), *map(_md, row[1:])]) + " |")
     said = _notes(verdicts)
@@ -201,9 +229,9 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
     stats = {"tests": str(c["checked"]), "failures": str(c["failed"]), "errors": str(c["errors"])}
     root = ET.Element("testsuites", {"name": "memplan check", **stats, "time": total_time})
     suite = ET.SubElement(root, "testsuite", {"name": "memplan check", **stats, "skipped": "0", "time": total_time})
-    for v in verdicts:
+    for v, name in zip(verdicts, row_names(verdicts)):  # unique names: CI tells testcases apart by them
         case = ET.SubElement(suite, "testcase", {
-            "classname": "memplan.check", "name": _xml(f"{v.item.name} @ {v.budget}"), "time": f"{v.wall_s:.3f}",
+            "classname": "memplan.check", "name": _xml(f"{name} @ {v.budget}"), "time": f"{v.wall_s:.3f}",
         })
         if v.outcome == "error":
             ET.SubElement(case, "error", {"type": "ModelImportError", "message": _xml(v.error or "")}).text = _xml(v.error)

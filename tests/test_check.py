@@ -777,3 +777,29 @@ def test_no_plan_that_fits_reports_no_added_time(mlp, monkeypatch):
 
         for text in (to_junit([v]), to_markdown([v]), to_table([v])):
             assert "added time" not in text and "% time" not in text, text
+
+
+def test_repeated_budget_is_a_usage_error(mlp, tmp_path):
+    # two verdicts of one model and budget got one JUnit testcase name: refused before any work
+    junit = tmp_path / "r.xml"
+    rc, out, err = run([mlp, "--budget", "1MiB", "--budget", "1024KiB", "--junit", junit])
+    assert rc == 2 and out == "" and not junit.exists()
+    assert "budget '1024KiB' is given twice" in one_error_line(err)
+
+
+def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
+    # config entries differing only in device, ort_arena or plan were all "mlp.onnx [batch=32] @ 1MiB"
+    entry = f'[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\ndims = {{ batch = 32 }}\n'
+    cfg = tmp_path / "memplan.toml"
+    cfg.write_text(entry + entry + 'device = "t4"\n' + entry + 'ort_arena = "next-power-of-two"\n'
+                   + entry + "plan = false\n" + entry + entry.replace("1MiB", "2MiB"))
+    junit, md = tmp_path / "r.xml", tmp_path / "r.md"
+    rc, out, err = run(["--config", cfg, "--junit", junit, "--markdown", md])
+    assert rc == 0, err
+    names = [case.get("name") for case in ET.parse(junit).iter("testcase")]
+    assert len(set(names)) == len(names) == 6, names
+    assert "mlp.onnx [batch=32] @ 2MiB" in names  # a name no other row shares is kept as it was
+    assert any("device=t4" in n for n in names) and any("ort-arena=next-power-of-two" in n for n in names)
+    assert any("no-plan" in n for n in names) and sum("#" in n for n in names) == 2  # entries 1 and 5 alike
+    assert len(set(out.splitlines()[1:7])) == 6, out  # the table's rows too
+    assert all(f"`{n.rsplit(' @ ', 1)[0]}`" in md.read_text() for n in names)
