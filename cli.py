@@ -661,10 +661,11 @@ def check_arena_fn(graph, item) -> int:
     return _ort_arena(item.ort_arena, item.device).need(graph)
 
 
-def _load_for_check(item, matched_dims: set[str] | None = None):
+def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[str] | None = None):
     from passes.onnx_import import load_graph
 
-    graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims)
+    graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
+                       dim_names=dim_names)
     if not item.train:
         return as_run(graph)
     return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}),
@@ -839,18 +840,29 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs, stdout=("--markdown",))
 
     matched: set[str] = set()
+    dims_of: list[set[str]] = []  # per item, in order: the dims its model has (empty: its inputs unread)
 
-    def shared_dims_matched() -> None:
+    def load(item):
+        dims_of.append(set())
+        return _load_for_check(item, matched, dims_of[-1])
+
+    def shared_dims_matched(failed) -> None:
         """A dim given for several models at once (config top level, --dim with several models)
         may miss some of them (a warning); one that matches none is a typo: the gate would check
-        every model at its default size and pass."""
+        every model at its default size and pass. A model that failed to load counts where its
+        inputs were read: a typo leaves the dim it meant unbound, that model fails (exit 3), and
+        the typo is what to fix (exit 2). One whose dims are unknown may be the dim's model: then
+        it stays a bad model."""
         loose = sorted({d for item in items for d in item.loose_dims} - matched)
-        if loose:
-            word = "dims" if len(loose) > 1 else "dim"
-            raise UsageError(f"{word} {', '.join(loose)} matched no model's symbolic input dims or zoo options; "
-                             "fix the name, or drop it")
+        if not loose or any(item in failed and not known for item, known in zip(items, dims_of)):
+            return
+        word = "dims" if len(loose) > 1 else "dim"
+        has = sorted(set().union(*dims_of))
+        have = f" (their dims and options: {', '.join(has)})" if has else ""
+        raise UsageError(f"{word} {', '.join(loose)} matched no model's symbolic input dims or zoo options{have}; "
+                         "fix the name, or drop it")
 
-    verdicts = gate.run_checks(items, lambda item: _load_for_check(item, matched), check_plan_fn,
+    verdicts = gate.run_checks(items, load, check_plan_fn,
                                progress=lambda line: click.echo(f"memplan: {line}", err=True), arena=check_arena_fn,
                                after_load=shared_dims_matched)
     for message in gate.model_errors(verdicts):

@@ -78,12 +78,15 @@ CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 # ---- loading ----------------------------------------------------------------------------------
 def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
-               loose_dims: Collection[str] = (), matched_dims: set[str] | None = None) -> Graph:
+               loose_dims: Collection[str] = (), matched_dims: set[str] | None = None,
+               dim_names: set[str] | None = None) -> Graph:
     """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph. A ``--dim``
     that matches nothing in it is a usage error (a typo would plan another size), except those
     named in ``loose_dims`` (dims given for several models at once), which are warned about.
-    ``matched_dims`` collects the dims that did match (a zoo option or a symbolic input dim)."""
-    return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims)
+    ``matched_dims`` collects the dims that did match (a zoo option or a symbolic input dim);
+    ``dim_names`` every name a dim could match, once the model's inputs are read (also when the
+    import fails after that, as on an unbound dim)."""
+    return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names)
 
 
 def overridable_initializers(spec: str | os.PathLike | onnx.ModelProto) -> tuple[str, ...]:
@@ -472,6 +475,7 @@ def import_model(
     spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
     frozen: Iterable[str] = (), aside: Mapping[str, np.ndarray] | None = None,
     loose_dims: Collection[str] | None = None, matched_dims: set[str] | None = None,
+    dim_names: set[str] | None = None,
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
     float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
@@ -479,7 +483,7 @@ def import_model(
     ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name. ``loose_dims``: the dims
     that may match nothing (a warning); any other that does is a UsageError. None: every one may
     (what memplan imports itself: its own files, benchmarks). ``matched_dims`` collects the dims
-    that matched a zoo option or a symbolic input dim."""
+    that matched a zoo option or a symbolic input dim, ``dim_names`` every one it has."""
     _ASIDE_VALUES.update(aside or {})
     if dims and not isinstance(spec, onnx.ModelProto) and str(spec).startswith("zoo:"):
         import models  # late, as in load_proto
@@ -488,6 +492,8 @@ def import_model(
             models.parse_spec(str(spec))
         except PlannerError as err:  # a bad name is a bad model, as in load_proto
             raise ModelImportError(str(err)) from None
+        if dim_names is not None:
+            dim_names.update(set(models.ZOO[models.parse_spec(str(spec))[0]].option_names) - {"size"})
         spec, rest = models.with_dims(str(spec), dims)  # a dim the name contradicts: a usage error
         if matched_dims is not None:
             matched_dims.update(set(dims) - set(rest))
@@ -497,7 +503,7 @@ def import_model(
         roles = torch_export_roles(model)
         # a proto read from a file here is ours to change; the caller's is copied first
         model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
-                                 loose_dims=loose_dims, matched_dims=matched_dims)
+                                 loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names)
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
         return _to_graph(model, display, frozen, bool(dims))
     finally:
@@ -629,7 +635,8 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
 def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
              roles: TorchExportRoles | None = None, copy: bool = True,
              loose_dims: Collection[str] | None = None,
-             matched_dims: set[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
+             matched_dims: set[str] | None = None,
+             dim_names: set[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
     """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names).
     ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice)."""
     if copy:
@@ -666,16 +673,16 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
                                        "cannot bind; export the model with static or named input dims")
             else:
                 unbound.setdefault(name, inp.name)
-    if unbound:  # every one at once: the user fixes the command line once
-        what = ", ".join(f"{d!r} (input {i!r})" for d, i in unbound.items())
-        flags = " ".join(f"--dim {d}=N" for d in unbound)
-        word = "dims" if len(unbound) > 1 else "dim"
-        raise ModelImportError(f"{display}: unbound symbolic {word} {what}; bind with {flags}")
     if matched_dims is not None:
         matched_dims.update(used)
+    if dim_names is not None:
+        dim_names.update(used | set(unbound))
     unknown = sorted(set(dims) - used)
+    # a typo first: with the dim it meant unbound, the model "could not be loaded" (exit 3), where
+    # the usage error (exit 2) is what to fix (--dim bacth=3 on a model with dim batch)
     if unknown:  # a typo, or a model whose dims are fixed: say which dims it has
-        has = f"its symbolic input dims: {', '.join(sorted(used))}" if used else "its input dims are all fixed"
+        names = sorted(used | set(unbound))
+        has = f"its symbolic input dims: {', '.join(names)}" if names else "its input dims are all fixed"
         if display.startswith("zoo:"):
             import models  # late, as in load_proto
 
@@ -685,6 +692,11 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         if loose_dims is not None and any(d not in loose_dims for d in unknown):
             raise UsageError(f"{said}; fix the name, or drop it")
         log.warning("%s", said)
+    if unbound:  # every one at once: the user fixes the command line once
+        what = ", ".join(f"{d!r} (input {i!r})" for d, i in unbound.items())
+        flags = " ".join(f"--dim {d}=N" for d in unbound)
+        word = "dims" if len(unbound) > 1 else "dim"
+        raise ModelImportError(f"{display}: unbound symbolic {word} {what}; bind with {flags}")
     # Shape inference walks nodes in file order: sort first (this also rejects cycles).
     ordered = _topo_order(g, init_names | {i.name for i in g.input}, display)
     del g.node[:]

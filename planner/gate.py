@@ -246,7 +246,7 @@ def run_checks(
     plan_fn: PlanFn = no_planner,
     progress: Callable[[str], None] | None = None,
     arena: Callable[[Graph, CheckItem], int] | None = None,
-    after_load: Callable[[], None] | None = None,
+    after_load: Callable[[list[CheckItem]], None] | None = None,
 ) -> list[Verdict]:
     """Judge every item against each of its budgets, in the given order.
 
@@ -255,8 +255,9 @@ def run_checks(
     run. Every item is loaded before the first plan, so a UsageError ``load`` raises (named
     after its model) ends the run before any planning. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
     item)``: the least limit ORT's arena runs ``graph`` under, for items with ``ort_arena``.
-    ``after_load()`` runs once every model has loaded (none failed), before the first plan; a
-    UsageError it raises ends the run there.
+    ``after_load(failed)`` runs once every model was tried, before the first plan, with the items
+    whose model could not be loaded; a UsageError it raises ends the run there (a usage error wins
+    over a bad model).
     """
     if arena is None and any(item.ort_arena for item in items):
         raise UsageError("ort_arena needs an arena replay, which this build does not have")
@@ -276,8 +277,8 @@ def run_checks(
         except UsageError as err:  # name the model: with several, the message may name only its graph
             raise UsageError(f"{item.label or item.model}: {err}") from None
         loaded.append((item, graph, peak, need, None, time.perf_counter() - start))
-    if after_load is not None and all(error is None for *_, error, _ in loaded):
-        after_load()
+    if after_load is not None:
+        after_load([item for item, *_, error, _ in loaded if error is not None])
     verdicts: list[Verdict] = []
     total = sum(len(item.budgets) for item in items)
     for item, graph, peak, need, error, load_s in loaded:

@@ -579,17 +579,16 @@ def test_the_gates_boundaries_and_a_planless_answer():
     assert v.peak == 2048 and v.headroom == -1024 and v.outcome == "fail"
 
 
-def test_after_load_runs_only_when_every_model_loaded():
+def test_after_load_hears_which_models_failed():
     def load(item):
         if item.model == "bad":
             raise ModelImportError("bad: not an ONNX model")
         return _tiny_graph()
 
     hooks = []
-    run_checks([make_item("bad", ["1KiB"]), make_item("good", ["1GiB"])], load, after_load=lambda: hooks.append(1))
-    assert hooks == []
-    run_checks([make_item("good", ["1GiB"])], load, after_load=lambda: hooks.append(1))
-    assert hooks == [1]
+    run_checks([make_item("bad", ["1KiB"]), make_item("good", ["1GiB"])], load, after_load=hooks.append)
+    run_checks([make_item("good", ["1GiB"])], load, after_load=hooks.append)
+    assert hooks == [[make_item("bad", ["1KiB"])], []]  # once per run, before any plan, told who failed
 
 
 def test_load_failure_becomes_error_verdicts():
@@ -748,8 +747,8 @@ def test_a_shared_dim_that_matches_no_model_fails_the_gate(tmp_path, mlp, wide):
     warning too, and every model was checked at its default size: a typo passed the gate."""
     rc, _, err = run([mlp, wide, "--budget", "1MiB", "--no-plan", "--dim", "batch=32", "--dim", "bacth=4"])
     last = err.strip().splitlines()[-1]  # after each model's own warning (on the command line)
-    assert rc == 2 and last == ("memplan: error: dim bacth matched no model's symbolic input dims or zoo options; "
-                                "fix the name, or drop it")
+    assert rc == 2 and last == ("memplan: error: dim bacth matched no model's symbolic input dims or zoo options "
+                                "(their dims and options: batch); fix the name, or drop it")
     assert "Traceback" not in err
     rc, out, _ = run(["zoo:mlp", wide, "--budget", "1MiB", "--no-plan", "--dim", "batch=4"])  # a zoo option
     assert rc == 0 and "2 of 2 passed" in out
@@ -803,3 +802,25 @@ def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
     assert any("no-plan" in n for n in names) and sum("#" in n for n in names) == 2  # entries 1 and 5 alike
     assert len(set(out.splitlines()[1:7])) == 6, out  # the table's rows too
     assert all(f"`{n.rsplit(' @ ', 1)[0]}`" in md.read_text() for n in names)
+
+
+@pytest.mark.parametrize("models", [["zoo:mlp", "M"], ["M"]])
+def test_a_misspelled_dim_is_a_usage_error_though_the_model_it_meant_then_fails(mlp, tmp_path, models):
+    # --dim bacth=3 leaves mlp.onnx's batch unbound: it "could not be loaded" (exit 3) and the typo,
+    # the thing to fix, went unsaid; usage (2) wins over a bad model (3)
+    junit = tmp_path / "r.xml"
+    args = [mlp if m == "M" else m for m in models]
+    rc, out, err = run([*args, "--dim", "bacth=3", "--budget", "1MiB", "--junit", junit])
+    assert rc == 2 and out == "" and not junit.exists()
+    (line,) = [line for line in err.splitlines() if line.startswith("memplan: error:")]  # others: warnings
+    assert "bacth" in line and "batch" in line and "Traceback" not in err  # the typo, and the names there are
+    # spelled right, both load and fit
+    rc, out, err = run([*args, "--dim", "batch=3", "--budget", "1MiB"])
+    assert rc == 0, err
+
+
+def test_a_shared_dim_is_not_called_a_typo_when_a_model_it_may_be_for_is_unreadable(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    rc, _, err = run(["zoo:mlp", bad, "--dim", "seq=3", "--budget", "1MiB"])
+    assert rc == 3 and "not a valid ONNX" in err
