@@ -279,6 +279,7 @@ def inspect(model: str, train: bool, add_loss: str | None, loss: str | None, dim
     from planner.liveness import analyze
     from planner.report import inspect_dict, inspect_table, timeline_png
 
+    _refuse_json_graph(model, "inspect", "read")
     _output_paths_ok({"--plot": plot}, [model])
     # as plan builds it: a loss is only for training, and a step train-graph wrote is inspected as it is
     training = bool(train or add_loss or loss)  # --add-loss and --loss inspect the training step too
@@ -326,6 +327,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from planner.liveness import MemoryModel, analyze
     from planner.units import format_bytes
 
+    _refuse_json_graph(model, "verify", "run")
+    _refuse_json_graph(planned, "verify", "run", label=f"OUT.onnx {planned}")
     if planned.startswith("zoo:") or not Path(planned).is_file():
         raise UsageError(f"OUT.onnx {planned!r} is not a file: give MODEL first, then the .onnx file that memplan "
                          "plan --emit or memplan rewrite wrote")
@@ -822,7 +825,6 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     from planner import gate, gate_report
     from planner.fileio import atomic_write
     from planner.gate_config import Overrides, collect_items
-    from planner.problem import is_remat_json
 
     if as_json and markdown == "-":
         raise UsageError("--json and --markdown - both want stdout; write the Markdown to a file")
@@ -831,9 +833,7 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
                     no_plan=no_plan, deterministic=deterministic, ort_arena=ort_arena)
     items, config_path = collect_items(models, cli, config, Path.cwd())
     for item in items:  # read as ONNX, a JSON graph was "not a valid ONNX protobuf" (exit 3)
-        if is_remat_json(item.model):
-            raise UsageError(f"{item.label or item.model} is a Checkmate/Moccasin JSON graph, which memplan check "
-                             "does not gate (it checks .onnx files and zoo:NAME); use memplan plan GRAPH --budget B")
+        _refuse_json_graph(item.model, "check", "gate", label=item.label or item.model)
     if any(item.train for item in items) and not _training_available():
         raise UsageError("--train (train = true) needs autodiff, which this build does not have yet")
     inputs = [item.model for item in items] + ([str(config_path)] if config_path else [])
@@ -947,6 +947,7 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
     from passes.onnx_import import load_graph
 
     _output_paths_ok({"-o": output}, [model], models=("-o",))
+    _refuse_json_graph(model, "train-graph", "differentiate")
     _refuse_training_step(model, "train-graph")
     options = _train_options(default_optimizer="none", keep_grads=keep_grads, **flags)
     forward = load_graph(model, parse_dims(dims))
@@ -986,6 +987,7 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
     options = _train_options(default_optimizer="adam", **flags)
     if options.optimizer.kind == "none":
         raise UsageError("memplan train needs --optimizer sgd or adam")
+    _refuse_json_graph(model, "train", "run")
     _refuse_training_step(model, "memplan train")
     forward = load_graph(model, parse_dims(dims))
     if options.add_loss:  # the synthetic task reads the loss (its labels input) from the forward graph
@@ -1058,6 +1060,18 @@ def _graph_costs(graph, device_name: str, costs: str, swap: bool = False):
                          f"mix (swaps would look nearly free); {redo} where onnxruntime-gpu runs, or use --costs device")
     source = f"{found.source} ({found.timed} of {found.total} nodes timed)"
     return dev, found.node_time(graph, estimate), transfer, overlap, source
+
+
+def _refuse_json_graph(model: str, command: str, what: str, label: str | None = None) -> None:
+    """A Checkmate/Moccasin JSON graph is a planning problem (node costs and sizes), not a model:
+    only ``memplan plan`` reads it. Every other command that takes MODEL says so in one line
+    (exit 2) where it was read as ONNX, "not a valid ONNX protobuf" (exit 3, a bad model)."""
+    from planner.problem import is_remat_json
+
+    if is_remat_json(model):
+        raise UsageError(f"{label or model} is a Checkmate/Moccasin JSON graph, which memplan {command} does not "
+                         f"{what} (it takes an .onnx file or zoo:NAME); use memplan plan GRAPH --budget B "
+                         "(its --json also gives unplanned_peak_bytes)")
 
 
 def _is_training_step(model: str) -> bool:
@@ -1624,13 +1638,9 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool | None) -> None:
     from planner.liveness import analyze
     from planner.units import format_bytes
 
-    from planner.problem import is_remat_json
-
     if plan_path.startswith("zoo:") or plan_path.endswith(".onnx"):
         raise UsageError(f"PLAN.json {plan_path!r} is not a plan file: the arguments are MODEL PLAN.json -o OUT.onnx")
-    if is_remat_json(model):
-        raise UsageError(f"memplan rewrite writes ONNX models; {model} is a JSON graph, whose plan (memplan plan "
-                         "-o) is the result")
+    _refuse_json_graph(model, "rewrite", "rewrite (its plan, from memplan plan -o, is the result)")
     _output_paths_ok({"-o": output}, [model, plan_path], models=("-o",))
     try:
         with open(plan_path) as fh:

@@ -893,3 +893,22 @@ def test_help_says_verifys_exit_2_and_what_forward_plans_release():
     assert "other weight values" in verify_help and "3 when a model cannot be read" in verify_help
     plan_help = " ".join(CliRunner().invoke(cli.main, ["plan", "--help"]).output.split())
     assert "node outputs nobody reads are released once made" in plan_help
+
+
+@pytest.mark.parametrize("args", [
+    ["inspect", "G"], ["inspect", "G", "--train", "--plot", "OUT.png"], ["train-graph", "G", "-o", "OUT.onnx"],
+    ["train", "G", "--steps", "1"], ["verify", "G", "OUT.onnx"], ["verify", "zoo:mlp", "G"],
+    ["rewrite", "G", "PLAN.json", "-o", "OUT.onnx"], ["check", "G", "--budget", "1MiB", "--junit", "OUT.xml"],
+])
+def test_a_json_graph_is_refused_in_one_line_by_every_command_but_plan(tmp_path, args):
+    # read as ONNX, a Checkmate/Moccasin graph was "not a valid ONNX protobuf" (exit 3: a bad model)
+    # in inspect, train-graph, train and verify; plan is the one command that reads it
+    graph = tmp_path / "net_nx.json"
+    graph.write_text('{"directed": true, "multigraph": false, "graph": {}, "nodes": [], "links": []}')
+    (tmp_path / "PLAN.json").write_text("{}")
+    argv = [str(graph) if a == "G" else str(tmp_path / a) if a.startswith(("OUT", "PLAN")) else a for a in args]
+    result = CliRunner().invoke(cli.main, argv)
+    assert result.exit_code == 2, result.output
+    line = one_line(result.stderr)
+    assert "net_nx.json is a Checkmate/Moccasin JSON graph" in line and "memplan plan GRAPH" in line
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("OUT")]
