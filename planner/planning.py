@@ -99,6 +99,9 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     options = options or PlannerOptions()
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if options.proven_share < 1 and budget < problem.order_free_floor:
+        # infeasible in every order already: the search would only lower the lowest plan found
+        options = replace(options, time_limit=options.proven_share * options.time_limit, proven_share=1.0)
     if options.work_limit and not clock.on_work_clock():
         with clock.work_clock(options.wall_deadline):
             res = solve(problem, budget, strategy, options)
