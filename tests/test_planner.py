@@ -402,6 +402,24 @@ def test_explain_says_both_when_a_plan_swaps_and_recomputes_one_buffer():
     assert "transfer 4 each way vs recompute 10" in a["why"] and a["why"].endswith("also recomputed 1x at cost 10")
 
 
+
+def test_explain_states_the_cost_of_every_recompute_of_a_swapped_buffer():
+    # A to host during c and back for b, then recomputed twice (for e and for out): the reason
+    # must give both recomputes' cost (20), not one recompute's (10) beside "2x"
+    p = PlanningProblem.build(size=[1, 100, 1, 50, 50, 1, 1], cost=[1, 10, 10, 10, 10, 1, 1],
+                              preds=[[], [0], [1], [0], [3], [1, 4], [1, 2, 5]],
+                              names=["x", "A", "b", "c", "d", "e", "out"])
+    p = p.with_swap([0, 4, 0, 0, 0, 0, 0])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("swap_out", 1), ("compute", 3), ("swap_in", 1), ("compute", 2),
+                    ("free", 1), ("compute", 4), ("free", 3), ("compute", 1), ("compute", 5), ("free", 1),
+                    ("free", 4), ("compute", 1), ("compute", 6), ("free", 1), ("free", 2), ("free", 5), ("free", 0),
+                    ("free", 6)], "hand")
+    sim = simulate(p, plan, 160)
+    assert sim.recomputes == 2 and sim.swap_ins == 1
+    (a,) = [e for e in explain(p, plan, 160) if e["name"] == "A"]
+    assert a["decision"] == "swap + recompute x2"
+    assert a["why"].endswith("also recomputed 2x at cost 20")
+
 def test_explain_does_not_say_an_unread_output_is_read_by_the_next_step():
     # out, the last step, is read by nobody (a JSON graph's last node is not pinned): its reason
     # said "read only by the next step", a step that does not exist
