@@ -772,10 +772,27 @@ def test_no_plan_that_fits_reports_no_added_time(mlp, monkeypatch):
         assert r["plan"]["added_time_fraction"] is None
         (v,) = run_checks([make_item(mlp, ["10KiB"], dims={"batch": 32})],
                           lambda item: cli._load_for_check(item), planner)
+        assert v.plan.added_time_fraction is None  # the gate's own answer, not only what the reports print
         from planner.gate_report import to_junit, to_markdown, to_table
 
         for text in (to_junit([v]), to_markdown([v]), to_table([v])):
             assert "added time" not in text and "% time" not in text, text
+
+
+def test_reports_state_no_added_time_for_a_plan_over_the_budget(mlp, monkeypatch):
+    # a planner may price a plan it found over the budget: the reports still state no cost for it
+    # (JSON null, no "added time" in JUnit), as for an infeasible or timed-out budget
+    from planner.gate_report import to_junit
+
+    def over(graph, budget_bytes, device, time_limit, **kw):
+        return PlanOutcome(fits=False, peak_bytes=budget_bytes + 64, added_time_fraction=0.25, status="feasible")
+
+    rc, out, _ = run([mlp, "--budget", "10KiB", "--dim", "batch=32", "--json"], monkeypatch, over)
+    (r,) = json.loads(out)["results"]
+    assert rc == 1 and r["plan"]["status"] == "feasible" and r["plan"]["added_time_fraction"] is None
+    (v,) = run_checks([make_item(mlp, ["10KiB"], dims={"batch": 32})], lambda item: cli._load_for_check(item), over)
+    junit = to_junit([v])
+    assert "plan peak: " in junit and "added time" not in junit, junit
 
 
 def test_repeated_budget_is_a_usage_error(mlp, tmp_path):
