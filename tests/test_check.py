@@ -808,16 +808,19 @@ def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
     entry = f'[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\ndims = {{ batch = 32 }}\n'
     cfg = tmp_path / "memplan.toml"
     cfg.write_text(entry + entry + 'device = "t4"\n' + entry + 'ort_arena = "next-power-of-two"\n'
-                   + entry + "plan = false\n" + entry + entry.replace("1MiB", "2MiB"))
+                   + entry + "plan = false\n" + entry + entry.replace("1MiB", "2MiB") + entry + "time_limit = 5\n")
     junit, md = tmp_path / "r.xml", tmp_path / "r.md"
     rc, out, err = run(["--config", cfg, "--junit", junit, "--markdown", md])
     assert rc == 0, err
     names = [case.get("name") for case in ET.parse(junit).iter("testcase")]
-    assert len(set(names)) == len(names) == 6, names
+    assert len(set(names)) == len(names) == 7, names
     assert "mlp.onnx [batch=32] @ 2MiB" in names  # a name no other row shares is kept as it was
     assert any("device=t4" in n for n in names) and any("ort-arena=next-power-of-two" in n for n in names)
     assert any("no-plan" in n for n in names) and sum("#" in n for n in names) == 2  # entries 1 and 5 alike
-    assert len(set(out.splitlines()[1:7])) == 6, out  # the table's rows too
+    assert any("time-limit=5s" in n for n in names)
+    # only what differs is named: all share the clock, so it is not said
+    assert not any("wall-clock" in n or "deterministic" in n for n in names), names
+    assert len(set(out.splitlines()[1:8])) == 7, out  # the table's rows too
     assert all(f"`{n.rsplit(' @ ', 1)[0]}`" in md.read_text() for n in names)
 
 
