@@ -234,12 +234,16 @@ def test_markdown_code_spans_keep_backslashes_pipes_and_backticks():
     fits = make_item("m.onnx", ["1MiB"], label="C:\\nets\\mlp.onnx")
     odd = make_item("m.onnx", ["1MiB"], label="a|b`c")
     bad = make_item("m.onnx", ["1MiB"], label="D:\\x.onnx")
+    quoted = make_item("q.onnx", ["1MiB"], label="`e|f`")  # a backtick at an end needs a space inside the fence
     md = to_markdown([Verdict(fits, "1MiB", 1 << 20, 1000, None), Verdict(odd, "1MiB", 1 << 20, 1000, None),
-                      Verdict(bad, "1MiB", None, None, None, error="D:\\x.onnx: no such file")])
+                      Verdict(bad, "1MiB", None, None, None, error="D:\\x.onnx: no such file"),
+                      Verdict(quoted, "1MiB", None, None, None, error="gone")])
     rows = [line for line in md.splitlines() if line.startswith("| ")]
     assert rows[1].startswith("| `C:\\nets\\mlp.onnx` | 1MiB |")
     assert rows[2].startswith("| ``a\\|b`c`` | 1MiB |")  # GitHub reads \| in a table's code span as |
     assert "- `D:\\x.onnx`: D:\\\\x.onnx: no such file" in md.splitlines()  # outside a span, \\ shows \
+    # outside a table a pipe in a span is not escaped (it would show as \|)
+    assert "- `` `e|f` ``: gone" in md.splitlines()
 
 
 def test_training_step_uses_the_autodiff_hook(mlp, monkeypatch):
