@@ -856,11 +856,12 @@ def test_a_budget_proven_out_of_reach_gets_a_tenth_of_the_limit(monkeypatch):
     # at 60%: 23 s for a verdict and bound known at once). plan keeps the whole limit.
     from planner import planning
 
-    seen = []
+    seen, floors = [], []
     real = planning._solve_from
 
     def spy(problem, budget, options, *args, **kw):
         seen.append((budget < problem.order_free_floor, options.time_limit))
+        floors.append(problem.order_free_floor)
         return real(problem, budget, options, *args, **kw)
 
     monkeypatch.setattr(planning, "_solve_from", spy)
@@ -868,6 +869,9 @@ def test_a_budget_proven_out_of_reach_gets_a_tenth_of_the_limit(monkeypatch):
     (r,) = json.loads(out)["results"]
     assert rc == 1 and r["plan"]["status"] == "infeasible" and r["least_bytes"] > r["budget_bytes"], err
     assert seen and all(below and limit == pytest.approx(0.4) for below, limit in seen), seen
+    seen.clear()  # a budget at the floor itself is not proven out of reach: the whole limit
+    rc, out, err = run(["zoo:mlp", "--train", "--budget", f"{floors[0]}B", "--time-limit", "4", "--json"])
+    assert rc in (0, 1) and seen and all(not below and limit == 4 for below, limit in seen), (seen, err)
     seen.clear()
     plan = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "50%", "--time-limit", "4", "--json"])
     assert plan.exit_code == 1 and seen and all(below and limit == 4 for below, limit in seen), seen
