@@ -290,7 +290,8 @@ def test_report_paths_checked_before_running(mlp, tmp_path):
     assert mlp.read_bytes() == before
 
 
-@pytest.mark.parametrize("option, path", [("--junit", "/dev/stdout"), ("--markdown", "/proc/self/fd/1")])
+@pytest.mark.parametrize("option, path", [("--junit", "/dev/stdout"), ("--markdown", "/proc/self/fd/1"),
+                                          ("--junit", "/proc/thread-self/fd/1")])
 def test_a_report_to_a_descriptor_is_refused_not_renamed_over_the_log(mlp, tmp_path, option, path):
     # `--junit /dev/stdout >> ci.log` renamed the report over ci.log: its earlier lines gone, exit 0
     log = tmp_path / "ci.log"
