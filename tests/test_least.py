@@ -326,3 +326,17 @@ def test_the_exact_search_over_every_order_stops_at_its_deadline():
     problem = _floating_companion()
     assert least_plan_any_order(problem, deadline=clock.now() - 1) is None
     assert least_plan_any_order(problem, deadline=clock.now() + 60)[0] == 210
+
+
+def test_the_exact_search_over_every_order_charges_the_work_clock_and_stops_there():
+    """On the work clock only what is charged advances now(): the search read its deadline but
+    charged nothing, so a --deterministic solve's deadline never ended it (befd494)."""
+    from planner import clock
+
+    problem = far_readers(6)
+    with clock.work_clock():
+        whole = least_plan_any_order(problem)
+        spent = clock.now()
+    assert whole is not None and spent > 0  # its settled states show on the clock
+    with clock.work_clock():
+        assert least_plan_any_order(problem, deadline=clock.now() + 0.5 * spent) is None  # stopped half-way
