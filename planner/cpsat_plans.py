@@ -35,52 +35,100 @@ def recomputes_per_step(plan: Plan, n: int) -> np.ndarray:
     return out
 
 
-def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
-    """Values of every model variable that reproduce a recompute-only ``plan``.
+def swaps_once(plan: Plan, n: int) -> bool:
+    """Does ``plan`` swap each node out at most once and back in at most once (the model's
+    swap-out of the original and its one swap-in instance)?"""
+    outs = [0] * n
+    ins = [0] * n
+    for ev in plan.events:
+        if ev.op == "swap_out":
+            outs[ev.node] += 1
+        elif ev.op == "swap_in":
+            ins[ev.node] += 1
+    return max(outs, default=0) <= 1 and max(ins, default=0) <= 1
 
-    The k-th compute of a node is its instance k. On slots, an original sits at its slot and
-    the recomputes before it take the free slots of its step, one each (so the model counts
-    exactly what the simulator counts); on ticks, computes run back to back. A buffer's
-    retention ends where the plan frees it. None when the plan needs more instances or slots
-    than the model has, or swaps.
+
+def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
+    """Values of every model variable that reproduce ``plan``.
+
+    The k-th compute of a node is its instance k. On slots (recompute-only plans), an original
+    sits at its slot and the recomputes before it take the free slots of its step, one each (so
+    the model counts exactly what the simulator counts). On ticks, a recompute-only plan runs its
+    computes back to back; in a plan with swaps every event happens when the simulator's replay
+    has it happen (:func:`_tick_times`), a swap-out copies the original and its one swap-in is
+    the node's swap-in instance. A buffer's retention ends where the plan frees it (with swaps:
+    where the compute taking it over starts, if one does). None when the plan needs more
+    instances or slots than the model has, swaps on slots, swaps out a copy other than the
+    original, or swaps a node in twice.
     """
     p = model.p
     plan = plan.without_unread(p)  # the model holds no recompute nobody reads
+    swaps = any(ev.op in ("swap_out", "swap_in") for ev in plan.events)
+    times = _tick_times(model, plan) if model.timed and swaps else None
     values: dict[int, int] = {}
     seen = [0] * p.n
     current = [-1] * p.n  # instance of each node resident now
     starts: dict[int, int] = {}
     ends: dict[int, int] = {}
     chosen: dict[tuple[int, int], int] = {}
-    t = 0  # next free slot / tick
+    swapped: dict[int, int] = {}  # node -> start of its swap-out
+    t = 0  # next free slot
     last_end = 0
     done = 0  # originals computed so far: the next one is node ``done`` (fixed order)
-    for ev in plan.events:
+    taker = -1  # the compute just before this run of frees, where it takes a buffer over
+    for k, ev in enumerate(plan.events):
         v = ev.node
         if ev.op == "free":
-            ends[current[v]] = last_end
+            over = taker >= 0 and model.takes_over[model.inst[taker].node] == v
+            ends[current[v]] = starts[taker] if over and times is not None else \
+                (times[k][1] if times is not None else last_end)
             current[v] = -1
             continue
-        if ev.op != "compute":
-            return None
-        k = seen[v]
+        taker = -1
+        if ev.op == "swap_out":
+            j0 = model.of_node[v][0]
+            if times is None or v not in model.swap_out or current[v] != j0 or v in swapped:
+                return None
+            swapped[v] = times[k][0]
+            ends[j0] = times[k][1]
+            current[v] = -1
+            continue
+        if ev.op == "swap_in":
+            if times is None or v not in swapped:
+                return None
+            j = model.swap_out[v][2]
+            if j in starts:
+                return None  # a second swap-in: the model brings a host copy back once
+            starts[j] = times[k][0]
+            current[v] = j
+            continue
+        k_inst = seen[v]
         seen[v] += 1
-        if k >= len(model.of_node[v]) or model.inst[model.of_node[v][k]].kind != (ORIGINAL if k == 0 else RECOMPUTE):
+        if k_inst >= len(model.of_node[v]) or \
+                model.inst[model.of_node[v][k_inst]].kind != (ORIGINAL if k_inst == 0 else RECOMPUTE):
             return None
-        j = model.of_node[v][k]
-        if k == 0:
+        j = model.of_node[v][k_inst]
+        if k_inst == 0:
             done += 1
-        if not model.timed:
-            if k == 0:
+        if times is not None:
+            starts[j] = times[k][0]
+            last_end = max(last_end, times[k][0] + int(model.dur[v]))
+        elif model.timed:
+            starts[j] = t
+            t += int(model.dur[v])
+            last_end = t
+        else:
+            if k_inst == 0:
                 t = int(model.pos[v])
             elif done >= p.n or t >= int(model.pos[done]):
                 return None  # no free slot left before the next original
-        starts[j] = t
+            starts[j] = t
+            t += int(model.dur[v])
+            last_end = t
         for u in p.pred_lists[v]:
             chosen[(j, u)] = current[u]
         current[v] = j
-        t += int(model.dur[v])
-        last_end = t
+        taker = j
     for j, x in enumerate(model.inst):
         if j in starts:
             values[x.start.Index()] = starts[j]
@@ -91,9 +139,11 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
             values[x.end.Index()] = max(lo + x.dur, model.lower(x.end))
         if not isinstance(x.present, int):
             values[x.present.Index()] = int(j in starts)
-    for lit, so, _ in model.swap_out.values():
-        values[lit.Index()] = 0
-        values[so.Index()] = model.lower(so)
+    for v, (lit, so, j) in model.swap_out.items():
+        if (v in swapped) != (j in starts):
+            return None  # a host copy never read back, or read back without a swap-out
+        values[lit.Index()] = int(v in swapped)
+        values[so.Index()] = swapped.get(v, model.lower(so))
     for c, v, j, lit in model.reads:
         if not isinstance(lit, int):
             values[lit.Index()] = int(c in starts and chosen.get((c, v)) == j)
@@ -103,8 +153,58 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
         peak = simulate(p, plan).peak_bytes
         values[model.cap.Index()] = -((-(peak - p.base_bytes)) // model.mem_unit)
     if model.timed:
-        values[model.makespan.Index()] = t
+        values[model.makespan.Index()] = last_end
     return values
+
+
+def _tick_times(model: "RematModel", plan: Plan) -> list[tuple[int, int]]:
+    """Per event, (start, when it happens in memory order) in ticks: :func:`simulate`'s timing
+    with the model's integer durations. A compute or swap-in allocates at its start; a free or
+    swap-out releases once its readers (and its copy) are done, and never before the event
+    listed before it."""
+    p = model.p
+    dur, tr = model.dur, model.tr
+    overlap = p.copy_overlap
+    ready = [0] * p.n
+    host_ready = [0] * p.n
+    read_end = [0] * p.n
+    t_prev = compute_free = out_free = in_free = 0
+    out: list[tuple[int, int]] = []
+    for ev in plan.events:
+        v = ev.node
+        if ev.op == "compute":
+            start = max([t_prev, compute_free] + [ready[u] for u in p.pred_lists[v]])
+            end = start + int(dur[v])
+            compute_free = end
+            if not overlap:
+                out_free = in_free = end
+            for u in p.pred_lists[v]:
+                read_end[u] = max(read_end[u], end)
+            ready[v] = read_end[v] = end
+            t_now = start
+        elif ev.op == "free":
+            start = t_now = max(t_prev, read_end[v])
+        elif ev.op == "swap_out":
+            start = max(ready[v], out_free if overlap else compute_free)
+            end = start + int(tr[v])
+            if overlap:
+                out_free = end
+            else:
+                compute_free = out_free = in_free = end
+            host_ready[v] = end
+            t_now = max(t_prev, end, read_end[v])
+        else:
+            start = max(t_prev, host_ready[v], in_free if overlap else compute_free)
+            end = start + int(tr[v])
+            if overlap:
+                in_free = end
+            else:
+                compute_free = out_free = in_free = end
+            ready[v] = read_end[v] = end
+            t_now = start
+        out.append((start, t_now))
+        t_prev = t_now
+    return out
 
 
 def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> Plan:

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner import clock
+from planner import clock, cpsat_plans
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
@@ -875,12 +875,17 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # with --swap: 9.6 s, "solver gave no better plan in time")
         return _adds_nothing(problem, budget, fitting[0], opt, t0, f"the {fitting[0].plan.strategy} plan adds no time")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
-    # only recompute-only ones map onto it (the swap greedy's plans are fallbacks only).
+    # only those that swap each node out and back in at most once map onto it (the model's one
+    # swap-in instance per node: the swap greedy's plans that bring a host copy back twice are
+    # fallbacks only).
     def light(c: Candidate) -> bool:
-        return not c.sim.swap_ins and _max_computations(c) <= opt.hint_computations
+        return swaps_once(c) and _max_computations(c) <= opt.hint_computations
 
     def hintable(c: Candidate) -> bool:
-        return not c.sim.swap_ins and _max_computations(c) <= opt.heavy_hint_computations
+        return swaps_once(c) and _max_computations(c) <= opt.heavy_hint_computations
+
+    def swaps_once(c: Candidate) -> bool:
+        return not c.sim.swap_ins or (swapping and cpsat_plans.swaps_once(c.plan, problem.n))
 
     usable = [c for c in cands.values() if light(c)]
     # Fitting plans that recompute more (the eviction greedy at tight budgets) hint phase 2 only:
@@ -995,8 +1000,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         source = next((c for c in fitting if hintable(c)), None)
         if named_hint and (source is None or phase1.sim.added_time <= source.sim.added_time):
             hint = m2.hint_by_name(named_hint)  # m1 and m2 share hints, so the same slots
-        else:
-            hint = m2.hint_from_plan(source.plan) if source is not None else None
+        else:  # the cheapest fitting plan the model holds (a swap plan's timing may not map)
+            hint = next((h for c in fitting if hintable(c) and (h := m2.hint_from_plan(c.plan))), None)
         if hint:
             m2.apply_hint(hint, deadline)
     except OutOfTime:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from ortools.sat.python import cp_model
 
-from planner.cpsat import PlannerOptions
+from planner import cpsat_plans
+from planner.cpsat import PlannerOptions, RematModel
+from planner.plan import Event, Plan
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -64,3 +68,85 @@ def test_a_swap_greedy_plan_that_adds_no_time_is_returned_as_optimal_at_once():
     res = solve(p, 210, "cpsat", PlannerOptions(time_limit=10, workers=1, seed=0))
     assert res.status == "optimal" and res.added_time == 0 and "adds no time" in res.note
     assert res.solver.phases == () and simulate(p, res.plan, 210).swap_ins == 1
+
+
+class _Hinted:
+    """A model's variables read from a hint (variable index -> value), as CpSolver.Value reads a
+    solution; fixed variables (not hinted) at their value."""
+
+    def __init__(self, model: RematModel, values: dict[int, int]):
+        self.model, self.values = model, values
+
+    def Value(self, var) -> int:  # noqa: N802 (CpSolver's name)
+        return self.values.get(var.Index(), self.model.lower(var))
+
+
+def _copies_cross() -> PlanningProblem:
+    """b (made first, read by k and last) and a (made third, read by y and s) leave for host, b
+    first: b's copy starts first, yet b is held longer (k reads it after a's copy is done)."""
+    return PlanningProblem.build(
+        size=[100, 10, 100, 10, 10, 100, 100, 10, 10, 1], cost=[2] * 10,
+        preds=[[], [], [1], [2], [3, 0], [4], [5], [6], [7, 2], [8, 0]],
+        names=["b", "x", "a", "y", "k", "big1", "big2", "r", "s", "t"],
+        recomputable=[False] * 10, transfer=[3, 0, 3, 0, 0, 0, 0, 0, 0, 0])
+
+
+def _is_solution(model: RematModel, values: dict[int, int]) -> bool:
+    fixed = model.m.Clone()
+    for idx, value in values.items():
+        fixed.Add(fixed.GetIntVarFromProtoIndex(idx) == value)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = 10
+    return solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+def test_the_swap_greedys_plan_hints_the_swap_model():
+    p, budget = _copies_cross(), 290
+    greedy = swap_greedy(p, budget)
+    want = simulate(p, greedy, budget)
+    assert [e.node for e in greedy.events if e.op == "swap_out"] == [0, 2] and want.swap_ins == 2
+    model = RematModel(p, budget, PlannerOptions(workers=1, seed=0), [greedy])
+    model.set_objective_time()
+    hint = model.hint_from_plan(greedy)
+    assert hint is not None and _is_solution(model, hint)
+    # the search starts from it: its first solution is the greedy's plan, at the greedy's time
+    first = RematModel(p, budget, PlannerOptions(workers=1, seed=0, solver_params=(("stop_after_first_solution", True),)),
+                       [greedy])
+    first.set_objective_time()
+    first.apply_hint(first.hint_from_plan(greedy))
+    got = first.solve("optimize", 10)
+    assert got.plan is not None and abs(first.time_of_objective(got.objective) - want.added_time) <= 1e-9
+    res = solve(p, budget, "cpsat", PlannerOptions(time_limit=10, workers=1, seed=0))
+    assert res.plan is not None and res.added_time <= want.added_time
+
+
+def test_a_plan_bringing_a_host_copy_back_twice_does_not_hint_the_model():
+    """The model has one swap-in instance per node: such a plan is no hint, not a wrong one."""
+    p = _held_input()
+    twice = Plan(tuple(Event(op, v) for op, v in (
+        ("compute", 0), ("compute", 1), ("swap_out", 0), ("compute", 2), ("free", 1), ("swap_in", 0), ("free", 0),
+        ("compute", 3), ("free", 2), ("swap_in", 0), ("compute", 4), ("free", 0), ("free", 3), ("free", 4))), "twice")
+    assert simulate(p, twice).swap_ins == 2
+    assert not cpsat_plans.swaps_once(twice, p.n)
+    assert RematModel(p, 300, PlannerOptions(workers=1), [twice]).hint_from_plan(twice) is None
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.floats(0.0, 1.0), st.sampled_from([2, 10, 40]), st.booleans())
+def test_a_swap_greedy_plan_that_maps_is_a_solution_of_the_model_and_decodes_to_its_time(p, frac, div, overlap):
+    assume(p.total_cost > 0)
+    q = p.with_swap([s / div for s in p.size], copy_overlap=overlap)
+    low = int(q.step_need.max())
+    budget = low + int(frac * (q.unplanned_peak - low))
+    greedy = swap_greedy(q, budget)
+    model = RematModel(q, budget, PlannerOptions(workers=1, seed=0), [greedy])
+    model.set_objective_time()
+    hint = model.hint_from_plan(greedy)
+    assert (hint is not None) == cpsat_plans.swaps_once(greedy, q.n)
+    if hint is None:
+        return
+    assert _is_solution(model, hint)
+    want = simulate(q, greedy, budget).added_time
+    got = simulate(q, cpsat_plans.decode(model, _Hinted(model, hint), "hint"), budget).added_time
+    assert abs(got - want) <= 1e-9 * q.total_cost
