@@ -101,7 +101,7 @@ def _is_solution(model: RematModel, values: dict[int, int]) -> bool:
     return solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 
-def test_the_swap_greedys_plan_hints_the_swap_model():
+def test_the_swap_greedys_plan_hints_the_swap_model_and_decodes_back_to_its_time():
     p, budget = _copies_cross(), 290
     greedy = swap_greedy(p, budget)
     want = simulate(p, greedy, budget)
@@ -110,6 +110,11 @@ def test_the_swap_greedys_plan_hints_the_swap_model():
     model.set_objective_time()
     hint = model.hint_from_plan(greedy)
     assert hint is not None and _is_solution(model, hint)
+    # decoded, the copies to host keep their order (the simulator copies in listed order): b's
+    # swap-out is listed first though a's residency ends sooner
+    back = cpsat_plans.decode(model, _Hinted(model, hint), "hint")
+    assert [e.node for e in back.events if e.op == "swap_out"] == [0, 2]
+    assert simulate(p, back, budget).added_time == want.added_time
     # the search starts from it: its first solution is the greedy's plan, at the greedy's time
     first = RematModel(p, budget, PlannerOptions(workers=1, seed=0, solver_params=(("stop_after_first_solution", True),)),
                        [greedy])
@@ -117,6 +122,7 @@ def test_the_swap_greedys_plan_hints_the_swap_model():
     first.apply_hint(first.hint_from_plan(greedy))
     got = first.solve("optimize", 10)
     assert got.plan is not None and abs(first.time_of_objective(got.objective) - want.added_time) <= 1e-9
+    assert simulate(p, got.plan, budget).added_time == want.added_time
     res = solve(p, budget, "cpsat", PlannerOptions(time_limit=10, workers=1, seed=0))
     assert res.plan is not None and res.added_time <= want.added_time
 
