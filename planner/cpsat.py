@@ -724,9 +724,11 @@ class RematModel:
         if phase1:
             prm.ignore_subsolvers.extend(self.opt.phase1_ignore_subsolvers)
         prm.log_search_progress = bool(self.opt.log_search)
-        if self.p.n > 400 or stop_at is not None:
+        if self.p.n > 400 or stop_at is not None or self.timed:
             # Probing a large model took most of the time (RL1000: 40 s); phase 1 looks for a plan,
             # not a proof, and without probing its LNS reached RL100 60% / RL250 80% in 60 s (measured).
+            # On ticks (swap) it took 15 of 20 s on zoo:resnet?batch=8 at 60% (memory-aware order)
+            # and ended the search before its first solution, the hint's; without it: +0% in 12 s.
             prm.cp_model_probing_level = 0
         for key, value in self.opt.solver_params:
             if isinstance(value, (tuple, list)):  # repeated field, e.g. ignore_subsolvers
