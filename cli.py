@@ -467,8 +467,19 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                    f"{format_bytes(lim['reference']['kSameAsRequested'])}; plan with --ort-arena to fit a limit")
         pred_t = info["predicted_time_overhead"]
         pred_text = "" if pred_t is None else f"; predicted {pred_t * 100:+.1f}%, op times: {info['predicted_time_device']}"
-        click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms, planned {p['seconds'] * 1e3:.1f} ms "
-                   f"(measured {info['time_overhead'] * 100:+.1f}%, median of alternating runs, 1 thread{pred_text})")
+        rs, ps = r["seconds_spread"], p["seconds_spread"]
+        low, high = info["time_overhead_range"]
+        click.echo(f"step time    reference {r['seconds'] * 1e3:.1f} ms (IQR {rs['q1'] * 1e3:.1f}-{rs['q3'] * 1e3:.1f}), "
+                   f"planned {p['seconds'] * 1e3:.1f} ms (IQR {ps['q1'] * 1e3:.1f}-{ps['q3'] * 1e3:.1f}) (measured "
+                   f"{info['time_overhead'] * 100:+.1f}%, medians of {info['time_rounds']} alternating runs each, "
+                   f"1 thread{pred_text})")
+        if info["time_overhead_within_noise"]:
+            click.echo(f"  within noise: the two interquartile ranges overlap (they allow {low * 100:+.1f}% to "
+                       f"{high * 100:+.1f}%), so these runs do not tell the planned step's time from the reference's")
+        load = info["machine_load"]
+        if load["loaded"]:
+            click.echo(f"  machine loaded: load average {load['load_average_1min']:.1f} on {load['cpus']} CPUs while "
+                       f"timing; step times swing with other work, rerun verify on an idle machine to trust them")
     if not report.outputs_equal or info["budget"]["within"] is False:
         sys.exit(EXIT_FAILED)
 

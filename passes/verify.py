@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from passes import alloc_counter
+from passes import alloc_counter, timing
 from passes.onnx_export import save_model
 from passes.ort_errors import MissingKernelError, missing_kernel
 from planner.errors import PlannerError, UsageError
@@ -286,36 +286,51 @@ import numpy as np
 import onnxruntime as ort
 sys.path.insert(0, {root!r})
 from passes.verify import PLANNED
+from passes.timing import interleaved_order, rounds_for
 args = json.loads(sys.argv[1])
 so = PLANNED.session_options()
 so.intra_op_num_threads = args["threads"]
 so.inter_op_num_threads = 1
 sessions = [ort.InferenceSession(m, so, providers=["CPUExecutionProvider"]) for m in args["models"]]
 feeds = dict(np.load(args["feeds"]))
+warm = []
 for s in sessions:
+    t0 = time.perf_counter()
     s.run(None, feeds)
+    warm.append(time.perf_counter() - t0)
+rounds = rounds_for(warm, args["min_rounds"], max(args["min_rounds"], args["max_rounds"]))
 times = [[] for _ in sessions]
-for _ in range(args["repeats"]):
-    for s, ts in zip(sessions, times):
-        t0 = time.perf_counter()
-        s.run(None, feeds)
-        ts.append(time.perf_counter() - t0)
-print(json.dumps([sorted(ts)[len(ts) // 2] for ts in times]))
+for i in interleaved_order(len(sessions), rounds):
+    t0 = time.perf_counter()
+    sessions[i].run(None, feeds)
+    times[i].append(time.perf_counter() - t0)
+print(json.dumps(times))
 """
+
+
+def time_model_runs(models: Sequence[onnx.ModelProto | str | os.PathLike], feeds: Mapping[str, np.ndarray], *,
+                    repeats: int = timing.MIN_ROUNDS, max_repeats: int = timing.MAX_ROUNDS, threads: int = 1,
+                    timeout: float = 600.0) -> list[list[float]]:
+    """Every timed run's seconds, per model, with the planned session options, in one fresh process.
+
+    After one warm-up run each, the models' runs alternate in rounds (A B B A ...:
+    ``timing.interleaved_order``), so a load change on the machine hits all of them alike; between
+    ``repeats`` and ``max_repeats`` rounds, as many as ``timing.TIME_BUDGET_S`` holds at the
+    warm-up runs' pace.
+    """
+    with tempfile.TemporaryDirectory(prefix="memplan-time-") as tmp:
+        paths, feeds_path = _stage(tmp, models, feeds)
+        runs = _run_child(_TIMING_CHILD, {"models": paths, "feeds": feeds_path, "threads": threads,
+                                          "min_rounds": max(1, repeats), "max_rounds": max_repeats},
+                          threads, timeout)
+    return [[float(t) for t in ts] for ts in runs]
 
 
 def time_models(models: Sequence[onnx.ModelProto | str | os.PathLike], feeds: Mapping[str, np.ndarray], *,
                 repeats: int = 7, threads: int = 1, timeout: float = 600.0) -> list[float]:
-    """Median step time of each model, with the planned session options, in one fresh process.
-
-    The models' runs alternate (A B A B ...) after one warm-up each, so a load change on the machine
-    hits all of them alike; the median of ``repeats`` discards outliers.
-    """
-    with tempfile.TemporaryDirectory(prefix="memplan-time-") as tmp:
-        paths, feeds_path = _stage(tmp, models, feeds)
-        return [float(t) for t in _run_child(_TIMING_CHILD, {"models": paths, "feeds": feeds_path,
-                                                             "threads": threads, "repeats": max(1, repeats)},
-                                             threads, timeout)]
+    """Median step time of each model over ``repeats`` alternating rounds (``time_model_runs``)."""
+    runs = time_model_runs(models, feeds, repeats=repeats, max_repeats=repeats, threads=threads, timeout=timeout)
+    return [timing.spread(ts).median for ts in runs]
 
 
 # ---- verify: planned model against its reference -------------------------------------------------
@@ -375,6 +390,24 @@ class VerifyReport:
     # ScatterElements' index copy, Dropout's mask), which the counter does not see: what a counted
     # peak is compared with
     predicted_allocator_peak: int | None = None
+    # every timed run's seconds (``reference_seconds`` and ``planned_seconds`` are their medians; empty
+    # where the report was made from medians alone)
+    reference_times: tuple[float, ...] = ()
+    planned_times: tuple[float, ...] = ()
+    # the highest 1-minute load average read around the timed runs, and the machine's CPUs (0: unread)
+    load_average: float | None = None
+    cpus: int = 0
+
+    @property
+    def times(self) -> timing.TimeComparison:
+        """The two models' step times compared (from the medians where no runs were kept)."""
+        return timing.compare_times(self.reference_times or (self.reference_seconds,),
+                                    self.planned_times or (self.planned_seconds,))
+
+    @property
+    def machine_loaded(self) -> bool | None:
+        """Other work used the CPUs while the runs were timed (None: the load was not read)."""
+        return None if self.load_average is None else timing.machine_loaded(self.load_average, self.cpus)
 
     @property
     def compared_prediction(self) -> int:
@@ -395,6 +428,7 @@ class VerifyReport:
 
     def as_dict(self) -> dict:
         pred = max(1, self.compared_prediction)
+        times = self.times
         return {
             "schema": "memplan.verify/1",
             "outputs_equal": self.outputs_equal,
@@ -407,12 +441,14 @@ class VerifyReport:
             "peak_resolved": self.peak_resolved,
             "reference": {"peak_bytes": self.base_bytes + self.reference_peak,
                           "dynamic_peak_bytes": self.reference_peak, "seconds": self.reference_seconds,
-                          "rss_dynamic_peak_bytes": self.reference_rss_peak},
+                          "rss_dynamic_peak_bytes": self.reference_rss_peak,
+                          "seconds_spread": times.reference.as_dict()},
             "planned": {"peak_bytes": self.base_bytes + self.planned_peak, "dynamic_peak_bytes": self.planned_peak,
                         "predicted_dynamic_peak_bytes": self.predicted_planned_peak,
                         "predicted_allocator_peak_bytes": self.compared_prediction,
                         "measured_over_predicted": self.planned_peak / pred,
-                        "seconds": self.planned_seconds, "rss_dynamic_peak_bytes": self.planned_rss_peak},
+                        "seconds": self.planned_seconds, "rss_dynamic_peak_bytes": self.planned_rss_peak,
+                        "seconds_spread": times.planned.as_dict()},
             "ort_default_options": {
                 "dynamic_peak_bytes": self.planned_default_peak,
                 "over_predicted": self.planned_default_peak / pred,
@@ -422,6 +458,13 @@ class VerifyReport:
             "time_overhead": self.planned_seconds / max(1e-12, self.reference_seconds) - 1.0,
             "predicted_time_overhead": self.predicted_time_overhead,
             "predicted_time_device": self.predicted_device,
+            # how far apart the step times are: the overheads the interquartile ranges allow, and
+            # whether they allow none (the two ranges overlap); null where no runs were kept
+            "time_rounds": len(self.reference_times),
+            "time_overhead_range": [times.overhead_low, times.overhead_high] if self.reference_times else None,
+            "time_overhead_within_noise": times.within_noise if self.reference_times else None,
+            "machine_load": {"load_average_1min": self.load_average, "cpus": self.cpus,
+                             "loaded": self.machine_loaded},
         }
 
 
@@ -494,7 +537,8 @@ def verify_models(
     planned file makes ORT use (a pinned file reads Conv weights through views); the outputs are
     compared with its outputs, and the largest difference from ``reference``'s is reported.
     ``seed``: ORT's random seed in every run, so that Dropout's masks (never recomputed) are the
-    same in both models' runs."""
+    same in both models' runs. ``repeats``: the least timed rounds (``time_model_runs``); every run's
+    time is kept, with the load average read around them."""
     (ref_in, ref_out), (got_in, got_out) = _signature(reference), _signature(planned)
     extra = [name for name in got_out if name not in ref_out]
     if extra:
@@ -530,7 +574,10 @@ def verify_models(
         ref, got, default, no_arena = (as_rss(m) for m in (ref, got, default, no_arena))
     first_run_state = max(0, got.cold_peak_bytes - got.peak_bytes)
     default_peak = default_options_peak(default, no_arena, first_run_state)
-    ref_s, got_s = time_models([reference, planned], feeds, repeats=repeats)
+    load = os.getloadavg()[0]
+    ref_times, got_times = time_model_runs([reference, planned], feeds, repeats=repeats)
+    load = max(load, os.getloadavg()[0])
+    ref_s, got_s = timing.spread(ref_times).median, timing.spread(got_times).median
     assert ref.outputs is not None and got.outputs is not None
     checks = compare_outputs({k: ref.outputs[k] for k in got.outputs}, got.outputs, rtol, atol)
     reference_diff = max((c.max_abs_diff for c in checks), default=0.0)
@@ -544,7 +591,7 @@ def verify_models(
                         default_peak, no_arena.peak_bytes,
                         predicted_planned_peak, ref_s, got_s, predicted_time_overhead, predicted_device,
                         compared_with, reference_diff, got.method, ref.rss_peak_bytes, got.rss_peak_bytes,
-                        predicted_allocator_peak)
+                        predicted_allocator_peak, tuple(ref_times), tuple(got_times), load, os.cpu_count() or 1)
 
 
 def default_options_peak(default: PeakMeasurement, no_arena: PeakMeasurement, first_run_state: int) -> int:

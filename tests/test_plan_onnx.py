@@ -89,8 +89,23 @@ def test_cli_plan_emit_rewrite_verify(tmp_path):
         assert planned["dynamic_peak_bytes"] == planned["predicted_allocator_peak_bytes"]
     assert rep["predicted_time_overhead"] == pytest.approx(obj["added_time"] / obj["compute_time"])
     assert rep["reference"]["seconds"] > 0 and rep["planned"]["seconds"] > 0
+    # every timed run is kept: the medians above sit in their spread, and the overhead's verdict is the
+    # interquartile ranges' (no timing asserted: the figures are whatever this machine measured)
+    assert rep["time_rounds"] >= 7
+    for side in (rep["reference"], rep["planned"]):
+        s = side["seconds_spread"]
+        assert s["min"] <= s["q1"] <= s["median"] == side["seconds"] <= s["q3"] <= s["max"]
+    low, high = rep["time_overhead_range"]
+    assert low <= rep["time_overhead"] <= high
+    assert rep["time_overhead_within_noise"] is (low <= 0 <= high)
+    load = rep["machine_load"]
+    assert load["cpus"] >= 1 and load["load_average_1min"] >= 0 and isinstance(load["loaded"], bool)
     d = rep["ort_default_options"]  # measured both with ORT's arena and without
     assert d["dynamic_peak_bytes"] > 0 and d["arena_off_dynamic_peak_bytes"] > 0
+    rc, out, err = memplan("verify", SPEC, emitted)
+    assert rc == 0, err
+    step = [line for line in out.splitlines() if line.startswith("step time")]
+    assert len(step) == 1 and step[0].count("(IQR ") == 2 and "alternating runs" in step[0]
 
 
 def test_plan_for_another_model_is_refused(tmp_path):
