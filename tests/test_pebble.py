@@ -22,6 +22,7 @@ from planner.pebble import WALKS, Walk, depth_first_walk, plan_of, reverse_pebbl
 from planner import planning
 from planner.planning import solve
 from planner.problem import PlanningProblem
+from planner.reorder import first_compute_order, permute
 from planner.simulate import simulate
 from planner.tight_greedy import tight_greedy
 from tests.helpers import draw_dag, random_layered
@@ -92,6 +93,27 @@ def test_narrow_walks_return_valid_plans(p, frac, width, memory_first, in_order)
     if sim is not None:
         assert sim.peak_bytes <= budget
         assert all(sim.compute_counts[v] == 1 for v in range(p.n) if not p.recomputable[v])
+
+
+def test_the_walk_for_room_keeps_a_cheap_state_beside_its_fewest_bytes():
+    # 0 (3 B) feeds 1 (8 B) and 3 (5 B); 1 feeds 2 and 4; 2, 3 and 4 are read by nobody. At 12 B
+    # the order 0 3 1 2 4 needs no recompute; walked back on bytes alone, 3 goes first (it leaves
+    # 0's 3 B demanded, the others 1's 8 B), so 3 comes last in the schedule and 1 (or 0) is
+    # computed again. The planner's CP-SAT then searches only that walk's order
+    # (planning._in_plan_order): keeping the cheapest dropped state gives it a cheaper one.
+    p = PlanningProblem.build(size=[3, 8, 2, 5, 3], cost=[8.0, 9.0, 2.0, 9.0, 5.0],
+                              preds=[[], [0], [1], [0], [1]], name="room")
+    budget = 12
+    room = next(w for w in WALKS if w.memory_first)
+    on_bytes = Walk(1, True, in_order=False)
+    walks = {"bytes": on_bytes, "planned": replace(room, width=1, in_order=False)}
+    orders = {k: reverse_walk(p, budget, w) for k, w in walks.items()}
+    sims = {k: simulate(p, plan_of(p, o), budget) for k, o in orders.items()}  # raises over the budget
+    assert sims["bytes"].recomputes > 0
+    assert sims["planned"].added_time < sims["bytes"].added_time
+    # and the cheapest plan in each walk's order of first computes (what CP-SAT searches there)
+    least = {k: cheapest_plan(permute(p, first_compute_order(plan_of(p, o))), budget)[0] for k, o in orders.items()}
+    assert least["planned"] < least["bytes"]
 
 
 def test_pinned_outputs_stay_and_the_rest_is_freed():
