@@ -38,7 +38,8 @@ class PlanMismatchError(PlannerError):
 
 
 def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str, np.ndarray], int],
-             node: Callable[[str, str, list[int], str, tuple[int, ...], dict], None], opset: int) -> None:
+             node: Callable[[str, str, list[int], str, tuple[int, ...], dict], None], opset: int,
+             starts: Callable[[str, int], int] | None = None) -> None:
     """A tiny reader of tensor ``x`` (its first element), so that ORT frees it at once; the rewriter's
     recompute copies and passes/portable.py release_unread_outputs both append it.
 
@@ -49,6 +50,8 @@ def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str
     node and output named from ``stem``. ``opset``: the graph's; below 10 Slice takes its bounds as
     attributes (with inputs, ORT refused the planned model of an opset-9 graph: "Node(..) with
     schema(::Slice:1) has input size 3 not in range [min=1, max=1]").
+    ``starts(stem, rank)``: the Slice's starts (zeros) to read instead of the shared initializer,
+    made on demand (the rewriter's reads the previous sink, so that ORT frees it: ``_Rewriter._sink``).
     """
     stem, r = f"{x.name}__sink", len(x.shape)
     if r == 0:
@@ -60,8 +63,8 @@ def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str
     if r not in bounds:
         bounds[r] = (const(f"memplan__sink{r}_starts", np.zeros(r, np.int64)),
                      const(f"memplan__sink{r}_ends", np.ones(r, np.int64)))
-    starts, ends = bounds[r]
-    node(stem, "Slice", [x.id, starts, ends], x.dtype, (1,) * r, {})
+    zeros, ends = bounds[r]
+    node(stem, "Slice", [x.id, zeros if starts is None else starts(stem, r), ends], x.dtype, (1,) * r, {})
 
 
 def apply_schedule(graph: Graph, schedule: Sequence[Mapping[str, object]]) -> Graph:
@@ -87,6 +90,7 @@ class _Rewriter:
         self.dynamic = dynamic_nodes(graph)
         self.edges = OrderingEdges(self.b, graph.names())
         self.sink_slices: dict[int, tuple[int, int]] = {}  # rank -> (starts, ends) of a 1-element Slice
+        self.sink_tail: int | None = None  # the last sink's 1-element output, unread so far (_sink)
         # (node, new-graph inputs) of every emitted computation: a recompute with the same inputs as
         # an earlier one gets an ordering edge, or ORT's CSE would merge the two (and fail to load
         # where their optional outputs differ); one reading a fresh copy follows that copy anyway
@@ -345,15 +349,28 @@ class _Rewriter:
         self.computed[nid] = k + 1
 
     def _sink(self, t: int) -> None:
-        """A tiny reader of ``t``, so that ORT frees it at once (``add_sink``)."""
+        """A tiny reader of ``t``, so that ORT frees it at once (``add_sink``).
+
+        Nobody reads the sink's own 1-element output, so ORT holds it to the end of the run: one per
+        recompute copy with an unread output added up (zoo:gpt at 70%: 24 LayerNormalization copies'
+        sinks, 1536 bytes the planning problem does not see, put the rewritten graph 1604 bytes over
+        the budget its plan fit). So each sink's starts read the previous sink's output through an
+        ordering edge's ``Size(prev) * 0`` (passes/ordering.py): ORT frees it there, and one stays."""
+        made: list[int] = []
+
         def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...], attrs: dict) -> None:
             name = self._fresh(stem)
-            self.b.node(op, inputs, [(name, dtype, shape)], name=name, attrs=attrs)
+            made.extend(self.b.node(op, inputs, [(name, dtype, shape)], name=name, attrs=attrs))
 
+        tail = self.sink_tail
+        starts = None if tail is None else \
+            (lambda stem, r: self.edges.gated_shape(tail, (0,) * r, f"{stem}__order"))
         # fresh names: a training step's or released forward graph's own sinks hold these already
         add_sink(self.b.tensor(t), self.sink_slices,
                  lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node,
-                 int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17))))
+                 int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17))), starts)
+        if made and (tail is None or self.b.tensor(made[-1]).shape):
+            self.sink_tail = made[-1]  # a scalar's sink (a Size) does not read the tail: it stays the gate
 
     def _fresh(self, stem: str) -> str:
         """``stem`` (or ``stem_k``), a tensor name the new graph does not have yet."""
