@@ -38,14 +38,8 @@ def recomputes_per_step(plan: Plan, n: int) -> np.ndarray:
 def swaps_once(plan: Plan, n: int) -> bool:
     """Does ``plan`` swap each node out at most once and back in at most once (the model's
     swap-out of the original and its one swap-in instance)?"""
-    outs = [0] * n
-    ins = [0] * n
-    for ev in plan.events:
-        if ev.op == "swap_out":
-            outs[ev.node] += 1
-        elif ev.op == "swap_in":
-            ins[ev.node] += 1
-    return max(outs, default=0) <= 1 and max(ins, default=0) <= 1
+    counts = plan.counts(n)
+    return max(counts["swap_out"], default=0) <= 1 and max(counts["swap_in"], default=0) <= 1
 
 
 def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:

@@ -46,15 +46,12 @@ class Plan:
         return cls(evs, strategy)
 
     def counts(self, n: int) -> dict[str, list[int]]:
-        """Per node: number of computes and of swap-ins."""
-        comp = [0] * n
-        swin = [0] * n
+        """Per node: number of computes, of swap-ins and of swap-outs."""
+        out: dict[str, list[int]] = {"compute": [0] * n, "swap_in": [0] * n, "swap_out": [0] * n}
         for e in self.events:
-            if e.op == "compute":
-                comp[e.node] += 1
-            elif e.op == "swap_in":
-                swin[e.node] += 1
-        return {"compute": comp, "swap_in": swin}
+            if e.op in out:
+                out[e.op][e.node] += 1
+        return out
 
     def recomputed(self, n: int) -> list[int]:
         """The nodes computed more than once, in order."""
