@@ -295,3 +295,39 @@ def test_the_comparison_baselines_finish_at_a_short_limit_and_charge_it_nothing(
         cut = _baselines(p, budget, clock.now() + 1e-6, floor=0.1 * spent)
         assert clock.now() == 0.0
     assert "greedy" not in cut or cut["greedy"].sim.added_time > whole.sim.added_time
+
+
+def test_strategy_greedy_stops_at_its_time_limit(benchmarks_dir):
+    # `plan --strategy greedy` ran its greedies without a deadline: the lstm fixture (batch 8,
+    # seq 128) at 80% with --time-limit 1 ran over 300 s. Now they stop at the limit, and a run
+    # they found nothing in by then is a timeout (exit 4, "a longer --time-limit"), not a verdict
+    from planner.planning import TIMED_OUT
+
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.6)
+    with clock.work_clock():
+        whole = solve(p, budget, "greedy", replace(OPTS, time_limit=1e6))
+        spent = clock.now()
+    assert whole.status == "over_budget" and spent > 0  # every greedy ran to its end: no plan fits
+    with clock.work_clock():
+        cut = solve(p, budget, "greedy", replace(OPTS, time_limit=0.1 * spent))
+        assert clock.now() < 0.5 * spent  # stopped near its limit
+    assert cut.status == "timeout" and cut.plan is None and cut.note.startswith(TIMED_OUT)
+
+
+def test_the_split_greedy_stops_at_a_work_clock_deadline(benchmarks_dir):
+    from planner.greedy import split_greedy_simulated
+
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.9)
+    with clock.work_clock():
+        whole = split_greedy_simulated(p, budget)
+        spent = clock.now()
+    assert whole is not None and spent > 0
+    with clock.work_clock():
+        again = split_greedy_simulated(p, budget, deadline=clock.now() + spent)
+    assert again is not None and again[0].events == whole[0].events
+    with clock.work_clock():
+        assert split_greedy_simulated(p, budget, deadline=clock.now() + 0.5 * spent) is None
+        assert clock.now() < spent
+
