@@ -870,15 +870,18 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
         every model at its default size and pass. A model that failed to load counts where its
         inputs were read: a typo leaves the dim it meant unbound, that model fails (exit 3), and
         the typo is what to fix (exit 2). One whose dims are unknown may be the dim's model: then
-        it stays a bad model."""
+        it stays a bad model, unless every such dim is one edit from a name a model read has
+        (bacth, batch): that is a typo whatever the unread model holds, and both are named."""
         loose = sorted({d for item in items for d in item.loose_dims} - matched)
-        if not loose or any(item in failed and not known for item, known in zip(items, dims_of)):
+        has = sorted(set().union(*dims_of))
+        unread = [item.label or item.model for item, known in zip(items, dims_of) if item in failed and not known]
+        if not loose or (unread and not all(any(_one_edit(d, h) for h in has) for d in loose)):
             return
         word = "dims" if len(loose) > 1 else "dim"
-        has = sorted(set().union(*dims_of))
         have = f" (their dims and options: {', '.join(has)})" if has else ""
+        also = f"; {', '.join(unread)} could not be read either" if unread else ""
         raise UsageError(f"{word} {', '.join(loose)} matched no model's symbolic input dims or zoo options{have}; "
-                         "fix the name, or drop it")
+                         f"fix the name, or drop it{also}")
 
     verdicts = gate.run_checks(items, load, check_plan_fn,
                                progress=lambda line: click.echo(f"memplan: {line}", err=True), arena=check_arena_fn,
@@ -894,6 +897,17 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     else:
         click.echo(gate_report.to_markdown(verdicts) if markdown == "-" else gate_report.to_table(verdicts))
     sys.exit(gate.exit_code(verdicts))
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` becomes ``b`` by one insertion, deletion, substitution or swap of two
+    neighbouring letters (bacth, batch): a typo of ``b``, not a name of its own."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if len(a) == len(b):
+        return a[i + 1:] == b[i + 1:] or (a[i + 2:] == b[i + 2:] and a[i:i + 2] == b[i + 1::-1][:2])
+    return a[i + 1:] == b[i:] if len(a) > len(b) else a[i:] == b[i + 1:]
 
 
 # ---- train-graph / train (autodiff) ----------------------------------------------------------

@@ -851,6 +851,20 @@ def test_a_shared_dim_is_not_called_a_typo_when_a_model_it_may_be_for_is_unreada
     assert rc == 3 and "not a valid ONNX" in err
 
 
+def test_a_dim_one_edit_from_a_read_models_name_is_a_typo_though_another_model_is_unreadable(tmp_path):
+    # `check zoo:mlp bad.onnx --dim bacth=3` exited 3: the unreadable model might hold a dim bacth,
+    # but bacth is one swap from mlp's batch; the typo (2) is named, and the unreadable file with it
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    junit = tmp_path / "r.xml"
+    rc, out, err = run(["zoo:mlp", bad, "--dim", "bacth=3", "--budget", "1MiB", "--junit", junit])
+    assert rc == 2 and out == "" and not junit.exists()
+    (line,) = [line for line in err.splitlines() if line.startswith("memplan: error:")]
+    assert "dim bacth matched no model's" in line and "batch" in line and f"{bad} could not be read" in line
+    rc, _, err = run(["zoo:mlp", bad, "--dim", "batch=3", "--budget", "1MiB"])  # spelled right: the file
+    assert rc == 3 and "not a valid ONNX" in err
+
+
 def test_a_budget_proven_out_of_reach_gets_a_tenth_of_the_limit(monkeypatch):
     # below the least peak any node order may reach no plan fits before any search; check spent its
     # whole limit anyway on the "lowest plan found" figure (the mobilenetv2 fixture's training step
