@@ -1149,16 +1149,20 @@ def _load_planning_problem(model: str, swap_bandwidth: float | None, swap_overla
     """MODEL -> PlanningProblem. JSON graphs here; ONNX models come with the importer."""
     from planner.problem import load_remat_json
 
-    _check_swap_bandwidth(swap_bandwidth)
+    _check_swap_bandwidth(swap_bandwidth, swap_overlap)
     problem = load_remat_json(model)
     if swap_bandwidth is not None:
         problem = problem.with_swap(problem.size / swap_bandwidth, copy_overlap=swap_overlap)
     return problem
 
 
-def _check_swap_bandwidth(swap_bandwidth: float | None) -> None:
+def _check_swap_bandwidth(swap_bandwidth: float | None, swap_overlap: bool = True) -> None:
     if swap_bandwidth is not None and not swap_bandwidth > 0:
         raise UsageError(f"--swap-bandwidth must be > 0 bytes per cost unit, got {swap_bandwidth}")
+    if not swap_overlap and swap_bandwidth is None:  # it did nothing, without a word
+        raise UsageError("--no-swap-overlap applies to swaps over --swap-bandwidth BW (JSON graphs); add "
+                         "--swap-bandwidth, or drop --no-swap-overlap (an ONNX model's swaps overlap compute on a "
+                         "GPU --device)")
 
 
 def _resolve_budget(text: str, problem) -> int:
@@ -1219,7 +1223,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
 @click.option("--wall-cap", type=FiniteFloat(min=0, min_open=True), default=None, help=WALL_CAP_HELP)
 @click.option("--swap-bandwidth", type=FiniteFloat(), default=None, help="JSON graphs: host link in bytes per cost unit; enables swap.")
-@click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs: transfers overlap compute.")
+@click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs, with --swap-bandwidth: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None, help="ONNX models: write the planned model here.")
 @click.option("--pin-order", is_flag=True, help=PIN_ORDER_HELP)
@@ -1275,6 +1279,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if swap_bandwidth is not None and not is_remat_json(model):
         raise UsageError("--swap-bandwidth applies to JSON graphs; an ONNX model swaps over its --device's host link "
                          "with --swap")
+    _check_swap_bandwidth(swap_bandwidth, swap_overlap)
     options = PlannerOptions(time_limit=time_limit, seed=seed, workers=workers, max_computations=max_computations,
                              reorder=not fixed_order, work_limit=deterministic,
                              wall_deadline=_wall_cap(wall_cap, deterministic))
@@ -1805,7 +1810,7 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     from planner.planning import STRATEGIES
     from planner.units import percent_fraction
 
-    _check_swap_bandwidth(swap_bandwidth)
+    _check_swap_bandwidth(swap_bandwidth, swap_overlap)
     folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
     if not folder.is_dir():
         raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")

@@ -226,8 +226,9 @@ def test_training_flags_that_would_do_nothing(tmp_path):
     (["--sweep", "{tmp}/s.png", "-o", "{tmp}/p.json"], "-o applies to one plan; --sweep"),
     (["--max-added-time", "5"], "--max-added-time applies to --max-batch; add --max-batch"),
     (["--batch-dim", "seq"], "--batch-dim applies to --max-batch; add --max-batch"),
+    (["--swap", "--no-swap-overlap"], "--no-swap-overlap applies to swaps over --swap-bandwidth"),
 ], ids=["swap_on_cpu", "swap_with_greedy", "lr_without_optimizer", "max_batch_emit", "max_batch_explain",
-        "sweep_output", "max_added_time_alone", "batch_dim_alone"])
+        "sweep_output", "max_added_time_alone", "batch_dim_alone", "no_swap_overlap_on_onnx"])
 def test_plan_options_that_would_do_nothing_are_refused(tmp_path, args, says):
     """Each of these was accepted and did nothing, or worse (fuzzed, stop 49): --swap on the cpu
     profile claimed a peak 1.2-2.0x under what the model holds; --max-batch and --sweep wrote none
@@ -380,6 +381,14 @@ def test_an_option_for_the_other_kind_of_model_is_refused(benchmarks_dir):
         assert rc == 2 and f"{first} applies to ONNX models" in one_line(err), flags
     rc, _, err = memplan("plan", "zoo:cnn", "--budget", "90%", "--swap-bandwidth", "1e9")
     assert rc == 2 and "--swap-bandwidth applies to JSON graphs" in one_line(err)
+    # --no-swap-overlap without a host link to swap over did nothing, without a word
+    rc, _, err = memplan("plan", graph, "--budget", "90%", "--no-swap-overlap")
+    assert rc == 2 and "add --swap-bandwidth, or drop --no-swap-overlap" in one_line(err)
+    rc, _, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--graph", "RL100", "--no-swap-overlap")
+    assert rc == 2 and "add --swap-bandwidth, or drop --no-swap-overlap" in one_line(err)
+    rc, out, err = memplan("plan", graph, "--budget", "90%", "--no-swap-overlap", "--swap-bandwidth", "1e9",
+                           "--time-limit", "2", "--workers", "1", "--json")
+    assert rc == 0 and json.loads(out)["status"] in ("optimal", "feasible"), err
 
 
 def test_the_same_plan_has_the_same_digest(planned, tmp_path):
