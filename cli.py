@@ -1172,6 +1172,12 @@ def _resolve_budget(text: str, problem) -> int:
     return b.bytes if b.bytes is not None else problem.budget_for(b.fraction)
 
 
+#: --seed of plan and bench remat: CP-SAT takes a 32-bit seed (99999999999 ended in a TypeError
+#: traceback) and later runs add their count to it; the neighbourhood search's numpy generator
+#: takes no negative one.
+SEED_OPTION = dict(type=click.IntRange(min=0, max=1 << 30), default=0, show_default=True,
+                   help="Random seed of the CP-SAT search (with the same --workers and --deterministic: the same plan).")
+
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
 FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
                     "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
@@ -1196,7 +1202,9 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.argument("model")
 @click.option("--budget", "budget_text", default=None,
               help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%); required unless --sweep.")
-@click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True)
+@click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True,
+              help="cpsat: the CP-SAT model, hinted with the baselines; greedy, chen (sqrt(n) checkpoints) or none "
+                   "(no remat): a baseline alone.")
 @click.option("--device", "device_name", default="H100", show_default=True,
               help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
 @click.option("--swap/--no-swap", default=False, show_default=True,
@@ -1216,7 +1224,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @add_loss_option
 @loss_option
 @click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (with --max-batch: for each batch tried; one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", **SEED_OPTION)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
@@ -1783,11 +1791,12 @@ def _bench_group() -> click.Group:
               help="Folder of the remat JSON graphs (default: ../shared/benchmarks/remat beside the checkout).")
 @click.option("--graph", "graphs", multiple=True, help="Graph label (VGG16, ResNet50, RL100, ...); repeatable. Default: all.")
 @click.option("--budgets", default="90,80,70,60,50,40", show_default=True, help="Percentages of the no-remat peak.")
-@click.option("--strategies", default="cpsat,greedy,chen", show_default=True)
+@click.option("--strategies", default="cpsat,greedy,chen", show_default=True,
+              help="Comma-separated, of cpsat, greedy, chen, none.")
 @click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
               help="CP-SAT seconds per solve for graphs up to 400 nodes (doubled above).")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
+@click.option("--seed", **SEED_OPTION)
 @click.option("--fixed-order", is_flag=True, help=FIXED_ORDER_HELP)
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
 @click.option("--swap-bandwidth", type=FiniteFloat(), default=None,

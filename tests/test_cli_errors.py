@@ -391,6 +391,15 @@ def test_an_option_for_the_other_kind_of_model_is_refused(benchmarks_dir):
     assert rc == 0 and json.loads(out)["status"] in ("optimal", "feasible"), err
 
 
+@pytest.mark.parametrize("command", [["plan", "zoo:mlp", "--budget", "90%"], ["bench", "remat"]])
+@pytest.mark.parametrize("seed", ["99999999999", "-1"])
+def test_a_seed_the_search_cannot_take_is_a_usage_error(command, seed):
+    # plan --seed 99999999999 ended in a TypeError traceback from CP-SAT (32-bit seeds), exit 1;
+    # a negative one reached numpy's generator in the neighbourhood search, which refuses it
+    rc, out, err = memplan(*command, "--seed", seed)
+    assert rc == 2 and out == "" and "Invalid value for '--seed'" in one_line(err)
+
+
 def test_the_same_plan_has_the_same_digest(planned, tmp_path):
     """The digest leaves out the solver's report (wall times): a deterministic plan made again
     carries the same one."""
