@@ -1263,7 +1263,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     """
     from planner.cpsat import PlannerOptions
     from planner.explain import explain as explain_plan, explain_table
-    from planner.fileio import atomic_write
+    from planner.fileio import atomic_write, indented_json
     from planner.planning import TIMED_OUT
     from planner.problem import is_remat_json
     from planner.units import format_bytes, format_gap, parse_budget
@@ -1369,7 +1369,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
         write_model(planned[0], emit, **planned[1])
     if output:
         try:
-            atomic_write(output, json.dumps(obj, indent=2) + "\n")
+            atomic_write(output, indented_json(obj) + "\n")
         except BaseException:  # no half of the outputs: the model just written goes too
             if emit and planned is not None:
                 for written in (emit, f"{emit}.data"):

@@ -1,8 +1,12 @@
-"""planner.fileio: atomic writes leave the permissions a plain write would."""
+"""planner.fileio: atomic writes leave the permissions a plain write would; indented_json
+writes what json.dumps(obj, indent=2) writes."""
+import json
 import os
 import stat
 
-from planner.fileio import atomic_write
+from hypothesis import given, settings, strategies as st
+
+from planner.fileio import atomic_write, indented_json
 
 
 def _mode(path) -> int:
@@ -156,3 +160,18 @@ def test_write_model_writes_through_a_symlink(tmp_path):
     save_model(helper.make_model(graph), link)
     assert link.is_symlink()
     assert onnx.load(target).graph.node[0].op_type == "Relu"
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+                     st.sampled_from(["},\n      {", "{", "}", '"', "\x00memplan-bulk-0\x00", "%s"]))
+_flat_events = st.lists(st.dictionaries(st.text(max_size=6) | st.sampled_from(["op", "node", "tensor"]), _scalars,
+                                        max_size=4), max_size=8)
+_plans = st.dictionaries(st.text(max_size=8) | st.sampled_from(["schedule", "recomputed"]),
+                         _scalars | _flat_events | st.lists(_scalars, max_size=3)
+                         | st.dictionaries(st.text(max_size=4), _flat_events, max_size=2), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_plans | _flat_events | _scalars)
+def test_indented_json_is_json_dumps_with_indent_2(obj):
+    assert indented_json(obj) == json.dumps(obj, indent=2)
