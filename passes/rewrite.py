@@ -316,6 +316,7 @@ class _Rewriter:
             if (nid, tuple(inputs)) in self.emitted and self.last_output is not None:
                 inputs = self.edges.route(inputs, self.last_output, f"{name}__order",  # type: ignore[arg-type]
                                           constant_shape_input(self.g, node))
+                self.edges.forget_gates()  # the planning problem does not see them: each dies at once
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
         # so would a recompute's copy of a graph output (_bound)
         again = {t for t in self.graph_outs[nid] if current.get(t) is not None}
@@ -369,6 +370,7 @@ class _Rewriter:
         add_sink(self.b.tensor(t), self.sink_slices,
                  lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node,
                  int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17))), starts)
+        self.edges.forget_gates()
         if made and (tail is None or self.b.tensor(made[-1]).shape):
             self.sink_tail = made[-1]  # a scalar's sink (a Size) does not read the tail: it stays the gate
 
@@ -407,6 +409,7 @@ class _Rewriter:
         host = self.swapped[tid]
         if self.last_output is not None:
             host = self.edges.view(host, self.last_output, f"{t.name}__sw{k}__order")
+            self.edges.forget_gates()
         (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
                              name=f"{t.name}__swap_in{k}")
         self.current[tid] = dev

@@ -343,3 +343,37 @@ def test_recompute_sinks_do_not_add_up_over_the_plan():
     (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
     assert sinks2 == sinks5 == 1
     assert over5 == over2 <= 0  # and the rewritten graph holds no more than the plan (new constants aside)
+
+
+def test_ordering_edge_helpers_die_at_their_reader():
+    """Regression (zoo:gpt at 70%: 167 helper tensors, a Size and its zeros held 128 bytes over 113
+    steps through the rewritten peak, bytes the planning problem never counts): two recompute chain
+    starts after the same gate shared one ``Size(gate) * 0``, alive from the first edge to the
+    second across the first recompute. Each edge now makes its own, and no computation of the plan
+    runs while an edge's int64 helper waits for its reader."""
+    b = GraphBuilder()
+    x = b.input("x", F, (64,))
+    (a,) = b.node("Exp", [x], [("a", F, (64,))], name="A")
+    (c,) = b.node("Neg", [x], [("c", F, (64,))], name="C")
+    (d,) = b.node("Mul", [a, c], [("d", F, (64,))], name="D")
+    (e,) = b.node("Sigmoid", [d], [("e", F, (64,))], name="E")
+    (y,) = b.node("Add", [e, a], [("y1", F, (64,))], name="Y1")
+    (y,) = b.node("Add", [y, c], [("y", F, (64,))], name="Y")
+    b.output(y)
+    g = b.build()
+    schedule = [{"op": "compute", "node": n} for n in ("A", "C", "D")] + [
+        {"op": "free", "tensor": "a"}, {"op": "free", "tensor": "c"}, {"op": "compute", "node": "E"},
+        {"op": "free", "tensor": "d"}, {"op": "compute", "node": "A"}, {"op": "compute", "node": "C"},
+        {"op": "compute", "node": "Y1"}, {"op": "compute", "node": "Y"}]
+    new = apply_schedule(g, schedule)
+    lv = analyze(new)
+    names = [new.nodes[n].name for n in lv.order]
+    helpers = [bf for bf in range(len(lv.buffer_size))
+               if new.tensors[int(lv.buffer_root[bf])].dtype == "int64"
+               and "__order" in new.tensors[int(lv.buffer_root[bf])].name]
+    for bf in helpers:
+        held = names[lv.alloc_step[bf]:lv.free_step[bf]]  # the steps before its last reader's
+        assert all("__order" in n for n in held), (new.tensors[int(lv.buffer_root[bf])].name, held)
+    assert len(helpers) == 4  # each recompute's edge: a Size and its zeros
+    x_ = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    np.testing.assert_array_equal(run(export_model(new), {"x": x_})[0], run(export_model(g), {"x": x_})[0])

@@ -147,6 +147,7 @@ class _Reference(rewrite._Rewriter):
             if (node.id, tuple(inputs)) in self.emitted and self.last_output is not None:
                 inputs = self.edges.route(inputs, self.last_output, f"{name}__order",
                                           constant_shape_input(self.g, node))
+                self.edges.forget_gates()  # as the rewriter since each edge's helpers die at once
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
         # so would a recompute's copy of a graph output (_bound)
         again = {t for t in node.outputs if t != NO_TENSOR and self._bound(t)}
