@@ -21,6 +21,7 @@ import numpy as np
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
 from planner.errors import PlannerError
 from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, Tensor, TensorKind, gc_paused
+from planner.liveness import MemoryModel
 
 
 #: Optional outputs a computation may omit when the plan reads that output only from another copy
@@ -65,6 +66,36 @@ def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str
                      const(f"memplan__sink{r}_ends", np.ones(r, np.int64)))
     zeros, ends = bounds[r]
     node(stem, "Slice", [x.id, zeros if starts is None else starts(stem, r), ends], x.dtype, (1,) * r, {})
+
+
+def added_constant_bytes(graph: Graph) -> int:
+    """An upper bound, whatever the plan, of the initializer bytes ``apply_schedule(graph, ...)`` adds.
+
+    The planning problem does not see them, yet they join the rewritten graph's constant base: zoo:gpt
+    at 70% found plans 68 bytes under the budget whose ordering edges' three int64 constants (72 bytes)
+    put the rewritten graph 4 bytes over it, and every tighter solve overshot too. So a plan that
+    overshoots is re-solved for the budget less this bound (passes/plan_model.py). What the rewrite
+    can add, each made at most once: an ordering edge's int64 zeros, a scalar or one vector per rank
+    r of a tensor it may view (8r bytes), and each constant target shape of a Reshape/Expand/
+    ConstantOfShape it may gate (passes/ordering.py OrderingEdges._const); a sink's starts and ends,
+    once per rank r of an output it may read (16r bytes, opset 10 up: ``add_sink``). Edges and sinks
+    read tensors of this graph, so the ranks and shapes of its tensors and nodes bound them."""
+    ranks = {len(t.shape) for t in graph.tensors}
+    zeros = 8 + sum(8 * r for r in ranks)
+    targets = {shape for node in graph.nodes if (found := constant_shape_input(graph, node)) is not None
+               for shape in [found[1]]}
+    sinks = 0 if int(graph.opsets.get("", graph.opsets.get("ai.onnx", 17))) < 10 else sum(16 * r for r in ranks)
+    return zeros + sum(8 * len(shape) for shape in targets) + sinks
+
+
+def added_helper_bytes(graph: Graph, line: int = MemoryModel().alloc_line) -> int:
+    """An upper bound of the bytes of the rewrite's helper tensors live while a computation of the
+    plan runs, which the planning problem does not see either (one ``line``, ORT's allocation unit,
+    each): the last recompute sink's 1-element output, held until the next sink reads it (zoo:gpt
+    at 70%: at the rewritten peak), and a gated target shape its Reshape/Expand reads. An ordering
+    edge's ``Size(gate) * 0`` dies at its view, before the computation (``OrderingEdges.forget_gates``)."""
+    targets = any(constant_shape_input(graph, node) is not None for node in graph.nodes)
+    return line * (1 + targets)
 
 
 def apply_schedule(graph: Graph, schedule: Sequence[Mapping[str, object]]) -> Graph:
