@@ -22,11 +22,25 @@ import bisect
 
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
+from planner.simulate import simulate
 
 
 def swap_greedy(problem: PlanningProblem, budget: int, prefetch: bool = True) -> Plan | None:
     """A plan within ``budget`` that only swaps, or None (no host link, or some step does not fit
     next to the buffers that cannot move)."""
+    plan = _walk(problem, budget, prefetch)
+    if not prefetch:
+        return plan
+    # a swap-in brought back early holds up the next step even where that step does not read it
+    # (an 8-node DAG: +0.5 with prefetch against +0.4 without): the cheaper of the two walks wins
+    late = _walk(problem, budget, False)
+    if plan is None or (late is not None and simulate(problem, late).added_time < simulate(problem, plan).added_time):
+        return late
+    return plan
+
+
+def _walk(problem: PlanningProblem, budget: int, prefetch: bool) -> Plan | None:
+    """One walk of the order (the module docstring), with or without prefetching."""
     p = problem
     if not p.can_swap:
         return None
