@@ -809,7 +809,7 @@ def _external_files(model: str) -> set:
 @click.option("--train", is_flag=True, help="Check the training step (forward + backward).")
 @add_loss_option
 @loss_option
-@click.option("--device", default=None, help="Device profile the planner prices time on (default h100).")
+@click.option("--device", default=None, help="Device profile the planner prices time on (default H100).")
 @dim_option
 @click.option("--time-limit", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Seconds per plan (default 30); a budget below the least peak any node order may reach "
@@ -1195,7 +1195,9 @@ ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runt
 PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
                   "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
                   "off, so the model keeps its plan under ORT's default session options too. The unplanned "
-                  "peak (and a --budget percentage of it) is then the pinned model's, edges included.")
+                  "peak is then the pinned model's, edges included.")
+#: plan's --pin-order: the budget percentage follows the pinned model's peak
+PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage of it."
 
 
 @main.command()
@@ -1234,7 +1236,7 @@ PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (abo
 @click.option("--swap-overlap/--no-swap-overlap", default=True, show_default=True, help="JSON graphs, with --swap-bandwidth: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None, help="ONNX models: write the planned model here.")
-@click.option("--pin-order", is_flag=True, help=PIN_ORDER_HELP)
+@click.option("--pin-order", is_flag=True, help=PLAN_PIN_ORDER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @click.option("--explain", is_flag=True, help="Say per tensor what was decided and why.")
 @click.option("--arena", is_flag=True, help="ONNX models: place every buffer at a fixed offset in one arena and "
