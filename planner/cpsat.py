@@ -317,7 +317,10 @@ class RematModel:
         cost = p.cost
         self.obj_cost, self.time_per_obj = objective_costs(cost)
         if self.timed:
-            total = max(float(cost.sum()), 1e-300)
+            # the axis resolves the unplanned run; with all costs 0 there is none to resolve, and
+            # its 1e-300 stand-in made one unit transfer 1e305 ticks (int64 overflow building the
+            # model): then the swappable transfers span the axis (1.0 where they are 0 too)
+            total = float(cost.sum()) or float(p.transfer[self.swappable].sum()) or 1.0
             self.tick = total / self.opt.time_resolution  # time units per tick
             self.dur = np.maximum(1, np.round(cost / self.tick)).astype(int)
             self.tr = np.maximum(1, np.ceil(p.transfer / self.tick)).astype(int)

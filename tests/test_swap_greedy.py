@@ -57,6 +57,18 @@ def test_cpsat_falls_back_on_swaps_where_recompute_cannot_reach():
     assert simulate(p, blind.plan, 210).swap_ins >= 1
 
 
+def test_a_swap_problem_whose_costs_are_all_zero_builds_and_plans():
+    """With no compute time the time axis once took a 1e-300 stand-in for the step's: x's 2-unit
+    copies (x as in _held_input) became 1e305 ticks and building the model overflowed int64 (TypeError on a Domain)."""
+    p = PlanningProblem.build(size=[100, 10, 100, 100, 1], cost=[0] * 5, preds=[[], [0], [1], [2], [0, 3]],
+                              recomputable=[False, True, True, True, True], transfer=[2, 1, 10, 10, 0])
+    RematModel(p, None, PlannerOptions())
+    res = solve(p, 210, "cpsat", PlannerOptions(time_limit=5, workers=1, seed=0))
+    assert res.plan is not None
+    sim = simulate(p, res.plan, 210)
+    assert sim.peak_bytes <= 210 and sim.swap_ins >= 1 and res.added_time == sim.added_time
+
+
 def test_a_swap_greedy_plan_that_adds_no_time_is_returned_as_optimal_at_once():
     """x (an input) is read first and last; d and e (1 B, 10 time units) run while x's copies
     (2 units each way) move, beside b and c (100 B each). The swap greedy's plan hides both copies:
