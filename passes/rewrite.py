@@ -40,7 +40,7 @@ class PlanMismatchError(PlannerError):
 
 def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str, np.ndarray], int],
              node: Callable[[str, str, list[int], str, tuple[int, ...], dict], None], opset: int,
-             starts: Callable[[str, int], int] | None = None) -> None:
+             starts: Callable[[str, int], int] | None = None, source: int | None = None) -> None:
     """A tiny reader of tensor ``x`` (its first element), so that ORT frees it at once; the rewriter's
     recompute copies and passes/portable.py release_unread_outputs both append it.
 
@@ -53,19 +53,22 @@ def add_sink(x: Tensor, bounds: dict[int, tuple[int, int]], const: Callable[[str
     schema(::Slice:1) has input size 3 not in range [min=1, max=1]").
     ``starts(stem, rank)``: the Slice's starts (zeros) to read instead of the shared initializer,
     made on demand (the rewriter's reads the previous sink, so that ORT frees it: ``_Rewriter._sink``).
+    ``source``: a tensor to read in place of ``x``, of its shape and type (the rewriter's: a view of
+    ``x`` that waits for the previous sink, where the sink takes no starts: a scalar's or below 10).
     """
     stem, r = f"{x.name}__sink", len(x.shape)
+    src = x.id if source is None else source
     if r == 0:
-        node(stem, "Size", [x.id], "int64", (), {})
+        node(stem, "Size", [src], "int64", (), {})
         return
     if opset < 10:
-        node(stem, "Slice", [x.id], x.dtype, (1,) * r, {"starts": [0] * r, "ends": [1] * r})
+        node(stem, "Slice", [src], x.dtype, (1,) * r, {"starts": [0] * r, "ends": [1] * r})
         return
     if r not in bounds:
         bounds[r] = (const(f"memplan__sink{r}_starts", np.zeros(r, np.int64)),
                      const(f"memplan__sink{r}_ends", np.ones(r, np.int64)))
     zeros, ends = bounds[r]
-    node(stem, "Slice", [x.id, zeros if starts is None else starts(stem, r), ends], x.dtype, (1,) * r, {})
+    node(stem, "Slice", [src, zeros if starts is None else starts(stem, r), ends], x.dtype, (1,) * r, {})
 
 
 def added_constant_bytes(graph: Graph) -> int:
@@ -387,23 +390,29 @@ class _Rewriter:
         recompute copy with an unread output added up (zoo:gpt at 70%: 24 LayerNormalization copies'
         sinks, 1536 bytes the planning problem does not see, put the rewritten graph 1604 bytes over
         the budget its plan fit). So each sink's starts read the previous sink's output through an
-        ordering edge's ``Size(prev) * 0`` (passes/ordering.py): ORT frees it there, and one stays."""
+        ordering edge's ``Size(prev) * 0`` (passes/ordering.py): ORT frees it there, and one stays.
+        A sink with no starts to gate (a scalar's ``Size``, a Slice below opset 10: bounds as
+        attributes) reads ``t`` through the edge's view instead (a scalar's is a copy): read by none,
+        they once all stayed to the end (an opset-9 Split recomputed 5 times for its second half: 6
+        sinks; a DynamicQuantizeLinear's unread scale and zero point: 64 bytes more per copy)."""
         made: list[int] = []
 
         def node(stem: str, op: str, inputs: list[int], dtype: str, shape: tuple[int, ...], attrs: dict) -> None:
             name = self._fresh(stem)
             made.extend(self.b.node(op, inputs, [(name, dtype, shape)], name=name, attrs=attrs))
 
-        tail = self.sink_tail
-        starts = None if tail is None else \
+        tail, x = self.sink_tail, self.b.tensor(t)
+        opset = int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17)))
+        starts = None if tail is None or not x.shape or opset < 10 else \
             (lambda stem, r: self.edges.gated_shape(tail, (0,) * r, f"{stem}__order"))
+        source = self.edges.view(t, tail, f"{x.name}__sink__order") if tail is not None and starts is None else None
         # fresh names: a training step's or released forward graph's own sinks hold these already
-        add_sink(self.b.tensor(t), self.sink_slices,
+        add_sink(x, self.sink_slices,
                  lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node,
-                 int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17))), starts)
+                 opset, starts, source)
         self.edges.forget_gates()
-        if made and (tail is None or self.b.tensor(made[-1]).shape):
-            self.sink_tail = made[-1]  # a scalar's sink (a Size) does not read the tail: it stays the gate
+        if made:
+            self.sink_tail = made[-1]  # it read the tail (or there was none)
 
     def _fresh(self, stem: str) -> str:
         """``stem`` (or ``stem_k``), a tensor name the new graph does not have yet."""

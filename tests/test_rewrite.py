@@ -345,6 +345,70 @@ def test_recompute_sinks_do_not_add_up_over_the_plan():
     assert over5 == over2 <= 0  # and the rewritten graph holds no more than the plan (new constants aside)
 
 
+def split_read_for_its_second_half(copies):
+    """Opset 9 (Slice takes its bounds as attributes): a Split whose first half is read once, then
+    recomputed ``copies`` times for its second half alone: each copy's first half gets a sink."""
+    b = GraphBuilder(opsets={"": 9})
+    x = b.input("x", F, (64, 64))
+    y, m = b.node("Split", [x], [("y", F, (32, 64)), ("m", F, (32, 64))], name="head", attrs={"axis": 0})
+    (s,) = b.node("Tanh", [y], [("s0", F, (32, 64))], name="A")
+    for k in range(1, copies + 1):
+        (p,) = b.node("Neg", [m], [(f"p{k}", F, (32, 64))], name=f"P{k}")
+        (s,) = b.node("Add", [s, p], [(f"s{k}", F, (32, 64))], name=f"S{k}")
+    b.output(s)
+    return b.build()
+
+
+def quantized_read_for_its_values(copies):
+    """A DynamicQuantizeLinear read whole once, then recomputed ``copies`` times for y alone: each
+    copy's scale and zero point (scalars) get a sink."""
+    b = GraphBuilder()
+    x = b.input("x", F, (64, 64))
+    y, sc, zp = b.node("DynamicQuantizeLinear", [x], [("y", "uint8", (64, 64)), ("sc", F, ()), ("zp", "uint8", ())],
+                       name="head")
+    (s,) = b.node("DequantizeLinear", [y, sc, zp], [("s0", F, (64, 64))], name="A")
+    for k in range(1, copies + 1):
+        (p,) = b.node("Cast", [y], [(f"p{k}", F, (64, 64))], name=f"P{k}", attrs={"to": 1})
+        (s,) = b.node("Add", [s, p], [(f"s{k}", F, (64, 64))], name=f"S{k}")
+    b.output(s)
+    return b.build()
+
+
+@pytest.mark.parametrize("make", [split_read_for_its_second_half, quantized_read_for_its_values])
+def test_sinks_without_starts_to_gate_do_not_add_up_either(make):
+    """Regression: a scalar's sink (Size) and a Slice below opset 10 (attribute bounds) could not read
+    the previous sink through their starts, so none was chained: each stayed to the end of the run
+    (the opset-9 Split: 3 unread sinks at 2 copies, 6 at 5; the quantizer: 4 and 10, its rewritten
+    peak 256 then 640 bytes over the plan's). They now read their tensor through a view gated on the
+    previous sink: one sink is left unread, and the excess does not grow with the copies."""
+    from planner.lowering import lower
+    from planner.plan import Plan
+    from planner.simulate import simulate
+
+    def excess(copies):
+        g = make(copies)
+        problem, low = lower(g)
+        at = {g.nodes[grp[0]].name: j for j, grp in enumerate(low.groups) if grp}
+        head = at["head"]
+        events = [("compute", head), ("compute", at["A"]), ("free", head)]
+        for k in range(1, copies + 1):
+            events += [("compute", head), ("compute", at[f"P{k}"]), ("free", head), ("compute", at[f"S{k}"]),
+                       ("free", at[f"P{k}"]), ("free", at[f"S{k - 1}" if k > 1 else "A"])]
+        plan = Plan.of(events, "hand")
+        new = apply_schedule(g, low.onnx_schedule(plan))
+        sinks = [t.name for t in new.tensors if t.name.endswith("__sink") and not new.consumers[t.id]]
+        lv = analyze(new)
+        x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
+        for planned in (True, False):
+            np.testing.assert_array_equal(run(export_model(new), {"x": x}, planned=planned)[0],
+                                          run(export_model(g), {"x": x})[0])
+        return len(sinks), (lv.peak_bytes - lv.base_bytes) - (simulate(problem, plan).peak_bytes - problem.base_bytes)
+
+    (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
+    assert sinks2 == sinks5 == 1
+    assert over5 == over2
+
+
 def test_ordering_edge_helpers_die_at_their_reader():
     """Regression (zoo:gpt at 70%: 167 helper tensors, a Size and its zeros held 128 bytes over 113
     steps through the rewritten peak, bytes the planning problem never counts): two recompute chain
