@@ -269,6 +269,10 @@ class OutOfTime(Exception):
 #: Nodes (or hinted variables) between two looks at the clock while a model is built (or hinted).
 CLOCK_EVERY = 256
 
+#: Ticks all swappable transfers may take together on the timed axis (RematModel._set_scales): the
+#: horizon stays near 2^41 ticks, the sum of every variable's domain within int64.
+MAX_TRANSFER_TICKS = 2**40
+
 
 class RematModel:
     """Builds the CP-SAT model for one problem; ``budget=None`` leaves the capacity free.
@@ -320,8 +324,12 @@ class RematModel:
             # the axis resolves the unplanned run; with all costs 0 there is none to resolve, and
             # its 1e-300 stand-in made one unit transfer 1e305 ticks (int64 overflow building the
             # model): then the swappable transfers span the axis (1.0 where they are 0 too)
-            total = float(cost.sum()) or float(p.transfer[self.swappable].sum()) or 1.0
-            self.tick = total / self.opt.time_resolution  # time units per tick
+            moved = float(p.transfer[self.swappable].sum())
+            total = float(cost.sum()) or moved or 1.0
+            # time units per tick; coarser where the transfers outlast the run 1e7-fold, so that
+            # they span at most MAX_TRANSFER_TICKS (a 1e-12 --swap-bandwidth: CP-SAT refused a model
+            # whose domains summed past int64)
+            self.tick = max(total / self.opt.time_resolution, moved / MAX_TRANSFER_TICKS)
             self.dur = np.maximum(1, np.round(cost / self.tick)).astype(int)
             self.tr = np.maximum(1, np.ceil(p.transfer / self.tick)).astype(int)
         else:

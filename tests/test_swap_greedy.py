@@ -69,6 +69,19 @@ def test_a_swap_problem_whose_costs_are_all_zero_builds_and_plans():
     assert sim.peak_bytes <= 210 and sim.swap_ins >= 1 and res.added_time == sim.added_time
 
 
+def test_a_swap_problem_whose_transfers_dwarf_its_costs_builds_and_plans():
+    """Transfers 1e13 times the run (a tiny --swap-bandwidth) once took up to 1e19 ticks each on the
+    time axis: building the model overflowed int64 (TypeError on a Domain), and a JSON graph with
+    --swap-bandwidth 1e-12 got "CP-SAT rejected the remat model: The sum of all variable domains do
+    not fit on an int64_t"."""
+    p = PlanningProblem.build(size=[100, 10, 100, 100, 1], cost=[1, 5, 5, 5, 1], preds=[[], [0], [1], [2], [0, 3]],
+                              recomputable=[False, True, True, True, True], transfer=[2e14, 1e14, 1e15, 1e15, 0])
+    res = solve(p, 210, "cpsat", PlannerOptions(time_limit=5, workers=1, seed=0))
+    assert res.plan is not None
+    sim = simulate(p, res.plan, 210)
+    assert sim.peak_bytes <= 210 and sim.swap_ins >= 1 and res.added_time == sim.added_time
+
+
 def test_a_swap_greedy_plan_that_adds_no_time_is_returned_as_optimal_at_once():
     """x (an input) is read first and last; d and e (1 B, 10 time units) run while x's copies
     (2 units each way) move, beside b and c (100 B each). The swap greedy's plan hides both copies:
