@@ -28,17 +28,34 @@ def one_worker(**kw) -> PlannerOptions:
     return PlannerOptions(time_limit=120, workers=1, seed=0, solver_params=WORK, reorder=False, **kw)
 
 
+def _solve_recording_phase_1_spans(p, budget, opt):
+    """``solve`` with ``opt``, and the span phase 1 was given at each of its runs."""
+    import planner.planning as planning
+    spans = []
+    real = planning._feasibility
+
+    def recorded(m1, target, span, phases):
+        spans.append(span())
+        return real(m1, target, span, phases)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(planning, "_feasibility", recorded)
+        return solve(p, budget, "cpsat", opt), spans
+
+
 @pytest.fixture(scope="module")
 def one_worker_solve(rl100):
-    """RL100 at 68% solved once with :func:`one_worker`'s options (16 s), for the tests that read it."""
+    """RL100 at 68% solved once with :func:`one_worker`'s options (16 s), for the tests that read
+    it, with the spans phase 1 was given (see test_a_dear_fitting_fallback_leaves_phase_2_its_time)."""
     p, budget = rl100
-    return p, budget, solve(p, budget, "cpsat", one_worker())
+    res, spans = _solve_recording_phase_1_spans(p, budget, one_worker())
+    return p, budget, res, spans
 
 
 def test_no_light_baseline_fits_so_phase_1_runs(one_worker_solve):
     """At 68% only the tight-budget greedy fits, and its plan computes some node more often than
     a hint may (a fallback, +77%): phase 1 runs, and its plan is far cheaper than the fallback."""
-    p, budget, res = one_worker_solve
+    p, budget, res, _ = one_worker_solve
     g = baseline(p, "greedy", budget)
     assert g is None or g.sim.peak_bytes > budget or g.sim.compute_counts.max() > one_worker().hint_computations
     assert res.solver.phases[0]["name"] == "feasibility"
@@ -47,7 +64,7 @@ def test_no_light_baseline_fits_so_phase_1_runs(one_worker_solve):
 
 
 @pytest.mark.parametrize("heavy_hint", [16, 12])
-def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, monkeypatch, heavy_hint):
+def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, request, heavy_hint):
     """The tight greedy's plan fits at 68% (+77%, too heavy to start phase 1 from: a node computed
     16 times). Where it may hint phase 2 (``heavy_hint_computations`` 16), phase 1 gets only
     ``fallback_feasibility_share`` of the time, however dear the fallback, and phase 2 runs after
@@ -56,22 +73,16 @@ def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, monkeypatch, hea
     +105.9%). Where it may not (12, the default), phase 2 would have nothing to start from, and
     phase 1 keeps ``feasibility_share``: RL100 at 60% (the greedy's plan +337%, a node computed 32
     times) returned +337% with the short share, phase 1 cut off before its plan; +21.36% with the
-    full share (60 s, 2 workers)."""
-    import planner.planning as planning
+    full share (60 s, 2 workers). The default's solve is the one :func:`one_worker_solve` made."""
     p, budget = rl100
     g = baseline(p, "greedy", budget)
     assert g is not None and g.sim.peak_bytes <= budget and g.sim.added_time > 0.5 * p.total_cost  # premise
     assert g.sim.compute_counts.max() == 16
-    spans = []
-    real = planning._feasibility
-
-    def recorded(m1, target, span, phases):
-        spans.append(span())
-        return real(m1, target, span, phases)
-
-    monkeypatch.setattr(planning, "_feasibility", recorded)
     opt = one_worker(heavy_hint_computations=heavy_hint)
-    res = solve(p, budget, "cpsat", opt)
+    if opt == one_worker():
+        _, _, res, spans = request.getfixturevalue("one_worker_solve")
+    else:
+        res, spans = _solve_recording_phase_1_spans(p, budget, opt)
     short = opt.fallback_feasibility_share * opt.time_limit
     assert spans and (spans[0] <= short if heavy_hint == 16 else spans[0] > 2 * short)
     names = [ph["name"] for ph in res.solver.phases]
@@ -80,7 +91,7 @@ def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, monkeypatch, hea
 
 
 def test_one_worker_phase_1_finds_a_plan_within_budget(one_worker_solve):
-    p, budget, res = one_worker_solve
+    p, budget, res, _ = one_worker_solve
     assert res.status in ("feasible", "optimal")
     sim = simulate(p, res.plan, budget)  # raises when the plan does not fit
     assert sim.peak_bytes <= budget
@@ -103,7 +114,7 @@ def test_one_worker_phase_1_is_deterministic(rl100):
 def test_single_thread_search_alone_does_not_reach_it(one_worker_solve):
     """Why phase1_lns exists: the same work without LNS finds no plan of its own (the result is
     the greedy fallback or none), where the interleaved search finds one far cheaper."""
-    p, budget, lns = one_worker_solve
+    p, budget, lns, _ = one_worker_solve
     alone = solve(p, budget, "cpsat", replace(one_worker(), phase1_lns=False, phase1_ignore_subsolvers=()))
     assert lns.plan is not None
     assert alone.plan is None or alone.added_time > 2 * lns.added_time
