@@ -23,6 +23,21 @@ from tests.test_planner_props import _options, dags
 from tests.test_reorder import ONE, two_branches
 
 
+@pytest.fixture(scope="module")
+def rl100_closure(benchmarks_dir):
+    """RL100, and its closure bound at a budget fraction (in the graph's own integer costs, 30 s),
+    solved once per fraction for the tests that read it (13 s at 60%)."""
+    p = random_layered(benchmarks_dir, 100)
+    bounds = {}
+
+    def bound(frac):
+        if frac not in bounds:
+            bounds[frac] = closure_bound(p, p.budget_for(frac), p.cost.astype(np.int64), time_limit=30)
+        return bounds[frac]
+
+    return p, bound
+
+
 def _first_computes_in_order(plan) -> bool:
     seen = first_compute_order(plan)
     return seen == sorted(seen)
@@ -267,11 +282,11 @@ def test_a_plan_at_the_closure_bound_is_reported_optimal(cost, monkeypatch):
     assert res.status == "optimal" and res.solver.gap == 0.0 and res.solver.bound == res.added_time
 
 
-def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(benchmarks_dir):
-    p = random_layered(benchmarks_dir, 100)
+def test_closure_bound_proves_more_than_the_stage_lp_on_rl100(rl100_closure):
+    p, closure = rl100_closure
     assert np.all(p.cost == np.round(p.cost))  # the bound's units are the graph's own
     budget = p.budget_for(0.6)
-    cb = closure_bound(p, budget, p.cost.astype(np.int64), time_limit=30)
+    cb = closure(0.6)
     assert cb is not None and cb.exact
     assert cb.value > fixed_order_bound(p, budget)  # measured: 9.96% against 6.06% of the step
     g = greedy(p, budget)
@@ -294,13 +309,13 @@ def _after_guided(names: list[str]) -> bool:
     return not rest and last in ("closure-cuts", "node-lns", "optimize")
 
 
-def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir):
-    p = random_layered(benchmarks_dir, 100)
+def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(rl100_closure):
+    p, closure = rl100_closure
     budget = p.budget_for(0.7)
     opts = replace(ONE, reorder=False, time_limit=20, solver_params=(("max_deterministic_time", 2.0),))
     res = solve(p, budget, "cpsat", opts)
     alone = solve(p, budget, "cpsat", replace(opts, closure_bound_share=0.0))
-    cb = closure_bound(p, budget, p.cost.astype(np.int64), time_limit=30)
+    cb = closure(0.7)
     assert res.plan is not None and cb is not None and cb.exact
     assert alone.solver.bound < cb.value <= res.solver.bound <= res.added_time
     assert res.solver.gap < alone.solver.gap
@@ -314,16 +329,16 @@ def test_cpsat_reports_the_closure_bound_where_its_own_is_weaker(benchmarks_dir)
     assert res.added_time <= alone.added_time
 
 
-def test_the_given_order_is_not_searched_where_its_bound_exceeds_the_plan(benchmarks_dir):
+def test_the_given_order_is_not_searched_where_its_bound_exceeds_the_plan(rl100_closure):
     # RL100 at 70%: the memory-aware order's optimum adds 2.23%; no plan in the given order adds
     # under 4.39% (its closure bound), so searching that order (57 s of a 60 s solve) cannot pay
-    p = random_layered(benchmarks_dir, 100)
+    p, closure = rl100_closure
     budget = p.budget_for(0.7)
     opts = replace(ONE, time_limit=30, solver_params=(("max_deterministic_time", 5.0),))
     res = solve(p, budget, "cpsat", opts)
     assert res.order.startswith("memory-aware") and res.status == "optimal"
     assert "no plan in the given order is cheaper" in res.note
-    cb = closure_bound(p, budget, p.cost.astype(np.int64), time_limit=30)
+    cb = closure(0.7)
     assert cb is not None and cb.value >= res.added_time > 0
     # without the bound the given order is searched, for no cheaper plan (test_closure_bound_never_
     # cuts_off_a_plan_in_the_order: no plan in an order is below its bound)
@@ -331,7 +346,7 @@ def test_the_given_order_is_not_searched_where_its_bound_exceeds_the_plan(benchm
     assert "no plan in the given order" not in alone.note and alone.added_time == res.added_time
 
 
-def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeypatch):
+def test_a_known_exact_closure_bound_is_not_solved_again(rl100_closure, monkeypatch):
     # the portfolio solves the given order's bound to decide whether to search that order; where
     # it does search it and phase 2 ends without a proof, that bound serves (it used to be solved
     # again: up to its whole share of the time on RL250)
@@ -340,10 +355,11 @@ def test_a_known_exact_closure_bound_is_not_solved_again(benchmarks_dir, monkeyp
     import planner.planning as planning
     from planner.cpsat import objective_costs
 
-    p = random_layered(benchmarks_dir, 100)
+    p, closure = rl100_closure
     budget = p.budget_for(0.6)
     cost, unit = objective_costs(p.cost)
-    known = closure_bound(p, budget, cost, time_limit=30)
+    assert np.array_equal(cost, p.cost.astype(np.int64))  # the bound's costs are the objective's
+    known = closure(0.6)
     assert known is not None and known.exact
 
     def unexpected(*args, **kwargs):
