@@ -61,10 +61,20 @@ def test_measured_peak_matches_plan():
     assert measured + pm.planned.base_bytes <= pm.budget_bytes * 1.05
 
 
-def test_cli_plan_emit_rewrite_verify(tmp_path):
-    plan_json, emitted, rewritten = tmp_path / "p.json", tmp_path / "a.onnx", tmp_path / "b.onnx"
+@pytest.fixture(scope="module")
+def spec_planned(tmp_path_factory):
+    """``plan SPEC --budget 80% --strategy greedy -o p.json --emit a.onnx --json`` run once: its exit
+    code, stdout and stderr, and the two files, for the tests that read them."""
+    folder = tmp_path_factory.mktemp("spec")
+    plan_json, emitted = folder / "p.json", folder / "a.onnx"
     rc, out, err = memplan("plan", SPEC, "--budget", "80%", "--strategy", "greedy", "-o", plan_json,
                            "--emit", emitted, "--json")
+    return rc, out, err, plan_json, emitted
+
+
+def test_cli_plan_emit_rewrite_verify(spec_planned, tmp_path):
+    rc, out, err, plan_json, emitted = spec_planned
+    rewritten = tmp_path / "b.onnx"
     assert rc == 0, err
     obj = json.loads(out)
     for key in ("schema", "status", "budget_bytes", "unplanned_peak_bytes", "peak_bytes", "base_bytes",
@@ -108,9 +118,9 @@ def test_cli_plan_emit_rewrite_verify(tmp_path):
     assert len(step) == 1 and step[0].count("(IQR ") == 2 and "alternating runs" in step[0]
 
 
-def test_plan_for_another_model_is_refused(tmp_path):
-    plan_json = tmp_path / "p.json"
-    assert memplan("plan", SPEC, "--budget", "80%", "--strategy", "greedy", "-o", plan_json)[0] == 0
+def test_plan_for_another_model_is_refused(spec_planned, tmp_path):
+    rc, _, err, plan_json, _ = spec_planned
+    assert rc == 0, err
     rc, _, err = memplan("rewrite", "zoo:cnn?batch=8", plan_json, "-o", tmp_path / "x.onnx")
     assert rc == 2 and "another model" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x.onnx").exists()
