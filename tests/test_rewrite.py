@@ -311,6 +311,30 @@ def norm_read_for_its_statistics(copies):
     return b.build()
 
 
+def _copies_and_excess(g, head, copies, same):
+    """Plan ``g`` (head, A, then P1 S1 ... Pk Sk, as the builders below make it) with ``head``
+    recomputed before each P, rewrite it, check the outputs with ``same(new, g)``, and return the
+    number of sink outputs nothing reads and how far the rewritten graph's dynamic peak exceeds the
+    plan's (bytes)."""
+    from planner.lowering import lower
+    from planner.plan import Plan
+    from planner.simulate import simulate
+
+    problem, low = lower(g)
+    at = {g.nodes[grp[0]].name: j for j, grp in enumerate(low.groups) if grp}
+    h = at[head]
+    events = [("compute", h), ("compute", at["A"]), ("free", h)]
+    for k in range(1, copies + 1):
+        events += [("compute", h), ("compute", at[f"P{k}"]), ("free", h), ("compute", at[f"S{k}"]),
+                   ("free", at[f"P{k}"]), ("free", at[f"S{k - 1}" if k > 1 else "A"])]
+    plan = Plan.of(events, "hand")
+    new = apply_schedule(g, low.onnx_schedule(plan))
+    sinks = [t.name for t in new.tensors if t.name.endswith("__sink") and not new.consumers[t.id]]
+    lv = analyze(new)
+    same(new, g)
+    return len(sinks), (lv.peak_bytes - lv.base_bytes) - (simulate(problem, plan).peak_bytes - problem.base_bytes)
+
+
 def test_recompute_sinks_do_not_add_up_over_the_plan():
     """Regression (zoo:gpt at 70%: "rewritten graph peaks 1604 bytes over the budget"): every
     recompute copy of a LayerNormalization read only for its statistics got a sink for its Y, and
@@ -318,27 +342,12 @@ def test_recompute_sinks_do_not_add_up_over_the_plan():
     24 of them were 1536 of the 1672 bytes the rewritten graph peaked over its plan. Each sink now
     reads the one before it, so the rewritten graph's excess over the problem's peak does not grow
     with the number of copies, and one sink output is left unread."""
-    from planner.lowering import lower
-    from planner.plan import Plan
-    from planner.simulate import simulate
-
     def excess(copies):
-        g = norm_read_for_its_statistics(copies)
-        problem, low = lower(g)
-        at = {g.nodes[grp[0]].name: j for j, grp in enumerate(low.groups) if grp}
-        ln = at["ln"]
-        events = [("compute", ln), ("compute", at["A"]), ("free", ln)]
-        for k in range(1, copies + 1):
-            events += [("compute", ln), ("compute", at[f"P{k}"]), ("free", ln), ("compute", at[f"S{k}"]),
-                       ("free", at[f"P{k}"]), ("free", at[f"S{k - 1}" if k > 1 else "A"])]
-        plan = Plan.of(events, "hand")
-        new = apply_schedule(g, low.onnx_schedule(plan))
-        sinks = [t.name for t in new.tensors if t.name.endswith("__sink") and not new.consumers[t.id]]
-        lv = analyze(new)
-        x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
-        np.testing.assert_allclose(run(export_model(new), {"x": x})[0], run(export_model(g), {"x": x})[0],
-                                   rtol=1e-6, atol=1e-6)
-        return len(sinks), (lv.peak_bytes - lv.base_bytes) - (simulate(problem, plan).peak_bytes - problem.base_bytes)
+        def same(new, g):
+            x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
+            np.testing.assert_allclose(run(export_model(new), {"x": x})[0], run(export_model(g), {"x": x})[0],
+                                       rtol=1e-6, atol=1e-6)
+        return _copies_and_excess(norm_read_for_its_statistics(copies), "ln", copies, same)
 
     (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
     assert sinks2 == sinks5 == 1
@@ -381,28 +390,13 @@ def test_sinks_without_starts_to_gate_do_not_add_up_either(make):
     (the opset-9 Split: 3 unread sinks at 2 copies, 6 at 5; the quantizer: 4 and 10, its rewritten
     peak 256 then 640 bytes over the plan's). They now read their tensor through a view gated on the
     previous sink: one sink is left unread, and the excess does not grow with the copies."""
-    from planner.lowering import lower
-    from planner.plan import Plan
-    from planner.simulate import simulate
-
     def excess(copies):
-        g = make(copies)
-        problem, low = lower(g)
-        at = {g.nodes[grp[0]].name: j for j, grp in enumerate(low.groups) if grp}
-        head = at["head"]
-        events = [("compute", head), ("compute", at["A"]), ("free", head)]
-        for k in range(1, copies + 1):
-            events += [("compute", head), ("compute", at[f"P{k}"]), ("free", head), ("compute", at[f"S{k}"]),
-                       ("free", at[f"P{k}"]), ("free", at[f"S{k - 1}" if k > 1 else "A"])]
-        plan = Plan.of(events, "hand")
-        new = apply_schedule(g, low.onnx_schedule(plan))
-        sinks = [t.name for t in new.tensors if t.name.endswith("__sink") and not new.consumers[t.id]]
-        lv = analyze(new)
-        x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
-        for planned in (True, False):
-            np.testing.assert_array_equal(run(export_model(new), {"x": x}, planned=planned)[0],
-                                          run(export_model(g), {"x": x})[0])
-        return len(sinks), (lv.peak_bytes - lv.base_bytes) - (simulate(problem, plan).peak_bytes - problem.base_bytes)
+        def same(new, g):
+            x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
+            for planned in (True, False):
+                np.testing.assert_array_equal(run(export_model(new), {"x": x}, planned=planned)[0],
+                                              run(export_model(g), {"x": x})[0])
+        return _copies_and_excess(make(copies), "head", copies, same)
 
     (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
     assert sinks2 == sinks5 == 1
