@@ -336,7 +336,7 @@ class _Builder:
         self.fwd, self.loss, self.params, self.active = fwd, loss, params, active
         self.on_path, self.options = on_path, options
         self.b = GraphBuilder(name=f"{fwd.name}_train", opsets=fwd.opsets)
-        self.em = Emitter(self.b, int(fwd.opsets.get("", fwd.opsets.get("ai.onnx", 17))))
+        self.em = Emitter(self.b, fwd.onnx_opset)
         self.remap: dict[int, int] = {}
         self.values: dict[int, np.ndarray] = {}
         self.nodes: dict[int, Node] = {}

@@ -87,7 +87,7 @@ def added_constant_bytes(graph: Graph) -> int:
     zeros = 8 + sum(8 * r for r in ranks)
     targets = {shape for node in graph.nodes if (found := constant_shape_input(graph, node)) is not None
                for shape in [found[1]]}
-    sinks = 0 if int(graph.opsets.get("", graph.opsets.get("ai.onnx", 17))) < 10 else sum(16 * r for r in ranks)
+    sinks = 0 if graph.onnx_opset < 10 else sum(16 * r for r in ranks)
     return zeros + sum(8 * len(shape) for shape in targets) + sinks
 
 
@@ -402,7 +402,7 @@ class _Rewriter:
             made.extend(self.b.node(op, inputs, [(name, dtype, shape)], name=name, attrs=attrs))
 
         tail, x = self.sink_tail, self.b.tensor(t)
-        opset = int(self.g.opsets.get("", self.g.opsets.get("ai.onnx", 17)))
+        opset = self.g.onnx_opset
         starts = None if tail is None or not x.shape or opset < 10 else \
             (lambda stem, r: self.edges.gated_shape(tail, (0,) * r, f"{stem}__order"))
         source = self.edges.view(t, tail, f"{x.name}__sink__order") if tail is not None and starts is None else None

@@ -129,6 +129,11 @@ class Graph:
     name: str = "graph"
 
     # ---- derived views -------------------------------------------------------------------
+    @property
+    def onnx_opset(self) -> int:
+        """The default (ai.onnx) domain's opset version, 17 where none is given."""
+        return int(self.opsets.get("", self.opsets.get("ai.onnx", 17)))
+
     @cached_property
     def by_name(self) -> Mapping[str, int]:
         return MappingProxyType({t.name: t.id for t in self.tensors})
@@ -325,7 +330,7 @@ class GraphAppender:
         self.names = {t.name for t in graph.tensors}
         self.node_names = {n.name for n in graph.nodes}
         self.nodes: list[Node] = []  # ids fixed by finish()
-        self.opset = int(graph.opsets.get("", graph.opsets.get("ai.onnx", 17)))
+        self.opset = graph.onnx_opset
 
     def add_tensor(self, base: str, dtype: str, shape: Iterable[int], kind: TensorKind = TensorKind.ACTIVATION) -> int:
         """A new tensor named ``base`` (or ``base_k``); its id."""
