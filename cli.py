@@ -1149,14 +1149,13 @@ def _load_planning_problem(model: str, swap_bandwidth: float | None, swap_overla
     """MODEL -> PlanningProblem. JSON graphs here; ONNX models come with the importer."""
     from planner.problem import load_remat_json
 
-    _check_swap_bandwidth(swap_bandwidth, swap_overlap)
-    problem = load_remat_json(model)
+    problem = load_remat_json(model)  # the link options were checked where the command started
     if swap_bandwidth is not None:
         problem = problem.with_swap(problem.size / swap_bandwidth, copy_overlap=swap_overlap)
     return problem
 
 
-def _check_swap_bandwidth(swap_bandwidth: float | None, swap_overlap: bool = True) -> None:
+def _check_swap_bandwidth(swap_bandwidth: float | None, swap_overlap: bool) -> None:
     if swap_bandwidth is not None and not swap_bandwidth > 0:
         raise UsageError(f"--swap-bandwidth must be > 0 bytes per cost unit, got {swap_bandwidth}")
     if not swap_overlap and swap_bandwidth is None:  # it did nothing, without a word

@@ -156,10 +156,6 @@ def plan_graph(
     graph = inline_functions(graph)
     problem, lowering = lowered or lower(graph, node_time=node_time, transfer_time=transfer_time,
                                          copy_overlap=copy_overlap, time_unit=time_unit)
-    # the initializers the rewrite may add (ordering edges' and sinks' int64 constants) join the
-    # constant base the problem does not count, and a sink's output and a gated shape are live a
-    # while: a plan that overshoots once rewritten is re-solved for the budget less their upper bound
-    reserve = added_constant_bytes(graph) + added_helper_bytes(graph)
     target = budget
     own = analyze(graph).peak_bytes  # the model's own (unplanned) peak
     if strategy in ("greedy", "chen") and own <= budget:
@@ -213,7 +209,10 @@ def plan_graph(
                 lowest_over = peak if lowest_over is None else min(lowest_over, peak)
                 # doubling: a heuristic's plan may not move for a small step; first, at least the
                 # reserve (zoo:gpt at 70%: a plan 68 bytes under the budget, whose edges added 72, fit
-                # each target 4, 8, 16, 32 bytes tighter too, and overshot again)
+                # each target 4, 8, 16, 32 bytes tighter too, and overshot again): the initializers
+                # the rewrite may add (ordering edges' and sinks' int64 constants) join the constant
+                # base the problem does not count, and a sink's output and a gated shape are live a while
+                reserve = added_constant_bytes(graph) + added_helper_bytes(graph)
                 target = min(target - ((peak - budget) << attempt), budget - reserve)
                 continue
             need = None if ort_arena is None else ort_arena.need(planned)
