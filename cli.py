@@ -270,24 +270,26 @@ def as_run(graph):
 @dim_option
 @click.option("--top", default=15, show_default=True, type=click.IntRange(min=0), help="Tensors listed at the peak.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of memory over steps.")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a plot of memory over steps: PNG, SVG or PDF by the file's extension (none: PNG).")
 @handles_errors
 def inspect(model: str, train: bool, add_loss: str | None, loss: str | None, dims: tuple[str, ...], top: int,
             as_json: bool, plot: str | None) -> None:
     """Tensors, liveness, constant base and peak of one run of MODEL."""
     from planner.fileio import atomic_write
     from planner.liveness import analyze
-    from planner.report import inspect_dict, inspect_table, timeline_png
+    from planner.report import inspect_dict, inspect_table, plot_format, timeline_plot
 
     _refuse_json_graph(model, "inspect", "read")
     _output_paths_ok({"--plot": plot}, [model])
+    plot_fmt = plot_format("--plot", plot) if plot else None
     # as plan builds it: a loss is only for training, and a step train-graph wrote is inspected as it is
     training = bool(train or add_loss or loss)  # --add-loss and --loss inspect the training step too
     graph, _ = _graph_to_plan(model, parse_dims(dims), forward=not training, add_loss=add_loss, loss=loss)
     lv = analyze(graph)
     info = inspect_dict(lv, model, top)
     if plot:
-        atomic_write(plot, timeline_png(lv, f"{model}{' (training step)' if training else ''}"))
+        atomic_write(plot, timeline_plot(lv, f"{model}{' (training step)' if training else ''}", plot_fmt))
         log.info("wrote %s", plot)
     if as_json:
         emit_json(info)

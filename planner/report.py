@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import numpy as np
 
+from planner.errors import UsageError
 from planner.graph import TensorKind
 from planner.liveness import Liveness
 from planner.units import format_bytes
@@ -100,8 +102,37 @@ def inspect_table(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def timeline_png(lv: Liveness, title: str) -> bytes:
-    """PNG of resident memory over steps: constant base shaded, peak marked."""
+#: Image formats a plot is written in, by the file's extension; a file without one gets a PNG.
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(option: str, path: str) -> str:
+    """The format ``path``'s extension names (``--plot t.svg`` wrote PNG bytes into t.svg, and
+    ``t.jpg`` too); a path without an extension gets a PNG. Checked before any work."""
+    name = os.path.basename(path)
+    ext = name.rpartition(".")[2].lower() if "." in name.lstrip(".") else ""
+    if not ext:
+        return "png"
+    if ext not in PLOT_FORMATS:
+        raise UsageError(f"{option} {path}: cannot write a .{ext} image; end the name in "
+                         + ", ".join(f".{f}" for f in PLOT_FORMATS) + " (no extension writes a PNG)")
+    return ext
+
+
+def save_figure(fig: Any, fmt: str) -> bytes:
+    """``fig`` in ``fmt``, the same bytes for the same figure: no creation date in an SVG or PDF,
+    and SVG's element ids hashed with a fixed salt (matplotlib draws a random one per run)."""
+    import matplotlib
+
+    buf = io.BytesIO()
+    metadata = {"png": None, "svg": {"Date": None}, "pdf": {"CreationDate": None}}[fmt]
+    with matplotlib.rc_context({"svg.hashsalt": "memplan"}):
+        fig.savefig(buf, format=fmt, metadata=metadata)
+    return buf.getvalue()
+
+
+def timeline_plot(lv: Liveness, title: str, fmt: str = "png") -> bytes:
+    """Resident memory over steps as a ``fmt`` image (PLOT_FORMATS): constant base shaded, peak marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,7 +154,6 @@ def timeline_png(lv: Liveness, title: str) -> bytes:
     ax.set_ylim(0, lv.peak_bytes / mib * 1.15 + 1e-9)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    data = save_figure(fig, fmt)
     plt.close(fig)
-    return buf.getvalue()
+    return data

@@ -213,8 +213,9 @@ def test_plot_title_says_training_step_wherever_the_step_is_inspected(tmp_path, 
     import planner.report
 
     titles = []
-    real = planner.report.timeline_png
-    monkeypatch.setattr(planner.report, "timeline_png", lambda lv, title: titles.append(title) or real(lv, title))
+    real = planner.report.timeline_plot
+    monkeypatch.setattr(planner.report, "timeline_plot",
+                        lambda lv, title, fmt: titles.append(title) or real(lv, title, fmt))
     for flags in (["--train"], ["--loss", "loss"]):
         res = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", *flags, "--plot", str(tmp_path / "t.png"), "--json"])
         assert res.exit_code == 0, res.output
@@ -222,3 +223,33 @@ def test_plot_title_says_training_step_wherever_the_step_is_inspected(tmp_path, 
     res = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp", "--plot", str(tmp_path / "f.png")])
     assert res.exit_code == 0, res.output
     assert titles == ["zoo:mlp (training step)", "zoo:mlp (training step)", "zoo:mlp"]
+
+
+def test_plot_is_written_in_the_format_its_extension_names(mlp_path, tmp_path):
+    """--plot t.svg (and t.pdf, t.jpg) wrote PNG bytes under that name; now .png, .svg and .pdf
+    (any case) are written as such, a name without an extension as PNG, and any other extension is
+    refused before any work, in one line, with nothing written."""
+    magic = {"t.png": b"\x89PNG", "t.PNG": b"\x89PNG", "t": b"\x89PNG", "t.svg": b"<?xml", "t.pdf": b"%PDF"}
+    for name, head in magic.items():
+        plot = tmp_path / name
+        rc, _, err = memplan("inspect", mlp_path, "--dim", "batch=2", "--plot", plot)
+        assert rc == 0, err
+        assert plot.read_bytes().startswith(head), name
+    assert b"<svg" in (tmp_path / "t.svg").read_bytes()
+    for name in ("t.jpg", "t.xyz"):
+        rc, out, err = memplan("inspect", mlp_path, "--dim", "batch=2", "--plot", tmp_path / name)
+        assert rc == 2 and out == "", err
+        assert err.count("\n") == 1 and f"cannot write a {name[1:]} image" in err and ".svg" in err, err
+        assert not (tmp_path / name).exists()
+
+
+def test_the_same_model_plots_the_same_bytes_in_every_format(mlp_path):
+    """An SVG carried its creation date and random element ids, a PDF its creation time: two plots of
+    one model differed (determinism: same inputs, same files)."""
+    from passes.onnx_import import import_model
+    from planner.liveness import analyze
+    from planner.report import PLOT_FORMATS, timeline_plot
+
+    lv = analyze(import_model(mlp_path, dims={"batch": 4}))
+    for fmt in PLOT_FORMATS:
+        assert timeline_plot(lv, "t", fmt) == timeline_plot(lv, "t", fmt), fmt
