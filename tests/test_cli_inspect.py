@@ -253,3 +253,21 @@ def test_the_same_model_plots_the_same_bytes_in_every_format(mlp_path):
     lv = analyze(import_model(mlp_path, dims={"batch": 4}))
     for fmt in PLOT_FORMATS:
         assert timeline_plot(lv, "t", fmt) == timeline_plot(lv, "t", fmt), fmt
+
+
+def test_every_key_of_inspect_json_is_documented_in_the_readme(mlp_path):
+    """The README documented plan.json's keys but not inspect's: a CI script reading
+    ``inspect --json`` had no stable list to read from. Every key printed (a live_at_peak row's
+    too, an in-place one included) is named in the README's table of memplan.inspect/1."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### Inspecting a model", 1)[1].split("\n###", 1)[0]
+    named = set(re.findall(r"`([a-z_]+)`", table))
+    rc, out, err = memplan("inspect", mlp_path, "--dim", "batch=4", "--json")
+    assert rc == 0, err
+    info = json.loads(out)
+    row = info["live_at_peak"][0]
+    assert "in_place_of" in row
+    assert set(info) | set(info["base"]) | set(row) <= named, sorted((set(info) | set(info["base"]) | set(row)) - named)
