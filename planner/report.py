@@ -66,6 +66,8 @@ def inspect_dict(lv: Liveness, model: str, top: int = 20) -> dict[str, Any]:
         "peak_node": node.name if node else None,
         "peak_op_type": node.op_type if node else None,
         "peak_scratch_bytes": int(lv.scratch[step]) if len(lv.scratch) else 0,
+        # resident at every step, so at the peak too, but in no buffer live_at_peak lists
+        "output_copy_bytes": int(lv.output_copy_bytes),
         "live_at_peak": live_at_peak(lv, top),
         "timeline_bytes": [int(x) for x in lv.memory],
     }
@@ -82,7 +84,10 @@ def inspect_table(info: dict[str, Any]) -> str:
            else "(no node runs: the constants" + (" and ORT's copies of the initializers that are outputs)"
                                                     if info["dynamic_peak_bytes"] else " alone)"))
         + f" = constant + {format_bytes(info['dynamic_peak_bytes'])} dynamic"
-        + (f" incl. {format_bytes(info['peak_scratch_bytes'])} kernel scratch" if info["peak_scratch_bytes"] else ""),
+        + (f" incl. {format_bytes(info['peak_scratch_bytes'])} kernel scratch" if info["peak_scratch_bytes"] else "")
+        + (f" {'and' if info['peak_scratch_bytes'] else 'incl.'} {format_bytes(info['output_copy_bytes'])} of ORT's "
+           "copies of the initializers that are outputs" if info["output_copy_bytes"] and info["peak_node"] is not None
+           else ""),
         "",
         f"largest tensors live at the peak ({len(info['live_at_peak'])} shown):",
     ]

@@ -271,3 +271,28 @@ def test_every_key_of_inspect_json_is_documented_in_the_readme(mlp_path):
     row = info["live_at_peak"][0]
     assert "in_place_of" in row
     assert set(info) | set(info["base"]) | set(row) <= named, sorted((set(info) | set(info["base"]) | set(row)) - named)
+
+
+def test_the_copy_of_an_initializer_that_is_an_output_is_named_at_the_peak(tmp_path):
+    """A model returning a weight: ORT copies it into an output buffer held the whole run (1 KiB
+    here), which the dynamic peak counted but neither the table nor the JSON said; the table
+    showed 512 B of tensors for "1.50 KiB dynamic". Hand count: Add's A (256 B) and Sigmoid's B
+    (an output, so not in place: 256 B) at step 1, plus W's 1024-byte copy."""
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4, 16] x) => (float[4, 16] b, float[16, 16] w) <float[16, 16] w = {DATA}>
+    {
+        a = Add(x, x)
+        b = Sigmoid(a)
+    }
+    """.replace("{DATA}", "{" + ", ".join(["1.0"] * 256) + "}"))
+    path = tmp_path / "m.onnx"
+    onnx.save_model(model, path)
+    rc, out, err = memplan("inspect", path, "--json")
+    assert rc == 0, err
+    info = json.loads(out)
+    assert info["output_copy_bytes"] == 1024
+    assert info["dynamic_peak_bytes"] == 256 + 256 + 1024 and info["peak_node"] is not None
+    assert sum(r["bytes"] for r in info["live_at_peak"]) + info["output_copy_bytes"] == info["dynamic_peak_bytes"]
+    rc, out, err = memplan("inspect", path)
+    assert rc == 0 and "incl. 1.00 KiB of ORT's copies of the initializers that are outputs" in out, out
