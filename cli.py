@@ -1248,8 +1248,9 @@ PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage o
               "(e.g. 8GiB), unplanned and planned. Each batch it tries is its own solve with its own --time-limit "
               "(about 2 log2(batch) solves in all), so the search can take many times the limit.")
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of budget (100%..40%) vs added time for cpsat, greedy and chen, each point what "
-                   "--budget P% --strategy S reports (with --json: the rows); takes no --budget or --strategy.")
+              help="Write a plot (PNG, SVG or PDF by the file's extension; none: PNG) of budget (100%..40%) vs added "
+                   "time for cpsat, greedy and chen, each point what --budget P% --strategy S reports (with --json: "
+                   "the rows); takes no --budget or --strategy.")
 @click.option("--batch-dim", default="batch", show_default=True, help="With --max-batch: the symbolic dim (or zoo option) to grow.")
 @click.option("--max-added-time", "max_added_pct", type=FiniteFloat(min=0), default=None,
               help="With --max-batch: count a plan only if it adds at most this % of compute time.")
@@ -1296,6 +1297,10 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                              wall_deadline=_wall_cap(wall_cap, deterministic))
     profile = [costs] if costs not in ("device", "measured") else []  # an ORT profile is read too
     _output_paths_ok({"-o": output, "--emit": emit, "--sweep": sweep_png}, [model, *profile], models=("--emit",))
+    if sweep_png:  # its format, from the name, before any work
+        from planner.report import plot_format
+
+        plot_format("--sweep", sweep_png)
     if costs != "device" and is_remat_json(model):
         raise UsageError("--costs applies to ONNX models; a JSON graph carries its own node costs")
     if ort_arena and (is_remat_json(model) or sweep_png):
@@ -1557,7 +1562,8 @@ def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_ba
     the rewritten model's), for a JSON graph planner.sweep.sweep."""
     from planner.fileio import atomic_write
     from planner.problem import is_remat_json
-    from planner.sweep import sweep, sweep_png
+    from planner.report import plot_format
+    from planner.sweep import sweep, sweep_plot
 
     fractions = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
     strategies = ["cpsat", "greedy", "chen"]
@@ -1570,7 +1576,7 @@ def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_ba
         _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs, swap)
         rows = sweep_graph(graph, fractions, strategies, options, node_time=node_time,
                            transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
-    atomic_write(png, sweep_png(rows, f"{model}: budget vs added time"))
+    atomic_write(png, sweep_plot(rows, f"{model}: budget vs added time", plot_format("--sweep", png)))
     if as_json:
         emit_json({"schema": "memplan.sweep/1", "model": model, "rows": rows})
         return

@@ -1,13 +1,13 @@
-"""Budget sweep: added time of each strategy across budgets, as rows and as a PNG."""
+"""Budget sweep: added time of each strategy across budgets, as rows and as a plot (PNG, SVG or PDF)."""
 from __future__ import annotations
 
-import io
 from dataclasses import replace
 from typing import Any, Sequence
 
 from planner.cpsat import PlannerOptions
 from planner.planning import plan_strategy, solve
 from planner.problem import PlanningProblem
+from planner.report import save_figure
 
 
 def sweep(problem: PlanningProblem, fractions: Sequence[float], strategies: Sequence[str],
@@ -31,8 +31,9 @@ def sweep(problem: PlanningProblem, fractions: Sequence[float], strategies: Sequ
     return rows
 
 
-def sweep_png(rows: Sequence[dict[str, Any]], title: str) -> bytes:
-    """Budget (% of the unplanned peak) vs added time (%), one line per strategy."""
+def sweep_plot(rows: Sequence[dict[str, Any]], title: str, fmt: str = "png") -> bytes:
+    """Budget (% of the unplanned peak) vs added time (%), one line per strategy, as a ``fmt`` image
+    (planner.report.PLOT_FORMATS)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,7 +52,6 @@ def sweep_png(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    data = save_figure(fig, fmt)
     plt.close(fig)
-    return buf.getvalue()
+    return data

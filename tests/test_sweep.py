@@ -89,3 +89,19 @@ def test_chen_returns_a_json_graph_unplanned_at_or_above_its_peak(benchmarks_dir
         assert plan["added_time_pct"] == 0 and plan["recomputed"] == [], plan
     rc, _, err = _memplan("plan", graph, "--budget", "90%", "--strategy", "chen", "--json")
     assert rc == 1 and "chen's plan peaks at" in err  # below its peak chen is still chen
+
+
+def test_sweep_writes_the_format_its_name_says(tmp_path):
+    """`plan --sweep s.svg` wrote PNG bytes into s.svg (as `inspect --plot` did); the file is now in
+    the format its extension names, and a name no writer knows is refused before any solve."""
+    chain = {"directed": True, "multigraph": False, "graph": {"name": "chain"},
+             "nodes": [{"id": i, "cost_cpu": 1 + i, "cost_ram": 4 + i} for i in range(6)],
+             "links": [{"source": i, "target": i + 1} for i in range(5)] + [{"source": 0, "target": 5}]}
+    graph = tmp_path / "chain.json"
+    graph.write_text(json.dumps(chain))
+    for name, magic in (("s.svg", b"<?xml"), ("s.pdf", b"%PDF"), ("s", b"\x89PNG")):
+        rc, _, err = _memplan("plan", graph, "--sweep", tmp_path / name, "--time-limit", "1")
+        assert rc == 0, err
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    rc, _, err = _memplan("plan", graph, "--sweep", tmp_path / "s.jpg", "--time-limit", "1")
+    assert rc == 2 and "cannot write a .jpg image" in err and not (tmp_path / "s.jpg").exists()
