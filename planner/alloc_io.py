@@ -2,8 +2,8 @@
 
 Lifespans are half-open ``[lower, upper)``. As in MiniMalloc's converter, ``buffer`` and
 ``buffer_id`` are accepted for ``id``, ``start``/``begin`` for ``lower``, and an ``end`` column
-is inclusive (``upper = end + 1``); a ``hint`` column is ignored. Reading is strict: every error
-names the file, the line and the value, and how to fix it.
+is inclusive (``upper = end + 1``); a ``hint`` column is ignored, two columns for one field are
+refused. Reading is strict: every error names the file, the line and the value, and how to fix it.
 """
 from __future__ import annotations
 
@@ -75,11 +75,20 @@ def parse_csv(text: str, name: str = "<csv>") -> tuple[list[Buffer], list[int] |
 
 def _columns(header: list[str], name: str) -> dict[str, int]:
     col: dict[str, int] = {}
-    for key, names in _ALIASES.items():
-        for alias in names:
-            if alias in header:
-                col[key] = header.index(alias)
-                break
+    for i, h in enumerate(header):
+        key = next((k for k, names in _ALIASES.items() if h in names), None)
+        if key is None:
+            continue  # a column memplan does not use (MiniMalloc ignores them too)
+        field_of = {"end": "upper"}.get  # an inclusive end gives the upper
+        clash = next((k for k in col if field_of(k, k) == field_of(key, key)), None)
+        if clash is not None:
+            # MiniMalloc refuses these ("Duplicate column names"); taking the first column
+            # silently read 'id,lower,start,upper,size' without its start
+            first = header[col[clash]]
+            what = (f"column {h!r} appears twice" if first == h
+                    else f"columns {first!r} and {h!r} both give the {field_of(key, key)}")
+            raise ModelImportError(f"{name}: {what} in header {','.join(header)!r}; keep one of them")
+        col[key] = i
     missing = [k for k in ("id", "lower", "size") if k not in col]
     if "upper" not in col and "end" not in col:
         missing.append("upper")

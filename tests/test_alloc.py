@@ -260,6 +260,10 @@ def test_csv_aliases_inclusive_end_and_round_trip():
     ("id,lower,upper,size\nx,3,3,4\n", "line 2: buffer 'x': upper 3 <= lower 3"),
     ("id,lower,upper,size\nx,0,3,4\nx,1,2,4\n", "appears twice"),
     ("id,lower,upper,size,gaps\nx,0,3,4,1-2\n", "gaps are not supported"),
+    # the first of two columns for one field was taken, the other silently dropped
+    ("id,lower,upper,size,size\nx,0,3,4,8\n", "column 'size' appears twice"),
+    ("id,lower,start,upper,size\nx,0,5,9,4\n", "columns 'lower' and 'start' both give the lower"),
+    ("id,lower,upper,end,size\nx,0,3,9,4\n", "columns 'upper' and 'end' both give the upper"),
 ])
 def test_csv_errors_name_the_problem(text, message):
     with pytest.raises(ModelImportError, match=message):
