@@ -1887,7 +1887,11 @@ def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit
 
     _output_paths_ok({"-o": output}, [problem])
     cap = parse_bytes(capacity, "--capacity") if capacity else None
-    buffers, _ = read_csv(problem)
+    buffers, given = read_csv(problem)
+    if given is not None:
+        # MiniMalloc keeps an offset column's offsets fixed; solve would have moved them silently
+        raise ModelImportError(f"{problem}: has an offset column, and alloc does not keep given offsets "
+                               "(it places every buffer); remove the column")
     result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)
     lb = result.lower_bound
     if as_json and result.status in (AllocStatus.INFEASIBLE, AllocStatus.TIMEOUT):

@@ -315,6 +315,16 @@ def test_cli_failures_are_one_line_and_write_nothing(tmp_path, body, code, messa
     assert not out.exists()
 
 
+def test_cli_refuses_a_problem_with_offsets(tmp_path):
+    """An offset column (MiniMalloc's fixed offsets, or a solution file given back) was read and
+    dropped: b1 asked for offset 8 and was placed at 0, exit 0."""
+    problem, out = tmp_path / "p.csv", tmp_path / "out.csv"
+    problem.write_text("id,lower,upper,size,offset\nb1,0,3,4,8\nb2,0,3,4,0\n")
+    res = _run(["alloc", str(problem), "-o", str(out)])
+    assert res.exit_code == 3 and "offset column" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_cli_json_prints_its_object_when_no_placement_fits(tmp_path):
     """--json printed nothing on stdout for an infeasible capacity (exit 1), where plan --json
     prints an infeasible plan's object: a CI job reading stdout got no JSON."""
