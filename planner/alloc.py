@@ -44,6 +44,10 @@ EXACT_MAX_PAIRS = 2_000_000
 #: First CP-SAT deterministic-time slice per block (about 0.3 s of wall time here; doubles each
 #: round, like the node budget of the skyline search).
 CPSAT_FIRST_SLICE = 0.01
+#: The most bytes all buffers may take together (sizes plus alignment padding): every height and
+#: offset the solvers compute stays below it, within int64 and under the search's "no place"
+#: marker (2**61). 9000 overlapping buffers of 2**50 bytes each wrapped the lower bound negative.
+MAX_TOTAL_BYTES = 2**60
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,12 @@ def check_buffers(buffers: Sequence[Buffer]) -> None:
             )
         if b.alignment < 1:
             raise ModelImportError(f"buffer {b.id!r}: alignment {b.alignment} must be >= 1")
+    total = sum(b.size + b.alignment - 1 for b in buffers)
+    if total > MAX_TOTAL_BYTES:
+        raise ModelImportError(
+            f"the buffers take {total} bytes in all (sizes plus alignment), over the 2**60 the solvers' "
+            "64-bit sums hold; give sizes and alignments in a coarser unit or split the problem"
+        )
 
 
 def lower_bound(buffers: Sequence[Buffer]) -> int:

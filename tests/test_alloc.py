@@ -270,6 +270,16 @@ def test_csv_errors_name_the_problem(text, message):
         parse_csv(text, "p.csv")
 
 
+def test_sizes_past_64_bit_sums_are_refused():
+    """8193 overlapping buffers of 2**50 bytes (each within the per-value limit) wrapped the lower
+    bound's int64 sum: alloc exited 1 with 'offset -9223372036854775808 leaves the arena'."""
+    text = "id,lower,upper,size\n" + "".join(f"b{i},0,10,{2**50}\n" for i in range(8193))
+    with pytest.raises(ModelImportError, match=r"p.csv: the buffers take \d+ bytes in all .* over the 2\*\*60"):
+        parse_csv(text, "p.csv")
+    with pytest.raises(ModelImportError, match="over the 2"):
+        solve([Buffer("a", 0, 10, 2**50), Buffer("b", 0, 10, 2**60)])
+
+
 # -- CLI -----------------------------------------------------------------------------------------
 def _run(args):
     return CliRunner().invoke(cli.main, args)
