@@ -1874,25 +1874,42 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
               "The default when --capacity is not given.")
 @click.option("--time-limit", type=FiniteFloat(min=0), default=10.0, show_default=True,
               help="Seconds for the exact search; the best valid placement found is returned.")
+@click.option("--deterministic", is_flag=True,
+              help="Count --time-limit in search nodes and CP-SAT's deterministic seconds instead of wall "
+              "seconds, so a search the limit cuts short returns the same offsets on any machine and under "
+              "any load (the wall time then varies: challenging D at --time-limit 4 took 47 s on a loaded "
+              "2-core machine; --wall-cap bounds it).")
+@click.option("--wall-cap", type=FiniteFloat(min=0, min_open=True), default=None, help=WALL_CAP_HELP)
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the solution CSV (the problem's columns plus offset).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @handles_errors
-def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit: float,
-                  output: str | None, as_json: bool) -> None:
+def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit: float, deterministic: bool,
+                  wall_cap: float | None, output: str | None, as_json: bool) -> None:
     """Fixed offsets in one arena for buffers in MiniMalloc's CSV (id,lower,upper,size[,alignment])."""
+    import contextlib
+
+    from planner import clock
     from planner.alloc import AllocStatus, solve
     from planner.alloc_io import read_csv, write_solution
     from planner.units import format_bytes, parse_bytes
 
     _output_paths_ok({"-o": output}, [problem])
+    deadline = _wall_cap(wall_cap, deterministic)
     cap = parse_bytes(capacity, "--capacity") if capacity else None
     buffers, given = read_csv(problem)
     if given is not None:
         # MiniMalloc keeps an offset column's offsets fixed; solve would have moved them silently
         raise ModelImportError(f"{problem}: has an offset column, and alloc does not keep given offsets "
                                "(it places every buffer); remove the column")
-    result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)
+    # on the wall clock a limit that cut the search short gave another placement under load
+    # (challenging D, --time-limit 4: height 1075200 alone, 1105920 with two more runs beside it)
+    with clock.work_clock(deadline) if deterministic else contextlib.nullcontext():
+        result = solve(buffers, capacity=cap, minimize=minimize, time_limit=time_limit)
+        if clock.capped():
+            log.warning("--wall-cap stopped the search: this placement may differ on another machine")
+            result.stats["wall_capped"] = True
+    result.stats["deterministic"] = deterministic
     lb = result.lower_bound
     if as_json and result.status in (AllocStatus.INFEASIBLE, AllocStatus.TIMEOUT):
         # the one JSON object --json promises, as plan --json prints an infeasible plan's; the

@@ -325,6 +325,28 @@ def test_cli_failures_are_one_line_and_write_nothing(tmp_path, body, code, messa
     assert not out.exists()
 
 
+def test_cli_deterministic_gives_the_same_file_however_slow_the_machine(benchmarks_dir, tmp_path, monkeypatch):
+    """alloc had no --deterministic: its limit ran on the wall clock only, and challenging D at
+    --time-limit 4 wrote height 1075200 alone and 1105920 with two more runs beside it."""
+    import itertools
+
+    from planner import clock
+
+    problem = benchmarks_dir / "minimalloc" / "challenging" / "D.1048576.csv"
+    args = ["alloc", str(problem), "--time-limit", "0.5", "--deterministic", "--json", "-o"]
+    calm = _run([*args, str(tmp_path / "calm.csv")])
+    ticks = itertools.count(0.0, 1000.0)  # every reading of the wall 1000 s after the last
+    monkeypatch.setattr(clock, "_wall", lambda: next(ticks))
+    monkeypatch.setattr(alloc.time, "monotonic", lambda: next(ticks))
+    crawled = _run([*args, str(tmp_path / "crawled.csv")])
+    assert calm.exit_code == crawled.exit_code == 0, calm.stderr + crawled.stderr
+    assert (tmp_path / "calm.csv").read_bytes() == (tmp_path / "crawled.csv").read_bytes()
+    obj = json.loads(calm.stdout)
+    assert obj["deterministic"] is True and obj["search_nodes"] > 0
+    buffers, offsets = read_csv(tmp_path / "calm.csv")
+    validate(buffers, offsets)
+
+
 def test_cli_refuses_a_problem_with_offsets(tmp_path):
     """An offset column (MiniMalloc's fixed offsets, or a solution file given back) was read and
     dropped: b1 asked for offset 8 and was placed at 0, exit 0."""
