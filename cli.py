@@ -1946,6 +1946,14 @@ def alloc_command(problem: str, capacity: str | None, minimize: bool, time_limit
     rows += [
         ("time", f"{result.wall_s:.2f} s ({result.method})"),
     ]
+    if result.status is AllocStatus.FEASIBLE:  # the table said "feasible" and not why it stopped there
+        if cap is not None and not minimize:
+            rows.append(("note", "fits --capacity; add --minimize for the least height"))
+        elif result.stats.get("too_large_blocks"):
+            rows.append(("note", "a lower height is not ruled out: the exact search skips problems this large"))
+        else:
+            rows.append(("note", f"a lower height is not ruled out in --time-limit {time_limit:g} s; raise it "
+                                 "to search longer"))
     if output:
         rows.append(("solution", output))
     for key, value in rows:

@@ -347,6 +347,17 @@ def test_cli_deterministic_gives_the_same_file_however_slow_the_machine(benchmar
     validate(buffers, offsets)
 
 
+def test_cli_table_says_why_a_feasible_height_is_not_proven(benchmarks_dir):
+    """A time-limited --minimize and a --capacity decision both printed just 'feasible': nothing
+    said the limit stopped the search, or that --capacity asks for any fit, not the least."""
+    problem = str(benchmarks_dir / "minimalloc" / "challenging" / "D.1048576.csv")
+    limited = _run(["alloc", problem, "--time-limit", "0"])
+    assert limited.exit_code == 0 and "feasible" in limited.stdout
+    assert "not ruled out in --time-limit 0 s; raise it" in limited.stdout
+    fits = _run(["alloc", problem, "--capacity", "2MiB", "--time-limit", "0"])
+    assert fits.exit_code == 0 and "fits --capacity; add --minimize" in fits.stdout
+
+
 def test_cli_refuses_a_problem_with_offsets(tmp_path):
     """An offset column (MiniMalloc's fixed offsets, or a solution file given back) was read and
     dropped: b1 asked for offset 8 and was placed at 0, exit 0."""
