@@ -28,15 +28,14 @@ def greedy_offsets(first, stop, size, align, order: str) -> np.ndarray:
         "start": (np.arange(n), -size, first),
     }[order]
     offsets = np.full(n, -1, np.int64)
-    placed: list[int] = []
+    placed = np.zeros(n, bool)
+    # a mask over all buffers, not a list of the placed ones: turning that list into an array at
+    # every step took 69 of the 92 s that 20,000 buffers spent here under --time-limit 3 (the
+    # best fit depends only on which intervals are near, not on their order)
     for b in np.lexsort(keys).tolist():
-        if placed:
-            idx = np.asarray(placed)
-            near = idx[(first[idx] < stop[b]) & (first[b] < stop[idx])]
-        else:
-            near = np.zeros(0, np.int64)
+        near = np.flatnonzero(placed & (first < stop[b]) & (first[b] < stop))
         offsets[b] = _best_fit(offsets[near], offsets[near] + size[near], int(size[b]), int(align[b]))
-        placed.append(b)
+        placed[b] = True
     return offsets
 
 
