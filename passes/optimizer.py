@@ -19,7 +19,7 @@ import numpy as np
 
 from passes.gradients._emit import Emitter
 from passes.onnx_import import DTYPE_TO_ONNX
-from planner.errors import UsageError
+from planner.errors import ModelImportError, UsageError
 from planner.graph import HALF_DTYPES
 
 OPTIMIZERS = ("none", "sgd", "adam")
@@ -84,11 +84,30 @@ class OptimizerStep:
         self.updates: dict[str, str] = {}
         self.state: list[StateSlot] = []
         self._new: dict[int, int] = {}  # param id -> updated value
+        suffixes = {"sgd": ["momentum"] if options.momentum else [], "adam": ["adam_m", "adam_v"]}
+        if self.enabled:
+            self._refuse_taken_names(params, suffixes[options.kind])
         if options.kind == "adam":
             self._init_adam_step()
-        suffixes = {"sgd": ["momentum"] if options.momentum else [], "adam": ["adam_m", "adam_v"]}
         self._inputs = {p: [self._state_input(p, s, self._math_dtype(p)) for s in suffixes.get(options.kind, [])]
                         for p in params}
+
+    def _refuse_taken_names(self, params: list[int], suffixes: list[str]) -> None:
+        """Every name the update gives (``<param>_new``, each state and its ``_new``, ``adam_step``)
+        must be free: a model tensor named ``W_momentum`` stopped the build with "tensor name
+        'W_momentum' is used twice", exit 1, and no word of what to rename."""
+        names = [("the step count", n) for n in ("adam_step", "adam_step_new") if self.opt.kind == "adam"]
+        for p in params:
+            param = self.em.tensor(p).name
+            names.append((f"the update of {param!r}", f"{param}_new"))
+            for suffix in suffixes:
+                names += [(f"the {suffix} state of {param!r}", f"{param}_{suffix}{end}") for end in ("", "_new")]
+        taken: set[str] = set()
+        for what, name in names:
+            if name in taken or self.em.b.has(name):
+                raise ModelImportError(f"cannot name {what} in the {self.opt.kind} step: the model already has a "
+                                       f"tensor {name!r}, the name the step gives it; rename that tensor in the model")
+            taken.add(name)
 
     def _init_adam_step(self) -> None:
         em, b = self.em, self.em.b

@@ -274,6 +274,26 @@ def test_adam_two_steps_match_numpy():
     assert float(state["adam_step"]) == 2.0
 
 
+@pytest.mark.parametrize("optimizer, taken", [("sgd", "W_momentum"), ("sgd", "W_new"), ("adam", "W_adam_v_new"),
+                                              ("adam", "adam_step")])
+def test_an_optimizer_name_the_model_already_has_is_named_with_the_fix(optimizer, taken, tmp_path):
+    """A model tensor named as the update names one of its outputs or state (``W_momentum``) stopped
+    train-graph with "tensor name 'W_momentum' is used twice", exit 1 (a failed check), no fix named."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    model = _model([n("MatMul", ["x", "W"], ["h"]), n("Add", ["h", "c"], [taken]), n("Mul", [taken, taken], ["sq"]),
+                    n("ReduceMean", ["sq"], ["loss"], keepdims=0)],
+                   {"W": rng.standard_normal((3, 3)), "c": rng.standard_normal(3)}, {"x": rng.standard_normal((2, 3))})
+    options = TrainOptions.from_kwargs(optimizer=optimizer, momentum=0.9)
+    with pytest.raises(ModelImportError, match=f"the model already has a tensor '{taken}'.*rename that tensor"):
+        build_training_graph(import_model(model), options)
+    assert build_training_graph(import_model(model)).params == ("W", "c")  # without an optimizer it trains
+    path, out = tmp_path / "taken.onnx", tmp_path / "step.onnx"
+    onnx.save(model, path)
+    code, _, err = memplan("train-graph", path, "-o", out, "--optimizer", optimizer, "--momentum", "0.9")
+    assert code == 3 and len(err.strip().splitlines()) == 1 and f"'{taken}'" in err and not out.exists(), err
+
+
 def test_adam_on_float16_weights_keeps_float32_state_and_matches_numpy():
     """Adam on float16 weights went NaN at step 1: eps (1e-8) was a float16 constant, i.e. 0, and a
     squared gradient under ~2e-4 is 0 in float16, so an update divided 0 by 0 (or m by 0). Its moments
