@@ -921,10 +921,10 @@ def optimizer_options(f, training: bool = False):
                      default=None, help="The update step (default adam)." if training else
                      "Append an update step (default none: the gradients are the outputs)."),
         click.option("--lr", type=FiniteFloat(), default=None, help="Learning rate (default 0.01 sgd, 0.003 adam)."),
-        click.option("--momentum", type=FiniteFloat(), default=0.0, show_default=True, help="SGD momentum."),
-        click.option("--beta1", type=FiniteFloat(), default=0.9, show_default=True, help="Adam beta1."),
-        click.option("--beta2", type=FiniteFloat(), default=0.999, show_default=True, help="Adam beta2."),
-        click.option("--weight-decay", type=FiniteFloat(), default=0.0, show_default=True, help="L2 weight decay."),
+        click.option("--momentum", type=FiniteFloat(), default=None, help="SGD momentum (default 0)."),
+        click.option("--beta1", type=FiniteFloat(), default=None, help="Adam beta1 (default 0.9)."),
+        click.option("--beta2", type=FiniteFloat(), default=None, help="Adam beta2 (default 0.999)."),
+        click.option("--weight-decay", type=FiniteFloat(), default=None, help="L2 weight decay (default 0)."),
         click.option("--freeze", multiple=True, metavar="PATTERN",
                      help="Initializers (glob on the name) that get no gradient; repeatable."),
         click.option("--loss", default=None, help="Loss output (default: the first scalar float output)."),
@@ -956,9 +956,19 @@ def _train_options(optimizer, lr, momentum, beta1, beta2, weight_decay, freeze, 
     kind = optimizer or default_optimizer
     if kind == "none" and lr is not None:
         raise UsageError("--lr is the optimizer step's learning rate; add --optimizer sgd or adam (or drop --lr)")
+    # a hyper-parameter of another optimizer was dropped without a word: `memplan train --momentum
+    # 0.9` ran Adam (the default) with no momentum, `--optimizer sgd --beta1 0.5` plain SGD
+    owners = {"--momentum": (momentum, ("sgd",)), "--beta1": (beta1, ("adam",)), "--beta2": (beta2, ("adam",)),
+              "--weight-decay": (weight_decay, ("sgd", "adam"))}
+    for flag, (value, kinds) in owners.items():
+        if value is not None and kind not in kinds:
+            raise UsageError(f"{flag} is a hyper-parameter of --optimizer {' or '.join(kinds)}, and this step's "
+                             f"optimizer is {kind}{'' if optimizer else ' (the default)'}; "
+                             f"add --optimizer {' or '.join(kinds)} (or drop {flag})")
     lr = lr if lr is not None else (0.003 if kind == "adam" else 0.01)
-    return TrainOptions.from_kwargs(loss=loss, freeze=freeze, optimizer=kind, lr=lr, momentum=momentum,
-                                    beta1=beta1, beta2=beta2, weight_decay=weight_decay, **extra)
+    given = {k: v for k, v in dict(momentum=momentum, beta1=beta1, beta2=beta2, weight_decay=weight_decay).items()
+             if v is not None}  # the others keep OptimizerOptions' defaults
+    return TrainOptions.from_kwargs(loss=loss, freeze=freeze, optimizer=kind, lr=lr, **given, **extra)
 
 
 @main.command("train-graph")

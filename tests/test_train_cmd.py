@@ -68,6 +68,33 @@ def test_hyper_parameters_that_float32_cannot_hold_are_refused(flag, value, as32
     OptimizerOptions(kind="adam", lr=1e-30, beta2=0.99999, weight_decay=1e30)  # float32 holds these
 
 
+@pytest.mark.parametrize("command, args", [
+    ("train", ["--momentum", "0.9"]),  # ran the default adam, no momentum
+    ("train-graph", ["--optimizer", "sgd", "--beta1", "0.5"]),
+    ("train-graph", ["--optimizer", "adam", "--momentum", "0.9"]),
+    ("train-graph", ["--weight-decay", "0.1"]),  # the default none: no update to decay
+])
+def test_a_hyper_parameter_of_another_optimizer_is_refused(command, args, tmp_path):
+    """They were dropped without a word: `train --momentum 0.9` trained Adam with no momentum."""
+    out = tmp_path / "step.onnx"
+    rc, stdout, err = memplan(command, "zoo:mlp", *(["-o", out] if command == "train-graph" else ["--steps", "1"]), *args)
+    flag = args[-2]
+    assert rc == 2 and stdout == "" and not out.exists(), err
+    assert err.startswith(f"memplan: error: {flag} is a hyper-parameter of --optimizer") and len(err.splitlines()) == 1
+
+
+def test_hyper_parameters_given_to_their_optimizer_reach_the_step(tmp_path):
+    """The flags' defaults moved from click to the step: given ones must still be the step's."""
+    import cli
+
+    options = cli._train_options(optimizer="sgd", lr=None, momentum=0.5, beta1=None, beta2=None, weight_decay=0.25,
+                                 freeze=(), loss=None, default_optimizer="none")
+    assert (options.optimizer.momentum, options.optimizer.weight_decay, options.optimizer.lr) == (0.5, 0.25, 0.01)
+    options = cli._train_options(optimizer=None, lr=None, momentum=None, beta1=0.5, beta2=None, weight_decay=None,
+                                 freeze=(), loss=None, default_optimizer="adam")
+    assert (options.optimizer.beta1, options.optimizer.beta2, options.optimizer.weight_decay) == (0.5, 0.999, 0.0)
+
+
 def test_a_classifier_input_without_the_batch_dim_gets_random_data(tmp_path):
     """A float input of another shape than the samples (a [2] scale) broke the prototypes: traceback."""
     rng = np.random.default_rng(0)
