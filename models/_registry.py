@@ -6,6 +6,7 @@ failure is one :class:`UsageError` line naming the option, the value seen and th
 """
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Union
@@ -82,6 +83,10 @@ class ZooModel:
                 )
             return value
         low, high = self.minimum.get(key, 1), self.maximum.get(key, None if key == "seed" else MAX_OPTION)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            # a numpy integer (from a batch sweep's np.arange) is an integer: it was refused with
+            # "must be an integer ..., got np.int64(4)"
+            value = int(value)
         in_range = isinstance(value, int) and value >= low and (high is None or value <= high)
         if isinstance(value, bool) or not in_range:
             legal = f">= {low}" if high is None else f"in {low}..{high}"

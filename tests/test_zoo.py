@@ -130,6 +130,14 @@ def test_explicit_options_override_the_preset():
     assert numpy_helper.to_array(model.graph.initializer[0]).shape == (1024, 16)
 
 
+def test_numpy_integer_options_build_as_their_ints():
+    """models.build from Python with a numpy integer (a batch from np.arange): refused with "must
+    be an integer in 1..1048576, got np.int64(4)"; it builds the model its int names."""
+    got = models.build("mlp", batch=np.int64(4), seed=np.int32(3))
+    want = models.build("mlp", batch=4, seed=3)
+    assert got.SerializeToString() == want.SerializeToString()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_recorded_spec_rebuilds_the_same_model(name):
     model = models.build(name, seed=2, batch=3)
