@@ -29,7 +29,7 @@ from planner.lowering import Lowering, lower
 from planner.plan import SolveResult
 from planner.planning import solve
 from planner.problem import PlanningProblem
-from planner.units import share_of
+from planner.units import share_of, whole_bytes
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ def plan_graph(
     ``lowered``: ``lower_graph(graph, ...)`` with these same costs, for a caller that plans one
     graph at many budgets (:func:`sweep_graph`); lowered here otherwise.
     """
+    budget = whole_bytes(budget)  # a numpy int, a float or nan failed deep in the solve, or leaked into plan.json
     # function ops as ORT runs them (their bodies); the graphs memplan builds have none left
     graph = inline_functions(graph)
     problem, lowering = lowered or lower(graph, node_time=node_time, transfer_time=transfer_time,

@@ -42,6 +42,7 @@ from planner import clock, cpsat_plans
 from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
+from planner.errors import UsageError
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
@@ -54,6 +55,7 @@ from planner.reorder import first_compute_order, memory_order, permute, plan_in_
 from planner.simulate import Simulation, simulate
 from planner.swap_greedy import swap_greedy
 from planner.tight_greedy import long_run
+from planner.units import whole_bytes
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +98,10 @@ def plan_strategy(problem: PlanningProblem, budget: int, strategy: str) -> str:
 
 def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", options: PlannerOptions | None = None) -> SolveResult:
     """Plan ``problem`` under ``budget`` bytes (base included) with ``strategy``."""
+    budget = whole_bytes(budget)
     options = options or PlannerOptions()
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        raise UsageError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if options.proven_share < 1 and budget < problem.order_free_floor:
         # infeasible in every order already: the search would only lower the lowest plan found
         options = replace(options, time_limit=options.proven_share * options.time_limit, proven_share=1.0)

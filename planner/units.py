@@ -1,6 +1,8 @@
 """Byte quantities as users write them: ``512MiB``, ``8GiB``, ``1.5GB``, ``1048576``, ``60%``."""
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -59,6 +61,23 @@ def _exact_fraction(x: float) -> tuple[int, int]:
 
 #: The largest byte size memplan takes (it fits an int64 with room for sums of a few).
 MAX_BYTES = 2**62
+
+
+def whole_bytes(value, what: str = "budget") -> int:
+    """``value`` (a budget given to the library, not parsed from text) as a Python int of bytes.
+
+    A numpy integer is taken as its int: kept as it was, it came back as plan.json's
+    ``budget_bytes``, which json.dumps refuses. A float with a fraction (``peak * 0.8``) reached
+    CP-SAT and failed there with a TypeError from ortools, nan with an AssertionError in the
+    depth-first walk; a bool or a string failed on a comparison. UsageError names the value and the fix."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
+            and float(value).is_integer():
+        return int(value)
+    fix = ("a whole number of bytes (for a share of a peak: planner.units.share_of(peak, 0.8), "
+           "or parse_budget('80%').resolve(peak))")
+    raise UsageError(f"{what} must be {fix}, got {value!r} ({type(value).__name__})")
 
 
 def parse_bytes(text: str, what: str = "size") -> int:

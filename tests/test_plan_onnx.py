@@ -1359,3 +1359,23 @@ def test_the_rewrites_constants_are_bounded_whatever_the_plan():
         pm = plan_graph(g, int(own * share), options=PlannerOptions(time_limit=5, workers=1, seed=0))
         assert pm.ok, pm.result.note
         assert 0 <= pm.planned.base_bytes - g.base_bytes <= added_constant_bytes(g)
+
+
+def test_a_library_budget_is_taken_as_whole_bytes_or_refused_by_name():
+    """plan_graph called from Python: a numpy integer budget planned, but came back as plan.json's
+    budget_bytes (np.int64), which json.dumps refused; a float with a fraction (``peak * 0.8``)
+    failed inside ortools with a TypeError, nan with an AssertionError in the depth-first walk."""
+    from planner.errors import UsageError
+
+    g = exp_chain(8)
+    own = analyze(g).peak_bytes
+    opts = PlannerOptions(time_limit=5, workers=1, seed=0)
+    as_int = plan_graph(g, own * 4 // 5, options=opts)
+    as_numpy = plan_graph(g, np.int64(own * 4 // 5), options=opts)
+    assert as_numpy.ok and type(as_numpy.result.budget_bytes) is int
+    assert json.dumps(as_numpy.result.to_json(as_numpy.problem)) is not None
+    assert as_numpy.events == as_int.events
+    assert plan_graph(g, float(own * 4 // 5), options=opts).events == as_int.events  # 4096.0 is 4096
+    for bad in (own * 4 // 5 + 0.5, float("nan"), True, "80%"):
+        with pytest.raises(UsageError, match=r"budget must be a whole number of bytes.*got"):
+            plan_graph(g, bad, options=opts)

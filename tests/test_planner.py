@@ -19,6 +19,7 @@ from click.testing import CliRunner
 import cli
 from planner.baselines import chen_sqrt, greedy, no_remat
 from planner.cpsat import PlannerOptions
+from planner.errors import UsageError
 from planner.explain import explain
 from planner.plan import Plan, plan_from_json
 from planner.planning import least_peak, solve
@@ -172,6 +173,21 @@ def test_every_strategy_returns_a_valid_plan_or_says_why(strategy, n, frac):
     check_result(p, res, budget)
     if frac >= 1.0 and strategy != "chen":  # Chen's checkpoints ignore the budget
         assert res.added_time == 0
+
+
+def test_solve_called_from_python_takes_whole_bytes_and_names_bad_input():
+    """planner.planning.solve from Python: a numpy integer budget came back as the result's
+    budget_bytes (np.int64: json.dumps of to_json refused it), a fractional one failed in ortools
+    with a TypeError, and an unknown strategy raised a ValueError outside memplan's errors."""
+    p = chain(6)
+    budget = p.budget_for(0.7)
+    res = solve(p, np.int64(budget), "cpsat", ONE)
+    check_result(p, res, budget)
+    assert type(res.budget_bytes) is int and json.dumps(res.to_json(p))
+    with pytest.raises(UsageError, match=r"budget must be a whole number of bytes.*got"):
+        solve(p, budget + 0.5, "cpsat", ONE)
+    with pytest.raises(UsageError, match=r"unknown strategy 'bogus'; expected one of cpsat"):
+        solve(p, budget, "bogus", ONE)
 
 
 @pytest.mark.parametrize("n,frac", [(8, 0.7), (10, 0.55)])
