@@ -1883,7 +1883,8 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
 @click.option("--minimize", is_flag=True, help="Least arena height (within --capacity if given). "
               "The default when --capacity is not given.")
 @click.option("--time-limit", type=FiniteFloat(min=0), default=10.0, show_default=True,
-              help="Seconds for the exact search; the best valid placement found is returned.")
+              help="Seconds for the search (the first greedy order runs in any case); the best valid "
+              "placement found is returned.")
 @click.option("--deterministic", is_flag=True,
               help="Count --time-limit in search nodes and CP-SAT's deterministic seconds instead of wall "
               "seconds, so a search the limit cuts short returns the same offsets on any machine and under "

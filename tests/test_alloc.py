@@ -83,6 +83,65 @@ def test_validate_rejects_overlap_capacity_and_misalignment():
     validate([a, Buffer("c", 4, 6, 4)], [0, 0], 4)  # touching lifespans may share bytes
 
 
+def all_pairs_overlaps(buffers: list[Buffer], offsets: list[int]) -> set[tuple[int, int]]:
+    """Every pair (i < j) that shares bytes while both are live: the check validate made before
+    its sweep (an O(n^2) loop), kept as the reference."""
+    return {
+        (i, j) for i, a in enumerate(buffers) for j in range(i + 1, len(buffers))
+        if a.lower < buffers[j].upper and buffers[j].lower < a.upper and a.size > 0 and buffers[j].size > 0
+        and offsets[i] < offsets[j] + buffers[j].size and offsets[j] < offsets[i] + a.size
+    }
+
+
+@hst.composite
+def placements(draw) -> tuple[list[Buffer], list[int]]:
+    """Buffers over few times (touching lifespans are common) with sizes from 0, at few offsets."""
+    n = draw(hst.integers(1, 12))
+    buffers, offsets = [], []
+    for i in range(n):
+        lower = draw(hst.integers(0, 6))
+        buffers.append(Buffer(f"b{i}", lower, draw(hst.integers(lower + 1, 8)), draw(hst.integers(0, 4))))
+        offsets.append(draw(hst.integers(0, 10)))
+    return buffers, offsets
+
+
+def check_against_all_pairs(buffers: list[Buffer], offsets: list[int]) -> None:
+    clashes = all_pairs_overlaps(buffers, offsets)
+    if not clashes:
+        validate(buffers, offsets)
+        return
+    with pytest.raises(PlacementError, match="overlap while both are live") as err:
+        validate(buffers, offsets)
+    named = {i for i, b in enumerate(buffers) if repr(b.id) in str(err.value)}
+    assert tuple(sorted(named)) in clashes  # the pair it names is one that clashes
+
+
+@settings(max_examples=400, deadline=None)
+@given(placements())
+def test_validate_sweep_finds_what_the_all_pairs_check_finds(problem):
+    check_against_all_pairs(*problem)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_validate_sweep_on_larger_placements(seed):
+    """Greedy placements of 300 buffers (valid), then one offset moved onto another live buffer,
+    or next to it (touching bytes: still valid)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lower = rng.integers(0, 60, 300)
+    buffers = [Buffer(f"b{i}", int(lo), int(lo + rng.integers(1, 12)), int(rng.integers(0, 9)))
+               for i, lo in enumerate(lower)]
+    offsets = list(greedy(buffers).offsets)
+    check_against_all_pairs(buffers, offsets)
+    for _ in range(20):
+        i, j = rng.choice(300, 2, replace=False).tolist()
+        moved = list(offsets)
+        moved[i] = offsets[j] + int(rng.integers(-2, 3)) * buffers[j].size // 2
+        moved[i] = max(moved[i], 0)
+        check_against_all_pairs(buffers, moved)
+
+
 # -- solving -------------------------------------------------------------------------------------
 def test_example_fits_capacity_12():
     result = solve(EXAMPLE, capacity=12)
@@ -237,6 +296,39 @@ def test_on_the_work_clock_the_placement_is_the_same_however_slow_the_machine(be
         crawled = solve(buffers, minimize=True, time_limit=0.5)
     assert crawled.offsets == calm.offsets and crawled.status is calm.status and calm.stats["search_nodes"] > 0
     validate(buffers, calm.offsets)
+
+
+def test_greedy_orders_after_the_first_stop_at_a_work_clock_deadline():
+    """The greedy's orders each take O(n^2): 20,000 buffers spent 14 s of a --time-limit 3 in all
+    four. The first always runs (an answer is needed); the next stops where the clock passes the
+    limit, here halfway through the second order on the work clock (no timing involved)."""
+    import numpy as np
+
+    from planner import alloc_greedy, clock
+
+    rng = np.random.default_rng(0)
+    n = 300
+    lower = rng.integers(0, 200, n)
+    buffers = [Buffer(f"b{i}", int(lo), int(lo + rng.integers(1, 30)), int(rng.integers(1, 20)))
+               for i, lo in enumerate(lower)]
+    one_order = n * (alloc_greedy.STEP_SECONDS + n * alloc_greedy.BUFFER_SECONDS)  # what an order charges
+    with clock.work_clock():
+        full = solve(buffers, minimize=True, time_limit=1000 * one_order)
+        assert clock.now() >= len(alloc_greedy.GREEDY_ORDERS) * one_order * 0.999
+    with clock.work_clock():
+        short = solve(buffers, minimize=True, time_limit=1.5 * one_order)
+        spent = clock.now()
+    sizes = np.array([b.size for b in buffers])
+    red = reduce_problem([b.lower for b in buffers], [b.upper for b in buffers], sizes, np.ones(n, np.int64))
+    greedy_heights = [int((alloc_greedy.greedy_offsets(red.first, red.stop, red.size, red.align, o) + red.size).max())
+                      for o in alloc_greedy.GREEDY_ORDERS]
+    assert short.stats["blocks"] == 1 and min(greedy_heights) < greedy_heights[0]  # a later order wins
+    assert full.greedy_height == min(greedy_heights) * red.unit
+    assert short.greedy_height == greedy_heights[0] * red.unit  # the second order was cut short
+    # the clock stopped it within one reading of the deadline (CLOCK_STEPS placements)
+    step = alloc_greedy.STEP_SECONDS + n * alloc_greedy.BUFFER_SECONDS
+    assert 1.5 * one_order <= spent <= 1.5 * one_order + alloc_greedy.CLOCK_STEPS * step + 1e-9
+    validate(buffers, short.offsets)
 
 
 # -- CSV -----------------------------------------------------------------------------------------
