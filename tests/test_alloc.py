@@ -15,6 +15,7 @@ from planner.alloc_cpsat import cpsat_pack
 from planner.alloc_io import parse_csv, read_csv, solution_csv
 from planner.alloc_search import Restarts, SearchStatus, independent_blocks, reduce_problem
 from planner.errors import ModelImportError
+from tests.helpers import ROOT
 
 EXAMPLE = [
     Buffer("b1", 0, 3, 4), Buffer("b2", 3, 9, 4), Buffer("b3", 0, 9, 4),
@@ -486,3 +487,18 @@ def test_cli_missing_file_and_bad_capacity(tmp_path, example_csv):
     assert missing.exit_code == 3 and "nope.csv: no such file" in missing.stderr
     res = _run(["alloc", str(example_csv), "--capacity", "twelve"])
     assert res.exit_code == 2 and "--capacity" in res.stderr
+
+
+def test_alloc_reads_no_onnx(tmp_path):
+    """alloc's input is a CSV: checking its output path imported onnx to look for the data files a
+    model keeps its weights in (4 s of a 3 s run on a loaded machine)."""
+    import subprocess
+    import sys
+
+    problem = tmp_path / "p.csv"
+    problem.write_text("id,lower,upper,size\na,0,2,4\nb,1,3,4\n")
+    code = ("import sys; from click.testing import CliRunner; import cli; "
+            f"r = CliRunner().invoke(cli.main, ['alloc', {str(problem)!r}, '-o', {str(tmp_path / 's.csv')!r}]); "
+            "print(r.exit_code, 'onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "False"], out
