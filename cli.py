@@ -1063,9 +1063,10 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
 
 # ---- plan / rewrite for ONNX models ----------------------------------------------------------
 def _device_costs(device_name: str):
-    """(node_time(graph, node), transfer_time(bytes), copy_overlap) for a device profile."""
+    """(profile, node_time(graph, node), transfer_time(bytes), copy_overlap) for a device profile; the
+    copies of the model memplan writes never overlap compute in ONNX Runtime (COPIES_OVERLAP_COMPUTE)."""
     from planner.costs import op_time
-    from planner.devices import device, transfer_time
+    from planner.devices import COPIES_OVERLAP_COMPUTE, device, transfer_time
     from planner.graph import DTYPE_BITS
 
     dev = device(device_name)
@@ -1078,7 +1079,7 @@ def _device_costs(device_name: str):
         return op_time(node.op_type, [shape(t) for t in node.inputs], [shape(t) for t in node.outputs],
                        node.attrs, dev, width, dtype)
 
-    return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), dev.copy_overlap
+    return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), COPIES_OVERLAP_COMPUTE
 
 
 def _graph_costs(graph, device_name: str, costs: str, swap: bool = False):
@@ -1174,8 +1175,8 @@ def _check_swap_bandwidth(swap_bandwidth: float | None, swap_overlap: bool) -> N
         raise UsageError(f"--swap-bandwidth must be > 0 bytes per cost unit, got {swap_bandwidth}")
     if not swap_overlap and swap_bandwidth is None:  # it did nothing, without a word
         raise UsageError("--no-swap-overlap applies to swaps over --swap-bandwidth BW (JSON graphs); add "
-                         "--swap-bandwidth, or drop --no-swap-overlap (an ONNX model's swaps overlap compute on a "
-                         "GPU --device)")
+                         "--swap-bandwidth, or drop --no-swap-overlap (an ONNX model's swaps never overlap compute: "
+                         "ONNX Runtime runs the copies on the compute stream)")
 
 
 def _resolve_budget(text: str, problem) -> int:

@@ -22,6 +22,7 @@ from passes.function_ops import inline_functions
 from passes.pin_order import pin_order
 from passes.rewrite import MIN_PRIME_BYTES, added_constant_bytes, added_helper_bytes, apply_schedule, prime_arena
 from planner.cpsat import PlannerOptions
+from planner.devices import COPIES_OVERLAP_COMPUTE
 from planner.graph import Graph
 from planner.arena import NEXT_POWER_OF_TWO, arena_need
 from planner.liveness import MemoryModel, analyze
@@ -134,7 +135,7 @@ def plan_graph(
     options: PlannerOptions | None = None,
     node_time: Callable | None = None,
     transfer_time: Callable[[int], float] | None = None,
-    copy_overlap: bool = True,
+    copy_overlap: bool = COPIES_OVERLAP_COMPUTE,
     time_unit: str = "",
     pin: bool = False,
     ort_arena: OrtArena | None = None,
@@ -335,7 +336,7 @@ def pinned_unplanned_peak(graph: Graph, lowered: tuple[PlanningProblem, Lowering
 
 
 def lower_graph(graph: Graph, *, node_time: Callable | None = None,
-                transfer_time: Callable[[int], float] | None = None, copy_overlap: bool = True,
+                transfer_time: Callable[[int], float] | None = None, copy_overlap: bool = COPIES_OVERLAP_COMPUTE,
                 time_unit: str = "") -> tuple[PlanningProblem, Lowering]:
     """The (problem, lowering) :func:`plan_graph` plans ``graph`` with, for its ``lowered``."""
     return lower(inline_functions(graph), node_time=node_time, transfer_time=transfer_time,
@@ -344,7 +345,7 @@ def lower_graph(graph: Graph, *, node_time: Callable | None = None,
 
 def sweep_graph(graph: Graph, fractions: Sequence[float], strategies: Sequence[str], options: PlannerOptions,
                 *, node_time: Callable | None = None, transfer_time: Callable[[int], float] | None = None,
-                copy_overlap: bool = True, time_unit: str = "") -> list[dict[str, Any]]:
+                copy_overlap: bool = COPIES_OVERLAP_COMPUTE, time_unit: str = "") -> list[dict[str, Any]]:
     """``memplan plan --sweep`` for a graph: one row per (strategy, fraction), each what ``memplan
     plan --budget P% --strategy S`` reports for it (:func:`plan_graph`): the budget is the fraction
     of the graph's own unplanned peak (not of the lowered problem's, which counts in-place outputs

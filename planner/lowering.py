@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from planner.devices import COPIES_OVERLAP_COMPUTE
 from planner.graph import DTYPE_BITS, NO_TENSOR, Graph, Node, TensorKind
 from planner.liveness import MemoryModel, analyze
 from planner.plan import Plan
@@ -102,7 +103,7 @@ def lower(
     *,
     node_time: NodeTime | None = None,
     transfer_time: Callable[[int], float] | None = None,
-    copy_overlap: bool = True,
+    copy_overlap: bool = COPIES_OVERLAP_COMPUTE,
     time_unit: str = "",
     memory: MemoryModel | None = None,
 ) -> tuple[PlanningProblem, Lowering]:

@@ -17,7 +17,11 @@ their own stream, otherwise transfers share the compute stream. A swap-out copie
 copy: it starts once that copy is there (its compute or its swap-in ended) and its stream is
 free. An event may not happen before the one listed before it (memory order is real-time order),
 so a compute waits for a swap-out listed before it to finish (the memory it needs is not free
-yet) and for its swapped-in inputs.
+yet) and for its swapped-in inputs. Without ``copy_overlap`` every event runs in list order on one
+stream, as ONNX Runtime runs a written model's copies (planner.devices.COPIES_OVERLAP_COMPUTE; ONNX
+models are planned so). With it (JSON graphs' ``--swap-bandwidth``: a runtime with copy streams) a
+swap-out's copy starts as soon as its buffer is there, wherever the swap-out is listed: a runtime
+that starts each copy where it is listed may take longer.
 ``added_time`` = makespan - sum of every node's cost once.
 """
 from __future__ import annotations
