@@ -5,10 +5,14 @@ Walk the fixed order with exact event accounting. Before step t, every input of 
 the host comes back (``swap_in``). Before each allocation that would pass the budget, the
 resident buffer read furthest ahead (larger first on ties) that t does not read leaves: a plain
 ``free`` when its host copy from an earlier swap-out is still there, else ``swap_out``. A buffer
-is freed after its last reader. With ``prefetch``, the next step's inputs on the host come back
-before t computes wherever t still fits, so their transfer overlaps t (measured, swap greedy alone:
-zoo:gpt?batch=64 at 35% +9.73% -> +3.55%, at 27% +15.04% -> +7.41%; RL1000 with a link moving the
-mean buffer in the mean compute time, at 50% +14.68% -> +8.97%). No recompute, so no chain of inputs is ever needed: every budget
+is freed after its last reader. With ``prefetch``, where copies run beside compute
+(``copy_overlap``: JSON graphs' --swap-bandwidth), the next step's inputs on the host come back
+before t computes wherever t still fits, so their transfer overlaps t (measured, swap greedy alone,
+when ONNX models were priced so: zoo:gpt?batch=64 at 35% +9.73% -> +3.55%, at 27% +15.04% ->
++7.41%; RL1000 with a link moving the mean buffer in the mean compute time, at 50% +14.68% ->
++8.97%). In line with compute (ONNX models: planner.devices.COPIES_OVERLAP_COMPUTE) every event
+runs one after another, so bringing an input back a step early saves no time and only holds its
+bytes through a step that does not read it: no prefetch there. No recompute, so no chain of inputs is ever needed: every budget
 that holds one step (its inputs, output and scratch) next to the buffers that cannot move is
 reached. The time is whatever the transfers cost (simulate prices them); the CP-SAT swap model
 refines from there when it can.
@@ -27,7 +31,8 @@ from planner.simulate import simulate
 
 def swap_greedy(problem: PlanningProblem, budget: int, prefetch: bool = True) -> Plan | None:
     """A plan within ``budget`` that only swaps, or None (no host link, or some step does not fit
-    next to the buffers that cannot move)."""
+    next to the buffers that cannot move). ``prefetch`` applies where copies overlap compute."""
+    prefetch = prefetch and problem.copy_overlap
     plan = _walk(problem, budget, prefetch)
     if not prefetch:
         return plan
