@@ -9,7 +9,8 @@ base, pinned, recomputable) and walks every event list simulate() accepts withou
 ``order`` (a list of node ids) restricts first computes to that order (recomputes anywhere
 later; ``range(n)`` is the problem's own order); None lets them come in any topological order. Dijkstra over (computed, resident)
 states: the least peak (bottleneck path) and the cheapest plan within a budget (sum of the
-recomputes' costs, every compute within the budget).
+recomputes' costs, every compute within the budget). ``swap``: host copies too (states carry which
+nodes have one), each copy priced in line with compute in :func:`cheapest`.
 """
 from __future__ import annotations
 
@@ -82,24 +83,41 @@ def least_peak(p, order=None, swap: bool = False) -> int:
     raise AssertionError("no plan at all")
 
 
-def cheapest(p, budget: int, order=None) -> float | None:
-    """Least added time (sum of recompute costs) of a plan within ``budget``; None if none fits."""
+def cheapest(p, budget: int, order=None, swap: bool = False, once: bool = False) -> float | None:
+    """Least added time (sum of recompute costs) of a plan within ``budget``; None if none fits.
+    ``swap``: swap_out / swap_in of the problem's swappable nodes too, each copy priced at its
+    transfer time in line with compute (``copy_overlap`` False: every event runs one after another,
+    so the added time is the recomputes' costs plus every copy's). ``once``: each node's host copy
+    comes back at most once (the CP-SAT model's plans have one swap-in per node)."""
     n, size, scratch, cost, preds, pinned, again, base = _arrays(p)
+    movable = [swap and bool(p.swappable[v]) for v in range(n)]
+    transfer = [float(p.transfer[v]) if movable[v] else 0.0 for v in range(n)]
     goal = ((1 << n) - 1, pinned)
     if base > budget:
         return None
-    best = {(0, 0): 0.0}
-    heap = [(0.0, 0, 0)]
+    best = {(0, 0, 0, 0): 0.0}
+    heap = [(0.0, 0, 0, 0, 0)]
     while heap:
-        c, done, res = heapq.heappop(heap)
-        if c > best[(done, res)]:
+        c, done, res, host, back = heapq.heappop(heap)
+        if c > best[(done, res, host, back)]:
             continue
         if (done, res) == goal:
             return c
-        for nxt, mem, redo, v in _moves(n, size, scratch, preds, pinned, again, base, order, done, res):
+        steps = [(nxt + (host, back), mem, cost[v] if redo else 0.0) for nxt, mem, redo, v in
+                 _moves(n, size, scratch, preds, pinned, again, base, order, done, res)]
+        held = base + sum(size[v] for v in range(n) if res >> v & 1)
+        for v in range(n):
+            bit = 1 << v
+            if not movable[v]:
+                continue
+            if res & bit and not host & bit:  # one host copy is enough: a free keeps it
+                steps.append(((done, res & ~bit, host | bit, back), held - size[v], transfer[v]))
+            elif host & bit and not res & bit and not (once and back & bit):
+                steps.append(((done, res | bit, host, back | bit), held + size[v], transfer[v]))
+        for nxt, mem, extra in steps:
             if mem > budget:
                 continue
-            val = c + (cost[v] if redo else 0.0)
+            val = c + extra
             if val < best.get(nxt, val + 1):
                 best[nxt] = val
                 heapq.heappush(heap, (val, *nxt))

@@ -154,3 +154,51 @@ def test_the_model_holds_every_fitting_hint_with_graph_outputs_made_early():
             assert model.time_of_objective(res.objective) <= fit.sim.added_time + 1e-9, budget
             checked += 1
     assert checked >= 10
+
+
+def test_the_swap_model_in_line_with_compute_matches_the_exhaustive_oracle():
+    """ONNX models are planned with copies in line with compute (planner.devices.COPIES_OVERLAP_COMPUTE;
+    the model puts computes and copies on one no-overlap stream, planner/cpsat.py _add_swaps). On
+    tiny graphs with a host link: a plan's simulated added time is its recomputes' costs plus every
+    copy's (one stream, no idle); the swap model's objective (one tick per time unit, so exact) is
+    its decoded plan's simulated time when it says optimal, and the oracle's optimum in the given
+    order; solve()'s plans are never cheaper than the oracle's any-order optimum, and "optimal" is
+    the oracle's optimum in the order the plan computes nodes first in. Both over the plans the
+    model holds, each host copy brought back once: a plan bringing one back twice can be cheaper
+    (README, "optimal" covers the plans its model holds)."""
+    from planner.cpsat import RematModel
+
+    rng = random.Random(5)
+    proven = swapped = 0
+    for _ in range(8):
+        preds, size, cost = _graph(rng)
+        cost = [3 * c + 1 for c in cost]  # a compute of cost 0 is one tick in the model, 0 in simulate()
+        n = len(size)
+        p = PlanningProblem.build(size=size, cost=cost, preds=preds, base_bytes=rng.choice([0, 5]),
+                                  scratch=[rng.choice([0, 0, 3]) for _ in range(n)],
+                                  recomputable=[rng.random() > 0.15 for _ in range(n)])
+        q = p.with_swap([max(1, s // rng.choice([5, 10, 30])) for s in size], copy_overlap=False)
+        opts = PlannerOptions(time_limit=2, workers=1, seed=0, time_resolution=int(sum(cost)))
+        given = list(range(n))
+        least, top = oracle.least_peak(q, given, swap=True), q.unplanned_peak
+        for budget in sorted({least, (least + top) // 2, max(least, top - 1)}):
+            res = solve(q, budget, "cpsat", opts)
+            assert res.plan is not None, (budget, res.status)
+            sim = simulate(q, res.plan, budget)
+            copies = sum(q.transfer[e.node] for e in res.plan.events if e.op in ("swap_out", "swap_in"))
+            redone = sum(q.cost[e.node] for e in res.plan.events if e.op == "compute") - q.total_cost
+            assert sim.added_time == pytest.approx(res.added_time, abs=1e-9) == pytest.approx(redone + copies), budget
+            assert res.added_time >= oracle.cheapest(q, budget, swap=True) - 1e-9, budget
+            if res.status == "optimal":
+                order = first_compute_order(res.plan)
+                assert res.added_time == pytest.approx(oracle.cheapest(q, budget, order, swap=True, once=True)), budget
+            swapped += sim.swap_ins > 0
+            model = RematModel(q, budget, opts)
+            model.set_objective_time()
+            raw = model.solve("exact", 2)
+            if raw.status == "OPTIMAL":
+                added = model.time_of_objective(raw.objective)
+                assert simulate(q, raw.plan, budget).added_time == pytest.approx(added, abs=1e-9), budget
+                assert added == pytest.approx(oracle.cheapest(q, budget, given, swap=True, once=True)), budget
+                proven += simulate(q, raw.plan, budget).swap_ins > 0
+    assert proven >= 3 and swapped >= 3
