@@ -1224,7 +1224,8 @@ PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage o
 @click.option("--device", "device_name", default="H100", show_default=True,
               help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
 @click.option("--swap/--no-swap", default=False, show_default=True,
-              help="ONNX models: also allow swapping to host memory (the swap model solves slower; opt in).")
+              help="ONNX models: also allow swapping to host memory, each copy priced in line with compute as "
+                   "ONNX Runtime runs it (the swap model solves slower; opt in).")
 @click.option("--costs", default="device", show_default=True, metavar="device|measured|PROFILE.json",
               callback=lambda ctx, param, v: v.lower() if v.lower() in ("device", "measured") else v,
               help="ONNX models: op times from the --device profile; measured by profiling the training step in "

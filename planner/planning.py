@@ -198,7 +198,8 @@ def _swap_after_recompute(problem: PlanningProblem, budget: int, options: Planne
     if moved is not None:
         sim = simulate(problem, moved)
         if sim.peak_bytes <= budget and sim.added_time <= 0:
-            # every copy hidden behind compute: nothing is cheaper, no solve needed (zoo:gpt at 75%)
+            # every copy hidden behind compute (copy_overlap; in line a copy always adds its time):
+            # nothing is cheaper, no solve needed (zoo:gpt at 75% when ONNX models were priced so)
             return _adds_nothing(problem, budget, Candidate(moved, sim), options, t0,
                                  "the swap-greedy plan adds no time")
     share = options.recompute_first_share
@@ -880,9 +881,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if "none" in cands and cands["none"].sim.peak_bytes <= budget:
         return _adds_nothing(problem, budget, cands["none"], opt, t0, "no remat needed")
     if fitting and fitting[0].sim.added_time <= 0:
-        # a plan that adds no time (the swap greedy's copies all hidden behind compute) is optimal:
-        # the solver spent the rest of the limit to say it found nothing better (zoo:gpt at 75%
-        # with --swap: 9.6 s, "solver gave no better plan in time")
+        # a plan that adds no time (the swap greedy's copies all hidden behind compute, where they
+        # overlap it) is optimal: the solver spent the rest of the limit to say it found nothing
+        # better (zoo:gpt at 75% with --swap, copies priced beside compute: 9.6 s, "solver gave no
+        # better plan in time")
         return _adds_nothing(problem, budget, fitting[0], opt, t0, f"the {fitting[0].plan.strategy} plan adds no time")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
     # only those that swap each node out and back in at most once map onto it (the model's one
