@@ -125,19 +125,23 @@ def next_need(v: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_no
               memo: dict[int, int | None]) -> int | None:
     """v's next read at or after ``t_now``, or the next need of a freed reader of it (``gone``:
     computed before, freed since), through freed readers: that reader is recomputed from v then."""
-    def earliest(x: int) -> int | None:
-        rs = reads[x]
-        j = bisect.bisect_left(rs, t_now)
-        best = rs[j] if j < len(rs) else None
-        for w in rs:
-            if gone[w]:
-                e = memo[w]
-                if e is not None and (best is None or e < best):
-                    best = e
-        return best
-
-    post_order(v, lambda x: [w for w in reads[x] if gone[w]], memo, earliest)
+    post_order(v, lambda x: [w for w in reads[x] if gone[w]], memo,
+               lambda x: earliest_need(x, reads, gone, t_now, memo))
     return memo[v]
+
+
+def earliest_need(x: int, reads: Sequence[Sequence[int]], gone: Sequence[bool], t_now: int,
+                  memo: dict[int, int | None]) -> int | None:
+    """x's next read at or after ``t_now``, or sooner the next need (``memo``) of a freed reader."""
+    rs = reads[x]
+    j = bisect.bisect_left(rs, t_now)
+    best = rs[j] if j < len(rs) else None
+    for w in rs:
+        if gone[w]:
+            e = memo[w]
+            if e is not None and (best is None or e < best):
+                best = e
+    return best
 
 
 def missing_closure(t: int, preds: Sequence[Sequence[int]], resident: Sequence[bool]) -> list[int]:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from planner import clock
-from planner.chain_greedy import needed_later
+from planner.chain_greedy import earliest_need, needed_later
 from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 from planner.simulate import Simulation, simulate
@@ -276,24 +276,12 @@ def _pick_victim(candidates: list[int], t_now: int, resident: list[bool], gone: 
             freed.add(x)
             stack.extend([w for w in reads[x] if gone[w] and w not in freed])
     needs: dict[int, int | None] = {}
-
-    def earliest(x: int) -> int | None:
-        rs = reads[x]
-        j = bisect.bisect_left(rs, t_now)
-        best = rs[j] if j < len(rs) else None
-        for w in rs:
-            if gone[w]:
-                e = needs[w]
-                if e is not None and (best is None or e < best):
-                    best = e
-        return best
-
     for x in sorted(freed, reverse=True):  # readers first
-        needs[x] = earliest(x)
+        needs[x] = earliest_need(x, reads, gone, t_now, needs)
     best, victim = None, -1
     dear = []  # (candidate, its next need)
     for v in ok:
-        nxt = earliest(v)
+        nxt = earliest_need(v, reads, gone, t_now, needs)
         if nxt is None:
             if best is None or (-1.0, v) < best:  # nobody reads it any more: free first
                 best, victim = (-1.0, v), v
