@@ -658,13 +658,12 @@ def check_plan_fn(graph, budget_bytes: int, device: str, time_limit: float, dete
     from planner.cpsat import PlannerOptions
     from planner.gate import PlanOutcome
 
-    _, node_time, _, overlap = _device_costs(device)
+    _, node_time, _ = _device_costs(device)
     # recompute only, like `memplan plan` by default (swap is opt-in there)
     # a budget no plan in any order meets is failed at once; the lowest plan found gets a tenth of the limit
     options = PlannerOptions(time_limit=time_limit, work_limit=deterministic, proven_share=CHECK_PROVEN_SHARE)
     pm = plan_graph(graph, budget_bytes, options=options, node_time=node_time,
-                    transfer_time=None, copy_overlap=overlap, time_unit="s",
-                    ort_arena=_ort_arena(ort_arena, device))
+                    transfer_time=None, time_unit="s", ort_arena=_ort_arena(ort_arena, device))
     r = pm.result
     if not pm.ok:
         if r.status == "infeasible" and r.least_bytes is not None:
@@ -1063,10 +1062,11 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
 
 # ---- plan / rewrite for ONNX models ----------------------------------------------------------
 def _device_costs(device_name: str):
-    """(profile, node_time(graph, node), transfer_time(bytes), copy_overlap) for a device profile; the
-    copies of the model memplan writes never overlap compute in ONNX Runtime (COPIES_OVERLAP_COMPUTE)."""
+    """(profile, node_time(graph, node), transfer_time(bytes)) for a device profile. Whether copies
+    overlap compute is not the device's: the planning functions' default, COPIES_OVERLAP_COMPUTE
+    (ONNX Runtime runs the written model's copies on the compute stream)."""
     from planner.costs import op_time
-    from planner.devices import COPIES_OVERLAP_COMPUTE, device, transfer_time
+    from planner.devices import device, transfer_time
     from planner.graph import DTYPE_BITS
 
     dev = device(device_name)
@@ -1079,7 +1079,7 @@ def _device_costs(device_name: str):
         return op_time(node.op_type, [shape(t) for t in node.inputs], [shape(t) for t in node.outputs],
                        node.attrs, dev, width, dtype)
 
-    return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev)), COPIES_OVERLAP_COMPUTE
+    return dev, node_time, (lambda nbytes: transfer_time(nbytes, dev))
 
 
 def _graph_costs(graph, device_name: str, costs: str, swap: bool = False):
@@ -1089,11 +1089,11 @@ def _graph_costs(graph, device_name: str, costs: str, swap: bool = False):
     link, and against a CPU's op times (an H100's are ~100x shorter) every swap looks free."""
     import os
 
-    dev, estimate, transfer, overlap = _device_costs(device_name)
+    dev, estimate, transfer = _device_costs(device_name)
     if costs not in ("device", "measured") and not os.path.exists(costs):
         raise UsageError(f"--costs {costs}: not 'device', 'measured' or an existing ORT profile JSON file")
     if costs == "device":
-        return dev, estimate, transfer, overlap, f"device profile {dev.name}"
+        return dev, estimate, transfer, f"device profile {dev.name}"
     from passes import measured_costs
 
     found = measured_costs.measure(graph) if costs == "measured" else measured_costs.read_profile(graph, costs)
@@ -1106,7 +1106,7 @@ def _graph_costs(graph, device_name: str, costs: str, swap: bool = False):
         raise UsageError(f"{timed}, and --swap prices the copies at --device {dev.name}'s host link: the two do not "
                          f"mix (swaps would look nearly free); {redo} where onnxruntime-gpu runs, or use --costs device")
     source = f"{found.source} ({found.timed} of {found.total} nodes timed)"
-    return dev, found.node_time(graph, estimate), transfer, overlap, source
+    return dev, found.node_time(graph, estimate), transfer, source
 
 
 def _refuse_json_graph(model: str, command: str, what: str, label: str | None = None) -> None:
@@ -1452,7 +1452,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     if budget_spec.bytes is None:
         raise UsageError("--max-batch needs an absolute --budget (e.g. 8GiB), not a percentage")
     budget = budget_spec.bytes
-    _, node_time, transfer, overlap = _device_costs(device_name)
+    _, node_time, transfer = _device_costs(device_name)
     if batch_dim in dims:  # every probe sets it: --dim batch=4 was dropped without a word
         raise UsageError(f"--dim {batch_dim}={dims[batch_dim]}: --max-batch grows {batch_dim!r} itself; drop it "
                          f"(or plan that one batch without --max-batch)")
@@ -1497,8 +1497,7 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
 
     def plan_at(graph, limit):
         return plan_graph(graph, limit, strategy=strategy, options=probe_options, node_time=node_time,
-                          transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s",
-                          ort_arena=bfc)
+                          transfer_time=transfer if swap else None, time_unit="s", ort_arena=bfc)
 
     cap = None if max_added_pct is None else max_added_pct / 100
     result = max_batch(build, budget, plan_at, max_added=cap, ort_arena=bfc, step=step)
@@ -1570,7 +1569,7 @@ def _some_batch_fits(result, model: str, budget: int, dim: str = "batch") -> Non
 
 def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_bandwidth, swap_overlap,
            as_json, costs="device") -> None:
-    """--sweep: every strategy at 100%..40% of the unplanned peak; a PNG and a table. Each row is
+    """--sweep: every strategy at 100%..40% of the unplanned peak; a plot and a table. Each row is
     what ``plan --budget P% --strategy S`` with the same options reports: for an ONNX model
     passes.plan_model.sweep_graph (the budget a share of the model's own unplanned peak, the peak
     the rewritten model's), for a JSON graph planner.sweep.sweep."""
@@ -1587,9 +1586,9 @@ def _sweep(model, png, options, device_name, swap, dims, forward, train, swap_ba
         from passes.plan_model import sweep_graph
 
         graph, _ = _graph_to_plan(model, dims, forward, **train)
-        _, node_time, transfer, overlap, _ = _graph_costs(graph, device_name, costs, swap)
+        _, node_time, transfer, _ = _graph_costs(graph, device_name, costs, swap)
         rows = sweep_graph(graph, fractions, strategies, options, node_time=node_time,
-                           transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s")
+                           transfer_time=transfer if swap else None, time_unit="s")
     atomic_write(png, sweep_plot(rows, f"{model}: budget vs added time", plot_format("--sweep", png)))
     if as_json:
         emit_json({"schema": "memplan.sweep/1", "model": model, "rows": rows})
@@ -1647,19 +1646,18 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     from planner.liveness import analyze
 
     graph, train = _graph_to_plan(model, dims, forward, **train_flags)
-    dev, node_time, transfer, overlap, cost_source = _graph_costs(graph, device_name, costs, swap)
+    dev, node_time, transfer, cost_source = _graph_costs(graph, device_name, costs, swap)
     unplanned = analyze(graph).peak_bytes
     lowered = None
     if pin:
         # the unplanned peak is the pinned file's: its ordering edges hold a few bytes that no plan
         # removes, so 100% of the unpinned peak was refused as over budget (the lstm fixture --forward)
-        lowered = lower_graph(graph, node_time=node_time, transfer_time=transfer if swap else None,
-                              copy_overlap=overlap, time_unit="s")
+        lowered = lower_graph(graph, node_time=node_time, transfer_time=transfer if swap else None, time_unit="s")
         unplanned = max(unplanned, pinned_unplanned_peak(graph, lowered))
     budget = budget_spec.resolve(unplanned)
     bfc = _ort_arena(ort_arena, dev.name)
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
-                    transfer_time=transfer if swap else None, copy_overlap=overlap, time_unit="s", pin=pin,
+                    transfer_time=transfer if swap else None, time_unit="s", pin=pin,
                     ort_arena=bfc, lowered=lowered)
     result, problem = pm.result, pm.problem
     obj = result.to_json(problem)

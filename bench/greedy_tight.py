@@ -74,8 +74,8 @@ def gpt_problem() -> PlanningProblem:
     from planner.lowering import lower
 
     graph, _ = cli._graph_to_plan("zoo:gpt?batch=48", {}, False)
-    _, node_time, _, overlap, _ = cli._graph_costs(graph, "H100", "device")
-    problem, _ = lower(graph, node_time=node_time, copy_overlap=overlap, time_unit="s")
+    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
+    problem, _ = lower(graph, node_time=node_time, time_unit="s")
     return problem
 
 

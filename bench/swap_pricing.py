@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--device", default="H100")
     args = ap.parse_args()
     graph, _ = cli._graph_to_plan(args.model, {}, False)
-    _, node_time, transfer, _, _ = cli._graph_costs(graph, args.device, "device", True)
+    _, node_time, transfer, _ = cli._graph_costs(graph, args.device, "device", True)
     problem, _ = lower_graph(graph, node_time=node_time, transfer_time=transfer, time_unit="s")
     budget = share_of(analyze(graph).peak_bytes, args.fraction)
     print("| model | budget | planned with copies | swap-ins | added % priced beside | added % priced in line |")

@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--seq-scale", type=int, default=1,
                     help="fixtures' seq = their saved seq times this (gpt2 and bert allow 32 positions: at most 2)")
     args = ap.parse_args()
-    _, node_time, _, _ = _device_costs(args.device)
+    _, node_time, _ = _device_costs(args.device)
     rows = []
     hdr = f"{'model':12s} {'budget':>6s} {'plan':>8s} {'pred MiB':>9s} {'meas MiB':>9s} {'meas/pred':>9s} " \
           f"{'rss/pred':>8s} {'meas/budget':>11s} {'equal':>5s} {'dflt/pred':>9s} {'noarena/pred':>12s} {'pred +t%':>8s} {'meas +t%':>8s}"

@@ -12,9 +12,9 @@ when ONNX models were priced so: zoo:gpt?batch=64 at 35% +9.73% -> +3.55%, at 27
 +7.41%; RL1000 with a link moving the mean buffer in the mean compute time, at 50% +14.68% ->
 +8.97%). In line with compute (ONNX models: planner.devices.COPIES_OVERLAP_COMPUTE) every event
 runs one after another, so bringing an input back a step early saves no time and only holds its
-bytes through a step that does not read it: no prefetch there. No recompute, so no chain of inputs is ever needed: every budget
-that holds one step (its inputs, output and scratch) next to the buffers that cannot move is
-reached. The time is whatever the transfers cost (simulate prices them); the CP-SAT swap model
+bytes through a step that does not read it: no prefetch there. No recompute, so no chain of
+inputs is ever needed: every budget that holds one step (its inputs, output and scratch) next to
+the buffers that cannot move is reached. The time is whatever the transfers cost (simulate prices them); the CP-SAT swap model
 refines from there when it can.
 
 It is the plan for budgets below what recompute reaches (zoo:gpt?batch=64 with --swap: the

@@ -266,8 +266,8 @@ def test_below_the_given_orders_floor_the_walks_path_is_searched_beside_the_memo
     from planner.units import share_of
 
     graph, _ = cli._graph_to_plan("zoo:cnn?batch=1", {}, False, optimizer="adam", lr=0.003)
-    _, node_time, _, overlap, _ = cli._graph_costs(graph, "H100", "device")
-    p, _ = lower(graph, node_time=node_time, copy_overlap=overlap, time_unit="s")
+    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
+    p, _ = lower(graph, node_time=node_time, time_unit="s")
     from planner.liveness import analyze
     budget = share_of(analyze(graph).peak_bytes, 0.75)
     assert p.order_free_floor <= budget < p.memory_floor  # premise: no plan in the given order fits

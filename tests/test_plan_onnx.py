@@ -802,8 +802,8 @@ def _plan_with_slow_kernels(monkeypatch, *args) -> tuple[int, str, str]:
     profile_costs = cli._device_costs
 
     def slow_kernels(name):
-        dev, node_time, transfer, overlap = profile_costs(name)
-        return dev, (lambda graph, node: 1e4 * node_time(graph, node)), transfer, overlap
+        dev, node_time, transfer = profile_costs(name)
+        return dev, (lambda graph, node: 1e4 * node_time(graph, node)), transfer
 
     monkeypatch.setattr(cli, "_device_costs", slow_kernels)
     res = CliRunner().invoke(cli.main, [str(a) for a in args])
@@ -1409,9 +1409,9 @@ def test_swaps_of_an_onnx_model_are_priced_on_the_compute_stream():
     from planner.swap_greedy import swap_greedy
 
     graph, _ = cli._graph_to_plan("zoo:cnn?depth=1&hw=32", {}, False)
-    _, node_time, transfer, overlap = cli._device_costs("H100")
+    _, node_time, transfer = cli._device_costs("H100")
     problem, _ = lower_graph(graph, node_time=node_time, transfer_time=transfer)  # the library's default
-    assert overlap is False and not problem.copy_overlap
+    assert not problem.copy_overlap
     budget = int(0.8 * analyze(graph).peak_bytes)
     plan = swap_greedy(problem, budget)
     sim = simulate(problem, plan, budget)

@@ -118,7 +118,7 @@ def test_the_cli_costs_a_float16_matmul_at_the_float16_rate():
             <ir_version: 8, opset_import: ["" : 17]>
             g ({t}[4096, 4096] a, {t}[4096, 4096] b) => ({t}[4096, 4096] c) {{ c = MatMul(a, b) }}"""))
 
-    _, node_time, _, _ = cli._device_costs("H100")
+    _, node_time, _ = cli._device_costs("H100")
     g16, g32 = graph("float16"), graph("float")
     t16, t32 = node_time(g16, g16.nodes[0]), node_time(g32, g32.nodes[0])
     assert t16 == pytest.approx(2 * 4096**3 / 989.4e12 + PROFILES["H100"].launch_overhead)

@@ -352,8 +352,8 @@ def test_a_memory_aware_plan_returned_unsearched_is_no_dearer_than_the_given_ord
     from planner.units import share_of
 
     graph, _ = cli._graph_to_plan("zoo:unet", {}, False)
-    _, node_time, _, overlap, _ = cli._graph_costs(graph, "H100", "device")
-    p, _ = lower(graph, node_time=node_time, copy_overlap=overlap, time_unit="s")
+    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
+    p, _ = lower(graph, node_time=node_time, time_unit="s")
     budget = share_of(analyze(graph).peak_bytes, 0.60)
     g = greedy(p, budget)
     assert g is not None and g.sim.peak_bytes <= budget
