@@ -689,6 +689,12 @@ def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[s
                        dim_names=dim_names)
     if not item.train:
         return as_run(graph)
+    writer = _step_writer(item.model)
+    if writer is not None:  # as plan and inspect take it: differentiated again, it lost its update step
+        for flag, key, given in (("--add-loss", "add_loss", item.add_loss), ("--loss", "loss", item.loss)):
+            if given:
+                raise UsageError(f"already a training step ({writer} wrote it); drop {flag} ({key} in a config)")
+        return as_run(graph)
     return training_graph(graph, **({"add_loss": item.add_loss} if item.add_loss else {}),
                           **({"loss": item.loss} if item.loss else {}))
 
@@ -1121,19 +1127,42 @@ def _refuse_json_graph(model: str, command: str, what: str, label: str | None = 
                          "(its --json also gives unplanned_peak_bytes)")
 
 
-def _is_training_step(model: str) -> bool:
-    """MODEL is a training step memplan train-graph wrote (its metadata says so)."""
+def _step_writer(model: str) -> str | None:
+    """Which memplan command wrote MODEL as a training step (its metadata says so), or None:
+    train-graph, or plan --emit / rewrite for a planned step. A planned step read as a forward
+    model was differentiated again, its optimizer's constants trained (zoo:gpt?layers=1 --optimizer
+    adam --emit, then train-graph: 21 trainable initializers where the model has 16; plan: a
+    371304-byte peak where the file holds 387040)."""
     from passes.onnx_import import load_header
 
-    return any(p.key == "memplan.train" for p in load_header(model).metadata_props)
+    meta = {p.key: p.value for p in load_header(model).metadata_props}
+    planned = "memplan plan --emit or rewrite"
+    if "memplan.train" in meta:
+        return planned if "memplan.plan" in meta else "memplan train-graph"
+    try:  # planned files written before they carried memplan.train: their plan names the training
+        return planned if isinstance(json.loads(meta.get("memplan.plan", "null")).get("train"), dict) else None
+    except (ValueError, AttributeError):
+        return None
+
+
+def _training_metadata(model: str, train: dict | None) -> dict[str, str]:
+    """The memplan.train entry for a planned file of a training step (a step memplan built with the
+    ``train`` options, or MODEL itself when it is one): the file is then known as a training step."""
+    from passes.onnx_import import load_header
+
+    if train is not None:
+        return {"memplan.train": json.dumps(train, sort_keys=True)}
+    meta = {p.key: p.value for p in load_header(model).metadata_props}
+    return {"memplan.train": meta["memplan.train"]} if "memplan.train" in meta else {}
 
 
 def _refuse_training_step(model: str, command: str) -> None:
     """train-graph and train differentiate a forward model: a step they wrote would be differentiated
     again (its loss's ancestors, with every float constant there trained: zoo:gpt's Adam step got
     gradients for its causal mask and GELU constants)."""
-    if _is_training_step(model):
-        raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); give {command} "
+    writer = _step_writer(model)
+    if writer is not None:
+        raise UsageError(f"{model} is already a training step ({writer} wrote it); give {command} "
                          "the forward model it was made from")
 
 
@@ -1146,10 +1175,11 @@ def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none
         if given and forward:
             raise UsageError(f"{flag} builds a training step; --forward plans the model as it is: "
                              "give only one of them")
-    already = _is_training_step(model)
+    writer = _step_writer(model)
+    already = writer is not None
     for flag, given in (("--add-loss", add_loss), ("--loss", loss)):
         if given and already:
-            raise UsageError(f"{model} is already a training step (memplan train-graph wrote it); drop {flag}")
+            raise UsageError(f"{model} is already a training step ({writer} wrote it); drop {flag}")
     graph = import_model(model, dims, loose_dims=())
     if forward or already:
         return as_run(graph), None
@@ -1683,7 +1713,8 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     planned = None
     if pm.planned is not None:
         made.update(peak_bytes=pm.peak_bytes, added_time_fraction=added_fraction(pm), pin_order=pin)
-        planned = (pm.planned, {"metadata": {"memplan.plan": json.dumps(made, sort_keys=True)},
+        planned = (pm.planned, {"metadata": {"memplan.plan": json.dumps(made, sort_keys=True),
+                                             **_training_metadata(model, train)},
                                 "value_info": not pin, "mem_pattern": not pin,
                                 "overridable": _overridable(model, train)})
     return problem, result, obj, planned, budget
@@ -1753,7 +1784,8 @@ def rewrite(model: str, plan_path: str, output: str, pin: bool | None) -> None:
     if obj.get("compute_time"):
         made["added_time_fraction"] = obj["added_time"] / obj["compute_time"]
     made.update(source=model, peak_bytes=peak, pin_order=pin)
-    write_model(planned, output, metadata={"memplan.plan": json.dumps(made, sort_keys=True)}, value_info=not pin,
+    write_model(planned, output, metadata={"memplan.plan": json.dumps(made, sort_keys=True),
+                                           **_training_metadata(model, train)}, value_info=not pin,
                 mem_pattern=not pin, overridable=_overridable(model, train))
     click.echo(f"wrote {output}: {len(planned.nodes)} nodes, predicted peak {format_bytes(peak)}")
 

@@ -179,3 +179,45 @@ def test_a_training_step_is_not_differentiated_again(tmp_path):
     assert json.loads(out)["nodes"] == as_is["nodes"] and json.loads(out)["peak_bytes"] == as_is["peak_bytes"]
     rc, _, err = memplan("inspect", step, "--add-loss", "mean")
     assert rc == 2 and "drop --add-loss" in err
+
+
+def _peak(*args) -> int:
+    rc, out, err = memplan(*args, "--json")
+    assert rc == 0, err
+    obj = json.loads(out)
+    return obj["results"][0]["unplanned_peak_bytes"] if "results" in obj else obj.get("unplanned_peak_bytes",
+                                                                                         obj.get("peak_bytes"))
+
+
+def test_a_planned_training_step_is_not_differentiated_again(tmp_path):
+    """A step that plan --emit or rewrite wrote carried memplan.plan, not memplan.train: train-graph
+    differentiated it again (zoo:gpt?layers=1 with Adam: 21 trainable initializers where the model
+    has 16, exit 0) and plan planned a step of its loss alone (371304 bytes for a file that holds
+    387040). check --train differentiated train-graph's own step again too (zoo:mlp with Adam: 672.41
+    KiB, its file holds 1.01 MiB). Every such step is now taken as it is, as inspect takes it."""
+    step, emitted, plan_json, rewritten = (tmp_path / f for f in ("step.onnx", "emit.onnx", "p.json", "rw.onnx"))
+    rc, _, err = memplan("train-graph", "zoo:mlp", "-o", step, "--optimizer", "adam")
+    assert rc == 0, err
+    rc, _, err = memplan("plan", "zoo:mlp", "--budget", "100%", "--optimizer", "adam", "--emit", emitted,
+                         "-o", plan_json)
+    assert rc == 0, err
+    rc, _, err = memplan("rewrite", "zoo:mlp", plan_json, "-o", rewritten)
+    assert rc == 0, err
+    held = _peak("inspect", step)
+    for path in (step, emitted, rewritten, tmp_path / "legacy.onnx"):
+        if path.name == "legacy.onnx":  # as planned files were before they carried memplan.train
+            legacy = onnx.load(str(emitted))
+            kept = [p for p in legacy.metadata_props if p.key != "memplan.train"]
+            assert [p.key for p in kept] == ["memplan.plan"]
+            del legacy.metadata_props[:]
+            legacy.metadata_props.extend(kept)
+            onnx.save(legacy, str(path))
+        assert _peak("inspect", path) == held, path
+        assert _peak("plan", path, "--budget", "100%") == held, path
+        assert _peak("check", path, "--train", "--budget", "100%") == held, path
+        again = tmp_path / "again.onnx"
+        rc, out, err = memplan("train-graph", path, "-o", again)
+        assert rc == 2 and "is already a training step" in err and len(err.strip().splitlines()) == 1, (out, err)
+        assert not again.exists()
+    rc, _, err = memplan("check", emitted, "--train", "--add-loss", "mean", "--budget", "100%")
+    assert rc == 2 and "already a training step" in err and "drop --add-loss" in err, err
