@@ -1300,6 +1300,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
                 # mask): the node runs without it
                 outs.append(None)
                 continue
+            if name not in shapes:
+                _refuse_uninferred_version(node, opsets, display)
             if name not in shapes and node.op_type == "Reshape":
                 _explain_reshape(node, shapes, g, display)
             if name not in shapes and node.domain not in ("", "ai.onnx"):
@@ -1469,6 +1471,27 @@ def _check_broadcast(node: onnx.NodeProto, shapes: list[tuple[int, ...]], displa
             f"{display}: node {node.name!r} ({node.op_type}) cannot broadcast its inputs' shapes "
             f"{' and '.join(str(list(s)) for s in shapes)}; {fix}"
         ) from None
+
+
+def _refuse_uninferred_version(node: onnx.NodeProto, opsets: Mapping[str, int], display: str) -> None:
+    """A default-domain node whose operator version (at the model's opset) has no shape inference
+    in onnx, an old one such as Relu-1 or Reshape-1: its outputs are unshaped, and the error blamed
+    dims and shapes (an opset-5 Relu: "cannot infer a static shape ... bind it with --dim")."""
+    if node.domain not in ("", "ai.onnx"):
+        return
+    opset = opsets.get("", 1)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return  # an op onnx does not know: its own error says so
+    if schema.has_type_and_shape_inference_function or schema.has_function or schema.has_context_dependent_function:
+        return  # a function op (GreaterOrEqual-12, GroupNormalization-21) is inferred through its body
+    raise ModelImportError(
+        f"{display}: node {node.name or '(unnamed)'!r} is {node.op_type} version {schema.since_version} (the model's "
+        f"opset is {opset}), an old operator version that onnx infers no shapes for and ONNX Runtime does not run; "
+        "convert the model to a newer opset (onnx.version_converter.convert_version(model, 13)) or export it again "
+        "with opset 13 or newer"
+    )
 
 
 def _require_shape(name: str, shapes: Mapping[str, tuple[tuple[int, ...], int]], display: str, what: str):

@@ -734,3 +734,34 @@ g (float[2, 3] x) => (float s) {{
     model.ir_version = 8
     onnx.save(model, path)
     assert [n.op_type for n in import_model(str(path)).nodes] == ["Relu", "ReduceSum"]
+
+
+@pytest.mark.parametrize("opset, op, attrs", [(5, "Relu", {}), (4, "Reshape", {"shape": [6]}), (5, "Add", {})])
+def test_an_operator_version_without_shape_inference_is_named_not_the_dims(tmp_path, opset, op, attrs):
+    """An opset-5 Relu (Relu-1, as Reshape-1 with its shape attribute and Add-1) has no shape
+    inference in onnx: the error said "cannot infer a static shape ... bind it with --dim" for a
+    model without a symbolic dim. It names the operator version and the conversion that fixes it,
+    and the converted model imports."""
+    from onnx import version_converter
+
+    from tests.helpers import memplan
+
+    inputs = ["h", "h"] if op == "Add" else ["h"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node(op, inputs, ["y"], name="old", **attrs)],
+        "old", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+                helper.make_tensor_value_info("W", onnx.TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 3
+    path = tmp_path / "old.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ModelImportError, match=rf"node 'old' is {op} version 1 \(the model's opset is {opset}\)") as err:
+        import_model(str(path))
+    assert "--dim" not in str(err.value) and "version_converter.convert_version(model, 13)" in str(err.value)
+    for args in (["plan", path, "--budget", "50%"], ["inspect", path]):
+        rc, out, stderr = memplan(*args)
+        assert rc == 3 and f"is {op} version 1" in stderr and len(stderr.strip().splitlines()) == 1, (out, stderr)
+    converted = version_converter.convert_version(model, 13)
+    assert [n.op_type for n in import_model(converted).nodes][-1] == op
