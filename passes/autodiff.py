@@ -134,11 +134,16 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
                              f"{forward.tensors[loss].name!r} depends on; there is nothing left to train "
                              "(narrow the patterns)")
         only = _undifferentiated(forward, loss, candidates)
+        # the --loss hint only where there is another scalar to name: a model without weights was
+        # told to name "another scalar output" it did not have, and not what it could do instead
+        others = [repr(forward.tensors[t].name) for t in forward.outputs if t != loss
+                  and forward.tensors[t].dtype in FLOAT_DTYPES and int(np.prod(forward.tensors[t].shape)) == 1]
         raise ModelImportError(
             f"loss {forward.tensors[loss].name!r} depends on " + (only or "no trainable initializer")
             + (f" (frozen: {', '.join(options.freeze)})" if options.freeze else "")
-            + "; there is nothing to train"
-            + ("" if options.loss else " (name another scalar output as the loss with --loss)")
+            + "; there is nothing to train, so the model has no training step"
+            + (f" (name another scalar output as the loss with --loss: {', '.join(others)})" if others else "")
+            + "; plan or check its forward run instead (plan --forward; check and inspect without --train)"
         )
     step = _Builder(forward, loss, params, active, on_path, options).run()
     # Batch statistics in primitive ops: ORT's CUDA provider refuses training-mode BatchNormalization.

@@ -189,6 +189,34 @@ def test_freezing_every_weight_is_the_users_flag_not_a_bad_model():
     assert rc == 2 and "narrow the patterns" in stderr
 
 
+def test_a_model_with_nothing_to_train_says_what_to_do_instead(tmp_path):
+    """A model with no weight on its loss's path (exit 3, a bad model for training, in train-graph,
+    plan, check --train and train alike) was told to "name another scalar output as the loss with
+    --loss" though it had none; it is now told to plan its forward run, and --loss is offered only
+    with the scalar outputs it could name."""
+    n = helper.make_node
+    model = _model([n("Relu", ["x"], ["r"]), n("ReduceMean", ["r"], ["loss"], keepdims=0)], {}, {"x": np.ones((4, 3))})
+    path = tmp_path / "noweights.onnx"
+    onnx.save(model, path)
+    with pytest.raises(ModelImportError, match="there is nothing to train") as err:
+        build_training_graph(import_model(model))
+    assert "--loss" not in str(err.value) and "plan --forward" in str(err.value)
+    for args in (["train-graph", path, "-o", tmp_path / "step.onnx"], ["plan", path, "--budget", "50%"],
+                 ["check", path, "--train", "--budget", "50%"], ["train", path, "--optimizer", "sgd", "--steps", "1"]):
+        rc, out, err = memplan(*args)
+        errors = [line for line in err.splitlines() if line.startswith("memplan: error:")]
+        assert rc == 3 and len(errors) == 1 and "plan --forward" in errors[0] and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "step.onnx").exists()
+    rc, _, err = memplan("plan", path, "--budget", "100%", "--forward")
+    assert rc == 0, err
+    # with a second scalar output that does depend on a weight, --loss names it
+    model.graph.node.extend([n("Mul", ["loss", "w"], ["weighted"])])
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(2.0), "w"))
+    model.graph.output.append(helper.make_tensor_value_info("weighted", F64, []))
+    with pytest.raises(ModelImportError, match=r"with --loss: 'weighted'\)"):
+        build_training_graph(import_model(model), TrainOptions(loss=None))
+
+
 def test_a_loss_through_an_output_without_a_gradient_is_refused_not_dropped():
     """LayerNormalization's rule builds the gradient through Y only: a loss reading its Mean would
     have got no gradient from it without a word (fuzzed, stop 49). It is refused, naming the node
