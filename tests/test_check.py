@@ -865,6 +865,25 @@ def test_a_dim_one_edit_from_a_read_models_name_is_a_typo_though_another_model_i
     assert rc == 3 and "not a valid ONNX" in err
 
 
+@pytest.mark.parametrize("content", [b"not a model", "truncated"])
+def test_one_unreadable_model_with_a_dim_no_model_has_is_the_bad_model_in_plan_and_check(mlp, tmp_path, content):
+    # With one model that cannot be read (not ONNX, or cut short) and a --dim no model is known to
+    # have, nothing tells a typo from a dim of the unreadable file: plan, inspect and check all
+    # report the file (exit 3, one error line naming it), never the dim; with a readable model
+    # beside it the dim one edit from that model's batch is the usage error (exit 2, above).
+    from tests.helpers import memplan
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content if isinstance(content, bytes) else Path(mlp).read_bytes()[:200])
+    for args in (["plan", bad, "--budget", "50%", "--dim", "bacth=4"], ["inspect", bad, "--dim", "bacth=4"]):
+        rc, out, err = memplan(*args)
+        assert rc == 3 and out == "", (args, out, err)
+        assert "not a valid ONNX protobuf" in one_error_line(err) and "bacth" not in err
+    rc, out, err = run([bad, "--budget", "50%", "--dim", "bacth=4"])
+    (line,) = [line for line in err.splitlines() if line.startswith("memplan: error:")]
+    assert rc == 3 and str(bad) in line and "not a valid ONNX protobuf" in line and "bacth" not in err, err
+
+
 def test_a_budget_proven_out_of_reach_gets_a_tenth_of_the_limit(monkeypatch):
     # below the least peak any node order may reach no plan fits before any search; check spent its
     # whole limit anyway on the "lowest plan found" figure (the mobilenetv2 fixture's training step
