@@ -222,7 +222,9 @@ def main(verbose: int) -> None:
     click.get_current_context().call_on_close(lambda: planning_log.removeFilter(once))
     from planner import interrupt
 
-    interrupt.install()  # Ctrl-C stops a CP-SAT solve too, and memplan with it (nothing written)
+    # Ctrl-C stops a CP-SAT solve too, and memplan with it (nothing written); undone as the command
+    # ends, so that an in-process caller (CliRunner, standalone_mode=False) keeps its own handlers
+    click.get_current_context().call_on_close(interrupt.install())
 
 
 # ---- commands ------------------------------------------------------------------------------

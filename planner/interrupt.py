@@ -13,6 +13,11 @@ SIGTERM (a CI job cancelled, ``timeout``) killed memplan where it stood: one cau
 the half-written temp file (``.plan.json.XXXX.tmp``, or a ``tmpXXXX`` folder holding part of the
 model) in the output's folder. Once :func:`install` ran it stops running solves as Ctrl-C does
 and exits with status 143 (128 + SIGTERM) through the usual clean-up, so temp files go too.
+
+:func:`install` returns the function that undoes it: the CLI run in-process (click's CliRunner,
+``cli.main([...], standalone_mode=False)``) left its SIGTERM handler and wakeup fd installed after
+it returned, so the caller's SIGTERM then printed "memplan: terminated" and an asyncio loop's
+wakeup fd was lost.
 """
 from __future__ import annotations
 
@@ -20,40 +25,67 @@ import os
 import signal
 import socket
 import threading
-from typing import Any
+from typing import Any, Callable
 
 _lock = threading.Lock()
 _active: set = set()  # the CpSolvers now solving
 _installed = 0  # the pid whose watcher runs (0: none; a forked child inherits its parent's pid, not its thread)
 
 
-def install() -> None:
+def install() -> Callable[[], None]:
     """Stop running solves on SIGINT (main thread only, and only while SIGINT raises
-    KeyboardInterrupt, Python's default; otherwise nothing changes)."""
+    KeyboardInterrupt, Python's default; otherwise nothing changes), exit 143 on SIGTERM (only
+    while SIGTERM has its default action). Returns the function that undoes what this call
+    changed (nothing where it changed nothing, as when already installed)."""
     global _installed
-    if _installed == os.getpid() or threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    pid = os.getpid()
+    if _installed == pid or threading.current_thread() is not threading.main_thread():
+        return _nothing
+    took_term = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if took_term:
         signal.signal(signal.SIGTERM, _terminated)
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return
+        return lambda: _uninstall(pid, took_term, None)
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     try:
-        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     except (ValueError, OSError):
         reader.close()
         writer.close()
-        return
+        return lambda: _uninstall(pid, took_term, None)
     threading.Thread(target=_watch, args=(reader, writer), daemon=True, name="memplan-sigint").start()
-    _installed = os.getpid()
+    _installed = pid
+    return lambda: _uninstall(pid, took_term, (old_fd, writer))
+
+
+def _nothing() -> None:
+    pass
+
+
+def _uninstall(pid: int, took_term: bool, watch: tuple[int, socket.socket] | None) -> None:
+    """Undo :func:`install`: SIGTERM's default action back (unless someone replaced our handler
+    since), the wakeup fd it replaced back, its watcher ended (closing the writer ends its read)."""
+    global _installed
+    if os.getpid() != pid or threading.current_thread() is not threading.main_thread():
+        return  # a forked child, or another thread: nothing here is ours to undo
+    if took_term and signal.getsignal(signal.SIGTERM) is _terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if watch is not None:
+        old_fd, writer = watch
+        now = signal.set_wakeup_fd(old_fd)
+        if now != writer.fileno():  # someone set theirs since: keep theirs
+            signal.set_wakeup_fd(now)
+        _installed = 0
+        writer.close()
 
 
 def _watch(reader: socket.socket, writer: socket.socket) -> None:
     # ``writer`` is held here so that the socket behind the wakeup fd stays open
     while True:
         data = reader.recv(64)
-        if not data:
+        if not data:  # the writer closed: uninstalled
+            reader.close()
             return
         # the wakeup fd carries one byte per signal: its number
         if signal.SIGINT in data or signal.SIGTERM in data:

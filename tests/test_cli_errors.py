@@ -834,6 +834,48 @@ def test_sigterm_while_writing_leaves_no_temp_file(tmp_path, kind):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_in_process_cli_gives_back_the_callers_signal_handlers(tmp_path, monkeypatch):
+    """The CLI run in-process (CliRunner, as tests and library users run it) left its SIGTERM
+    handler and its wakeup fd installed after it returned: the caller's SIGTERM then printed
+    "memplan: terminated" and exited 143. Now they are the caller's again after a command that
+    succeeds, fails on bad input or raises; during the command SIGTERM still exits 143."""
+    import signal
+
+    from planner import fileio, interrupt
+    from planner import liveness
+
+    seen = []
+    real_write = fileio.atomic_write
+
+    def spy(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(fileio, "atomic_write", spy)
+    old_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    old_fd = signal.set_wakeup_fd(-1)
+    try:
+        ok = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "100%", "--strategy", "none",
+                                           "-o", str(tmp_path / "p.json")])
+        assert ok.exit_code == 0, ok.output
+        assert seen == [interrupt._terminated]  # the run itself still ends on SIGTERM with 143
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.set_wakeup_fd(-1) == -1
+        bad = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "lots"])
+        assert bad.exit_code == 2
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.set_wakeup_fd(-1) == -1
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(liveness, "analyze", broken)
+        crash = CliRunner().invoke(cli.main, ["inspect", "zoo:mlp"])
+        assert isinstance(crash.exception, RuntimeError)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.set_wakeup_fd(-1) == -1
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.set_wakeup_fd(old_fd)
+
+
 def test_an_output_path_ending_in_a_slash_is_refused(tmp_path):
     # Path.resolve drops the trailing slash: -o out/ (meant as a folder that does not exist yet)
     # wrote the plan as a file named out
