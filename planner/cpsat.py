@@ -46,7 +46,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner import clock, cpsat_plans, interrupt
-from planner.errors import GraphError
+from planner.errors import GraphError, UsageError
 from planner.plan import Plan
 from planner.problem import PlanningProblem, gcd_of
 
@@ -223,6 +223,14 @@ class PlannerOptions:
     solver_params: tuple[tuple[str, object], ...] = ()
     # Solver log on stderr (debugging).
     log_search: bool = False
+
+    def __post_init__(self) -> None:
+        # CP-SAT reads num_workers 0 as "every core": a plan made so would not repeat on another
+        # machine, and the plan said workers 0 (the model ran 1; -3 and 1.5 said so too).
+        w = self.workers
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
+            raise UsageError(f"workers must be a whole number >= 1 (CP-SAT search workers; the same seed and "
+                             f"count give the same plan), got {w!r}; pass e.g. workers=2")
 
 
 @dataclass

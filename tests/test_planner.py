@@ -233,6 +233,18 @@ def test_budget_below_floor_is_infeasible_with_the_least_memory(benchmarks_dir):
     check_result(p, solve(p, p.memory_floor, "cpsat", ONE), p.memory_floor)
 
 
+@pytest.mark.parametrize("workers", [0, -3, 1.5, "2", True])
+def test_planner_options_refuse_a_worker_count_that_is_not_a_whole_number_from_1(workers):
+    """PlannerOptions(workers=0) planned (CP-SAT reads 0 as every core; the model ran 1) and the
+    plan said workers 0, as it said -3 or 1.5: the same-plan promise named no real count. The CLI's
+    --workers takes 1 and up; so do the options now."""
+    with pytest.raises(UsageError, match=rf"workers must be a whole number >= 1 .*got {re.escape(repr(workers))}"):
+        PlannerOptions(workers=workers)
+    with pytest.raises(UsageError, match="workers must be"):
+        replace(ONE, workers=workers)
+    assert PlannerOptions(workers=np.int64(3)).workers == 3
+
+
 def test_same_input_seed_and_workers_give_the_same_plan():
     rng = np.random.default_rng(3)
     n = 14
