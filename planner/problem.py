@@ -88,6 +88,19 @@ class PlanningProblem:
     # together. None: no such node.
     companion: np.ndarray | None = None
 
+    def __post_init__(self) -> None:
+        # The cached properties below (unplanned_peak, memory_floor, ...) hold only while the
+        # arrays do: a problem built directly or by dataclasses.replace kept the caller's writable
+        # arrays, and build() left recomputable and swappable writable, so a write into one went
+        # unseen by the values cached from it. A writable array is copied (the caller's stays
+        # theirs) and frozen; build()'s arrays come frozen and are kept as they are.
+        for f in dataclasses.fields(self):
+            a = getattr(self, f.name)
+            if isinstance(a, np.ndarray) and a.flags.writeable:
+                a = a.copy()
+                a.setflags(write=False)
+                object.__setattr__(self, f.name, a)
+
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def build(
@@ -173,6 +186,7 @@ class PlanningProblem:
         pinned_a = arr(pinned, False, bool, "pinned")
         # A pinned output is never dropped, so recomputing it could only add time.
         recomp_a = arr(recomputable, True, bool, "recomputable") & ~pinned_a
+        recomp_a.setflags(write=False)
         transfer_a = None if transfer is None else arr(transfer, 0.0, np.float64, "transfer")
         if transfer_a is not None and (not np.isfinite(transfer_a).all() or (transfer_a < 0).any()):
             raise GraphError("transfer times must be finite and >= 0")
@@ -180,7 +194,7 @@ class PlanningProblem:
         swap_a = arr(swappable, swap_default, bool, "swappable") & ~pinned_a
         if transfer_a is None:
             swap_a = np.zeros(n, dtype=bool)
-            swap_a.setflags(write=False)
+        swap_a.setflags(write=False)
         idx = np.asarray(flat, dtype=np.int64)
         ptr.setflags(write=False)
         idx.setflags(write=False)

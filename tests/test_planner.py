@@ -9,7 +9,7 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +82,32 @@ def test_unplanned_peak_matches_readme_for_all_18_graphs(benchmarks_dir):
 def test_build_rejects_edges_against_the_order():
     with pytest.raises(Exception, match="earlier in the schedule"):
         PlanningProblem.build(size=[1, 1], cost=[1, 1], preds=[[1], []])
+
+
+def _arrays(p: PlanningProblem) -> dict[str, np.ndarray]:
+    return {f.name: getattr(p, f.name) for f in fields(p) if isinstance(getattr(p, f.name), np.ndarray)}
+
+
+def test_a_problems_arrays_cannot_be_written_under_its_cached_values():
+    """The problem caches values of its arrays (unplanned_peak, memory_floor, ...), yet build()
+    left recomputable and swappable writable, and a problem made directly or by
+    dataclasses.replace kept the caller's writable arrays: a write into size left unplanned_peak
+    at its old value. Now every array is read-only, and the caller's own arrays stay theirs."""
+    built = chain(3).with_swap(np.ones(chain(3).n))
+    assert _arrays(built) and not any(a.flags.writeable for a in _arrays(built).values())
+    size = np.array([4, 4, 1])
+    direct = PlanningProblem(
+        name="direct", names=("a", "b", "c"), node_ids=(0, 1, 2), size=size, cost=np.ones(3),
+        pred_ptr=np.array([0, 0, 1, 3]), pred_idx=np.array([0, 0, 1]), base_bytes=0, scratch=np.zeros(3, np.int64),
+        pinned=np.zeros(3, bool), recomputable=np.ones(3, bool), swappable=np.zeros(3, bool))
+    assert direct.unplanned_peak == 9
+    assert not any(a.flags.writeable for a in _arrays(direct).values())
+    with pytest.raises(ValueError, match="read-only"):
+        direct.size[1] = 40
+    size[1] = 40  # the caller's array: still writable, and no longer the problem's
+    assert direct.unplanned_peak == 9 == replace(direct).unplanned_peak
+    swapped = replace(direct, swappable=np.ones(3, bool), transfer=np.ones(3))
+    assert not any(a.flags.writeable for a in _arrays(swapped).values())
 
 
 def test_bad_json_is_a_model_error(tmp_path):
