@@ -1876,8 +1876,12 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
 
     _check_swap_bandwidth(swap_bandwidth, swap_overlap)
     folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
-    if not folder.is_dir():
+    if not folder.is_dir() and directory:
         raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
+    if not folder.is_dir():
+        # The default lies beside a checkout; an installed memplan (pip install, a wheel) has none beside it.
+        raise UsageError(f"no remat benchmark graphs at {str(folder)!r} (shared/benchmarks/remat beside the "
+                         "checkout; an installed memplan has no checkout there): give their folder with --dir FOLDER")
     _output_paths_ok({"-o": output, "--markdown": md_path}, [str(p) for p in sorted(folder.glob("*.json"))])
     try:
         fractions = [percent_fraction(x) for x in budgets.split(",") if x.strip()]

@@ -978,3 +978,27 @@ def test_a_json_graph_is_refused_in_one_line_by_every_command_but_plan(tmp_path,
     line = one_line(result.stderr)
     assert "net_nx.json is a Checkmate/Moccasin JSON graph" in line and "memplan plan GRAPH" in line
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("OUT")]
+
+
+def test_an_installed_bench_remat_says_where_it_looked_for_the_graphs(tmp_path):
+    """Installed (a wheel, pip install of the folder), memplan has no checkout beside it: `memplan bench
+    remat` blamed "--dir '.../site-packages/../shared/benchmarks/remat'", an option never given. Now it
+    names the folder it looked in and --dir. The copy below is the wheel's layout: cli.py and the
+    packages in one folder, run from another."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    site, cwd = tmp_path / "site", tmp_path / "cwd"
+    cwd.mkdir()
+    shutil.copytree(ROOT, site, ignore=lambda d, names: [n for n in names if n == "__pycache__" or (
+        Path(d) == ROOT and n not in ("cli.py", "planner", "passes", "models"))])
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv = ['memplan'] + sys.argv[1:]; import cli; cli.main()",
+         "bench", "remat", "--graph", "RL100", "--budgets", "90"],
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
+    line = one_line(proc.stderr)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert repr(str(tmp_path / "shared" / "benchmarks" / "remat")) in line  # the copy's, not the checkout's
+    assert "give their folder with --dir FOLDER" in line and "--dir '" not in line, line
