@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--seq-scale", type=int, default=1,
                     help="fixtures' seq = their saved seq times this (gpt2 and bert allow 32 positions: at most 2)")
     args = ap.parse_args()
+    if args.workers < 1:  # PlannerOptions refuses it (a traceback here before)
+        ap.error(f"--workers must be a whole number >= 1 (CP-SAT search workers), got {args.workers}")
     _, node_time, _ = _device_costs(args.device)
     rows = []
     hdr = f"{'model':12s} {'budget':>6s} {'plan':>8s} {'pred MiB':>9s} {'meas MiB':>9s} {'meas/pred':>9s} " \
