@@ -125,10 +125,14 @@ class _Rewriter:
         self.edges = OrderingEdges(self.b, graph.names())
         self.sink_slices: dict[int, tuple[int, int]] = {}  # rank -> (starts, ends) of a 1-element Slice
         self.sink_tail: int | None = None  # the last sink's 1-element output, unread so far (_sink)
-        # (node, new-graph inputs) of every emitted computation: a recompute with the same inputs as
-        # an earlier one gets an ordering edge, or ORT's CSE would merge the two (and fail to load
-        # where their optional outputs differ); one reading a fresh copy follows that copy anyway
-        self.emitted: set[tuple[int, tuple[int, ...]]] = set()
+        # (node, its inputs as ORT's CSE sees them: _cse_key) of every emitted computation, and
+        # ("in", host copy) of every swap-in: a recompute with the same inputs as an earlier copy gets
+        # an ordering edge, or ORT's CSE would merge the two (and fail to load where their optional
+        # outputs differ); one reading a fresh copy follows that copy anyway
+        self.emitted: set[tuple] = set()
+        self._cse: dict[int, int] = {}  # new-graph tensor -> its class under ORT's CSE (_cse_class)
+        self._cse_ids: dict[tuple, int] = {}
+        self._origin: dict[int, int] = {}  # new-graph node -> the node of the graph it computes
         self.skipped: set[int] = set()  # tensors whose current computation was not emitted (never read)
         self.freed_swaps: set[int] = set()  # tensors a swap-out nobody swaps back in freed instead
         # per node, made once rather than per event (a plan of a few hundred thousand events
@@ -345,12 +349,10 @@ class _Rewriter:
                     self._read(t, node)  # raises for the first input not resident
         if k == 0:
             name, suffix = node.name, ""
+            key = self._cse_key(nid, inputs)  # type: ignore[arg-type]
         else:
             name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
-            if (nid, tuple(inputs)) in self.emitted and self.last_output is not None:
-                inputs = self.edges.route(inputs, self.last_output, f"{name}__order",  # type: ignore[arg-type]
-                                          constant_shape_input(self.g, node))
-                self.edges.forget_gates()  # the planning problem does not see them: each dies at once
+            inputs, key = self._distinct(node, inputs, f"{name}__order")  # type: ignore[arg-type]
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
         # so would a recompute's copy of a graph output (_bound)
         again = {t for t in self.graph_outs[nid] if current.get(t) is not None}
@@ -364,6 +366,7 @@ class _Rewriter:
         outs = specs if not suffix else [None if spec is None else (spec[0] + suffix, spec[1], spec[2])
                                          for spec in specs]
         new = self.b.node(node.op_type, inputs, outs, name=name, domain=node.domain, attrs=node.attrs)  # type: ignore[arg-type]
+        self._origin[self.b.nodes_added - 1] = nid
         skipped = self.skipped
         for old, t in zip(node.outputs, new):
             if old != NO_TENSOR and old not in again:
@@ -380,8 +383,60 @@ class _Rewriter:
                     self._sink(t)
         if k == 0 and self.dynamic[nid]:
             self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
-        self.emitted.add((nid, tuple(inputs)))
+        self.emitted.add(key)
         self.computed[nid] = k + 1
+
+    def _distinct(self, node: Node, inputs: list[int], stem: str) -> tuple[list[int], tuple]:
+        """``inputs`` of a recompute of ``node``, and its key in ``emitted``: where an emitted
+        computation of the node reads the same inputs as ORT's CSE sees them, read through ordering
+        edges after the last first computation (passes/ordering.py), one more each time until none
+        does. Two recompute chains of one node after the same gate got edges that ORT's
+        ConstantSharing and CSE made equal again, merged the two chains and failed to load where
+        their LayerNormalization copies dropped other optional outputs (zoo:gpt at 70%, the
+        depth-first walk's plan: "Argument type mismatch when adding edge")."""
+        key = self._cse_key(node.id, inputs)
+        if key in self.emitted and self.last_output is not None:
+            shape_input = constant_shape_input(self.g, node)
+            while key in self.emitted:
+                inputs = self.edges.route(inputs, self.last_output, stem, shape_input)
+                self.edges.forget_gates()  # the planning problem does not see them: each dies at once
+                shape_input = None  # a second edge goes through a view of the first input
+                key = self._cse_key(node.id, inputs)
+        return inputs, key
+
+    def _cse_key(self, nid: int, inputs: Sequence[int]) -> tuple:
+        return (nid, tuple(t if t == NO_TENSOR else self._cse_class(t) for t in inputs))
+
+    def _cse_class(self, tid: int) -> int:
+        """``tid``'s class under ORT's optimisers at their default level: two tensors in one class
+        may be merged into one. ConstantSharing merges equal scalar initializers (small ones are
+        taken as equal by value here too: a class too many only costs an ordering edge), then CSE
+        merges nodes with the same op, attributes and inputs (a copy of a node of the graph counts
+        as that node), output by output."""
+        cse, b = self._cse, self.b
+        stack = [tid]
+        while stack:
+            t = stack[-1]
+            if t in cse:
+                stack.pop()
+                continue
+            node = b.producer_node(t)
+            if node is None:
+                value = b.value(t)
+                key: tuple = (("const", value.dtype.str, value.shape, value.tobytes())
+                              if value is not None and value.size <= 16 else ("tensor", t))
+            else:
+                todo = [u for u in node.inputs if u != NO_TENSOR and u not in cse]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                origin = self._origin.get(node.id)
+                what = ("node", origin) if origin is not None else \
+                    (node.op_type, node.domain, repr(sorted(node.attrs.items())))
+                key = (what, node.outputs.index(t), tuple(u if u == NO_TENSOR else cse[u] for u in node.inputs))
+            cse[t] = self._cse_ids.setdefault(key, len(self._cse_ids))
+            stack.pop()
+        return cse[tid]
 
     def _sink(self, t: int) -> None:
         """A tiny reader of ``t``, so that ORT frees it at once (``add_sink``).
@@ -448,8 +503,13 @@ class _Rewriter:
         self.swap_count[tid] = k
         host = self.swapped[tid]
         if self.last_output is not None:
+            # one more edge each time as CSE would see an earlier swap-in of it here (_distinct)
             host = self.edges.view(host, self.last_output, f"{t.name}__sw{k}__order")
             self.edges.forget_gates()
+            while ("in", self._cse_class(host)) in self.emitted:
+                host = self.edges.view(host, self.last_output, f"{t.name}__sw{k}__order")
+                self.edges.forget_gates()
+        self.emitted.add(("in", self._cse_class(host)))
         (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
                              name=f"{t.name}__swap_in{k}")
         self.current[tid] = dev

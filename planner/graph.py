@@ -302,6 +302,15 @@ class GraphBuilder:
     def id(self, name: str) -> int:
         return self._by_name[name]
 
+    @property
+    def nodes_added(self) -> int:
+        """How many nodes were appended so far (the next node's id)."""
+        return len(self._nodes)
+
+    def value(self, tid: int) -> np.ndarray | None:
+        """The value of initializer ``tid`` (None for any other tensor)."""
+        return self._values.get(tid)
+
     def tensor(self, tid: int) -> Tensor:
         return self._tensors[tid]
 

@@ -239,6 +239,42 @@ def test_every_recompute_of_originals_survives_ort_cse(tmp_path):
     np.testing.assert_array_equal(run(model, {"x": xv}, planned=False)[0], run(export_model(g), {"x": xv})[0])
 
 
+def test_two_recomputes_of_a_node_after_the_same_gate_survive_ort_cse(tmp_path):
+    """Two recomputes of one node with no first computation between them: their ordering edges
+    read the same gate, and ORT's CSE merged those edges, then the two copies (and whole chains
+    after them). Where the copies dropped different optional outputs, the model failed to load
+    under ORT's default options ("Argument type mismatch when adding edge": zoo:gpt at 70%, the
+    depth-first walk's plan, its LayerNormalization copies)."""
+    b = GraphBuilder()
+    x = b.input("x", F, (4, 8))
+    w = b.initializer("w", np.linspace(0.5, 1.5, 8).astype(np.float32))
+    (p,) = b.node("Exp", [x], [("p", F, (4, 8))], name="P")
+    y, mean, _ = b.node("LayerNormalization", [p, w], [("y", F, (4, 8)), ("mean", F, (4, 1)),
+                                                       ("inv", F, (4, 1))], name="LN")
+    (q,) = b.node("Neg", [y], [("q", F, (4, 8))], name="Q")
+    (s,) = b.node("Add", [q, y], [("s", F, (4, 8))], name="S")
+    (m,) = b.node("Sigmoid", [mean], [("m", F, (4, 1))], name="M")
+    (z,) = b.node("Sum", [s, q, m], [("z", F, (4, 8))], name="Z")
+    b.output(z)
+    g = b.build()
+    ev = lambda op, what: {"op": op, ("node" if op == "compute" else "tensor"): what}  # noqa: E731
+    # after S (the gate of both edges): LN again for Q's copy (y read), then for M (mean read)
+    sched = [ev("compute", n) for n in ("P", "LN", "Q", "S")] + \
+        [ev("free", t) for t in ("y", "mean", "inv", "q")] + \
+        [ev("compute", "LN"), ev("compute", "Q"), ev("free", "y")] + \
+        [ev("compute", n) for n in ("LN", "M", "Z")]
+    model = export_model(apply_schedule(g, sched))
+    assert [n.op_type for n in model.graph.node].count("LayerNormalization") == 3
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    assert ops.count("LayerNormalization") == 3
+    xv = np.random.default_rng(4).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(run(model, {"x": xv}, planned=False)[0], run(export_model(g), {"x": xv})[0])
+
+
 def test_an_in_place_group_swapped_out_in_and_freed_frees_each_tensor_once():
     """A group whose in-place member took its producer's buffer (Mul -> Relu) moves as one buffer:
     swapped out, the producer's output is freed with it; swapped back in, only the member's output

@@ -14,7 +14,7 @@ from passes import rewrite
 from passes.autodiff import training_graph
 from passes.onnx_export import export_model
 from passes.onnx_import import import_model
-from passes.rewrite import NO_TENSOR, OPTIONAL_OUTPUTS, PlanMismatchError, apply_schedule, constant_shape_input
+from passes.rewrite import NO_TENSOR, OPTIONAL_OUTPUTS, PlanMismatchError, apply_schedule
 from planner.graph import Graph, GraphBuilder, Node, TensorKind
 
 
@@ -142,12 +142,11 @@ class _Reference(rewrite._Rewriter):
         inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, node) for t in node.inputs]
         if k == 0:
             name, suffix = node.name, ""
+            key = self._cse_key(node.id, inputs)
         else:
             name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
-            if (node.id, tuple(inputs)) in self.emitted and self.last_output is not None:
-                inputs = self.edges.route(inputs, self.last_output, f"{name}__order",
-                                          constant_shape_input(self.g, node))
-                self.edges.forget_gates()  # as the rewriter since each edge's helpers die at once
+            # as the rewriter since recomputes after one gate got edges CSE could not merge
+            inputs, key = self._distinct(node, inputs, f"{name}__order")
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
         # so would a recompute's copy of a graph output (_bound)
         again = {t for t in node.outputs if t != NO_TENSOR and self._bound(t)}
@@ -157,6 +156,7 @@ class _Reference(rewrite._Rewriter):
                 (self.g.tensors[t].name + suffix, self.g.tensors[t].dtype, self.g.tensors[t].shape)
                 for slot, t in enumerate(node.outputs)]
         new = self.b.node(node.op_type, inputs, outs, name=name, domain=node.domain, attrs=node.attrs)
+        self._origin[self.b.nodes_added - 1] = node.id
         for old, t in zip(node.outputs, new):
             if old != NO_TENSOR and old not in again:
                 self.current[old] = t if t != NO_TENSOR else None
@@ -169,7 +169,7 @@ class _Reference(rewrite._Rewriter):
                 self._sink(t)
         if self.dynamic[node.id] and k == 0:
             self.last_output = next((t for t in new if t != NO_TENSOR), self.last_output)
-        self.emitted.add((node.id, tuple(inputs)))
+        self.emitted.add(key)
         self.computed[node.id] = k + 1
 
 
