@@ -115,11 +115,13 @@ class OrderingEdges:
         return self._shapes[key]
 
     def forget_gates(self) -> None:
-        """Make the next edges their own ``Size(gate)``, zeros and gated shapes rather than reuse those
-        made so far: a reused one stays live from its first reader to its last (the rewriter of
-        zoo:gpt at 70%: a Size and its zeros held 128 bytes over 113 steps, through the peak), while
-        one of its own dies at its single reader. The int64 constants are still shared."""
-        self._sizes.clear()
+        """Make the next edges their own zeros and gated shapes rather than reuse those made so far:
+        a reused one stays live from its first reader to its last (the rewriter of zoo:gpt at 70%: a
+        Size and its zeros held 128 bytes over 113 steps, through the peak), while one of its own
+        dies at its single reader. ``Size(gate)`` stays one per gate: ORT's PRIORITY_BASED order runs
+        every Size as soon as its gate exists (planner/liveness.py, run_order), so one of its own per
+        edge was made there too and held to its reader, one 64-byte line each (zoo:gpt at 70%: 11 at
+        the peak). The int64 constants are still shared."""
         self._zeros_of.clear()
         self._shapes.clear()
 
