@@ -1272,7 +1272,7 @@ PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage o
               "as train-graph).")
 @add_loss_option
 @loss_option
-@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (with --max-batch: for each batch tried; one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts).")
+@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (with --max-batch: for each batch tried; one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts; a plan whose rewritten model overshoots the budget is solved again tighter in half the time of the solve before, up to twice the limit in all).")
 @click.option("--seed", **SEED_OPTION)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
