@@ -352,7 +352,9 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                              f"those (or leave --dim out), or plan the model again at these sizes")
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
-    planned_graph = import_model(planned)
+    # as ORT runs it: its Size nodes run, and early; a pinned file's hidden shapes (passes/pin_order.py)
+    # are known only folded
+    planned_graph = import_model(planned, fold=bool(made_with.get("pin_order")))
     changed = _changed_weights(weights, initializer_values(planned_graph))
     if changed:
         # the fingerprint is structural: a planned file kept from before the weights changed ran, and

@@ -475,7 +475,7 @@ def import_model(
     spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
     frozen: Iterable[str] = (), aside: Mapping[str, np.ndarray] | None = None,
     loose_dims: Collection[str] | None = None, matched_dims: set[str] | None = None,
-    dim_names: set[str] | None = None,
+    dim_names: set[str] | None = None, fold: bool = True,
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
     float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
@@ -483,7 +483,11 @@ def import_model(
     ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name. ``loose_dims``: the dims
     that may match nothing (a warning); any other that does is a UsageError. None: every one may
     (what memplan imports itself: its own files, benchmarks). ``matched_dims`` collects the dims
-    that matched a zoo option or a symbolic input dim, ``dim_names`` every one it has."""
+    that matched a zoo option or a symbolic input dim, ``dim_names`` every one it has. ``fold=False``:
+    fold only Constant nodes, the file as ORT runs it under the planned session options
+    (ORT_DISABLE_ALL folds nothing else): a planned file's ordering edges read their gate through a
+    Size, run and held as ORT runs it, which folding took out (memplan verify predicted zoo:gpt at 70%
+    960 bytes over the counted peak)."""
     _ASIDE_VALUES.update(aside or {})
     if dims and not isinstance(spec, onnx.ModelProto) and str(spec).startswith("zoo:"):
         import models  # late, as in load_proto
@@ -503,7 +507,7 @@ def import_model(
         roles = torch_export_roles(model)
         # a proto read from a file here is ours to change; the caller's is copied first
         model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
-                                 loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names)
+                                 loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names, fold=fold)
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
         return _to_graph(model, display, frozen, bool(dims))
     finally:
@@ -636,9 +640,10 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
              roles: TorchExportRoles | None = None, copy: bool = True,
              loose_dims: Collection[str] | None = None,
              matched_dims: set[str] | None = None,
-             dim_names: set[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
+             dim_names: set[str] | None = None, fold: bool = True) -> tuple[onnx.ModelProto, set[str]]:
     """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names).
-    ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice)."""
+    ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice).
+    ``fold=False``: fold Constant nodes only (:func:`import_model`)."""
     if copy:
         model_copy = onnx.ModelProto()
         model_copy.CopyFrom(model)
@@ -717,7 +722,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     folded: set[str] = set()
     for _ in range(len(g.node) + 1):
         model = _infer(model, display)
-        model, new = _fold(model, display)
+        model, new = _fold(model, display, fold)
         if not new:
             break
         folded |= new
@@ -1015,8 +1020,9 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], i
     return out
 
 
-def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[str]]:
-    """Replace nodes computable from constants by initializers. Returns (model, folded names)."""
+def _fold(model: onnx.ModelProto, display: str, computed: bool = True) -> tuple[onnx.ModelProto, set[str]]:
+    """Replace nodes computable from constants by initializers (``computed=False``: Constant nodes
+    only, as ORT_DISABLE_ALL does). Returns (model, folded names)."""
     g = model.graph
     trainable_like = {
         i.name for i in g.initializer if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
@@ -1031,7 +1037,8 @@ def _fold(model: onnx.ModelProto, display: str) -> tuple[onnx.ModelProto, set[st
     keep: list[onnx.NodeProto] = []
     new_inits: list[onnx.TensorProto] = []
     for node in g.node:
-        if node.op_type in CONTROL_FLOW or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx"):
+        if node.op_type in CONTROL_FLOW or node.op_type in RANDOM_OPS or node.domain not in ("", "ai.onnx") or (
+                not computed and node.op_type != "Constant"):
             keep.append(node)
             continue
         if node.op_type in ("Shape", "Size") and not any(o in read_before for o in node.output if o):
