@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
+from planner.chain_greedy import post_order
 from planner.errors import PlannerError
 from planner.graph import NO_TENSOR, Graph, GraphAppender, GraphBuilder, Node, Tensor, TensorKind, gc_paused
 from planner.liveness import MemoryModel
@@ -413,30 +414,27 @@ class _Rewriter:
         taken as equal by value here too: a class too many only costs an ordering edge), then CSE
         merges nodes with the same op, attributes and inputs (a copy of a node of the graph counts
         as that node), output by output."""
-        cse, b = self._cse, self.b
-        stack = [tid]
-        while stack:
-            t = stack[-1]
-            if t in cse:
-                stack.pop()
-                continue
+        b = self.b
+
+        def inputs(t: int) -> Sequence[int]:
+            node = b.producer_node(t)
+            return () if node is None else [u for u in node.inputs if u != NO_TENSOR]
+
+        def klass(t: int) -> int:
             node = b.producer_node(t)
             if node is None:
                 value = b.value(t)
                 key: tuple = (("const", value.dtype.str, value.shape, value.tobytes())
                               if value is not None and value.size <= 16 else ("tensor", t))
             else:
-                todo = [u for u in node.inputs if u != NO_TENSOR and u not in cse]
-                if todo:
-                    stack.extend(todo)
-                    continue
                 origin = self._origin.get(node.id)
                 what = ("node", origin) if origin is not None else \
                     (node.op_type, node.domain, repr(sorted(node.attrs.items())))
-                key = (what, node.outputs.index(t), tuple(u if u == NO_TENSOR else cse[u] for u in node.inputs))
-            cse[t] = self._cse_ids.setdefault(key, len(self._cse_ids))
-            stack.pop()
-        return cse[tid]
+                key = (what, node.outputs.index(t), tuple(u if u == NO_TENSOR else self._cse[u] for u in node.inputs))
+            return self._cse_ids.setdefault(key, len(self._cse_ids))
+
+        post_order(tid, inputs, self._cse, klass)  # inputs first, iteratively: chains run deep
+        return self._cse[tid]
 
     def _sink(self, t: int) -> None:
         """A tiny reader of ``t``, so that ORT frees it at once (``add_sink``).
