@@ -324,7 +324,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
     import models
     from passes.onnx_export import export_model, initializer_values, write_model
-    from passes.onnx_import import import_model, load_header
+    from passes.onnx_import import import_model
     from passes.plan_model import fingerprint
     from passes.verify import cpu_float32_fallback_ops, held_base_bytes, verify_models
     from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
@@ -336,7 +336,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if planned.startswith("zoo:") or not Path(planned).is_file():
         raise UsageError(f"OUT.onnx {planned!r} is not a file: give MODEL first, then the .onnx file that memplan "
                          "plan --emit or memplan rewrite wrote")
-    meta = {p.key: p.value for p in load_header(planned).metadata_props}  # the runs read the file
+    meta = _metadata(planned)  # the runs read the file
     if "memplan.plan" not in meta:
         raise UsageError(f"{planned} carries no memplan plan (its metadata has no memplan.plan entry): give a model "
                          "written by memplan plan --emit or memplan rewrite")
@@ -1131,15 +1131,20 @@ def _refuse_json_graph(model: str, command: str, what: str, label: str | None = 
                          "(its --json also gives unplanned_peak_bytes)")
 
 
+def _metadata(model: str) -> dict[str, str]:
+    """MODEL's metadata entries (its header only: the graph is not read)."""
+    from passes.onnx_import import load_header
+
+    return {p.key: p.value for p in load_header(model).metadata_props}
+
+
 def _step_writer(model: str) -> str | None:
     """Which memplan command wrote MODEL as a training step (its metadata says so), or None:
     train-graph, or plan --emit / rewrite for a planned step. A planned step read as a forward
     model was differentiated again, its optimizer's constants trained (zoo:gpt?layers=1 --optimizer
     adam --emit, then train-graph: 21 trainable initializers where the model has 16; plan: a
     371304-byte peak where the file holds 387040)."""
-    from passes.onnx_import import load_header
-
-    meta = {p.key: p.value for p in load_header(model).metadata_props}
+    meta = _metadata(model)
     planned = "memplan plan --emit or rewrite"
     if "memplan.train" in meta:
         return planned if "memplan.plan" in meta else "memplan train-graph"
@@ -1152,11 +1157,9 @@ def _step_writer(model: str) -> str | None:
 def _training_metadata(model: str, train: dict | None) -> dict[str, str]:
     """The memplan.train entry for a planned file of a training step (a step memplan built with the
     ``train`` options, or MODEL itself when it is one): the file is then known as a training step."""
-    from passes.onnx_import import load_header
-
     if train is not None:
         return {"memplan.train": json.dumps(train, sort_keys=True)}
-    meta = {p.key: p.value for p in load_header(model).metadata_props}
+    meta = _metadata(model)
     return {"memplan.train": meta["memplan.train"]} if "memplan.train" in meta else {}
 
 
