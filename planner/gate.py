@@ -275,6 +275,8 @@ def run_checks(
             loaded.append((item, None, None, None, str(err), time.perf_counter() - start))
             continue
         except UsageError as err:  # name the model: with several, the message may name only its graph
+            if item.model in str(err):  # the loader named it (--dim bacth ... of zoo:mlp): not twice
+                raise
             raise UsageError(f"{item.label or item.model}: {err}") from None
         loaded.append((item, graph, peak, need, None, time.perf_counter() - start))
     if after_load is not None:

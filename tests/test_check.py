@@ -865,6 +865,22 @@ def test_a_dim_one_edit_from_a_read_models_name_is_a_typo_though_another_model_i
     assert rc == 3 and "not a valid ONNX" in err
 
 
+def test_a_dim_typo_names_its_model_once(tmp_path):
+    # `check zoo:mlp --budget 80% --dim bacth=3` said "zoo:mlp: --dim bacth matched no symbolic
+    # input dim of zoo:mlp"; plan says the same line without the first name
+    cfg = tmp_path / "memplan.toml"  # an entry's own dims are for its model alone: a typo there too
+    cfg.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1MiB"\ndims = { bacth = 3 }\n'
+                   '[[check]]\nmodel = "zoo:cnn"\nbudget = "1MiB"\n')
+    for args in (["zoo:mlp", "--budget", "1MiB", "--dim", "bacth=3"], ["--config", cfg]):
+        rc, _, err = run(args)
+        line = one_error_line(err)
+        assert rc == 2 and "--dim bacth matched no symbolic input dim of zoo:mlp" in line
+        assert line.count("zoo:mlp") == 1, line
+    # a message that does not name the model still gets its name in front
+    rc, _, err = run(["zoo:mlp", "--budget", "1MiB", "--add-loss", "mean"])
+    assert rc == 2 and one_error_line(err).startswith("memplan: error: zoo:mlp: --add-loss 'mean'")
+
+
 @pytest.mark.parametrize("content", [b"not a model", "truncated"])
 def test_one_unreadable_model_with_a_dim_no_model_has_is_the_bad_model_in_plan_and_check(mlp, tmp_path, content):
     # With one model that cannot be read (not ONNX, or cut short) and a --dim no model is known to
