@@ -872,10 +872,15 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
 
     matched: set[str] = set()
     dims_of: list[set[str]] = []  # per item, in order: the dims its model has (empty: its inputs unread)
+    load_errors: dict[int, str] = {}  # item index -> why its model could not be loaded
 
     def load(item):
         dims_of.append(set())
-        return _load_for_check(item, matched, dims_of[-1])
+        try:
+            return _load_for_check(item, matched, dims_of[-1])
+        except ModelImportError as err:
+            load_errors[len(dims_of) - 1] = str(err)
+            raise
 
     def shared_dims_matched(failed) -> None:
         """A dim given for several models at once (config top level, --dim with several models)
@@ -887,12 +892,17 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
         (bacth, batch): that is a typo whatever the unread model holds, and both are named."""
         loose = sorted({d for item in items for d in item.loose_dims} - matched)
         has = sorted(set().union(*dims_of))
-        unread = [item.label or item.model for item, known in zip(items, dims_of) if item in failed and not known]
+        unread = [item for item, known in zip(items, dims_of) if item in failed and not known]
         if not loose or (unread and not all(any(_one_edit(d, h) for h in has) for d in loose)):
             return
         word = "dims" if len(loose) > 1 else "dim"
         have = f" (their dims and options: {', '.join(has)})" if has else ""
-        also = f"; {', '.join(unread)} could not be read either" if unread else ""
+        # the models that failed to load are not reported after a usage error: say why here, as
+        # plan would (an opset-5 Relu's convert_version), not "could not be read either"
+        why = [load_errors[k] for k in sorted(load_errors)]
+        if len(why) > 1:
+            why = [f"({k}) {w}" for k, w in enumerate(why, start=1)]
+        also = f"; and {'these models' if len(why) > 1 else 'a model'} failed to load: {' '.join(why)}" if why else ""
         raise UsageError(f"{word} {', '.join(loose)} matched no model's symbolic input dims or zoo options{have}; "
                          f"fix the name, or drop it{also}")
 

@@ -860,9 +860,40 @@ def test_a_dim_one_edit_from_a_read_models_name_is_a_typo_though_another_model_i
     rc, out, err = run(["zoo:mlp", bad, "--dim", "bacth=3", "--budget", "1MiB", "--junit", junit])
     assert rc == 2 and out == "" and not junit.exists()
     (line,) = [line for line in err.splitlines() if line.startswith("memplan: error:")]
-    assert "dim bacth matched no model's" in line and "batch" in line and f"{bad} could not be read" in line
+    assert "dim bacth matched no model's" in line and "batch" in line and f"failed to load: {bad}: " in line
     rc, _, err = run(["zoo:mlp", bad, "--dim", "batch=3", "--budget", "1MiB"])  # spelled right: the file
     assert rc == 3 and "not a valid ONNX" in err
+
+
+def _opset5_relu(path: Path) -> Path:
+    """x[2,3] @ W -> Relu at opset 5 (Relu-1, which onnx infers no shapes for): an old operator version."""
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"], name="old")],
+        "old", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+                helper.make_tensor_value_info("W", onnx.TensorProto.FLOAT, [3, 3])],  # IR 3: inputs too
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 5)])
+    model.ir_version = 3
+    onnx.save(model, path)
+    return path
+
+
+def test_a_dim_typo_beside_an_old_operator_version_names_why_that_model_failed(tmp_path):
+    # `check zoo:mlp old.onnx --dim bacth=3` ended "; old.onnx could not be read either": the typo
+    # wins (exit 2) and the model's errors are not reported after it, so the one line never said
+    # what was wrong with the file (Relu-1: convert_version(model, 13), as plan says)
+    old = _opset5_relu(tmp_path / "old.onnx")
+    junit = tmp_path / "r.xml"
+    rc, out, err = run(["zoo:mlp", old, "--dim", "bacth=3", "--budget", "1MiB", "--junit", junit])
+    assert rc == 2 and out == "" and not junit.exists() and "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("memplan: error:")]
+    assert "dim bacth matched no model's" in line and "either" not in line
+    assert f"{old}: node 'old' is Relu version 1" in line and "convert_version(model, 13)" in line
+    rc, _, err = run(["zoo:mlp", old, "--dim", "batch=3", "--budget", "1MiB"])  # spelled right: the model
+    assert rc == 3 and "convert_version(model, 13)" in err
 
 
 def test_a_dim_typo_names_its_model_once(tmp_path):
