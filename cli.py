@@ -23,6 +23,7 @@ from planner.errors import (
     SolverTimeoutError,
     UsageError,
 )
+from planner.units import MAX_DIM  # the largest --dim value
 
 log = logging.getLogger("memplan")
 
@@ -168,10 +169,6 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return rv
-
-
-#: The largest --dim value: 2**40, so that sizes stay far inside int64 (bytes x elements).
-MAX_DIM = 1 << 40
 
 
 def parse_dims(dims: tuple[str, ...]) -> dict[str, int]:

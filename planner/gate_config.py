@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 from planner.errors import UsageError
 from planner.gate import (DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, LOSSES, ORT_ARENA_CHOICES, CheckItem, make_item,
                           parse_loss)
+from planner.units import MAX_DIM
 
 try:
     import tomllib
@@ -251,9 +252,10 @@ _CHECKS = {
     # finite, as --time-limit: TOML's inf would leave a CI job's plans unbounded
     "time_limit": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf,
                              "a positive, finite number of seconds"),
+    # at most MAX_DIM, as --dim: a larger one overflowed onnx's int64 dims (a traceback) or planned EiB
     "dims": lambda v: (isinstance(v, dict) and all(
-        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v.values()),
-        "a table of positive integers, e.g. { batch = 32 }"),
+        isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_DIM for x in v.values()),
+        f"a table of positive integers (each at most {MAX_DIM}), e.g. {{ batch = 32 }}"),
     "ort_arena": lambda v: (v in ORT_ARENA_CHOICES, " or ".join(f'"{c}"' for c in ORT_ARENA_CHOICES)),
     "check": lambda v: (True, ""),
 }

@@ -61,6 +61,9 @@ def _exact_fraction(x: float) -> tuple[int, int]:
 
 #: The largest byte size memplan takes (it fits an int64 with room for sums of a few).
 MAX_BYTES = 2**62
+#: The largest symbolic dim (--dim, a check config's dims): 2**40, so that sizes stay far inside
+#: int64 (bytes x elements).
+MAX_DIM = 1 << 40
 
 
 def whole_bytes(value, what: str = "budget") -> int:

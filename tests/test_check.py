@@ -328,6 +328,9 @@ def test_unreadable_config_exit_2(tmp_path):
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ntrain = "yes"\n', "train must be true or false"),
     ('deterministic = 1\n[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\n', "deterministic must be true or false"),
     ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ndims = { batch = 0 }\n', "dims must be a table"),
+    # as --dim's bound: 2**40 + 1 was planned at EiB, 10**20 overflowed onnx's int64 dim (a traceback)
+    ('[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\ndims = { batch = 1099511627777 }\n', "each at most 1099511627776"),
+    ('dims = { batch = 100000000000000000000 }\n[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\n', "each at most"),
     ('time_limit = inf\n[[check]]\nmodel = "m.onnx"\nbudget = "1GiB"\n', "time_limit must be a positive, finite"),
     ('[[check]]\nbudget = "1GiB"\n', "missing key 'model'"),
     ('[[check]]\nmodel = "m.onnx"\n', "no budget"),
