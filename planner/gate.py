@@ -117,27 +117,9 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
     if not budgets:
         fix = 'add budget = "8GiB" (or "60%") to the entry, or give --budget' if where else "give --budget B"
         raise UsageError(f"{prefix}no budget for {model!r}; {fix} (e.g. 8GiB or 60%)")
-    parsed = []
-    for text in budgets:
-        try:
-            budget = parse_budget(text)
-        except UsageError as err:
-            raise UsageError(f"{prefix}{err}") from None
-        if budget.fraction is not None and not options.get("plan", True):
-            raise UsageError(
-                f"{prefix}budget {text!r} is a share of the unplanned peak and only means something with a "
-                "plan; drop --no-plan (plan = false) or give an absolute size such as 8GiB"
-            )
-        same = next((t for t, b in parsed if b == budget), None)
-        if same is not None:  # two verdicts, one JUnit testcase name: CI could not tell them apart
-            also = f" (as {same!r} and {str(text)!r})" if same != str(text) else ""
-            raise UsageError(f"{prefix}budget {text!r} is given twice for {model!r}{also}; give each budget once")
-        parsed.append((str(text), budget))
+    parsed = _parse_budgets(budgets, prefix, model, options.get("plan", True))
     if options.get("device"):  # checked with --no-plan too: a typo is not a pass
-        try:
-            device_profile(options["device"])
-        except UsageError as err:
-            raise UsageError(f"{prefix}{err}") from None
+        _check_device(options["device"], prefix)
     arena = options.get("ort_arena")
     if arena is not None and arena not in ORT_ARENA_CHOICES:
         raise UsageError(f"{prefix}ort_arena must be one of {', '.join(ORT_ARENA_CHOICES)}, got {arena!r}")
@@ -155,6 +137,45 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
     dims = tuple(sorted(dict(options.pop("dims", {}) or {}).items()))
     loose = tuple(sorted(set(options.pop("loose_dims", ()) or ())))
     return CheckItem(model=model, budgets=tuple(parsed), dims=dims, loose_dims=loose, **options)
+
+
+def check_shared(budgets: Sequence[str], device: str | None, *, where: str = "", plan: bool = True) -> None:
+    """Validate budgets and a device given for every item at once (the command line, a config's
+    top level), so that a bad one is named where it was written: make_item names the entry it
+    builds (``[[check]] #1``), which need not hold the key at all."""
+    prefix = f"{where}: " if where else ""
+    _parse_budgets(budgets, prefix, "", plan)
+    if device:
+        _check_device(device, prefix)
+
+
+def _parse_budgets(budgets: Sequence[str], prefix: str, model: str, plan: bool) -> list[tuple[str, Budget]]:
+    """(text, Budget) per budget; a UsageError for a bad one, a share without a plan or one given twice."""
+    parsed: list[tuple[str, Budget]] = []
+    for text in budgets:
+        try:
+            budget = parse_budget(text)
+        except UsageError as err:
+            raise UsageError(f"{prefix}{err}") from None
+        if budget.fraction is not None and not plan:
+            raise UsageError(
+                f"{prefix}budget {text!r} is a share of the unplanned peak and only means something with a "
+                "plan; drop --no-plan (plan = false) or give an absolute size such as 8GiB"
+            )
+        same = next((t for t, b in parsed if b == budget), None)
+        if same is not None:  # two verdicts, one JUnit testcase name: CI could not tell them apart
+            also = f" (as {same!r} and {str(text)!r})" if same != str(text) else ""
+            what = f" for {model!r}" if model else ""
+            raise UsageError(f"{prefix}budget {text!r} is given twice{what}{also}; give each budget once")
+        parsed.append((str(text), budget))
+    return parsed
+
+
+def _check_device(device: str, prefix: str) -> None:
+    try:
+        device_profile(device)
+    except UsageError as err:  # in a config the key is device, not the option
+        raise UsageError(f"{prefix}{str(err).replace('--device', 'device', 1) if prefix else err}") from None
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from planner.errors import UsageError
-from planner.gate import (DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, LOSSES, ORT_ARENA_CHOICES, CheckItem, make_item,
-                          parse_loss)
+from planner.gate import (DEFAULT_DEVICE, DEFAULT_TIME_LIMIT, LOSSES, ORT_ARENA_CHOICES, CheckItem, check_shared,
+                          make_item, parse_loss)
 from planner.units import MAX_DIM
 
 try:
@@ -158,6 +158,11 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
     top = _Section(path, f"[{prefix[:-1]}]" if prefix else "top level", table)
     top.only(DEFAULT_KEYS + ("check",))
     defaults = {k: top.get(k) for k in DEFAULT_KEYS}
+    # what is given for every entry is checked where it was written: the entries' errors named
+    # [[check]] #1 for --device h300 or a top-level budget = "4 parsecs"
+    check_shared(cli.budgets, cli.device, plan=not cli.no_plan)
+    check_shared(() if cli.budgets else top.get("budget") or (), None if cli.device else defaults["device"],
+                 where=top.where)
     entries = table.get("check")
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise UsageError(

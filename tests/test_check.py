@@ -811,6 +811,29 @@ def test_repeated_budget_is_a_usage_error(mlp, tmp_path):
     assert "budget '1024KiB' is given twice" in one_error_line(err)
 
 
+@pytest.mark.parametrize("top, args, says", [
+    ('device = "h300"\n', [], "c.toml: top level: device 'h300' is not a known profile"),
+    ('budget = "4 parsecs"\n', [], "c.toml: top level: budget '4 parsecs' has unknown unit"),
+    ('budget = ["1MiB", "1024KiB"]\n', [], "c.toml: top level: budget '1024KiB' is given twice"),
+    ("", ["--device", "h300"], "error: --device 'h300' is not a known profile"),
+    ("", ["--budget", "4 parsecs"], "error: budget '4 parsecs' has unknown unit"),
+    ("", ["--budget", "60%", "--no-plan"], "error: budget '60%' is a share"),
+])
+def test_a_value_for_every_entry_is_named_where_it_was_given(tmp_path, top, args, says):
+    # `check --config c.toml --device h300` said "c.toml: [[check]] #1: --device 'h300' is not a known
+    # profile", and a top-level device = "h300" or budget = "4 parsecs" was blamed on entry #1 too,
+    # which holds no such key: the line names the command line or the top level now
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'{top}[[check]]\nmodel = "zoo:mlp"\n' + ('' if "budget" in top else 'budget = "1MiB"\n'))
+    junit = tmp_path / "r.xml"
+    rc, out, err = run(["--config", cfg, "--junit", junit, *args])
+    line = one_error_line(err)
+    assert rc == 2 and out == "" and not junit.exists() and says in line and "#1" not in line, line
+    cfg.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1MiB"\ndevice = "h300"\n')  # an entry's own: named so
+    rc, _, err = run(["--config", cfg])
+    assert rc == 2 and "c.toml: [[check]] #1: device 'h300' is not a known profile" in one_error_line(err)
+
+
 def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
     # config entries differing only in device, ort_arena or plan were all "mlp.onnx [batch=32] @ 1MiB"
     entry = f'[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\ndims = {{ batch = 32 }}\n'
