@@ -555,7 +555,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     recompute without measure) gets what is left of the quarter (all of it after the beams,
     where the long run does not run); where it visits every state without a plan, the solve is
     infeasible (:func:`_walked_through`). The plans found are polished (planner/polish.py: the
-    recomputes memory does not require dropped; RL250 at 60%, the depth-first walk's plan:
+    recomputes the budget does not need dropped; RL250 at 60%, the depth-first walk's plan:
     +2195% -> +207.8%) in what is left of the quarter, or :data:`POLISH_SHARE` of the time limit
     where less is left. A walk's plan then hints CP-SAT in its own node order
     (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the quarter's end, whichever
@@ -1217,7 +1217,7 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
                                      clock.now() + POLISH_SHARE * opt.time_limit, keep_firsts=True))
         if better.sim.added_time < chosen.sim.added_time:
             chosen = better
-            note = f"{note}; recomputes memory does not require dropped (planner/polish.py)".lstrip("; ")
+            note = f"{note}; dropped the recomputes the budget does not need (planner/polish.py)".lstrip("; ")
     # The bound holds over the model's plans (fixed order, <= C computations per node); a
     # baseline outside the model can beat it, and then no bound is claimed.
     bound = m2.time_of_objective(r2.bound) if r2 is not None else None
