@@ -321,7 +321,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
 
     import models
     from passes.onnx_export import export_model, initializer_values, write_model
-    from passes.onnx_import import import_model
+    from passes.onnx_import import import_as_run, import_model
     from passes.plan_model import fingerprint
     from passes.verify import cpu_float32_fallback_ops, held_base_bytes, verify_models
     from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, arena_need
@@ -349,9 +349,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                              f"those (or leave --dim out), or plan the model again at these sizes")
         raise UsageError(f"{planned} was planned for another model than {model!r} (or the model changed); "
                          "plan it again with memplan plan --emit")
-    # as ORT runs it: its Size nodes run, and early; a pinned file's hidden shapes (passes/pin_order.py)
-    # are known only folded
-    planned_graph = import_model(planned, fold=bool(made_with.get("pin_order")))
+    planned_graph = import_as_run(planned)  # as ORT runs it: its Size nodes run, and early
     changed = _changed_weights(weights, initializer_values(planned_graph))
     if changed:
         # the fingerprint is structural: a planned file kept from before the weights changed ran, and

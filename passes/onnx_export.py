@@ -77,13 +77,28 @@ def tensor_value_info(t: Tensor, types: dict[tuple[str, tuple[int, ...]], onnx.T
     return info
 
 
+#: Inputs (op -> positions) whose values set the op's output shape: where the graph computes one (an
+#: ordering edge's ``Size(G) * 0``, passes/ordering.py; a recompute sink's gated starts,
+#: passes/rewrite.py), onnx infers the shape only once it is folded.
+SHAPE_VALUE_INPUTS: Mapping[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Slice": (1, 2, 3, 4), "Tile": (1,), "Pad": (1,),
+}
+
+
 def hidden_shapes(graph: Graph, io: set[int]) -> dict[str, list]:
-    """Name -> [dtype, shape] of each output of an op outside the ONNX domain but ORT's own (a
-    com.microsoft FusedMatMul) that a file without static shapes leaves out: onnx cannot infer them,
-    so memplan could not read its own pinned file (``memplan verify``); a static value_info would
-    show ORT the size (passes/pin_order.py), the metadata does not (onnx_import reads it)."""
-    return {t.name: [t.dtype, list(t.shape)] for node in graph.nodes
-            if node.domain not in ("", "ai.onnx") and node.op_type not in ORT_ONLY_OPS
+    """Name -> [dtype, shape] of each output that a file without static shapes leaves out and onnx
+    cannot infer: those of an op outside the ONNX domain but ORT's own (a com.microsoft FusedMatMul),
+    and those of an op that reads a computed tensor at a ``SHAPE_VALUE_INPUTS`` position, known
+    only by folding it, which ORT does not do under the planned session options. Without them memplan
+    could not read its own pinned file as ORT runs it (``memplan verify``, import_model(fold=False));
+    a static value_info would show ORT the size (passes/pin_order.py), the metadata does not
+    (onnx_import reads it)."""
+    def unknown(node) -> bool:
+        if node.domain not in ("", "ai.onnx"):
+            return node.op_type not in ORT_ONLY_OPS
+        return any(pos < len(node.inputs) and node.inputs[pos] != NO_TENSOR and node.inputs[pos] not in graph.values
+                   for pos in SHAPE_VALUE_INPUTS.get(node.op_type, ()))
+    return {t.name: [t.dtype, list(t.shape)] for node in graph.nodes if unknown(node)
             for t in (graph.tensors[o] for o in node.outputs if o != NO_TENSOR and o not in io)}
 
 

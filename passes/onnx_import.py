@@ -515,6 +515,22 @@ def import_model(
         _ASIDE_VALUES.clear()
 
 
+def import_as_run(spec: str | os.PathLike | onnx.ModelProto, aside: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """A model memplan wrote (plan --emit, rewrite, or a planned graph exported) as ORT runs it under
+    the planned session options: ``import_model(fold=False)``, its ordering edges' Size nodes kept
+    (what verify predicts and an arena replay counts). A pinned file (passes/pin_order.py) records the
+    shapes only folding would show (``SHAPES_KEY``); one written before it did is read folded, its
+    prediction off by its edges' Size scalars (zoo:resnet at 70% pinned: 128 bytes under)."""
+    try:
+        return import_model(spec, aside=aside, fold=False)
+    except ModelImportError as err:
+        graph = import_model(spec, aside=aside)  # a file bad either way raises its own error here
+        log.warning("%s; read folded instead (a pinned file from a memplan that did not record its hidden "
+                    "shapes), not quite as ORT runs it: plan it again with --emit for an exact prediction",
+                    str(err).split(":")[0])
+        return graph
+
+
 # ---- torch.onnx.export(dynamo=True) -------------------------------------------------------------
 #: What torch's torch.export-based exporter (the default since torch 2.9) records about each graph
 #: input and initializer (value_info metadata), the same as one text block on the graph, and what

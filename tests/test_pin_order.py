@@ -392,3 +392,26 @@ def test_verify_reads_a_pinned_model_with_a_com_microsoft_op(tmp_path):
     rc, stdout, err = memplan("verify", src, out, "--json")
     assert rc == 0, err
     assert json.loads(stdout)["outputs_equal"] is True
+
+
+def test_a_pinned_file_records_the_shapes_it_hides_and_an_older_one_is_read_folded(tmp_path, caplog):
+    """A pinned file's ordering edges compute their Reshape and Slice shapes (``Size(G) * 0``): onnx
+    infers those only folded, and verify read pinned files folded, the edges' Size scalars left out
+    (zoo:resnet at 70%: 128 bytes under ORT's count). The file records them in its metadata, so it
+    is read as ORT runs it; one written before it did is still read, folded, with a warning."""
+    from passes.onnx_import import SHAPES_KEY, import_as_run
+
+    out = tmp_path / "p.onnx"
+    rc, _, err = memplan("plan", "zoo:resnet", "--budget", "70%", "--workers", "1", "--time-limit", "2",
+                         "--pin-order", "--emit", out)
+    assert rc == 0, err
+    as_run = import_as_run(out)
+    assert "read folded" not in caplog.text
+    assert any(n.op_type == "Size" for n in as_run.nodes)
+    older = onnx.load(out)
+    kept = [p for p in older.metadata_props if p.key != SHAPES_KEY]
+    del older.metadata_props[:]
+    older.metadata_props.extend(kept)
+    folded = import_as_run(older)
+    assert "read folded" in caplog.text
+    assert not any(n.op_type == "Size" for n in folded.nodes)
