@@ -66,7 +66,7 @@ def main() -> int:
     import models
     from passes.autodiff import training_graph
     from passes.onnx_export import export_model, save_model
-    from passes.onnx_import import import_model, load_graph
+    from passes.onnx_import import import_as_run, import_model, load_graph
     from planner.arena import arena_need
     from planner.liveness import MemoryModel, analyze
 
@@ -96,7 +96,7 @@ def main() -> int:
                         rows.append({"model": spec, "budget_pct": pct, "graph": label, "error": done.stderr.strip()})
                         print(f"| {spec} | {pct}% | {label} | {(done.stderr.strip().splitlines() or ['?'])[-1]} |")
                 for label, path, added in graphs:
-                    lv = analyze(import_model(onnx.load(path)), model=MemoryModel(host_copies_resident=True))
+                    lv = analyze(import_as_run(path), model=MemoryModel(host_copies_resident=True))
                     need = arena_need(lv, strategy=strategy, on_cpu=True)
                     ok = runs(path, feeds, budget, strategy)
                     row = {"model": spec, "budget_pct": pct, "budget_bytes": budget, "graph": label,

@@ -31,7 +31,7 @@ import onnx  # noqa: E402
 import models  # noqa: E402
 from bench.arena_limit import least_limit as least_measured  # noqa: E402
 from passes.onnx_export import write_model  # noqa: E402
-from passes.onnx_import import import_model  # noqa: E402
+from passes.onnx_import import import_as_run  # noqa: E402
 from passes.rewrite import prime_arena  # noqa: E402
 from planner.arena import least_limit, reserved_bytes, run_events, session_allocations  # noqa: E402
 from planner.liveness import MemoryModel, analyze  # noqa: E402
@@ -47,7 +47,7 @@ def main() -> None:
     for spec in args.files:
         path, _, frac = spec.partition(":")
         fraction = float(frac or 0.9)
-        lv = analyze(import_model(path), model=MemoryModel(host_copies_resident=True))
+        lv = analyze(import_as_run(path), model=MemoryModel(host_copies_resident=True))
         g, peak = lv.graph, lv.peak_bytes
         base = reserved_bytes(g, prepack=True)
         predicted = least_limit(session_allocations(g) + run_events(lv), base=base, strategy=args.strategy,

@@ -53,11 +53,11 @@ def _memplan(*args: str) -> subprocess.CompletedProcess:
 
 
 def _arena_need(path: str) -> int:
-    from passes.onnx_import import import_model
+    from passes.onnx_import import import_as_run
     from planner.arena import SAME_AS_REQUESTED, arena_need
     from planner.liveness import MemoryModel, analyze
 
-    lv = analyze(import_model(path), model=MemoryModel(host_copies_resident=True))
+    lv = analyze(import_as_run(path), model=MemoryModel(host_copies_resident=True))
     return arena_need(lv, strategy=SAME_AS_REQUESTED, on_cpu=False)
 
 

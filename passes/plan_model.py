@@ -50,12 +50,13 @@ class OrtArena:
 
     def need(self, planned: Graph) -> int:
         """The arena need of ``planned`` as ORT reads it: exported and read back, since the file writes
-        some ops as their function bodies (passes/onnx_export.py), which allocate other buffers."""
+        some ops as their function bodies (passes/onnx_export.py), which allocate other buffers, and
+        unfolded, its ordering edges' Size nodes run (``import_as_run``)."""
         from passes.onnx_export import export_model, initializer_values
-        from passes.onnx_import import import_model
+        from passes.onnx_import import import_as_run
 
-        as_run = import_model(export_model(planned, value_info=False, weights=False),  # no proto of the weights
-                              aside=initializer_values(planned))
+        as_run = import_as_run(export_model(planned, value_info=False, weights=False),  # no proto of the weights
+                               aside=initializer_values(planned))
         lv = analyze(as_run, model=MemoryModel(host_copies_resident=not self.device_inputs))
         return arena_need(lv, strategy=self.strategy, on_cpu=not self.device_inputs)
 

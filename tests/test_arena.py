@@ -540,3 +540,26 @@ def test_plan_graph_tightens_from_the_plans_peak_where_it_lies_under_the_target(
     got = pm_mod.plan_graph(g, budget, strategy="greedy", ort_arena=_OverByOneArena(fits, budget))
     assert got.ok, (targets, got.result.note)
     assert got.peak_bytes <= fits and got.arena_need <= budget
+
+
+def test_ort_arena_replays_the_planned_graph_as_ort_runs_it():
+    """plan --ort-arena replayed a planned graph read back with its shape subgraphs folded, the
+    ordering edges' Size nodes gone, which ORT runs under the planned session options (zoo:gpt at
+    70%, kNextPowerOfTwo on the CPU: a need of 687240 bytes, 672188 as ORT runs it): the replay must
+    read it as ``memplan verify`` does."""
+    import math
+
+    from passes.autodiff import training_graph
+    from passes.onnx_export import export_model
+    from passes.onnx_import import import_model, load_graph
+    from passes.plan_model import OrtArena, plan_graph
+    from planner.arena import NEXT_POWER_OF_TWO, arena_need
+    from planner.cpsat import PlannerOptions
+    from planner.liveness import MemoryModel
+
+    g = training_graph(load_graph("zoo:gpt"))
+    pm = plan_graph(g, math.ceil(analyze(g).peak_bytes * 0.7), options=PlannerOptions(time_limit=5, workers=1))
+    assert pm.ok and any(n.op_type == "Size" for n in pm.planned.nodes)  # the ordering edges' Size nodes
+    as_run = analyze(import_model(export_model(pm.planned), fold=False), model=MemoryModel(host_copies_resident=True))
+    assert OrtArena(NEXT_POWER_OF_TWO, device_inputs=False).need(pm.planned) \
+        == arena_need(as_run, strategy=NEXT_POWER_OF_TWO, on_cpu=True)
