@@ -664,6 +664,7 @@ class RematModel:
                     m.Add(self.makespan >= x.start + x.dur).OnlyEnforceIf(x.present)
             lastx = self.inst[self.of_node[-1][0]]
             m.Add(self.makespan >= lastx.start + lastx.dur)
+            self._add_stream_load()
             self.time_expr = self.makespan - int(self.dur.sum())
         else:
             terms = []
@@ -671,6 +672,22 @@ class RematModel:
                 if x.kind == RECOMPUTE and self.obj_cost[x.node]:
                     terms.append(int(self.obj_cost[x.node]) * x.present)
             self.time_expr = sum(terms) if terms else m.NewConstant(0)
+
+    def _add_stream_load(self) -> None:
+        """Ticks only, redundant: every present interval of the compute stream (with copies in
+        line, the copies too) lies in [0, makespan] without overlapping another, so
+            makespan >= sum_v d_v + sum_{recompute i} d_i * present_i  (+ sum_v 2 tr_v * swapped_v).
+        The no-overlap alone leaves the LP's makespan at the unplanned run's, so CP-SAT's bound
+        stayed at 0 added time wherever its search did not finish (RL100 at 70%, in line,
+        --swap-bandwidth 2: bound 0, gap 100%); with this row and the knapsack cuts it is what
+        dropping bytes must cost at least. A host copy brought back more than once would cost
+        more, so the row holds for such plans too."""
+        m = self.m
+        terms = [int(x.dur) * x.present for x in self.inst if x.kind == RECOMPUTE]
+        if not self.p.copy_overlap:
+            terms += [2 * int(self.tr[v]) * lit for v, (lit, _so, _idx) in self.swap_out.items()]
+        if terms:
+            m.Add(self.makespan >= int(self.dur.sum()) + sum(terms))
 
     # ---- hints ---------------------------------------------------------------------------
     def hint_from_plan(self, plan: Plan) -> dict[int, int] | None:

@@ -224,7 +224,7 @@ def test_an_exhausted_walk_proves_the_least_peak():
     # with swaps a plan fits there (what the walk proved covers recompute plans only) ...
     q = p.with_swap([0.5] * p.n)
     swapped = solve(q, 108, "cpsat", PlannerOptions(time_limit=1, workers=1, seed=0, work_limit=True))
-    assert swapped.status == "feasible" and simulate(q, swapped.plan, 108).swap_ins > 0
+    assert swapped.status in ("feasible", "optimal") and simulate(q, swapped.plan, 108).swap_ins > 0
     # ... so the last resorts never call a swap problem infeasible from the walk
     timed_out = replace(res, status="timeout", least_bytes=None, least_exact=False, note="")
     rescued = planning._rescue(q, timed_out, PlannerOptions(time_limit=2, workers=1, seed=0, work_limit=True), True)
@@ -243,7 +243,7 @@ def test_an_exhausted_early_walk_is_infeasible_without_a_solve():
     # with swaps the walk's proof would not hold: no early claim
     q = p.with_swap([0.5] * p.n)
     swapped = solve(q, 108, "cpsat", replace(opts, time_limit=1, early_walk_within=0.1))
-    assert swapped.status == "feasible"
+    assert swapped.status in ("feasible", "optimal")
 
 
 def test_depth_first_walk_stops_at_its_cap():

@@ -375,6 +375,23 @@ def test_a_swap_plan_with_a_recompute_before_its_swap_in_replays_at_the_models_t
     assert sim.added_time == pytest.approx(5.0) and sim.swap_ins == 1 and sim.recomputes == 1
 
 
+def test_the_swap_solve_proves_its_bound_where_copies_cannot_hide():
+    """chain(20) with every op costing 10 and every copy 3 each way, in line with compute: the
+    step after the loss holds 220 B, so at 140 B eight 10-B activations must be away from it,
+    each by a swap (3 + 3) or a recompute (10): the least added time is 8 * 6 = 48, and the
+    bound is 48 too. The model's makespan was tied to its copies only through the no-overlap, so
+    CP-SAT's bound stayed at 0 (gap 100%, status feasible after the whole limit)."""
+    p = chain(20, cost=10.0)
+    p = p.with_swap([3.0] * p.n, copy_overlap=False)
+    assert p.unplanned_peak == 220
+    res = solve(p, 140, "cpsat", replace(FIXED, time_limit=2, work_limit=True))
+    check_result(p, res, 140)
+    assert simulate(p, res.plan, 140).swap_ins == 8
+    assert res.added_time == pytest.approx(48.0)
+    assert (res.status, res.solver.gap) == ("optimal", 0.0)
+    assert res.solver.bound == pytest.approx(48.0)
+
+
 @pytest.mark.parametrize("fraction", [0.8, 0.6])
 def test_allowing_swap_never_costs_more_than_recompute_only(fraction):
     # Slow transfers that cannot hide: the swap model starts from the recompute-only plan.
