@@ -1220,7 +1220,7 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
             note = f"{note}; dropped the recomputes the budget does not need (planner/polish.py)".lstrip("; ")
     # The bound holds over the model's plans (fixed order, <= C computations per node); a
     # baseline outside the model can beat it, and then no bound is claimed.
-    bound = m2.time_of_objective(r2.bound) if r2 is not None else None
+    bound = m2.time_of_bound(r2.bound) if r2 is not None else None
     if bound is not None:
         bound = max(0.0, bound)
     added = chosen.sim.added_time

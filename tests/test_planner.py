@@ -375,6 +375,23 @@ def test_a_swap_plan_with_a_recompute_before_its_swap_in_replays_at_the_models_t
     assert sim.added_time == pytest.approx(5.0) and sim.swap_ins == 1 and sim.recomputes == 1
 
 
+def test_a_swap_bound_on_the_tick_axis_never_exceeds_a_plan_the_model_holds():
+    """The timed model rounds each copy up to whole ticks: chain(20) with 3-unit copies in line
+    gets 732-tick copies of 0.0041 each, so the eight-swap plan (+48 in real time) is 11712 ticks,
+    48.0192 converted. A solver bound of that many ticks is a proof of at most +48, not more; where
+    ticks are exact (chain(12): 25 nodes, a tick of 1/4000 of a 10-unit op or copy) nothing is given
+    back."""
+    from planner.cpsat import RematModel
+    p = chain(20, cost=10.0).with_swap([3.0] * 41, copy_overlap=False)
+    m = RematModel(p, 140, PlannerOptions(time_limit=1, workers=1, seed=0))
+    ticks = 8 * 2 * int(m.tr[0])
+    assert m.time_of_objective(ticks) > 48.0  # the rounding this guards against
+    assert 48.0 * 0.95 <= m.time_of_bound(ticks) <= 48.0
+    exact = RematModel(chain(12, cost=10.0).with_swap([10.0] * 25, copy_overlap=False), 100,
+                       PlannerOptions(time_limit=1, workers=1, seed=0))
+    assert exact.time_of_bound(100) == pytest.approx(exact.time_of_objective(100))
+
+
 def test_the_swap_solve_proves_its_bound_where_copies_cannot_hide():
     """chain(20) with every op costing 10 and every copy 3 each way, in line with compute: the
     step after the loss holds 220 B, so at 140 B eight 10-B activations must be away from it,
@@ -651,7 +668,7 @@ def test_a_model_bound_above_the_kept_plans_cost_is_not_claimed(monkeypatch):
     monkeypatch.setattr(planning, "_exact_cheapest", lambda *a: None)  # as on a large problem
     monkeypatch.setattr(planning, "polished", lambda problem, plan, sim, *a, **k: (plan, sim))
     added = fallback.sim.added_time
-    m2 = SimpleNamespace(time_of_objective=lambda objective: objective)
+    m2 = SimpleNamespace(time_of_objective=lambda objective: objective, time_of_bound=lambda objective: objective)
     for bound, status, gap in ((added + 5.0, "feasible", None), (added / 2, "feasible", 0.5), (added, "optimal", 0.0)):
         r2 = PhaseResult("refine", "FEASIBLE", 0.1, None, bound, None, None)
         res = planning._chosen(p, budget, PlannerOptions(time_limit=1, workers=1), clock.now(), [r2], fallback,
