@@ -1236,7 +1236,8 @@ SEED_OPTION = dict(type=click.IntRange(min=0, max=1 << 30), default=0, show_defa
 
 #: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
 FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
-                    "tried when its unplanned peak is at least 5% lower, and the cheaper plan is kept.")
+                    "tried when its unplanned peak is at least 5% lower (else the given order with its weight "
+                    "gradients made late), and the cheaper plan is kept.")
 DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
                       "the same plan comes back on any machine and under any load (the wall time then varies: "
                       "on large models 10-100x the limit, and more on the largest: 507 s for --time-limit 1 on "

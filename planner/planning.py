@@ -11,6 +11,8 @@ fitting baseline, and its plan has passed simulate() against the budget. Problem
 order (planner/reorder.py) lowers the unplanned peak by ``reorder_min_gain``, cpsat solves in
 that order first (``reorder_share`` of the time), then in the given order, and keeps the cheaper;
 where a baseline fits in the given order and none in that one, only the given order is searched.
+Where no order is that much lower, the other order is the given one with its weight gradients
+made late (planner.reorder.sinks_late).
 Below the given order's floor, a plan in the memory-aware order is compared with the last resort of
 a solve without one (:func:`_walked_beside`), which a slightly lower budget takes.
 Budgets near the least peak any order may reach (``early_walk_within``) get the depth-first walk
@@ -51,7 +53,8 @@ from planner.pebble import DepthFirstPlan, depth_first_plan, reverse_pebble
 from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
 from planner.problem import PlanningProblem
-from planner.reorder import first_compute_order, memory_order, permute, plan_in_order, plan_in_original
+from planner.reorder import first_compute_order, memory_order, permute, plan_in_order, plan_in_original, \
+    sinks_late
 from planner.simulate import Simulation, simulate
 from planner.swap_greedy import swap_greedy
 from planner.tight_greedy import long_run
@@ -153,6 +156,10 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
         if found is None and problem.order_free_floor <= budget < problem.memory_floor:
             # no plan in the given order fits; another order's may, however little lower its peak
             found = memory_order(problem, -math.inf, budget, work)
+        if found is None and (late := sinks_late(problem)) is not None:
+            # no lower order: the given one with its weight gradients made late (same unplanned
+            # peak, but plans may then recompute what the given order held as pinned bytes)
+            found = (late, "sinks-late")
     res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint) if found is not None
            else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
     walked = Candidate(*early.found) if early is not None else None
