@@ -684,8 +684,13 @@ def check_arena_fn(graph, item) -> int:
 def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[str] | None = None):
     from passes.onnx_import import load_graph
 
-    graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
-                       dim_names=dim_names)
+    try:
+        graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
+                           dim_names=dim_names)
+    except UsageError as err:  # a typo in a config entry's own dims: named there, not as a --dim never given
+        if item.dims_where and str(err).startswith("--dim "):
+            raise UsageError(f"{item.dims_where}: dims: {str(err)[len('--dim '):]}") from None
+        raise
     if not item.train:
         return as_run(graph)
     writer = _step_writer(item.model)

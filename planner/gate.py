@@ -100,6 +100,9 @@ class CheckItem:
     # dims given for several models at once (the config's top level, --dim with several models): one
     # that matches nothing in this model is warned about; any other is a usage error (a typo)
     loose_dims: tuple[str, ...] = ()
+    # the config entry whose own dims table gave the dims not loose (empty: --dim gave them): a typo
+    # there is named as the entry's, not as a --dim the command line never had
+    dims_where: str = ""
 
     @property
     def name(self) -> str:

@@ -183,13 +183,14 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
         # the top level's dims and --dim (with several entries) are for every model; an entry's own
         # dims are for its model, where one that matches nothing is a typo
         shared = set(defaults["dims"] or {}) | (set(cli.dims) if len(entries) > 1 else set())
+        # a typo among the others is named as the entry's, unless one entry's --dim is not loose either
         loose = sorted(shared - set(value["dims"] or {}) if sec.get("dims") is not None else shared)
         budgets = cli.budgets or value["budget"] or ()
         items.append(make_item(
             model, budgets, where=sec.where, label=sec.get("name") or label,
             train=cli.train or bool(value["train"]), add_loss=cli.add_loss or value["add_loss"],
             loss=cli.loss or sec.get("loss"), dims=dims,
-            loose_dims=loose,
+            loose_dims=loose, dims_where=sec.where if sec.get("dims") and (len(entries) > 1 or not cli.dims) else "",
             device=cli.device or value["device"] or DEFAULT_DEVICE,
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,
             plan=not cli.no_plan and value["plan"] is not False,

@@ -924,15 +924,21 @@ def test_a_dim_typo_beside_an_old_operator_version_names_why_that_model_failed(t
 
 def test_a_dim_typo_names_its_model_once(tmp_path):
     # `check zoo:mlp --budget 80% --dim bacth=3` said "zoo:mlp: --dim bacth matched no symbolic
-    # input dim of zoo:mlp"; plan says the same line without the first name
+    # input dim of zoo:mlp"; plan says the same line without the first name. A config entry's own
+    # `dims = { bacth = 3 }` was worded as that --dim too, naming neither the file nor the entry
     cfg = tmp_path / "memplan.toml"  # an entry's own dims are for its model alone: a typo there too
     cfg.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1MiB"\ndims = { bacth = 3 }\n'
                    '[[check]]\nmodel = "zoo:cnn"\nbudget = "1MiB"\n')
-    for args in (["zoo:mlp", "--budget", "1MiB", "--dim", "bacth=3"], ["--config", cfg]):
+    for args, says in ((["zoo:mlp", "--budget", "1MiB", "--dim", "bacth=3"], "error: --dim bacth"),
+                       (["--config", cfg], f"error: {cfg}: [[check]] #1: dims: bacth")):
         rc, _, err = run(args)
         line = one_error_line(err)
-        assert rc == 2 and "--dim bacth matched no symbolic input dim of zoo:mlp" in line
+        assert rc == 2 and f"{says} matched no symbolic input dim of zoo:mlp" in line, line
         assert line.count("zoo:mlp") == 1, line
+    # with one entry, --dim is not loose either: the line names --dim for a typo given there
+    cfg.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1MiB"\ndims = { batch = 3 }\n')
+    rc, _, err = run(["--config", cfg, "--dim", "bacth=3"])
+    assert rc == 2 and "error: --dim bacth matched no symbolic input dim of zoo:mlp" in one_error_line(err)
     # a message that does not name the model still gets its name in front
     rc, _, err = run(["zoo:mlp", "--budget", "1MiB", "--add-loss", "mean"])
     assert rc == 2 and one_error_line(err).startswith("memplan: error: zoo:mlp: --add-loss 'mean'")
