@@ -23,7 +23,8 @@ is passed over. Defaults sit at the top; each ``[[...check]]`` entry names one m
     add_loss = "cross-entropy:logits"
 
 Every problem is a UsageError naming the file, the entry and the key, raised before any model is
-loaded. Command-line options override the config for every entry.
+loaded. Command-line options override the config for every entry; what they override is still
+checked (a typo in it would wait for the job that runs without the option).
 """
 from __future__ import annotations
 
@@ -159,10 +160,10 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
     top.only(DEFAULT_KEYS + ("check",))
     defaults = {k: top.get(k) for k in DEFAULT_KEYS}
     # what is given for every entry is checked where it was written: the entries' errors named
-    # [[check]] #1 for --device h300 or a top-level budget = "4 parsecs"
+    # [[check]] #1 for --device h300 or a top-level budget = "4 parsecs". A value the command line
+    # overrides is checked too: device = "h300" passed with --device h100, a typo waiting in CI
     check_shared(cli.budgets, cli.device, plan=not cli.no_plan)
-    check_shared(() if cli.budgets else top.get("budget") or (), None if cli.device else defaults["device"],
-                 where=top.where)
+    check_shared(top.get("budget") or (), defaults["device"], where=top.where)
     entries = table.get("check")
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise UsageError(
@@ -179,6 +180,11 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
         if not model.startswith("zoo:") and not Path(model).is_absolute():
             model = str(path.parent / model)
         value = {k: defaults[k] if sec.get(k) is None else sec.get(k) for k in DEFAULT_KEYS}
+        # the entry's own budget, device and loss, where the command line overrides them (make_item
+        # checks them otherwise)
+        check_shared(sec.get("budget") or () if cli.budgets else (), sec.get("device") if cli.device else None,
+                     where=sec.where)
+        loss = sec.get("loss")
         dims = {**(defaults["dims"] or {}), **(value["dims"] or {}), **cli.dims}
         # the top level's dims and --dim (with several entries) are for every model; an entry's own
         # dims are for its model, where one that matches nothing is a typo
@@ -189,7 +195,7 @@ def load_config(path: Path, cli: Overrides = Overrides()) -> tuple[CheckItem, ..
         items.append(make_item(
             model, budgets, where=sec.where, label=sec.get("name") or label,
             train=cli.train or bool(value["train"]), add_loss=cli.add_loss or value["add_loss"],
-            loss=cli.loss or sec.get("loss"), dims=dims,
+            loss=cli.loss or loss, dims=dims,
             loose_dims=loose, dims_where=sec.where if sec.get("dims") and (len(entries) > 1 or not cli.dims) else "",
             device=cli.device or value["device"] or DEFAULT_DEVICE,
             time_limit=cli.time_limit or value["time_limit"] or DEFAULT_TIME_LIMIT,

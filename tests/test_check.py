@@ -834,6 +834,30 @@ def test_a_value_for_every_entry_is_named_where_it_was_given(tmp_path, top, args
     assert rc == 2 and "c.toml: [[check]] #1: device 'h300' is not a known profile" in one_error_line(err)
 
 
+@pytest.mark.parametrize("top, entry, args, says", [
+    ('device = "h300"\n', "", ["--device", "h100"], "c.toml: top level: device 'h300' is not a known profile"),
+    ("", 'device = "h300"\n', ["--device", "h100"], "c.toml: [[check]] #1: device 'h300' is not a known profile"),
+    ('budget = "4 parsecs"\n', "", ["--budget", "1MiB"], "c.toml: top level: budget '4 parsecs' has unknown unit"),
+    ("", 'budget = "4 parsecs"\n', ["--budget", "1MiB"], "c.toml: [[check]] #1: budget '4 parsecs' has unknown"),
+    ('budget = ["1MiB", "1024KiB"]\n', "", ["--budget", "2MiB"], "c.toml: top level: budget '1024KiB' is given twice"),
+    ("", 'loss = ""\n', ["--loss", "loss"], "c.toml: [[check]] #1: loss must be the name of the scalar output"),
+])
+def test_a_config_value_the_command_line_overrides_is_still_checked(tmp_path, top, entry, args, says):
+    # `check --config c.toml --device h100` passed (exit 0) with a top-level or entry device = "h300":
+    # the overridden value was never read, a typo waiting for the CI job that runs without the option
+    cfg = tmp_path / "c.toml"
+    budget = "" if "budget" in top + entry else 'budget = "1MiB"\n'
+    cfg.write_text(f'{top}[[check]]\nmodel = "zoo:mlp"\n{budget}{entry}')
+    junit = tmp_path / "r.xml"
+    rc, out, err = run(["--config", cfg, "--junit", junit, "--no-plan", *args])
+    line = one_error_line(err)
+    assert rc == 2 and out == "" and not junit.exists() and says in line, line
+    # a good value the command line overrides is no error: the command line wins
+    cfg.write_text('device = "t4"\nbudget = "1KiB"\n[[check]]\nmodel = "zoo:mlp"\ndevice = "a100"\n')
+    rc, out, err = run(["--config", cfg, "--no-plan", "--device", "h100", "--budget", "1MiB"])
+    assert rc == 0 and "1 of 1 passed" in out, err
+
+
 def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
     # config entries differing only in device, ort_arena or plan were all "mlp.onnx [batch=32] @ 1MiB"
     entry = f'[[check]]\nmodel = "{mlp.name}"\nbudget = "1MiB"\ndims = {{ batch = 32 }}\n'
