@@ -681,12 +681,13 @@ def check_arena_fn(graph, item) -> int:
     return _ort_arena(item.ort_arena, item.device).need(graph)
 
 
-def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[str] | None = None):
+def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[str] | None = None,
+                    inputs_read: list[str] | None = None):
     from passes.onnx_import import load_graph
 
     try:
         graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
-                           dim_names=dim_names)
+                           dim_names=dim_names, inputs_read=inputs_read)
     except UsageError as err:  # a typo in a config entry's own dims: named there, not as a --dim never given
         if item.dims_where and str(err).startswith("--dim "):
             raise UsageError(f"{item.dims_where}: dims: {str(err)[len('--dim '):]}") from None
@@ -871,13 +872,15 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
     _output_paths_ok({"--junit": junit, "--markdown": markdown}, inputs, stdout=("--markdown",))
 
     matched: set[str] = set()
-    dims_of: list[set[str]] = []  # per item, in order: the dims its model has (empty: its inputs unread)
+    dims_of: list[set[str]] = []  # per item, in order: the dims its model has
+    read_of: list[list[str]] = []  # per item: its model's name once its inputs were read (none: unread)
     load_errors: dict[int, str] = {}  # item index -> why its model could not be loaded
 
     def load(item):
         dims_of.append(set())
+        read_of.append([])
         try:
-            return _load_for_check(item, matched, dims_of[-1])
+            return _load_for_check(item, matched, dims_of[-1], read_of[-1])
         except ModelImportError as err:
             load_errors[len(dims_of) - 1] = str(err)
             raise
@@ -887,12 +890,13 @@ def check(models: tuple[str, ...], budgets: tuple[str, ...], train: bool, add_lo
         may miss some of them (a warning); one that matches none is a typo: the gate would check
         every model at its default size and pass. A model that failed to load counts where its
         inputs were read: a typo leaves the dim it meant unbound, that model fails (exit 3), and
-        the typo is what to fix (exit 2). One whose dims are unknown may be the dim's model: then
+        the typo is what to fix (exit 2), also where its input dims are all fixed (no names read).
+        One whose inputs were never read may be the dim's model: then
         it stays a bad model, unless every such dim is one edit from a name a model read has
         (bacth, batch): that is a typo whatever the unread model holds, and both are named."""
         loose = sorted({d for item in items for d in item.loose_dims} - matched)
         has = sorted(set().union(*dims_of))
-        unread = [item for item, known in zip(items, dims_of) if item in failed and not known]
+        unread = [item for item, known, read in zip(items, dims_of, read_of) if item in failed and not (known or read)]
         if not loose or (unread and not all(any(_one_edit(d, h) for h in has) for d in loose)):
             return
         word = "dims" if len(loose) > 1 else "dim"

@@ -79,14 +79,16 @@ CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 # ---- loading ----------------------------------------------------------------------------------
 def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
                loose_dims: Collection[str] = (), matched_dims: set[str] | None = None,
-               dim_names: set[str] | None = None) -> Graph:
+               dim_names: set[str] | None = None, inputs_read: list[str] | None = None) -> Graph:
     """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph. A ``--dim``
     that matches nothing in it is a usage error (a typo would plan another size), except those
     named in ``loose_dims`` (dims given for several models at once), which are warned about.
     ``matched_dims`` collects the dims that did match (a zoo option or a symbolic input dim);
     ``dim_names`` every name a dim could match, once the model's inputs are read (also when the
-    import fails after that, as on an unbound dim)."""
-    return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names)
+    import fails after that, as on an unbound dim); ``inputs_read`` gets the model's name then, which
+    tells a model whose input dims are all fixed (no names) from one never read."""
+    return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names,
+                        inputs_read=inputs_read)
 
 
 def overridable_initializers(spec: str | os.PathLike | onnx.ModelProto) -> tuple[str, ...]:
@@ -475,7 +477,7 @@ def import_model(
     spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
     frozen: Iterable[str] = (), aside: Mapping[str, np.ndarray] | None = None,
     loose_dims: Collection[str] | None = None, matched_dims: set[str] | None = None,
-    dim_names: set[str] | None = None, fold: bool = True,
+    dim_names: set[str] | None = None, fold: bool = True, inputs_read: list[str] | None = None,
 ) -> Graph:
     """Load, bind symbolic dims, infer shapes, fold shape subgraphs and build the Graph; the
     float initializers named in ``frozen`` get no gradient. ``aside``: the values of the
@@ -483,7 +485,8 @@ def import_model(
     ``ASIDE`` for onnx's converter, passes/opset_upgrade.py), by name. ``loose_dims``: the dims
     that may match nothing (a warning); any other that does is a UsageError. None: every one may
     (what memplan imports itself: its own files, benchmarks). ``matched_dims`` collects the dims
-    that matched a zoo option or a symbolic input dim, ``dim_names`` every one it has. ``fold=False``:
+    that matched a zoo option or a symbolic input dim, ``dim_names`` every one it has, and
+    ``inputs_read`` the model's name once its inputs are read (:func:`load_graph`). ``fold=False``:
     fold only Constant nodes, the file as ORT runs it under the planned session options
     (ORT_DISABLE_ALL folds nothing else): a planned file's ordering edges read their gate through a
     Size, run and held as ORT runs it, which folding took out (memplan verify predicted zoo:gpt at 70%
@@ -507,7 +510,8 @@ def import_model(
         roles = torch_export_roles(model)
         # a proto read from a file here is ours to change; the caller's is copied first
         model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
-                                 loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names, fold=fold)
+                                 loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names, fold=fold,
+                                 inputs_read=inputs_read)
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
         return _to_graph(model, display, frozen, bool(dims))
     finally:
@@ -656,7 +660,8 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
              roles: TorchExportRoles | None = None, copy: bool = True,
              loose_dims: Collection[str] | None = None,
              matched_dims: set[str] | None = None,
-             dim_names: set[str] | None = None, fold: bool = True) -> tuple[onnx.ModelProto, set[str]]:
+             dim_names: set[str] | None = None, fold: bool = True,
+             inputs_read: list[str] | None = None) -> tuple[onnx.ModelProto, set[str]]:
     """Bind dims, then alternate shape inference and folding; returns (model, folded tensor names).
     ``copy=False`` changes ``model`` itself (one read from a file: its weights are not held twice).
     ``fold=False``: fold Constant nodes only (:func:`import_model`)."""
@@ -698,6 +703,8 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         matched_dims.update(used)
     if dim_names is not None:
         dim_names.update(used | set(unbound))
+    if inputs_read is not None:
+        inputs_read.append(display)
     unknown = sorted(set(dims) - used)
     # a typo first: with the dim it meant unbound, the model "could not be loaded" (exit 3), where
     # the usage error (exit 2) is what to fix (--dim bacth=3 on a model with dim batch)

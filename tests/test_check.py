@@ -946,6 +946,20 @@ def test_a_dim_typo_beside_an_old_operator_version_names_why_that_model_failed(t
     assert rc == 3 and "convert_version(model, 13)" in err
 
 
+def test_a_dim_no_model_has_beside_a_fixed_dim_model_that_fails_later_is_a_usage_error(tmp_path):
+    # `check zoo:mlp old.onnx --dim foo=3 --no-plan` exited 3 with foo only a warning: old.onnx's
+    # inputs were read (all fixed, no dim foo) before its Relu-1 failed, but no dim names read as
+    # "never read", so it might have held foo; usage (2) wins over the bad model, as with a good one
+    old = _opset5_relu(tmp_path / "old.onnx")
+    junit = tmp_path / "r.xml"
+    rc, out, err = run(["zoo:mlp", old, "--dim", "foo=3", "--budget", "1MiB", "--no-plan", "--junit", junit])
+    assert rc == 2 and out == "" and not junit.exists() and "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("memplan: error:")]
+    assert "dim foo matched no model's" in line and f"failed to load: {old}: node 'old' is Relu version 1" in line
+    rc, _, err = run(["zoo:mlp", old, "--budget", "1MiB", "--no-plan"])  # without the dim: the model
+    assert rc == 3 and "convert_version(model, 13)" in err
+
+
 def test_a_dim_typo_names_its_model_once(tmp_path):
     # `check zoo:mlp --budget 80% --dim bacth=3` said "zoo:mlp: --dim bacth matched no symbolic
     # input dim of zoo:mlp"; plan says the same line without the first name. A config entry's own
