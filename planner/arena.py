@@ -22,9 +22,10 @@ code, written from reading it) on a sequence of allocations and frees:
   the buffers read for the last time; an Einsum's temporaries made and freed in turn around its output.
 * ``replay`` / ``least_limit``: does a sequence run under a limit; the least limit it runs under.
 * ``arena_need(liveness)``: ``least_limit`` of a run with what the session holds before it: the
-  initializers and MLAS's packed Gemm/MatMul weights as reservations (``reserved_bytes``), a
-  ConvTranspose's transposed weight from the arena (``session_allocations``), and off the CPU the
-  fed inputs. Each was found by matching ORT's log of arena extensions request by request; on the
+  initializers (on the CPU only those under 128 bytes) and MLAS's packed Gemm/MatMul/LSTM/GRU
+  weights (one per distinct packing) as reservations (``reserved_bytes``), a ConvTranspose's
+  transposed weight from the arena (``session_allocations``), and off the CPU the fed inputs. Each
+  was found by matching ORT's log of arena reservations and extensions request by request; on the
   zoo the result is within 5% of the least limit ORT runs under (bench/results/arena_limit.md).
 
 Pure: no ONNX.
@@ -48,6 +49,11 @@ NEXT_POWER_OF_TWO, SAME_AS_REQUESTED = 0, 1
 #: the mappings before it; a smaller one comes from the heap, above the regions before it. Where equal
 #: free chunks tie, the arena takes the lower address, so this decides which one is reused.
 MMAP_THRESHOLD = 128 << 10
+#: The largest initializer the CPU provider keeps in the arena (a reservation). ORT 1.31 moves every
+#: larger one into the graph's own buffers when it loads the model, outside the arena (measured: a
+#: 124-byte initializer is reserved, a 128-byte one is not; zoo:gpt's 96 initializers of 4-16384 bytes
+#: reserve 700 bytes, the sum of those under 128).
+MAX_ARENA_INITIALIZER = 127
 
 
 def rounded(nbytes: int) -> int:
@@ -286,22 +292,30 @@ def _live_peak(events: Iterable[Event]) -> int:
 
 
 def reserved_bytes(graph: Graph, prepack: bool) -> int:
-    """What a session reserves in the arena before the first run: every initializer, except that with
-    ``prepack`` (the CPU provider) a float Gemm/MatMul whose B is an initializer keeps its own copy
-    of B in MLAS's packed layout, and B itself goes once every reader packed it (measured on ORT 1.31:
-    the session's ``Reserve`` calls are these sizes, bench/results/arena_limit.md)."""
-    packs: dict[int, list[tuple[int, bool]]] = {}  # initializer -> (bytes, reserved) per reader packing it
+    """What a session holds reserved in the arena when its first run starts: every initializer (with
+    ``prepack``, the CPU provider, only those of at most ``MAX_ARENA_INITIALIZER`` bytes), except that
+    with ``prepack`` a constant weight packed for MLAS (``_prepacked``: Gemm/MatMul's B, LSTM's and
+    GRU's W and R) is held as its packed copies, and the weight itself goes once every reader packed
+    it. Each reader reserves its own copy, and the session keeps one per op type and packed content:
+    readers of the same B in the same layout (a recomputed MatMul) share one. Measured on ORT 1.31
+    (its log of ``Reserve`` calls and the first region, clamped to what the limit leaves): three
+    MatMuls of one B hold one copy, a MatMul and a Gemm two; zoo:gpt planned at 70% reserves 479232
+    bytes of copies and holds 196608 when it runs. Two initializers of equal values also share a copy
+    in ORT; here they count twice (safe)."""
+    packers: dict[int, set[int]] = {}  # weight -> the nodes that pack it
+    copies: dict[tuple, int] = {}  # (op type, weight, part, transposed) -> bytes of the copy the session keeps
     if prepack:
         for node in graph.nodes:
-            packed = _prepacked(graph, node)
-            if packed is not None:
-                packs.setdefault(node.inputs[1], []).append(packed)
-    total = 0
+            for part, (w, nbytes, reserved) in enumerate(_prepacked(graph, node)):
+                packers.setdefault(w, set()).add(node.id)
+                if reserved:
+                    copies[node.op_type, w, part, node.op_type == "Gemm" and bool(node.attr("transB"))] = nbytes
+    total = sum(copies.values())
     for t in graph.initializers():
-        readers = graph.consumers[t.id]
-        packed = packs.get(t.id, [])
-        total += sum(size for size, reserved in packed if reserved)
-        if len(packed) < len(readers) or not readers or t.id in graph.output_set:
+        if prepack and t.nbytes > MAX_ARENA_INITIALIZER:
+            continue
+        readers = set(graph.consumers[t.id])
+        if not readers or readers - packers.get(t.id, set()) or t.id in graph.output_set:
             total += t.nbytes
     return total
 
@@ -312,30 +326,52 @@ def session_allocations(graph: Graph) -> list[Event]:
     transposed (measured: zoo:cnn's first arena request, 4608 bytes, comes before the first run)."""
     out: list[Event] = []
     for node in graph.nodes:
-        packed = _prepacked(graph, node)
-        if packed is not None and not packed[1]:
-            out.append((1, ("packed", node.id), packed[0]))
+        out.extend((1, ("packed", node.id), nbytes) for _, nbytes, reserved in _prepacked(graph, node) if not reserved)
     return out
 
 
-def _prepacked(graph: Graph, node) -> tuple[int, bool] | None:
-    """(bytes, reserved) of the CPU provider's packed copy of ``node``'s constant weight (input 1), or
-    None: MLAS's packed B of a float Gemm/MatMul (MlasGemmPackBSize; reserved), a ConvTranspose's
-    transposed filter (the weight's size, from the arena)."""
-    if node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
-        return None
-    w = node.inputs[1]
-    if w == NO_TENSOR or w not in graph.values or graph.tensors[w].dtype != "float32":
-        return None
-    shape = graph.tensors[w].shape
-    if node.op_type == "ConvTranspose":
-        return graph.tensors[w].nbytes, False
-    if node.op_type not in ("Gemm", "MatMul") or len(shape) != 2:
-        return None
-    k, n = shape
-    if node.op_type == "Gemm" and node.attr("transB"):
-        k, n = n, k
-    return -(-(-(-n // 16) * 16 * k * 4) // 64) * 64, True
+def _packed_b(n: int, k: int) -> int:
+    """MlasGemmPackBSize of a float B of K rows and N columns: N rounded up to 16, 64-byte aligned."""
+    return -(-(-(-n // 16) * 16 * k * 4) // 64) * 64
+
+
+def _prepacked(graph: Graph, node) -> list[tuple[int, int, bool]]:
+    """(weight, bytes, reserved) of each copy the CPU provider packs of ``node``'s constant float32
+    weights: MLAS's packed B of a Gemm/MatMul (reserved); an LSTM's W and R, and a GRU's W and R (R in
+    two parts, update/reset gates and hidden gate), packed per direction (reserved; measured: a
+    bidirectional GRU of hidden size 3 and input size 5 reserves 640, 384 and 384 bytes, an LSTM
+    640 and 384); a ConvTranspose's transposed filter (the weight's size, from the arena)."""
+    if node.domain not in ("", "ai.onnx"):
+        return []
+
+    def weight(i: int) -> int | None:
+        t = node.inputs[i] if i < len(node.inputs) else NO_TENSOR
+        if t == NO_TENSOR or t not in graph.values or graph.tensors[t].dtype != "float32":
+            return None
+        return t
+
+    op, w = node.op_type, weight(1)
+    if op == "ConvTranspose":
+        return [] if w is None else [(w, graph.tensors[w].nbytes, False)]
+    if op in ("Gemm", "MatMul"):
+        if w is None or len(graph.tensors[w].shape) != 2:
+            return []
+        k, n = graph.tensors[w].shape
+        if op == "Gemm" and node.attr("transB"):
+            k, n = n, k
+        return [(w, _packed_b(n, k), True)]
+    if op not in ("LSTM", "GRU"):
+        return []
+    out = []
+    if w is not None and len(graph.tensors[w].shape) == 3:  # (directions, gates x hidden, input)
+        dirs, n, k = graph.tensors[w].shape
+        out.append((w, dirs * _packed_b(n, k), True))
+    r = weight(2)
+    if r is not None and len(graph.tensors[r].shape) == 3:  # (directions, gates x hidden, hidden)
+        dirs, n, h = graph.tensors[r].shape
+        parts = [n] if op == "LSTM" else [2 * h, h]
+        out.extend((r, dirs * _packed_b(m, h), True) for m in parts)
+    return out
 
 
 def arena_need(liveness, *, strategy: int = NEXT_POWER_OF_TWO, on_cpu: bool = True) -> int:

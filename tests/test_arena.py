@@ -126,8 +126,69 @@ def test_the_cpu_provider_reserves_packed_weights_for_gemm_and_matmul():
     only_matmul = _matmul_graph(extra_reader=False)
     # MLAS packs B (K=32, N=96): N rounded up to 16, times K floats; B itself goes once its readers packed it
     assert reserved_bytes(only_matmul, prepack=True) == 96 * 32 * 4
-    assert reserved_bytes(_matmul_graph(extra_reader=True), prepack=True) == 2 * 96 * 32 * 4
+    # B (12288 bytes) is read by an Add too, but the CPU provider holds it outside the arena (over 127 bytes)
+    assert reserved_bytes(_matmul_graph(extra_reader=True), prepack=True) == 96 * 32 * 4
     assert reserved_bytes(only_matmul, prepack=False) == 32 * 96 * 4  # CUDA: the weight as it is
+
+
+def test_readers_of_one_weight_share_a_packed_copy_and_large_initializers_stay_out_of_the_cpu_arena():
+    # ORT 1.31 keeps one packed copy per op type and packed content (three MatMuls of w hold one, the Gemm
+    # its own), and reserves on the CPU only initializers under 128 bytes: zoo:gpt planned at 70% held
+    # 196608 bytes of copies and 700 of initializers where one copy per reader and every initializer
+    # were counted (495292), and its least kNextPowerOfTwo limit was predicted 1.8x too high
+    b = GraphBuilder()
+    x = b.input("x", "float32", (8, 32))
+    w = b.initializer("w", np.ones((32, 96), np.float32))
+    small, large = b.initializer("small", np.ones(4, np.float32)), b.initializer("large", np.ones(96, np.float32))
+    outs = [b.node("MatMul", [x, w], [(f"y{i}", "float32", (8, 96))])[0] for i in range(3)]
+    (g_out,) = b.node("Gemm", [x, w], [("g", "float32", (8, 96))])
+    (s_out,) = b.node("Add", [x, small], [("s", "float32", (8, 32))])
+    (l_out,) = b.node("Add", [g_out, large], [("l", "float32", (8, 96))])
+    for t in outs + [s_out, l_out]:
+        b.output(t)
+    g = b.build()
+    assert reserved_bytes(g, prepack=True) == 2 * 96 * 32 * 4 + 16
+    assert reserved_bytes(g, prepack=False) == 32 * 96 * 4 + 16 + 96 * 4  # CUDA: every initializer as it is
+
+
+@pytest.mark.parametrize("op, packed", [("LSTM", 640 + 384), ("GRU", 640 + 384 + 384)])
+def test_a_recurrent_nodes_weights_are_held_as_mlas_packed_copies_on_cpu(op, packed):
+    # ORT's log for a bidirectional node of hidden size 3, input size 5: W (N = gates x 3 -> 16, K = 5) and
+    # R (K = 3) packed per direction, a GRU's R in two parts; W, R and B (over 127 bytes) stay out of the arena
+    gates = {"LSTM": 4, "GRU": 3}[op]
+    b = GraphBuilder()
+    x = b.input("x", "float32", (4, 2, 5))
+    w, r, bias = (b.initializer(name, np.ones(shape, np.float32)) for name, shape in
+                  (("W", (2, gates * 3, 5)), ("R", (2, gates * 3, 3)), ("B", (2, 2 * gates * 3))))
+    (y,) = b.node(op, [x, w, r, bias], [("y", "float32", (4, 2, 2, 3))],
+                  attrs={"hidden_size": 3, "direction": "bidirectional"})
+    b.output(y)
+    assert reserved_bytes(b.build(), prepack=True) == packed
+
+
+def test_the_least_cpu_arena_limit_of_matmuls_sharing_a_weight_is_predicted_within_3_percent():
+    # a plan's recomputed MatMuls read the weight their originals read (zoo:gpt at 70%: 21 readers of a
+    # 4 KiB weight); counted with a packed copy each and every initializer reserved, the prediction was
+    # 1.8x the least limit ORT runs under. It runs at the prediction and not 3% under it.
+    from onnx import helper, numpy_helper
+
+    from passes.onnx_import import import_model
+    from passes.verify import runs_under_arena
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("W", (64, 256)), ("C", (16, 256)))]
+    nodes = [helper.make_node("MatMul", ["x", "W"], [f"m{i}"]) for i in range(3)]
+    nodes += [helper.make_node("Add", ["m0", "m1"], ["a"]), helper.make_node("Add", ["a", "m2"], ["b"]),
+              helper.make_node("Add", ["b", "C"], ["y"])]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", 1, x.shape)],
+                              [helper.make_tensor_value_info("y", 1, None)], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    need = arena_need(analyze(import_model(model)), strategy=NEXT_POWER_OF_TWO)
+    assert runs_under_arena(model, {"x": x}, need, NEXT_POWER_OF_TWO) == (True, "")
+    assert not runs_under_arena(model, {"x": x}, int(need * 0.97), NEXT_POWER_OF_TWO)[0]
 
 
 def test_a_conv_transpose_keeps_its_weight_transposed_in_the_arena_on_cpu():
@@ -152,7 +213,9 @@ def test_arena_need_is_at_least_the_live_peak_and_inputs_count_off_the_cpu():
     assert on_cpu >= lv.dynamic_peak
     off_cpu = arena_need(lv, strategy=SAME_AS_REQUESTED, on_cpu=False)
     x_bytes = 8 * 32 * 4
-    assert off_cpu == on_cpu - 32 * 96 * 4 + x_bytes  # no packed copy; the fed input is copied in
+    # off the CPU the weight itself is reserved instead of its packed copy (the same 12288 bytes here),
+    # and the fed input is copied in
+    assert off_cpu == on_cpu + x_bytes
     events = run_events(lv)
     assert [e[0] for e in events].count(1) == len(lv.buffer_size) + int(np.count_nonzero(lv.scratch))
 
