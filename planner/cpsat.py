@@ -2,7 +2,8 @@
 
 Formulation (interval model in the spirit of Moccasin; O(N*C + E*C^2) variables, never N^2):
   * node v has up to C_v *compute instances*: its original (always present) and optional
-    recomputes, plus, when swapping is modelled, one optional *swap-in instance*. Instance i
+    recomputes, plus, when swapping is modelled, up to ``max_swap_ins`` optional *swap-in
+    instances* (each after the one before, the first after the swap-out). Instance i
     starts at S_i, is ready d_i later and keeps its buffer resident on [S_i, E_i);
   * every present compute instance c of node w reads, for each input v, exactly one present
     instance j of v that is ready by S_c and resident until c is done (E_j >= S_c + d_w);
@@ -77,6 +78,11 @@ class PlannerOptions:
     # Computations allowed per node (original + recomputes). 3 = two extra where needed; a
     # hint that computes a node more often raises that node's count so hints stay representable.
     max_computations: int = 3
+    # Swap-ins per swapped-out buffer (swap mode): the model brings a host copy back up to this many
+    # times, each a swap-in instance after the one before ends. 1 left out plans that bring a copy
+    # back twice (a buffer read before and after two steps that each need its room: +15 against
+    # the model's best +60, tests/test_swap_greedy.py).
+    max_swap_ins: int = 2
     # When phase 1 proves that no plan of its model fits the budget, it tries again with
     # max_computations doubled, up to this many (a buffer read by 8 far-apart readers, each after
     # a step that needs the memory it holds, is computed 9 times: tests/test_least.py).
@@ -231,6 +237,10 @@ class PlannerOptions:
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
             raise UsageError(f"workers must be a whole number >= 1 (CP-SAT search workers; the same seed and "
                              f"count give the same plan), got {w!r}; pass e.g. workers=2")
+        k = self.max_swap_ins
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise UsageError(f"max_swap_ins must be a whole number >= 1 (swap-ins per host copy in the swap "
+                             f"model), got {k!r}; pass e.g. max_swap_ins=2")
 
 
 @dataclass
@@ -320,6 +330,9 @@ class RematModel:
             counts = np.maximum(counts, np.where(p.recomputable, c, 1))
         self.counts = counts.astype(int)
         self.swappable = p.swappable & (self.until > np.arange(p.n) + 1) if self.timed else np.zeros(p.n, bool)
+        # swap-in instances per swappable node: no more than the compute instances that may read v
+        readers = np.array([int(counts[list(p.succ_lists[v])].sum()) for v in range(p.n)], dtype=int)
+        self.swap_ins = np.where(self.swappable, np.minimum(self.opt.max_swap_ins, readers), 0).astype(int)
 
     def _set_scales(self) -> None:
         p = self.p
@@ -352,7 +365,7 @@ class RematModel:
         per ``fan_in_slots`` inputs it reads."""
         p = self.p
         if self.timed:
-            self.horizon = int((self.counts * self.dur).sum() + 2 * (self.tr * self.swappable).sum())
+            self.horizon = int((self.counts * self.dur).sum() + (self.tr * (self.swappable + self.swap_ins)).sum())
             self.lo = np.concatenate([[0], np.cumsum(self.dur)[:-1]])
             self.hi = self.horizon - np.cumsum(self.dur[::-1])[::-1]
             return
@@ -473,7 +486,10 @@ class RematModel:
 
     def _add_swaps(self) -> None:
         """Swap-out after the original is produced (the original stays resident until the copy
-        ends), swap-in after the swap-out ends; the swap-in instance is resident from its start."""
+        ends), swap-in after the swap-out ends; the swap-in instance is resident from its start.
+        A node has up to ``swap_ins[v]`` swap-in instances, the k-th present only if the one before
+        is and starting once that one's retention ends. ``swap_out[v]``: (literal, swap-out start,
+        the swap-in instances in order)."""
         m, p = self.m, self.p
         self.swap_out: dict[int, tuple] = {}
         out_stream, in_stream = [], []
@@ -494,11 +510,23 @@ class RematModel:
             m.Add(si >= so + tr).OnlyEnforceIf(lit)
             m.Add(si == lo_in).OnlyEnforceIf(lit.Not())
             m.Add(e >= si + tr)
-            in_iv = m.NewOptionalFixedSizeIntervalVar(si, tr, lit, f"I{v}")
-            idx = self._register(_Instance(v, SWAP_IN, si, e, lit, tr))
-            self.swap_out[v] = (lit, so, idx)
+            in_stream.append(m.NewOptionalFixedSizeIntervalVar(si, tr, lit, f"I{v}"))
+            idxs = [self._register(_Instance(v, SWAP_IN, si, e, lit, tr))]
+            hi_in = max(lo_in, int(self.hi[last]) - tr)
+            for k in range(1, int(self.swap_ins[v])):
+                prev = self.inst[idxs[-1]]
+                lo_k = lo_in + k * tr
+                lit_k = m.NewBoolVar(f"w{v}_{k}")
+                si_k = m.NewIntVar(lo_k, max(lo_k, hi_in), f"SI{v}_{k}")
+                e_k = m.NewIntVar(lo_k + tr, self.horizon, f"EI{v}_{k}")
+                m.AddImplication(lit_k, prev.present)
+                m.Add(si_k >= prev.end).OnlyEnforceIf(lit_k)
+                m.Add(si_k == lo_k).OnlyEnforceIf(lit_k.Not())
+                m.Add(e_k >= si_k + tr)
+                in_stream.append(m.NewOptionalFixedSizeIntervalVar(si_k, tr, lit_k, f"I{v}_{k}"))
+                idxs.append(self._register(_Instance(v, SWAP_IN, si_k, e_k, lit_k, tr)))
+            self.swap_out[v] = (lit, so, tuple(idxs))
             out_stream.append(out_iv)
-            in_stream.append(in_iv)
         if not out_stream:
             return
         if p.copy_overlap:
@@ -676,16 +704,17 @@ class RematModel:
     def _add_stream_load(self) -> None:
         """Ticks only, redundant: every present interval of the compute stream (with copies in
         line, the copies too) lies in [0, makespan] without overlapping another, so
-            makespan >= sum_v d_v + sum_{recompute i} d_i * present_i  (+ sum_v 2 tr_v * swapped_v).
+            makespan >= sum_v d_v + sum_{recompute i} d_i * present_i
+                    (+ sum_v tr_v * swapped_v + sum_{swap-in i} tr_i * present_i).
         The no-overlap alone leaves the LP's makespan at the unplanned run's, so CP-SAT's bound
         stayed at 0 added time wherever its search did not finish (RL100 at 70%, in line,
         --swap-bandwidth 2: bound 0, gap 100%); with this row and the knapsack cuts it is what
-        dropping bytes must cost at least. A host copy brought back more than once would cost
-        more, so the row holds for such plans too."""
+        dropping bytes must cost at least."""
         m = self.m
         terms = [int(x.dur) * x.present for x in self.inst if x.kind == RECOMPUTE]
         if not self.p.copy_overlap:
-            terms += [2 * int(self.tr[v]) * lit for v, (lit, _so, _idx) in self.swap_out.items()]
+            terms += [int(self.tr[v]) * lit for v, (lit, _so, _idxs) in self.swap_out.items()]
+            terms += [int(x.dur) * x.present for x in self.inst if x.kind == SWAP_IN]
         if terms:
             m.Add(self.makespan >= int(self.dur.sum()) + sum(terms))
 
@@ -823,7 +852,7 @@ class RematModel:
         and each copy ``ceil(transfer / tick)``, so a plan's ticks may exceed its real time: a chain
         with 3-unit copies, optimum +48, had its bound converted to 48.0192. Where the ticks are not
         exact, the bound gives back what rounding can add: a plan's tick schedule is at most one tick
-        per interval it runs (n computes, its recomputes, two copies per swap) longer than its real
+        per interval it runs (n computes, its recomputes, its copies to and from host) longer than its real
         one, and the unplanned run's ticks at most half a tick per node shorter."""
         t = self.time_of_objective(obj)
         if t is None or not self.timed:
@@ -834,8 +863,8 @@ class RematModel:
                  and np.allclose(self.tr[self.swappable] * tick, self.p.transfer[self.swappable], rtol=1e-9, atol=0.0))
         if exact:
             return t
-        recomputes = sum(1 for x in self.inst if x.kind == RECOMPUTE)
-        slack = tick * (1.5 * self.p.n + recomputes + 2 * int(self.swappable.sum()))
+        recomputes = sum(1 for x in self.inst if x.kind != ORIGINAL)  # recompute and swap-in instances
+        slack = tick * (1.5 * self.p.n + recomputes + int(self.swappable.sum()))
         return max(0.0, t - slack)
 
     def objective_of_counts(self, counts: np.ndarray) -> int:

@@ -35,11 +35,11 @@ def recomputes_per_step(plan: Plan, n: int) -> np.ndarray:
     return out
 
 
-def swaps_once(plan: Plan, n: int) -> bool:
-    """Does ``plan`` swap each node out at most once and back in at most once (the model's
-    swap-out of the original and its one swap-in instance)?"""
+def swaps_fit(plan: Plan, n: int, swap_ins: int) -> bool:
+    """Does ``plan`` swap each node out at most once and back in at most ``swap_ins`` times (the
+    model's swap-out of the original and its swap-in instances, ``PlannerOptions.max_swap_ins``)?"""
     counts = plan.counts(n)
-    return max(counts["swap_out"], default=0) <= 1 and max(counts["swap_in"], default=0) <= 1
+    return max(counts["swap_out"], default=0) <= 1 and max(counts["swap_in"], default=0) <= swap_ins
 
 
 def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
@@ -49,11 +49,12 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
     sits at its slot and the recomputes before it take the free slots of its step, one each (so
     the model counts exactly what the simulator counts). On ticks, a recompute-only plan runs its
     computes back to back; in a plan with swaps every event happens when the simulator's replay
-    has it happen (:func:`_tick_times`), a swap-out copies the original and its one swap-in is
-    the node's swap-in instance. A buffer's retention ends where the plan frees it (with swaps:
+    has it happen (:func:`_tick_times`), a swap-out copies the original and its k-th swap-in is
+    the node's k-th swap-in instance. A buffer's retention ends where the plan frees it (with swaps:
     where the compute taking it over starts, if one does). None when the plan needs more
     instances or slots than the model has, swaps on slots, swaps out a copy other than the
-    original, or swaps a node in twice.
+    original, swaps a node in more often than the model has swap-in instances of it, or swaps
+    in a copy nobody reads (the model holds no swap-in nobody reads).
     """
     p = model.p
     plan = plan.without_unread(p)  # the model holds no recompute nobody reads
@@ -90,9 +91,11 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
         if ev.op == "swap_in":
             if times is None or v not in swapped:
                 return None
-            j = model.swap_out[v][2]
-            if j in starts:
-                return None  # a second swap-in: the model brings a host copy back once
+            idxs = model.swap_out[v][2]
+            back = sum(1 for i in idxs if i in starts)
+            if back >= len(idxs):
+                return None  # more swap-ins than the model's instances of this node
+            j = idxs[back]
             starts[j] = times[k][0]
             current[v] = j
             continue
@@ -133,8 +136,11 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
             values[x.end.Index()] = max(lo + x.dur, model.lower(x.end))
         if not isinstance(x.present, int):
             values[x.present.Index()] = int(j in starts)
-    for v, (lit, so, j) in model.swap_out.items():
-        if (v in swapped) != (j in starts):
+    read = set(chosen.values())
+    for v, (lit, so, idxs) in model.swap_out.items():
+        if any(j in starts and j not in read for j in idxs):
+            return None
+        if (v in swapped) != (idxs[0] in starts):
             return None  # a host copy never read back, or read back without a swap-out
         values[lit.Index()] = int(v in swapped)
         values[so.Index()] = swapped.get(v, model.lower(so))
@@ -234,8 +240,10 @@ def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> P
             for j in js:
                 end[j] = max(end[j], start[c] + inst[c].dur)
                 last_read[j] = max(last_read.get(j, (-1, -1, -1)), (start[c] + inst[c].dur, inst[c].node, c))
-    for v, (_lit, so, idx) in model.swap_out.items():
-        if present[idx]:  # the original stays until its copy to host is done
+    # the first swap-in present: a later one may be left where the first's readers were dropped
+    first_in = {v: next((j for j in idxs if present[j]), None) for v, (_l, _so, idxs) in model.swap_out.items()}
+    for v, (_lit, so, _idxs) in model.swap_out.items():
+        if first_in[v] is not None:  # the original stays until its copy to host is done
             j0 = model.of_node[v][0]
             end[j0] = max(end[j0], val(so) + int(model.tr[v]))
     # The simulator copies to host in the order the swap-outs are listed, the model in any order:
@@ -245,8 +253,8 @@ def decode(model: "RematModel", solver: "cp_model.CpSolver", strategy: str) -> P
     # decoded +3.65e-5 s where the plan and the model said +3.21e-5 s)
     copy_rank: dict[int, int] = {}
     latest = -math.inf
-    for rank, (_so, v, idx) in enumerate(sorted((val(so), v, idx) for v, (_l, so, idx) in model.swap_out.items()
-                                                if present[idx])):
+    for rank, (_so, v, idx) in enumerate(sorted((val(so), v, first_in[v]) for v, (_l, so, _idxs)
+                                                in model.swap_out.items() if first_in[v] is not None)):
         j0 = model.of_node[v][0]
         held = min(val(inst[j0].end), start[idx])
         end[j0] = max(end[j0], min(latest, held))

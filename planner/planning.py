@@ -894,17 +894,17 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # better plan in time")
         return _adds_nothing(problem, budget, fitting[0], opt, t0, f"the {fitting[0].plan.strategy} plan adds no time")
     # Hints shape the model (instances, slots): only plans that stay near its size qualify, and
-    # only those that swap each node out and back in at most once map onto it (the model's one
-    # swap-in instance per node: the swap greedy's plans that bring a host copy back twice are
-    # fallbacks only).
+    # only those that swap each node out once and back in at most ``max_swap_ins`` times map onto
+    # it (the model's swap-in instances per node: the swap greedy's plans that bring a host copy
+    # back more often are fallbacks only).
     def light(c: Candidate) -> bool:
-        return swaps_once(c) and _max_computations(c) <= opt.hint_computations
+        return swaps_fit(c) and _max_computations(c) <= opt.hint_computations
 
     def hintable(c: Candidate) -> bool:
-        return swaps_once(c) and _max_computations(c) <= opt.heavy_hint_computations
+        return swaps_fit(c) and _max_computations(c) <= opt.heavy_hint_computations
 
-    def swaps_once(c: Candidate) -> bool:
-        return not c.sim.swap_ins or (swapping and cpsat_plans.swaps_once(c.plan, problem.n))
+    def swaps_fit(c: Candidate) -> bool:
+        return not c.sim.swap_ins or (swapping and cpsat_plans.swaps_fit(c.plan, problem.n, opt.max_swap_ins))
 
     usable = [c for c in cands.values() if light(c)]
     # Fitting plans that recompute more (the eviction greedy at tight budgets) hint phase 2 only:

@@ -83,20 +83,22 @@ def least_peak(p, order=None, swap: bool = False) -> int:
     raise AssertionError("no plan at all")
 
 
-def cheapest(p, budget: int, order=None, swap: bool = False, once: bool = False) -> float | None:
+def cheapest(p, budget: int, order=None, swap: bool = False, swap_ins: int | None = None) -> float | None:
     """Least added time (sum of recompute costs) of a plan within ``budget``; None if none fits.
     ``swap``: swap_out / swap_in of the problem's swappable nodes too, each copy priced at its
     transfer time in line with compute (``copy_overlap`` False: every event runs one after another,
-    so the added time is the recomputes' costs plus every copy's). ``once``: each node's host copy
-    comes back at most once (the CP-SAT model's plans have one swap-in per node)."""
+    so the added time is the recomputes' costs plus every copy's). ``swap_ins``: each node's host
+    copy comes back at most this many times (the CP-SAT model's plans have
+    ``PlannerOptions.max_swap_ins`` swap-ins per node); None: any number."""
     n, size, scratch, cost, preds, pinned, again, base = _arrays(p)
     movable = [swap and bool(p.swappable[v]) for v in range(n)]
     transfer = [float(p.transfer[v]) if movable[v] else 0.0 for v in range(n)]
     goal = ((1 << n) - 1, pinned)
     if base > budget:
         return None
-    best = {(0, 0, 0, 0): 0.0}
-    heap = [(0.0, 0, 0, 0, 0)]
+    none_back = (0,) * n  # swap-ins so far per node
+    best = {(0, 0, 0, none_back): 0.0}
+    heap = [(0.0, 0, 0, 0, none_back)]
     while heap:
         c, done, res, host, back = heapq.heappop(heap)
         if c > best[(done, res, host, back)]:
@@ -112,8 +114,9 @@ def cheapest(p, budget: int, order=None, swap: bool = False, once: bool = False)
                 continue
             if res & bit and not host & bit:  # one host copy is enough: a free keeps it
                 steps.append(((done, res & ~bit, host | bit, back), held - size[v], transfer[v]))
-            elif host & bit and not res & bit and not (once and back & bit):
-                steps.append(((done, res | bit, host, back | bit), held + size[v], transfer[v]))
+            elif host & bit and not res & bit and (swap_ins is None or back[v] < swap_ins):
+                more = back if swap_ins is None else back[:v] + (back[v] + 1,) + back[v + 1:]
+                steps.append(((done, res | bit, host, more), held + size[v], transfer[v]))
         for nxt, mem, extra in steps:
             if mem > budget:
                 continue

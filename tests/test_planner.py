@@ -361,18 +361,20 @@ def test_the_swap_model_holds_a_recompute_only_plan_that_delays_later_steps():
 def test_a_swap_plan_with_a_recompute_before_its_swap_in_replays_at_the_models_time():
     # The model's best plan: A copied to host during e, recomputed for b (5), back from host
     # during d2 for out (hidden). The decode ended the recompute's residency in the swap-out (a
-    # second copy, after b, that d1 waited for): simulated +8.0 against the model's +5.0.
+    # second copy, after b, that d1 waited for): simulated +8.0 against the model's +5.0. That is
+    # the best plan bringing A back once; with two swap-ins A comes back for b too (+4).
     from planner.cpsat import RematModel
 
     p = recompute_or_swap_back_graph()
-    model = RematModel(p, 140, FIXED, [RECOMPUTE_A_TWICE])
-    model.set_objective_time()
-    model.apply_hint(model.hint_from_plan(RECOMPUTE_A_TWICE))
-    res = model.solve("optimize", 10)
-    assert res.status == "OPTIMAL" and res.plan is not None
-    sim = simulate(p, res.plan, 140)
-    assert model.time_of_objective(res.objective) == pytest.approx(5.0, abs=model.tick)
-    assert sim.added_time == pytest.approx(5.0) and sim.swap_ins == 1 and sim.recomputes == 1
+    for swap_ins, added, recomputes in ((1, 5.0, 1), (2, 4.0, 0)):
+        model = RematModel(p, 140, replace(FIXED, max_swap_ins=swap_ins), [RECOMPUTE_A_TWICE])
+        model.set_objective_time()
+        model.apply_hint(model.hint_from_plan(RECOMPUTE_A_TWICE))
+        res = model.solve("optimize", 10)
+        assert res.status == "OPTIMAL" and res.plan is not None
+        sim = simulate(p, res.plan, 140)
+        assert model.time_of_objective(res.objective) == pytest.approx(added, abs=model.tick)
+        assert sim.added_time == pytest.approx(added) and sim.swap_ins == swap_ins and sim.recomputes == recomputes
 
 
 def test_a_swap_bound_on_the_tick_axis_never_exceeds_a_plan_the_model_holds():
