@@ -344,6 +344,30 @@ def test_verify_predicts_a_pinned_file_as_ort_runs_it(tmp_path):
         == planned["predicted_dynamic_peak_bytes"]
 
 
+def test_verify_predicts_the_references_arena_limit_as_ort_runs_it(tmp_path):
+    # zoo:gpt's training step fills a zero gradient with a ConstantOfShape of a constant shape, which
+    # ORT runs under the planned session options; verify read the reference folded, the node a
+    # constant and its shape input out of the arena, and said a kNextPowerOfTwo limit of 470564 bytes,
+    # 16 short of what ORT runs under
+    from passes.onnx_export import write_model
+    from passes.verify import runs_under_arena
+    from planner.arena import NEXT_POWER_OF_TWO, SAME_AS_REQUESTED
+
+    spec, emitted = "zoo:gpt", tmp_path / "g.onnx"
+    rc, _, err = memplan("plan", spec, "--budget", "100%", "--strategy", "none", "--emit", emitted)
+    assert rc == 0, err
+    rc, out, err = memplan("verify", spec, emitted, "--json")
+    assert rc == 0, err
+    limits = json.loads(out)["ort_arena_limit_bytes"]["reference"]
+    graph = training_graph(import_model(spec))
+    assert any(n.op_type == "ConstantOfShape" for n in graph.nodes)
+    reference = tmp_path / "reference.onnx"
+    write_model(graph, str(reference))
+    feeds = models.example_feeds(export_model(graph, weights=False), seed=0)
+    for name, strategy in (("kNextPowerOfTwo", NEXT_POWER_OF_TWO), ("kSameAsRequested", SAME_AS_REQUESTED)):
+        assert runs_under_arena(reference, feeds, limits[name], strategy) == (True, ""), name
+
+
 def test_verify_without_the_counter_does_not_print_noise_as_a_peak(small_planned, tmp_path):
     # No C compiler (and nothing built in the cache): the RSS recipe cannot resolve a few hundred
     # KiB (passes/verify.py RSS_RESOLUTION_BYTES), so verify says so instead of a ratio.
