@@ -36,6 +36,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from planner.graph import NO_TENSOR, Graph
 from planner.liveness import HEAP_SCRATCH_OPS
 
@@ -300,16 +302,20 @@ def reserved_bytes(graph: Graph, prepack: bool) -> int:
     readers of the same B in the same layout (a recomputed MatMul) share one. Measured on ORT 1.31
     (its log of ``Reserve`` calls and the first region, clamped to what the limit leaves): three
     MatMuls of one B hold one copy, a MatMul and a Gemm two; zoo:gpt planned at 70% reserves 479232
-    bytes of copies and holds 196608 when it runs. Two initializers of equal values also share a copy
-    in ORT; here they count twice (safe)."""
+    bytes of copies and holds 196608 when it runs. Two initializers of equal bytes share a copy too
+    (``_same_bytes``: two MatMuls on equal weights hold 65536 bytes, not 131072)."""
     packers: dict[int, set[int]] = {}  # weight -> the nodes that pack it
-    copies: dict[tuple, int] = {}  # (op type, weight, part, transposed) -> bytes of the copy the session keeps
+    # (op type, weight (the first of equal ones), part, transposed) -> bytes of the copy the session keeps
+    copies: dict[tuple, int] = {}
     if prepack:
+        same = _same_bytes(graph, sorted({w for node in graph.nodes for w, _, reserved in _prepacked(graph, node)
+                                          if reserved}))
         for node in graph.nodes:
             for part, (w, nbytes, reserved) in enumerate(_prepacked(graph, node)):
                 packers.setdefault(w, set()).add(node.id)
                 if reserved:
-                    copies[node.op_type, w, part, node.op_type == "Gemm" and bool(node.attr("transB"))] = nbytes
+                    transposed = node.op_type == "Gemm" and bool(node.attr("transB"))
+                    copies[node.op_type, same.get(w, w), part, transposed] = nbytes
     total = sum(copies.values())
     for t in graph.initializers():
         if prepack and t.nbytes > MAX_ARENA_INITIALIZER:
@@ -318,6 +324,41 @@ def reserved_bytes(graph: Graph, prepack: bool) -> int:
         if not readers or readers - packers.get(t.id, set()) or t.id in graph.output_set:
             total += t.nbytes
     return total
+
+
+def _same_bytes(graph: Graph, weights: Sequence[int]) -> dict[int, int]:
+    """weight -> the first of ``weights`` (by id) holding the same dtype, shape and bytes. Weights are
+    mapped, not loaded: only those whose first ``_PROBE`` bytes agree too are compared whole (seeded
+    random weights differ there; a copied or zero-initialized one reads on)."""
+    groups: dict[tuple, list[int]] = {}
+    for w in weights:
+        t, value = graph.tensors[w], graph.values.get(w)
+        if value is None or value.size == 0:
+            continue
+        flat = np.ravel(value)  # a view where the array is contiguous, as mapped weights are
+        probe = flat[: max(1, _PROBE // flat.itemsize)].tobytes()
+        groups.setdefault((t.dtype, t.shape, probe), []).append(w)
+    same: dict[int, int] = {}
+    for members in groups.values():
+        firsts: list[tuple[int, np.ndarray]] = []
+        for w in members:
+            bits = _bits(graph.values[w])
+            first = next((f for f, f_bits in firsts if np.array_equal(bits, f_bits)), None)
+            if first is None:
+                firsts.append((w, bits))
+            else:
+                same[w] = first
+    return same
+
+
+#: How many leading bytes of two weights must agree before they are compared whole.
+_PROBE = 64
+
+
+def _bits(value: np.ndarray) -> np.ndarray:
+    """``value``'s elements as unsigned integers of their width: equal where the bytes are (-0.0 is
+    not 0.0, a NaN equals itself)."""
+    return value.view(f"u{value.itemsize}") if value.itemsize in (1, 2, 4, 8) else value.view(np.uint8)
 
 
 def session_allocations(graph: Graph) -> list[Event]:
