@@ -103,6 +103,9 @@ class CheckItem:
     # the config entry whose own dims table gave the dims not loose (empty: --dim gave them): a typo
     # there is named as the entry's, not as a --dim the command line never had
     dims_where: str = ""
+    # the --dim names that are as much this model's as the entry's own dims (a config with one entry):
+    # a typo among them is the command line's, one only in the entry's dims is the entry's
+    cli_dims: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

@@ -977,6 +977,10 @@ def test_a_dim_typo_names_its_model_once(tmp_path):
     cfg.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1MiB"\ndims = { batch = 3 }\n')
     rc, _, err = run(["--config", cfg, "--dim", "bacth=3"])
     assert rc == 2 and "error: --dim bacth matched no symbolic input dim of zoo:mlp" in one_error_line(err)
+    # and a typo in that entry's own dims, with --dim given too, is the entry's: it was worded as --dim bacth
+    cfg.write_text('[[check]]\nmodel = "zoo:mlp"\nbudget = "1MiB"\ndims = { bacth = 3 }\n')
+    rc, _, err = run(["--config", cfg, "--dim", "batch=3"])
+    assert rc == 2 and f"error: {cfg}: [[check]] #1: dims: bacth matched no symbolic input dim" in one_error_line(err)
     # a message that does not name the model still gets its name in front
     rc, _, err = run(["zoo:mlp", "--budget", "1MiB", "--add-loss", "mean"])
     assert rc == 2 and one_error_line(err).startswith("memplan: error: zoo:mlp: --add-loss 'mean'")
