@@ -488,8 +488,11 @@ class ClosureCuts:
             return
         self.closure = built
         self.m, self.events = built.m, built.events
-        self.other = {j: self.m.NewBoolVar("") for j in range(problem.n)
-                      if problem.recomputable[j] and int(cost[j]) > 0}
+        # every node a plan may compute again, those of cost 0 too: a cut is met by any recompute
+        # outside its set, and a free one of a node with no event (read only after the steps
+        # over budget) had nothing to show it by, so a cut could refute a cheaper plan (layered,
+        # 12 nodes at the floor: optimal 0 units, the rounds proved 1; tests/test_closure_cuts.py)
+        self.other = {j: self.m.NewBoolVar("") for j in range(problem.n) if problem.recomputable[j]}
         self.objective = (sum(int(cost[i]) * z for (i, _), z in self.events.items())
                           + sum(int(cost[j]) * x for j, x in self.other.items()))
         self.m.Minimize(self.objective)
