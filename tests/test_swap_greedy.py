@@ -10,7 +10,7 @@ from ortools.sat.python import cp_model
 
 from planner import cpsat_plans, interrupt
 from planner.cpsat import PlannerOptions, RematModel
-from planner.plan import Event, Plan
+from planner.plan import Plan
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
