@@ -1318,7 +1318,9 @@ PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage o
               help=ORT_ARENA_HELP)
 @click.option("--max-batch", is_flag=True, help="ONNX models: find the largest batch that fits an absolute --budget "
               "(e.g. 8GiB), unplanned and planned. Each batch it tries is its own solve with its own --time-limit "
-              "(about 2 log2(batch) solves in all), so the search can take many times the limit.")
+              "(about 2 log2(batch) solves in all), so the search can take many times the limit. With --emit / -o: "
+              "the largest planned batch's model and plan, as its probe planned it (no new solve), the model "
+              "bound at that batch.")
 @click.option("--sweep", "sweep_png", type=click.Path(dir_okay=False), default=None,
               help="Write a plot (PNG, SVG or PDF by the file's extension; none: PNG) of budget (100%..40%) vs added "
                    "time for cpsat, greedy and chen, each point what --budget P% --strategy S reports (with --json: "
@@ -1339,7 +1341,6 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     """
     from planner.cpsat import PlannerOptions
     from planner.explain import explain as explain_plan, explain_table
-    from planner.fileio import atomic_write, indented_json
     from planner.planning import TIMED_OUT
     from planner.problem import is_remat_json
     from planner.units import format_bytes, format_gap, parse_budget
@@ -1383,12 +1384,14 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                          "drop --swap, or plan for a GPU (--device H200, H100, A100, V100 or T4)")
     if swap and strategy in ("greedy", "chen"):
         raise UsageError(f"--strategy {strategy} recomputes only; --swap applies to --strategy cpsat")
-    for mode, on, off in (("--sweep", sweep_png, {"-o": output, "--emit": emit, "--max-batch": max_batch}),
-                          ("--max-batch", max_batch, {"-o": output, "--emit": emit})):
+    for mode, on, off, writes in (
+            ("--sweep", sweep_png, {"-o": output, "--emit": emit, "--max-batch": max_batch}, "writes no plan or model"),
+            # -o and --emit write the largest planned batch's plan and model; these change how it is planned
+            ("--max-batch", max_batch, {}, "plans each batch without it")):
         common = {"--pin-order": pin_order, "--arena": arena, "--explain": explain}
         unused = [flag for flag, value in {**off, **common}.items() if value] if on else []
         if unused:
-            raise UsageError(f"{unused[0]} applies to one plan; {mode} writes no plan or model (plan one batch "
+            raise UsageError(f"{unused[0]} applies to one plan; {mode} {writes} (plan one batch "
                              "with --dim batch=N, or one budget, to use it)")
     if sweep_png:
         # --sweep runs every strategy at 100%..40% of the unplanned peak: these would do nothing
@@ -1411,7 +1414,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                       swap_bandwidth, swap_overlap, as_json, costs)
     if max_batch:
         return _max_batch(model, budget_spec, strategy, options, device_name, swap, parse_dims(dims), forward,
-                          train, batch_dim, as_json, max_added_pct, ort_arena)
+                          train, batch_dim, as_json, max_added_pct, ort_arena, emit, output)
     if is_remat_json(model):
         if emit:
             raise UsageError("--emit writes ONNX models; MODEL is a JSON graph (use -o for the plan)")
@@ -1443,19 +1446,7 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
             raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
         hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""
         raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}){hint}")
-    if emit and planned is not None:  # the model first: the larger write, the likelier to fail
-        from passes.onnx_export import write_model
-
-        write_model(planned[0], emit, **planned[1])
-    if output:
-        try:
-            atomic_write(output, indented_json(obj) + "\n")
-        except BaseException:  # no half of the outputs: the model just written goes too
-            if emit and planned is not None:
-                for written in (emit, f"{emit}.data"):
-                    if os.path.isfile(written):
-                        os.unlink(written)
-            raise
+    _write_plan_files(emit, output, planned, obj)
     if not as_json:
         unit = f" {problem.time_unit}" if problem.time_unit else ""
         click.echo(f"{obj['model']}: {result.strategy} {result.status}")
@@ -1495,9 +1486,31 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
             click.echo(explain_table(obj["explain"]))
 
 
+def _write_plan_files(emit: str | None, output: str | None, planned, obj: dict) -> None:
+    """Write the planned model (--emit; ``planned`` as ``_plan_object`` returns it) and the plan
+    (-o), each atomically; when the second write fails the first goes too (no half of the outputs)."""
+    from planner.fileio import atomic_write, indented_json
+
+    if emit and planned is not None:  # the model first: the larger write, the likelier to fail
+        from passes.onnx_export import write_model
+
+        write_model(planned[0], emit, **planned[1])
+    if output:
+        try:
+            atomic_write(output, indented_json(obj) + "\n")
+        except BaseException:  # no half of the outputs: the model just written goes too
+            if emit and planned is not None:
+                for written in (emit, f"{emit}.data"):
+                    if os.path.isfile(written):
+                        os.unlink(written)
+            raise
+
+
 def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, forward, train, batch_dim,
-               as_json, max_added_pct=None, ort_arena=None) -> None:
-    """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget."""
+               as_json, max_added_pct=None, ort_arena=None, emit=None, output=None) -> None:
+    """--max-batch: bisect the batch, unplanned vs planned, under an absolute budget. --emit and -o
+    write the plan the largest planned batch's probe found (not a new solve: a wall-clock solve of
+    that batch again may differ, or fail), as plan --emit / -o of that batch write theirs."""
     from dataclasses import replace
 
     import models
@@ -1553,13 +1566,22 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     # a batch that does not fit only has to say so: no search for its lowest plan
     probe_options = replace(options, least_share=0.0)
 
-    def plan_at(graph, limit):
-        return plan_graph(graph, limit, strategy=strategy, options=probe_options, node_time=node_time,
-                          transfer_time=transfer if swap else None, time_unit="s", ort_arena=bfc)
+    planned_from = {}  # id(plan) -> (plan, the graph it planned as imported) of each probe with a plan
+
+    def plan_at(graph, limit, how=strategy):
+        pm = plan_graph(graph, limit, strategy=how, options=probe_options, node_time=node_time,
+                        transfer_time=transfer if swap else None, time_unit="s", ort_arena=bfc)
+        if pm.ok and (emit or output):  # the winner's is written: its graph, as plan's, is fingerprinted
+            planned_from[id(pm)] = (pm, graph)
+        return pm
 
     cap = None if max_added_pct is None else max_added_pct / 100
     result = max_batch(build, budget, plan_at, max_added=cap, ort_arena=bfc, step=step)
     pm = result.planned_result
+    written = None
+    if (emit or output) and result.planned:
+        written = _write_max_batch(result, planned_from, spec_at, build, plan_at, made_with, budget, device_name,
+                                   batch_dim, options, bfc, emit, output)
     added = None if pm is None else added_fraction(pm)
     obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,
            "device": device_name, "strategy": strategy, "swap": swap, "dims": dims,
@@ -1586,6 +1608,8 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
     if capped:  # the search stops there: the batch fits, the largest is not known
         obj["note"] = (f"the search stops at {batch_dim} {MAX_BATCH_LIMIT // step * step}, which fits {' and '.join(capped)}: "
                        f"a larger {batch_dim} may fit too")
+    if written is not None:
+        obj["emitted"] = written
     if as_json:
         emit_json(obj)
         return _some_batch_fits(result, model, budget, batch_dim)
@@ -1600,7 +1624,48 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
                   if pm is not None else ""))
     if "note" in obj:
         click.echo(f"  {'note':{width}} {obj['note']}")
+    if written is not None:
+        import shlex
+
+        at = [written["model"], *(f"--dim {k}={v}" for k, v in written["dims"].items())]
+        if written["path"]:
+            click.echo(f"  {'wrote':{width}} {written['path']} (the planned model at {batch_dim} {written['batch']}; "
+                       f"check it: memplan verify {shlex.join([at[0], written['path']])}"
+                       f"{''.join(' ' + d for d in at[1:])})")
+        if written["plan"]:
+            click.echo(f"  {'wrote':{width}} {written['plan']} (the plan at {batch_dim} {written['batch']}; "
+                       f"memplan rewrite {shlex.join([at[0], written['plan']])}{''.join(' ' + d for d in at[1:])} "
+                       "-o OUT.onnx applies it)")
     _some_batch_fits(result, model, budget, batch_dim)
+
+
+def _write_max_batch(result, planned_from, spec_at, build, plan_at, made_with, budget, device_name, batch_dim,
+                     options, bfc, emit, output) -> dict:
+    """--max-batch --emit / -o: write the plan of the largest planned batch as plan --emit / -o of that
+    batch write theirs (its model bound at that batch), and say what was written (``emitted``).
+    Where the largest batch fits as it is, its probe's plan keeps every tensor, as plan --emit at a
+    budget the model fits writes it (the model in planned order, no recompute or swap); where that
+    probe kept no plan (its plan was over --max-added-time), the batch is planned with --strategy
+    none, which is that plan."""
+    from planner.liveness import analyze
+
+    b = result.planned
+    spec, dims = spec_at(b)
+    pm = result.planned_result
+    if pm is not None and id(pm) in planned_from:  # the entry holds pm: no other plan has its id
+        graph = planned_from[id(pm)][1]
+    else:
+        graph = build(b)
+        pm = plan_at(graph, budget, how="none")
+        if not pm.ok:
+            raise BudgetInfeasibleError(f"{spec}: fits {budget} bytes as it is, but no plan of it came back to write "
+                                        f"({pm.result.note or pm.result.status}); plan it without --max-batch")
+    dev = _device_costs(device_name)[0]  # as plan names it (H100, not h100)
+    obj, planned = _plan_object(spec, graph, pm, dims, made_with.get("train"), dev.name,
+                                f"device profile {dev.name}", budget, analyze(graph).peak_bytes, options, bfc=bfc)
+    obj["plan_digest"] = plan_digest(obj)
+    _write_plan_files(emit, output, planned, obj)
+    return {"path": emit, "plan": output, "batch": b, "model": spec, "dims": dims, "plan_digest": obj["plan_digest"]}
 
 
 def _some_batch_fits(result, model: str, budget: int, dim: str = "batch") -> None:
@@ -1700,7 +1765,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
                pin=False, costs="device", ort_arena=None):
     """ONNX MODEL -> (problem, result, plan.json object, (planned Graph, write_model options) or None,
     budget bytes)."""
-    from passes.plan_model import added_fraction, fingerprint, lower_graph, pinned_unplanned_peak, plan_graph
+    from passes.plan_model import lower_graph, pinned_unplanned_peak, plan_graph
     from planner.liveness import analyze
 
     graph, train = _graph_to_plan(model, dims, forward, **train_flags)
@@ -1717,10 +1782,22 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
                     transfer_time=transfer if swap else None, time_unit="s", pin=pin,
                     ort_arena=bfc, lowered=lowered)
+    obj, planned = _plan_object(model, graph, pm, dims, train, dev.name, cost_source, budget, unplanned, options,
+                                arena=arena, pin=pin, bfc=bfc)
+    return pm.problem, pm.result, obj, planned, budget
+
+
+def _plan_object(model, graph, pm, dims, train, device_name, cost_source, budget, unplanned, options, arena=False,
+                 pin=False, bfc=None):
+    """A plan of ``graph`` (MODEL with ``dims`` as imported, before the planner inlines functions) ->
+    (plan.json object, (planned Graph, write_model options) or None): what plan -o and --emit write,
+    for one budget or for the batch --max-batch found."""
+    from passes.plan_model import added_fraction, fingerprint
+
     result, problem = pm.result, pm.problem
     obj = result.to_json(problem)
-    made = {"source": model, "dims": dims, "train": train, "device": dev.name, "costs": cost_source, "budget_bytes": budget,
-            "model_fingerprint": fingerprint(graph)}
+    made = {"source": model, "dims": dims, "train": train, "device": device_name, "costs": cost_source,
+            "budget_bytes": budget, "model_fingerprint": fingerprint(graph)}
     obj.update(model=model, unplanned_peak_bytes=unplanned, peak_bytes=pm.peak_bytes,
                problem_peak_bytes=result.peak_bytes, **{k: v for k, v in made.items() if k != "source"})
     obj["budget_bytes"] = budget
@@ -1745,7 +1822,7 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
                                              **_training_metadata(model, train)},
                                 "value_info": not pin, "mem_pattern": not pin,
                                 "overridable": _overridable(model, train)})
-    return problem, result, obj, planned, budget
+    return obj, planned
 
 
 @main.command()

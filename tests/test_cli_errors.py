@@ -229,13 +229,14 @@ def test_training_flags_that_would_do_nothing(tmp_path):
     (["--swap", "--device", "cpu"], "with --device cpu is the memory they are in"),
     (["--swap", "--strategy", "greedy"], "--strategy greedy recomputes only; --swap applies to --strategy cpsat"),
     (["--lr", "0.5"], "add --optimizer sgd or adam"),
-    (["--max-batch", "--emit", "{tmp}/x.onnx"], "--emit applies to one plan; --max-batch writes no plan"),
+    (["--max-batch", "--pin-order", "--emit", "{tmp}/x.onnx"],
+     "--pin-order applies to one plan; --max-batch plans each batch without it"),
     (["--max-batch", "--explain"], "--explain applies to one plan; --max-batch"),
     (["--sweep", "{tmp}/s.png", "-o", "{tmp}/p.json"], "-o applies to one plan; --sweep"),
     (["--max-added-time", "5"], "--max-added-time applies to --max-batch; add --max-batch"),
     (["--batch-dim", "seq"], "--batch-dim applies to --max-batch; add --max-batch"),
     (["--swap", "--no-swap-overlap"], "--no-swap-overlap applies to swaps over --swap-bandwidth"),
-], ids=["swap_on_cpu", "swap_with_greedy", "lr_without_optimizer", "max_batch_emit", "max_batch_explain",
+], ids=["swap_on_cpu", "swap_with_greedy", "lr_without_optimizer", "max_batch_pin_order", "max_batch_explain",
         "sweep_output", "max_added_time_alone", "batch_dim_alone", "no_swap_overlap_on_onnx"])
 def test_plan_options_that_would_do_nothing_are_refused(tmp_path, args, says):
     """Each of these was accepted and did nothing, or worse (fuzzed, stop 49): --swap on the cpu
@@ -277,9 +278,14 @@ def test_plan_builds_the_step_train_graph_builds():
     assert json.loads(out)["train"]["lr"] == 0.003
 
 
-def test_max_batch_fails_when_no_batch_fits():
-    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "1KB", "--max-batch", "--time-limit", "1")
+def test_max_batch_fails_when_no_batch_fits(tmp_path):
+    """... and writes neither --emit nor -o, leaving a file already there as it was."""
+    out, plan_json = tmp_path / "out.onnx", tmp_path / "plan.json"
+    out.write_text("the user's")
+    rc, _, err = memplan("plan", "zoo:cnn", "--budget", "1KB", "--max-batch", "--time-limit", "1", "--emit", out,
+                         "-o", plan_json)
     assert rc == 1 and "not even batch 1 fits" in one_line(err)
+    assert out.read_text() == "the user's" and sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
     rc, _, err = memplan("plan", "zoo:cnn", "--budget", "1MB", "--max-batch", "--batch-dim", "nope")
     assert rc == 2 and "--batch-dim 'nope': zoo:cnn has no such option" in one_line(err)
 

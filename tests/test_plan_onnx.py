@@ -1322,6 +1322,84 @@ def test_max_batch_an_arena_miss_with_timed_out_solves_is_not_a_proof(monkeypatc
     assert (res.unplanned, res.planned) == (0, 1) and res.misses[2] == "timeout", res
 
 
+def test_max_batch_emits_the_plan_its_largest_batch_found(tmp_path):
+    """--max-batch refused --emit and -o: the user planned the batch found again, and a wall-clock
+    solve of it could differ (zoo:gpt?batch=49: +34.4% where the search said +29.9%) or fail. Now
+    both are written from the winning probe's plan: the model bound at that batch, which verify
+    accepts, and its plan, which rewrite turns into the same file; an existing --emit file is
+    replaced, as plan --emit replaces it."""
+    out, plan_json = tmp_path / "out.onnx", tmp_path / "plan.json"
+    out.write_text("an older model")
+    rc, stdout, err = memplan("plan", "zoo:mlp", "--budget", "512KiB", "--max-batch", "--time-limit", "1",
+                              "--deterministic", "--workers", "1", "--emit", out, "-o", plan_json, "--json")
+    assert rc == 0, err
+    obj = json.loads(stdout)
+    b = obj["planned_batch"]
+    assert b > obj["unplanned_batch"] > 0, obj  # a batch that needs a plan
+    saved = json.loads(plan_json.read_text())
+    assert obj["emitted"] == {"path": str(out), "plan": str(plan_json), "batch": b, "model": f"zoo:mlp?batch={b}",
+                              "dims": {}, "plan_digest": saved["plan_digest"]}
+    assert saved["model"] == f"zoo:mlp?batch={b}" and saved["recomputed"], saved["recomputed"]
+    assert saved["peak_bytes"] == obj["planned_peak_bytes"] <= obj["budget_bytes"]
+    meta = {p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}
+    assert json.loads(meta["memplan.plan"])["peak_bytes"] == obj["planned_peak_bytes"]
+    rc, _, err = memplan("verify", f"zoo:mlp?batch={b}", out)
+    assert rc == 0, err
+    rc, _, err = memplan("verify", f"zoo:mlp?batch={b - 1}", out)  # bound at b, not another batch
+    assert rc == 2, err
+    again = tmp_path / "again.onnx"
+    rc, _, err = memplan("rewrite", f"zoo:mlp?batch={b}", plan_json, "-o", again)
+    assert rc == 0, err
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_max_batch_emits_a_batch_that_fits_as_it_is_with_every_tensor_kept(tmp_path, monkeypatch):
+    """The largest batch fits unplanned and its probe kept no plan (over --max-added-time): the file
+    written is that batch's keep-everything plan (no recompute, no swap), which verify accepts."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    monkeypatch.setattr(plan_model, "max_batch", lambda *a, **k: plan_model.MaxBatch(
+        4, 4, None, ((4, "unplanned", True), (4, "planned", False)), {4: "added time"}))
+    out, plan_json = tmp_path / "out.onnx", tmp_path / "plan.json"
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "1MiB", "--max-batch", "--emit", str(out),
+                                        "-o", str(plan_json), "--json"])
+    assert res.exit_code == 0, res.output
+    obj, saved = json.loads(res.stdout), json.loads(plan_json.read_text())
+    assert obj["emitted"]["batch"] == 4 and obj["emitted"]["plan_digest"] == saved["plan_digest"], obj
+    assert saved["recomputed"] == [] and saved["swapped"] == [] and saved["added_time"] == 0, saved
+    assert saved["peak_bytes"] == saved["unplanned_peak_bytes"] <= 1 << 20
+    rc, _, err = memplan("verify", "zoo:mlp?batch=4", out)
+    assert rc == 0, err
+
+
+def test_max_batch_emits_an_onnx_file_bound_at_the_batch_found(tmp_path):
+    """An ONNX model with a symbolic batch: the planned file is bound at the batch found, and verify
+    takes it with --dim batch=N (or no --dim: the planned dims); nothing is written over the model."""
+    from tests.test_check import _save
+    from tests.test_cli_inspect import MLP
+
+    model = _save(MLP, {"W1": (64, 128), "W2": (128, 16)}, tmp_path / "mlp.onnx")
+    before = model.read_bytes()
+    rc, _, err = memplan("plan", model, "--budget", "300KiB", "--max-batch", "--add-loss", "mean", "--time-limit",
+                         "1", "--deterministic", "--workers", "1", "--emit", model)
+    assert rc == 2 and model.read_bytes() == before, err
+    out = tmp_path / "out.onnx"
+    rc, stdout, err = memplan("plan", model, "--budget", "300KiB", "--max-batch", "--add-loss", "mean", "--time-limit",
+                              "1", "--deterministic", "--workers", "1", "--emit", out, "--json")
+    assert rc == 0, err
+    obj = json.loads(stdout)
+    b = obj["planned_batch"]
+    assert b > 0 and obj["emitted"]["batch"] == b and obj["emitted"]["dims"] == {"batch": b}, obj
+    shape = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim[0]
+    assert shape.dim_value == b, shape
+    for dims in (["--dim", f"batch={b}"], []):
+        rc, _, err = memplan("verify", model, out, *dims)
+        assert rc == 0, err
+
+
 def test_max_batch_grows_a_zoo_option_in_its_legal_steps():
     """zoo:cnn --batch-dim hw failed at once, 'hw=1 must be divisible by 2**depth=4' (exit 3): the
     search started at 1 whatever values the option takes. hw now grows in steps of 2**depth, and an
