@@ -19,7 +19,8 @@ code, written from reading it) on a sequence of allocations and frees:
 * ``run_events(liveness)``: the allocation sequence of a Liveness timeline as ORT runs it with the
   planned session options (no memory pattern, no reuse of dead buffers): at each step the step's
   new buffers in output order, then the kernel's scratch (request by request), scratch freed, then
-  the buffers read for the last time; an Einsum's temporaries made and freed in turn around its output.
+  the buffers read for the last time; an Einsum's temporaries made and freed in turn around its output,
+  a Where's two branch selections made before its output.
 * ``replay`` / ``least_limit``: does a sequence run under a limit; the least limit it runs under.
 * ``arena_need(liveness)``: ``least_limit`` of a run with what the session holds before it: the
   initializers (on the CPU only those under 128 bytes) and MLAS's packed Gemm/MatMul/LSTM/GRU
@@ -217,7 +218,8 @@ def run_events(liveness, *, on_cpu: bool = True) -> list[Event]:
         sequence = lv.model.scratch_sequence(lv.graph, node)
         if sequence is not None:
             # an Einsum: its temporaries made and freed in turn, its output made midway (even where
-            # no temporary outlives the output's size, so liveness counts no scratch)
+            # no temporary outlives the output's size, so liveness counts no scratch); a Where: its
+            # selections, then its output
             if not any(sign == 0 for sign, _, _ in sequence):
                 sequence = [(0, -1, 0)] + sequence
             for sign, key, nbytes in sequence:

@@ -207,10 +207,20 @@ class MemoryModel:
         return None
 
     def scratch_sequence(self, graph: Graph, node: Node) -> list[tuple[int, int, int]] | None:
-        """For a kernel that frees working buffers before it ends and makes its output midway (Einsum,
-        planner/einsum.py einsum_requests): its requests in order, (+1, key, bytes) made, (-1, key, 0)
-        freed, (0, -1, 0) where the output is made; None for the others (``scratch_parts``)."""
-        if node.op_type != "Einsum" or node.domain not in ("", "ai.onnx"):
+        """For a kernel that makes working buffers before its output or frees them before it ends (Einsum,
+        planner/einsum.py einsum_requests; Where): its requests in order, (+1, key, bytes) made, (-1, key, 0)
+        freed, (0, -1, 0) where the output is made; None for the others (``scratch_parts``).
+
+        Where's CPU kernel (where_op.cc) makes the X selection, then the Y selection, then its output
+        to merge them into, and frees Y's, then X's, when it returns: the output lies above the two
+        selections in an arena region, not below them (replayed output first, the gpt2 fixture's loss
+        predicted 521824 where ORT needs 522336, kNextPowerOfTwo)."""
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Where" and self.where_branch_temporaries:
+            x, y = self._where_branches(graph, node)
+            return [(1, 0, x), (1, 1, y), (0, -1, 0), (-1, 1, 0), (-1, 0, 0)]
+        if node.op_type != "Einsum":
             return None
         return einsum_requests(*_einsum_args(graph, node), self.buffer_bytes)
 
