@@ -41,6 +41,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -100,7 +101,8 @@ class PlannerOptions:
     # without a plan, phase 2 never ran; with this share +105.9%. RL500 at 70%, RL1000 at 70/60%
     # and zoo:resnet at 50% gave the same plans either way (bench/results/phase1_share_stop36.md).
     fallback_feasibility_share: float = 0.3
-    # Ticks per unplanned run on the real-time axis (swap mode only).
+    # Ticks per unplanned run on the real-time axis (swap mode only); fewer where every cost and
+    # transfer is a whole number of a coarser unit (RematModel._set_scales: then one tick is that unit).
     time_resolution: int = 100_000
     # Recompute slots per step beyond what the hints use (slot axis): more freedom, bigger domains.
     spare_slots: int = 0
@@ -280,6 +282,31 @@ def recompute_objective(obj_cost: np.ndarray, counts: np.ndarray) -> int:
     return int(((np.asarray(counts) - 1).clip(0) * obj_cost).sum())
 
 
+def common_unit(values: np.ndarray, finest: float, max_denominator: int = 1 << 20) -> float | None:
+    """The largest unit g >= ``finest`` that every value is a whole multiple of (within 1e-9
+    relative), found over rationals with denominators up to ``max_denominator``; None where
+    there is none (float seconds, mostly), or no nonzero value."""
+    num, den = 0, 1
+    for v in values:
+        v = float(v)
+        if v == 0.0:
+            continue
+        if not math.isfinite(v):
+            return None
+        f = Fraction(v).limit_denominator(max_denominator)
+        if abs(float(f) - v) > 1e-9 * abs(v):
+            return None
+        # gcd of num/den and f.numerator/f.denominator
+        d = den * f.denominator // math.gcd(den, f.denominator)
+        num = math.gcd(num * (d // den), abs(f.numerator) * (d // f.denominator))
+        den = d
+        if num / den < finest:
+            return None
+    if num == 0:
+        return None
+    return num / den
+
+
 class OutOfTime(Exception):
     """Building (or hinting) a model ran past its wall deadline (:class:`RematModel`)."""
 
@@ -351,8 +378,18 @@ class RematModel:
             # they span at most MAX_TRANSFER_TICKS (a 1e-12 --swap-bandwidth: CP-SAT refused a model
             # whose domains summed past int64)
             self.tick = max(total / self.opt.time_resolution, moved / MAX_TRANSFER_TICKS)
+            # where every cost and transfer is a whole number of some coarser unit (integer costs,
+            # bytes over an integer bandwidth), that unit: exact ticks, a coarser axis. A 6-node
+            # graph (costs 1..50, 5-unit copies) at 1e5 ticks: swap model alone UNKNOWN after 10 s;
+            # on 1-unit ticks OPTIMAL in 0.1 s
+            unit = common_unit(np.concatenate([cost, p.transfer[self.swappable]]), self.tick)
+            if unit is not None:
+                self.tick = unit
             self.dur = np.maximum(1, np.round(cost / self.tick)).astype(int)
-            self.tr = np.maximum(1, np.ceil(p.transfer / self.tick)).astype(int)
+            # a whole number of ticks stays that (0.3 / 0.1 is 2.9999999999999996)
+            q = p.transfer / self.tick
+            q = np.where(np.abs(q - np.round(q)) <= 1e-9 * q, np.round(q), q)
+            self.tr = np.maximum(1, np.ceil(q)).astype(int)
         else:
             self.tick = None
             self.dur = np.ones(p.n, dtype=int)

@@ -6,6 +6,7 @@ assignment. Performance numbers live in ``memplan bench remat``, not here.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -378,20 +379,46 @@ def test_a_swap_plan_with_a_recompute_before_its_swap_in_replays_at_the_models_t
 
 
 def test_a_swap_bound_on_the_tick_axis_never_exceeds_a_plan_the_model_holds():
-    """The timed model rounds each copy up to whole ticks: chain(20) with 3-unit copies in line
-    gets 732-tick copies of 0.0041 each, so the eight-swap plan (+48 in real time) is 11712 ticks,
-    48.0192 converted. A solver bound of that many ticks is a proof of at most +48, not more; where
-    ticks are exact (chain(12): 25 nodes, a tick of 1/4000 of a 10-unit op or copy) nothing is given
-    back."""
+    """The timed model rounds each copy up to whole ticks: chain(20) with pi-unit copies in line
+    gets 767-tick copies of 0.0041 each, so the eight-swap plan (+16 pi = 50.27 in real time) is
+    12272 ticks, 50.32 converted. A solver bound of that many ticks is a proof of at most +16 pi,
+    not more; where ticks are exact (chain(12): 10-unit ops and copies, one tick each) nothing is
+    given back."""
     from planner.cpsat import RematModel
-    p = chain(20, cost=10.0).with_swap([3.0] * 41, copy_overlap=False)
+    p = chain(20, cost=10.0).with_swap([math.pi] * 41, copy_overlap=False)
     m = RematModel(p, 140, PlannerOptions(time_limit=1, workers=1, seed=0))
     ticks = 8 * 2 * int(m.tr[0])
-    assert m.time_of_objective(ticks) > 48.0  # the rounding this guards against
-    assert 48.0 * 0.95 <= m.time_of_bound(ticks) <= 48.0
+    assert m.time_of_objective(ticks) > 16 * math.pi  # the rounding this guards against
+    assert 16 * math.pi * 0.95 <= m.time_of_bound(ticks) <= 16 * math.pi
     exact = RematModel(chain(12, cost=10.0).with_swap([10.0] * 25, copy_overlap=False), 100,
                        PlannerOptions(time_limit=1, workers=1, seed=0))
     assert exact.time_of_bound(100) == pytest.approx(exact.time_of_objective(100))
+
+
+def test_swap_ticks_are_the_costs_common_unit_where_they_have_one():
+    """x -> A (50) -> {b1 after c1 (10), c2 (10)} -> out, 5-unit copies in line, 210 B: A is
+    swapped out and back (or recomputed). At 1e5 ticks per run (a tick of 0.00073) the swap model
+    alone, with no hint, found no plan in 10 s (UNKNOWN, bound 9.98); every cost and copy is a
+    whole number of units, so one tick is one unit now: exact, and solved to the optimum (+60
+    bringing A back once, +15 twice) within a small deterministic budget."""
+    from planner.cpsat import RematModel, common_unit
+    p = PlanningProblem.build(size=[1, 100, 100, 1, 100, 1], cost=[1, 50, 10, 1, 10, 1], scratch=[0, 0, 100, 0, 100, 0],
+                              preds=[[], [0], [0], [1, 2], [3], [1, 4]], names=["x", "A", "c1", "b1", "c2", "out"])
+    q = p.with_swap([5.0] * p.n, copy_overlap=False)
+    for k, added in ((1, 60.0), (2, 15.0)):
+        m = RematModel(q, 210, PlannerOptions(workers=1, seed=0, max_swap_ins=k))
+        assert m.tick == 1.0 and list(m.dur) == [1, 50, 10, 1, 10, 1]
+        m.set_objective_time()
+        res = m.solve("exact", 30, work=2.0)
+        assert res.status == "OPTIMAL" and res.plan is not None, k
+        assert m.time_of_objective(res.objective) == m.time_of_bound(res.bound) == added
+        assert simulate(q, res.plan, 210).added_time == pytest.approx(added)
+    # bytes over a bandwidth of 2: half units; float seconds, or a unit finer than the axis: none
+    assert common_unit(np.array([4.0, 0.0, 7.0, 2.5]), 1e-3) == 0.5
+    assert common_unit(np.array([0.6, 0.9, 0.3]), 1e-3) == pytest.approx(0.3)
+    assert common_unit(np.array([1.0, math.pi]), 1e-3) is None
+    assert common_unit(np.array([1.0, 1.5]), 0.6) is None
+    assert common_unit(np.array([0.0, 0.0]), 1e-3) is None
 
 
 def test_the_swap_solve_proves_its_bound_where_copies_cannot_hide():
