@@ -887,21 +887,23 @@ class RematModel:
         """A solver bound -> a lower bound on the added time, in the problem's unit, of every plan the
         model holds. On the timed axis each compute lasts ``round(cost / tick)`` ticks (at least 1)
         and each copy ``ceil(transfer / tick)``, so a plan's ticks may exceed its real time: a chain
-        with 3-unit copies, optimum +48, had its bound converted to 48.0192. Where the ticks are not
-        exact, the bound gives back what rounding can add: a plan's tick schedule is at most one tick
-        per interval it runs (n computes, its recomputes, its copies to and from host) longer than its real
-        one, and the unplanned run's ticks at most half a tick per node shorter."""
+        with 3-unit copies on a 0.0041 tick, optimum +48, had its bound converted to 48.0192. The
+        bound gives back what rounding can add: a plan's tick schedule is longer than its real one by
+        at most what each interval it may run (each compute instance, each copy to and from host)
+        gained in rounding, and the unplanned run's ticks shorter by at most what each node lost.
+        Exact ticks give back nothing; a cost-0 node (one tick) gives back a tick per instance."""
         t = self.time_of_objective(obj)
         if t is None or not self.timed:
             return t
         tick = float(self.tick)
         cost = np.asarray(self.p.cost, dtype=float)
-        exact = (np.allclose(self.dur * tick, cost, rtol=1e-9, atol=0.0)
-                 and np.allclose(self.tr[self.swappable] * tick, self.p.transfer[self.swappable], rtol=1e-9, atol=0.0))
-        if exact:
-            return t
-        recomputes = sum(1 for x in self.inst if x.kind != ORIGINAL)  # recompute and swap-in instances
-        slack = tick * (1.5 * self.p.n + recomputes + int(self.swappable.sum()))
+        rounded = self.dur * tick - cost
+        gained = np.where(np.isclose(rounded, 0.0, rtol=0.0, atol=1e-9 * tick), 0.0, rounded)
+        slack = float((self.counts * gained.clip(0)).sum() + (-gained).clip(0).sum())
+        if self.swappable.any():
+            moved = self.tr * tick - np.asarray(self.p.transfer, dtype=float)
+            moved = np.where(np.isclose(moved, 0.0, rtol=0.0, atol=1e-9 * tick), 0.0, moved).clip(0)
+            slack += float(((1 + self.swap_ins) * moved)[self.swappable].sum())
         return max(0.0, t - slack)
 
     def objective_of_counts(self, counts: np.ndarray) -> int:

@@ -393,6 +393,14 @@ def test_a_swap_bound_on_the_tick_axis_never_exceeds_a_plan_the_model_holds():
     exact = RematModel(chain(12, cost=10.0).with_swap([10.0] * 25, copy_overlap=False), 100,
                        PlannerOptions(time_limit=1, workers=1, seed=0))
     assert exact.time_of_bound(100) == pytest.approx(exact.time_of_objective(100))
+    # a cost-0 node lasts one tick where it costs nothing: a tick per instance of it is given back,
+    # not one per interval of the model (RL100's two such nodes took its whole swap bound)
+    free = chain(12, cost=10.0)
+    free = replace(free, cost=np.where(np.arange(free.n) == 3, 0.0, free.cost)).with_swap([10.0] * 25,
+                                                                                            copy_overlap=False)
+    m = RematModel(free, 100, PlannerOptions(time_limit=1, workers=1, seed=0))
+    assert m.dur[3] == 1 and np.allclose(np.delete(m.dur * m.tick, 3), np.delete(free.cost, 3))
+    assert m.time_of_bound(1000) == pytest.approx(m.time_of_objective(1000) - m.counts[3] * m.tick)
 
 
 def test_swap_ticks_are_the_costs_common_unit_where_they_have_one():
