@@ -21,6 +21,7 @@ from planner.errors import (
     ModelImportError,
     PlannerError,
     SolverTimeoutError,
+    UnknownDimError,
     UsageError,
 )
 from planner.units import MAX_DIM  # the largest --dim value
@@ -691,12 +692,10 @@ def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[s
     try:
         graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
                            dim_names=dim_names, inputs_read=inputs_read)
-    except UsageError as err:  # a typo in a config entry's own dims: named there, not as a --dim never given
-        said = str(err)
-        typos = set(said[len("--dim "):].split(" matched ", 1)[0].split(", ")) if said.startswith("--dim ") else set()
+    except UnknownDimError as err:  # a typo in a config entry's own dims: named there, not as a --dim never given
         # one entry's dims merged with --dim: its `dims = { bacth = 3 }` was worded as --dim bacth
-        if item.dims_where and typos and typos <= dict(item.dims).keys() and not typos & set(item.cli_dims):
-            raise UsageError(f"{item.dims_where}: dims: {said[len('--dim '):]}") from None
+        if item.dims_where and set(err.dims) <= dict(item.dims).keys() and not set(err.dims) & set(item.cli_dims):
+            raise UsageError(f"{item.dims_where}: dims: {err.detail}") from None
         raise
     if not item.train:
         return as_run(graph)

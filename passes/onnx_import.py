@@ -32,7 +32,7 @@ import onnx.inliner  # a submodule `import onnx` does not load: model-local func
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
-from planner.errors import ModelImportError, PlannerError, UsageError
+from planner.errors import ModelImportError, PlannerError, UnknownDimError
 from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind, fresh_name
 
 log = logging.getLogger(__name__)
@@ -716,10 +716,10 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
 
             name = models.parse_spec(display)[0]
             has += f"; {name} takes the options {', '.join(sorted(set(models.ZOO[name].option_names) - {'size'}))} as --dim or in its name"
-        said = f"--dim {', '.join(unknown)} matched no symbolic input dim of {display} ({has})"
+        said = f"{', '.join(unknown)} matched no symbolic input dim of {display} ({has})"
         if loose_dims is not None and any(d not in loose_dims for d in unknown):
-            raise UsageError(f"{said}; fix the name, or drop it")
-        log.warning("%s", said)
+            raise UnknownDimError(unknown, f"{said}; fix the name, or drop it")
+        log.warning("--dim %s", said)
     if unbound:  # every one at once: the user fixes the command line once
         what = ", ".join(f"{d!r} (input {i!r})" for d, i in unbound.items())
         flags = " ".join(f"--dim {d}=N" for d in unbound)

@@ -13,6 +13,17 @@ class UsageError(PlannerError):
     """A command-line value is malformed (budget unit, option range, missing file argument)."""
 
 
+class UnknownDimError(UsageError):
+    """``--dim`` names (``dims``) that match no symbolic input dim or option of a model. ``detail`` is
+    the message after its ``--dim `` head, so that a caller that knows where the names came from (a
+    check config entry's own dims) can say so instead."""
+
+    def __init__(self, dims: list[str], detail: str):
+        super().__init__(f"--dim {detail}")
+        self.dims = tuple(dims)
+        self.detail = detail
+
+
 class GraphError(PlannerError):
     """An IR invariant is broken (a bug in a pass, or a malformed input graph)."""
 
