@@ -310,10 +310,10 @@ def reserved_bytes(graph: Graph, prepack: bool) -> int:
     # (op type, weight (the first of equal ones), part, transposed) -> bytes of the copy the session keeps
     copies: dict[tuple, int] = {}
     if prepack:
-        same = _same_bytes(graph, sorted({w for node in graph.nodes for w, _, reserved in _prepacked(graph, node)
-                                          if reserved}))
-        for node in graph.nodes:
-            for part, (w, nbytes, reserved) in enumerate(_prepacked(graph, node)):
+        packed = [(node, _prepacked(graph, node)) for node in graph.nodes]
+        same = _same_bytes(graph, sorted({w for _, copies_of in packed for w, _, reserved in copies_of if reserved}))
+        for node, copies_of in packed:
+            for part, (w, nbytes, reserved) in enumerate(copies_of):
                 packers.setdefault(w, set()).add(node.id)
                 if reserved:
                     transposed = node.op_type == "Gemm" and bool(node.attr("transB"))

@@ -235,14 +235,11 @@ class PlannerOptions:
     def __post_init__(self) -> None:
         # CP-SAT reads num_workers 0 as "every core": a plan made so would not repeat on another
         # machine, and the plan said workers 0 (the model ran 1; -3 and 1.5 said so too).
-        w = self.workers
-        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
-            raise UsageError(f"workers must be a whole number >= 1 (CP-SAT search workers; the same seed and "
-                             f"count give the same plan), got {w!r}; pass e.g. workers=2")
-        k = self.max_swap_ins
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise UsageError(f"max_swap_ins must be a whole number >= 1 (swap-ins per host copy in the swap "
-                             f"model), got {k!r}; pass e.g. max_swap_ins=2")
+        for name, what in (("workers", "CP-SAT search workers; the same seed and count give the same plan"),
+                           ("max_swap_ins", "swap-ins per host copy in the swap model")):
+            k = getattr(self, name)
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+                raise UsageError(f"{name} must be a whole number >= 1 ({what}), got {k!r}; pass e.g. {name}=2")
 
 
 @dataclass
@@ -897,12 +894,15 @@ class RematModel:
             return t
         tick = float(self.tick)
         cost = np.asarray(self.p.cost, dtype=float)
-        rounded = self.dur * tick - cost
-        gained = np.where(np.isclose(rounded, 0.0, rtol=0.0, atol=1e-9 * tick), 0.0, rounded)
+
+        def off(ticks: np.ndarray, real: np.ndarray) -> np.ndarray:  # ticks' time - real time, 0 where exact
+            d = ticks * tick - np.asarray(real, dtype=float)
+            return np.where(np.isclose(d, 0.0, rtol=0.0, atol=1e-9 * tick), 0.0, d)
+
+        gained = off(self.dur, cost)
         slack = float((self.counts * gained.clip(0)).sum() + (-gained).clip(0).sum())
         if self.swappable.any():
-            moved = self.tr * tick - np.asarray(self.p.transfer, dtype=float)
-            moved = np.where(np.isclose(moved, 0.0, rtol=0.0, atol=1e-9 * tick), 0.0, moved).clip(0)
+            moved = off(self.tr, self.p.transfer).clip(0)
             slack += float(((1 + self.swap_ins) * moved)[self.swappable].sum())
         return max(0.0, t - slack)
 
