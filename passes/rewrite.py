@@ -468,10 +468,15 @@ class _Rewriter:
             self.sink_tail = made[-1]  # it read the tail (or there was none)
 
     def _fresh(self, stem: str) -> str:
-        """``stem`` (or ``stem_k``), a tensor name the new graph does not have yet."""
+        """``stem`` (or ``stem_k``), a name the new graph does not have yet and the graph's own nodes
+        and tensors will not take later: the first computation of a Split whose graph-made reader
+        ``d__sink`` ran after a recompute got a sink of that name, and the graph's own ``d__sink``
+        then failed with "tensor name 'd__sink' is used twice" (bench/fuzz_e2e.py seed 23)."""
         name, k = stem, 0
-        while self.b.has(name):
+        taken = self.edges.taken
+        while self.b.has(name) or name in taken:
             name, k = f"{stem}_{k}", k + 1
+        taken.add(name)
         return name
 
     def _free(self, tid: int) -> None:
