@@ -1,0 +1,356 @@
+"""Randomized end-to-end check: random small ONNX forward models -> plan -> emit -> verify.
+
+    python bench/fuzz_e2e.py [--start 0] [--count 1000] [--minutes 25] [--time-limit 3]
+                             [--keep DIR] [--only-model SEED OUT.onnx]
+
+Each seed draws a forward model (onnx.helper through the zoo's OnnxBuilder, opset 20) of 5-30 ops
+from the ops autodiff differentiates: MatMul, Gemm, Add/Sub/Mul (with broadcasting and skip
+connections: a tensor read by a much later op), Relu/Gelu/Tanh/Sigmoid, Softmax,
+LayerNormalization, Conv, Reshape, Transpose, Concat, Split, ReduceMean; a symbolic ``batch``
+dim bound with ``--dim``; no loss, so it gets ``--add-loss`` (mean, mse, or cross-entropy on a
+2-D output). Then, through the command line as a user runs it:
+
+  1. ``plan MODEL --budget 1%`` (infeasible) for the least plannable peak (``least_bytes``) and
+     the unplanned peak;
+  2. ``plan MODEL --budget B --emit OUT.onnx --deterministic --time-limit T --json`` with B drawn
+     uniformly between the two;
+  3. ``verify MODEL OUT.onnx --json`` where a plan came back.
+
+A case passes when: no traceback anywhere; plan exits 0 with a plan whose peak fits the budget,
+or exits 1 (infeasible) or 4 (no plan in time) with one ``memplan: error:`` line and no OUT.onnx;
+verify exits 0 with every output equal and a measured peak within the budget (and equal to the
+prediction where the allocator counted it). One line per case, then a summary of outcomes and
+op kinds covered. ``--only-model SEED OUT.onnx`` writes one seed's model and exits (to reduce
+a failure by hand). Exit status 1 when any case failed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from models._builder import FLOAT, INT64, OnnxBuilder  # noqa: E402
+
+OPSET = 20  # Gelu is an op from 20; ReduceMean's axes and Split's num_outputs are inputs/attributes from 18
+BATCH = "batch"
+UNARY = ("Relu", "Gelu", "Tanh", "Sigmoid")
+BINARY = ("Add", "Sub", "Mul")
+
+
+class Gen:
+    """One random model: a pool of (name, shape) tensors, shape[0] the symbolic batch."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.b = OnnxBuilder(f"fuzz{seed}", self.rng)
+        self.pool: list[tuple[str, tuple]] = []
+        self.read: set[str] = set()
+        self.ops: collections.Counter = collections.Counter()
+        self.k = 0
+
+    def name(self, op: str) -> str:
+        self.k += 1
+        return f"n{self.k}_{op.lower()}"
+
+    def pick(self, options):
+        return options[int(self.rng.integers(len(options)))]
+
+    def add(self, name: str, shape: tuple) -> str:
+        self.pool.append((name, shape))
+        return name
+
+    def use(self, *names: str) -> None:
+        self.read.update(names)
+
+    def op(self, op_type: str, inputs, shape: tuple, **attrs) -> str:
+        self.ops[op_type] += 1
+        self.use(*[i for i in inputs if i])
+        return self.add(self.b.op(op_type, inputs, self.name(op_type), **attrs), shape)
+
+    def skip_partner(self, x: str, shape: tuple) -> str | None:
+        """An earlier tensor of the same shape (the earliest one half the time: a long skip)."""
+        same = [n for n, s in self.pool if s == shape and n != x]
+        if not same:
+            return None
+        return same[0] if self.rng.random() < 0.5 else self.pick(same)
+
+    def step(self, x: str, shape: tuple) -> str:
+        rank = len(shape)
+        last = shape[-1]
+        kinds = ["unary", "unary", "binary", "binary", "matmul", "softmax", "layernorm", "transpose",
+                 "concat", "reducemean", "reshape"]
+        if rank == 2:
+            kinds += ["gemm", "gemm"]
+        if rank == 4:
+            kinds += ["conv", "conv", "conv"]
+        if last % 2 == 0 and last >= 4:
+            kinds.append("split")
+        kind = self.pick(kinds)
+        if kind == "unary":
+            return self.op(self.pick(UNARY), [x], shape)
+        if kind == "binary":
+            y = self.skip_partner(x, shape)
+            if y is None:  # a reduced tensor or a parameter, broadcast
+                reduced = [n for n, s in self.pool if s == shape[:-1] + (1,)]
+                if reduced and self.rng.random() < 0.7:
+                    y = self.pick(reduced)
+                else:
+                    pshape = (shape[1], 1, 1) if rank == 4 else (last,)
+                    y = self.b.normal(self.name("param"), pshape, 0.5)
+            return self.op(self.pick(BINARY), [x, y] if self.rng.random() < 0.5 else [y, x], shape)
+        if kind == "matmul" and rank >= 2:
+            out = int(self.pick([4, 6, 8, 12, 16, 24]))
+            w = self.b.normal(self.name("w"), (last, out), 1 / math.sqrt(last))
+            return self.op("MatMul", [x, w], shape[:-1] + (out,))
+        if kind == "gemm":
+            out = int(self.pick([4, 8, 16, 32]))
+            self.ops["Gemm"] += 1
+            self.use(x)
+            return self.add(self.b.gemm(x, last, out, self.name("gemm"), 1.0), (shape[0], out))
+        if kind == "softmax":
+            return self.op("Softmax", [x], shape, axis=-1)
+        if kind == "layernorm":
+            s = self.b.full(self.name("scale"), (last,), 1.0)
+            t = self.b.full(self.name("shift"), (last,), 0.0)
+            return self.op("LayerNormalization", [x, s, t], shape, axis=-1, epsilon=1e-5)
+        if kind == "transpose":
+            perm = list(range(rank))
+            if rank >= 3:
+                perm[-1], perm[-2] = perm[-2], perm[-1]
+                return self.op("Transpose", [x], tuple(shape[p] for p in perm), perm=perm)
+            return self.op("Relu", [x], shape)  # a 2-D transpose would move the batch dim
+        if kind == "concat":
+            same_prefix = [n for n, s in self.pool if s[:-1] == shape[:-1]]
+            y = self.pick(same_prefix)
+            ylast = dict(self.pool)[y][-1]
+            return self.op("Concat", [x, y], shape[:-1] + (last + ylast,), axis=-1)
+        if kind == "reducemean":
+            axes = self.b.shape(self.name("axes"), [-1])
+            return self.op("ReduceMean", [x, axes], shape[:-1] + (1,), keepdims=1)
+        if kind == "reshape":
+            if rank == 2:
+                if last % 2:
+                    return self.op("Tanh", [x], shape)
+                to, dims = (shape[0], 2, last // 2), [0, 2, -1]
+            elif rank == 3:
+                to, dims = (shape[0], shape[1] * shape[2]), [0, -1]
+            else:
+                to, dims = (shape[0], shape[1], shape[2] * shape[3]), [0, 0, -1]
+            return self.op("Reshape", [x, self.b.shape(self.name("shape"), dims)], to)
+        if kind == "conv":
+            c_out = int(self.pick([2, 4, 6, 8]))
+            k = int(self.pick([1, 3]))
+            self.ops["Conv"] += 1
+            self.use(x)
+            return self.add(self.b.conv(x, shape[1], c_out, self.name("conv"), kernel=k, bias=bool(self.rng.random() < 0.5)),
+                            (shape[0], c_out) + shape[2:])
+        if kind == "split":
+            self.ops["Split"] += 1
+            self.use(x)
+            n = self.name("split")
+            half = shape[:-1] + (last // 2,)
+            a, c = self.b.ops("Split", [x], [n, f"{n}.1"], axis=-1, num_outputs=2)
+            self.add(c, half)
+            return self.add(a, half)
+        return self.op("Relu", [x], shape)
+
+    def model(self) -> tuple[onnx.ModelProto, dict]:
+        form = self.pick(["seq", "img", "flat"])
+        if form == "seq":
+            shape = (BATCH, int(self.rng.integers(2, 9)), int(self.pick([4, 8, 12, 16])))
+        elif form == "img":
+            shape = (BATCH, int(self.rng.integers(1, 5)), int(self.pick([4, 6, 8])), int(self.pick([4, 6, 8])))
+        else:
+            shape = (BATCH, int(self.pick([4, 8, 16, 32])))
+        x = self.add(self.b.input("x", FLOAT, list(shape)), shape)
+        n_ops = int(self.rng.integers(5, 31))
+        while sum(self.ops.values()) < n_ops:
+            x = self.step(x, shape)
+            shape = dict(self.pool)[x]
+        if not self.b.initializers:  # nothing to train: memplan refuses the step (exit 3), rightly
+            last = shape[-1]
+            w = self.b.normal(self.name("w"), (last, last), 1 / math.sqrt(last))
+            x = self.op("MatMul", [x, w], shape)
+        loss = "cross-entropy" if len(shape) == 2 and shape[1] >= 2 and self.rng.random() < 0.4 else self.pick(["mean", "mse"])
+        self.b.output(x, FLOAT, list(shape))
+        info = {"form": form, "ops": dict(self.ops), "n_ops": sum(self.ops.values()), "loss": loss,
+                "batch": int(self.rng.integers(2, 9)),
+                "unread": sum(1 for n, _ in self.pool if n not in self.read and n != x)}
+        return self.b.model(f"memplan fuzz_e2e model ({info['form']})", opset=OPSET), info
+
+
+def make_model(seed: int) -> tuple[onnx.ModelProto, dict]:
+    return Gen(seed).model()
+
+
+def cli(*args: str, timeout: float = 600) -> tuple[int, str, str]:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    try:
+        p = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return -1, "", f"timed out after {timeout:g} s"
+    return p.returncode, p.stdout, p.stderr
+
+
+def one_line_error(stderr: str) -> bool:
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("WARNING", "warning"))]
+    errs = [ln for ln in lines if ln.startswith("memplan: error:")]
+    return len(errs) == 1
+
+
+def run_case(seed: int, work: Path, time_limit: float) -> dict:
+    model, info = make_model(seed)
+    path = work / f"fuzz{seed}.onnx"
+    onnx.save(model, path)
+    out = work / f"fuzz{seed}.planned.onnx"
+    common = ["--dim", f"batch={info['batch']}", "--add-loss", info["loss"]]
+    r = {"seed": seed, **info, "fail": [], "outcome": None}
+
+    def traceback_in(*texts):
+        if any("Traceback" in t for t in texts):
+            r["fail"].append("traceback")
+
+    rc, so, se = cli("plan", str(path), "--budget", "1%", "--deterministic", "--time-limit", str(time_limit),
+                     "--json", *common)
+    traceback_in(so, se)
+    try:
+        probe = json.loads(so)
+    except json.JSONDecodeError:
+        r["fail"].append(f"probe rc={rc}: {se.strip().splitlines()[-1:] or ''}")
+        r["outcome"] = "probe-error"
+        return r
+    unplanned = probe["unplanned_peak_bytes"]
+    least = probe.get("least_bytes") or probe.get("best_peak_bytes") or unplanned
+    if rc == 0:  # 1% fits: a model whose peak is almost all step-independent? record it
+        least = probe["peak_bytes"]
+    budget = int(np.random.default_rng(10_000 + seed).integers(min(least, unplanned), unplanned + 1))
+    r.update(unplanned=unplanned, least=least, budget=budget)
+
+    rc, so, se = cli("plan", str(path), "--budget", f"{budget}B", "--emit", str(out), "--deterministic",
+                     "--time-limit", str(time_limit), "--json", *common)
+    traceback_in(so, se)
+    r["plan_rc"] = rc
+    try:
+        plan = json.loads(so)
+    except json.JSONDecodeError:
+        plan = None
+        r["fail"].append(f"plan rc={rc}: stdout not one JSON object")
+    if rc in (1, 4):
+        r["outcome"] = "infeasible" if rc == 1 else "timeout"
+        if not one_line_error(se):
+            r["fail"].append(f"plan rc={rc} without one error line: {se.strip()[-300:]!r}")
+        if out.exists():
+            r["fail"].append("plan failed but wrote OUT.onnx")
+        if plan and rc == 1 and plan.get("status") not in ("infeasible", "over_budget"):
+            r["fail"].append(f"plan rc=1 with status {plan.get('status')}")
+        return r
+    if rc != 0 or plan is None:
+        r["fail"].append(f"plan rc={rc}: {se.strip()[-300:]!r}")
+        r["outcome"] = "plan-error"
+        return r
+    r["peak"] = plan["peak_bytes"]
+    r["added_pct"] = plan.get("added_time_pct")
+    if plan["status"] not in ("optimal", "feasible"):
+        r["fail"].append(f"plan exit 0 with status {plan['status']}")
+    if plan["peak_bytes"] is None or plan["peak_bytes"] > budget:
+        r["fail"].append(f"plan peak {plan['peak_bytes']} over budget {budget}")
+    if not out.exists():
+        r["fail"].append("plan exit 0 but no OUT.onnx")
+        r["outcome"] = "plan-error"
+        return r
+
+    rc, so, se = cli("verify", str(path), str(out), "--json")
+    traceback_in(so, se)
+    r["verify_rc"] = rc
+    r["outcome"] = "verified"
+    try:
+        v = json.loads(so)
+    except json.JSONDecodeError:
+        r["fail"].append(f"verify rc={rc}: {se.strip()[-300:]!r}")
+        return r
+    r["verify"] = v
+    if rc != 0:
+        r["fail"].append(f"verify rc={rc}: {se.strip()[-300:]!r}")
+    check_verify(v, budget, r)
+    return r
+
+
+def check_verify(v: dict, budget: int, r: dict) -> None:
+    """The verify report's own claims: outputs equal, measured peak within the budget and equal to
+    the prediction where the allocator counted it."""
+    if v.get("outputs_equal") is not True:
+        r["fail"].append("outputs differ")
+    planned = v.get("planned") or {}
+    meas = planned.get("peak_bytes")
+    r["meas"] = meas
+    if (v.get("budget") or {}).get("within") is not True or (meas is not None and meas > budget):
+        r["fail"].append(f"measured peak {meas} over budget {budget}")
+    dyn, pred = planned.get("dynamic_peak_bytes"), planned.get("predicted_dynamic_peak_bytes")
+    r["meas_over_pred"] = planned.get("measured_over_predicted")
+    if v.get("measured_by") == "allocator" and dyn is not None and pred is not None and dyn != pred:
+        r["fail"].append(f"measured dynamic peak {dyn} != predicted {pred}")
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--count", type=int, default=1000)
+    ap.add_argument("--minutes", type=float, default=25.0, help="stop starting new cases after this much wall time")
+    ap.add_argument("--time-limit", type=float, default=3.0)
+    ap.add_argument("--keep", help="keep the models and planned files in this folder")
+    ap.add_argument("--only-model", nargs=2, metavar=("SEED", "OUT"))
+    args = ap.parse_args()
+    if args.only_model:
+        model, info = make_model(int(args.only_model[0]))
+        onnx.save(model, args.only_model[1])
+        print(json.dumps(info))
+        return
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fuzz_e2e_"))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    outcomes: collections.Counter = collections.Counter()
+    covered: collections.Counter = collections.Counter()
+    failed = []
+    for seed in range(args.start, args.start + args.count):
+        if time.monotonic() - t0 > 60 * args.minutes:
+            break
+        t = time.monotonic()
+        r = run_case(seed, work, args.time_limit)
+        outcomes[r["outcome"]] += 1
+        covered.update(r["ops"])
+        if r["fail"]:
+            failed.append(r)
+        fig = ""
+        if "budget" in r:
+            fig = f"unplanned {r['unplanned']} least {r['least']} budget {r['budget']}"
+        if r.get("peak") is not None:
+            fig += f" peak {r['peak']} +{r['added_pct']}%"
+        if r.get("meas") is not None:
+            fig += f" meas {r['meas']} meas/pred {r['meas_over_pred']}"
+        print(f"seed {seed:4d} {r['form']:4s} {r['n_ops']:2d} ops {r['loss']:13s} {r['outcome']:10s} "
+              f"{'FAIL ' + '; '.join(r['fail']) if r['fail'] else 'ok'} | {fig} ({time.monotonic() - t:.0f} s)",
+              flush=True)
+    n = sum(outcomes.values())
+    print(f"\n{n} cases in {(time.monotonic() - t0) / 60:.1f} min: " +
+          ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) + f"; {len(failed)} failed")
+    print("ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(covered.items())))
+    for r in failed:
+        print(f"FAILED seed {r['seed']}: {'; '.join(r['fail'])}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
