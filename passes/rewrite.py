@@ -4,7 +4,8 @@ Pre: ``graph`` validated; ``schedule`` is the event list of a plan for this grap
 (``{"op": "compute", "node": NAME}``, ``{"op": "free" | "swap_out" | "swap_in", "tensor": NAME}``)
 that computes every node at least once with its inputs resident.
 Post: a validated Graph with the nodes in planned order. The first computation of a node keeps its
-names; the k-th recomputation is a copy named ``<node>__rc<k>`` writing ``<tensor>__rc<k>``, and
+names; the k-th recomputation is a copy named ``<node>__rc<k>`` writing ``<tensor>__rc<k>`` (``__rc<k>_<j>``
+where the graph holds such a name already: a planned model planned again), and
 every later reader uses the newest copy, so ORT frees the original after its last planned reader.
 A swap is ``MemcpyToHost`` -> ``<tensor>__host`` and ``MemcpyFromHost`` -> ``<tensor>__sw<k>``.
 Each recompute whose inputs equal an earlier computation's (a chain's start) and each swap-in
@@ -352,7 +353,8 @@ class _Rewriter:
             name, suffix = node.name, ""
             key = self._cse_key(nid, inputs)  # type: ignore[arg-type]
         else:
-            name, suffix = f"{node.name}__rc{k}", f"__rc{k}"
+            suffix = self._copy_suffix(node, f"__rc{k}")
+            name = node.name + suffix
             inputs, key = self._distinct(node, inputs, f"{name}__order")  # type: ignore[arg-type]
         # a copy nobody reads of an output the plan reads elsewhere would stay to the end of the run;
         # so would a recompute's copy of a graph output (_bound)
@@ -467,6 +469,19 @@ class _Rewriter:
         if made:
             self.sink_tail = made[-1]  # it read the tail (or there was none)
 
+    def _copy_suffix(self, node: Node, stem: str) -> str:
+        """``stem`` (or ``stem_j``): a suffix that gives ``node``'s name and each of its outputs'
+        a name the graph does not hold and the rewrite has not handed out; those names are then
+        taken. A planned model planned again holds ``conv__rc1`` already: recomputing ``conv``
+        there failed with "tensor name 'conv__rc1' is used twice" (exit 1, as if infeasible)."""
+        taken = self.edges.taken
+        outs = [self.g.tensors[t].name for t in node.outputs if t != NO_TENSOR]
+        suffix, j = stem, 0
+        while any(self.b.has(x + suffix) or x + suffix in taken for x in (node.name, *outs)):
+            suffix, j = f"{stem}_{j}", j + 1
+        taken.update(x + suffix for x in (node.name, *outs))
+        return suffix
+
     def _fresh(self, stem: str) -> str:
         """``stem`` (or ``stem_k``), a name the new graph does not have yet and the graph's own nodes
         and tensors will not take later: the first computation of a Split whose graph-made reader
@@ -494,7 +509,7 @@ class _Rewriter:
         # a tensor swapped out again (out, in, out) gets a host copy of a fresh name: the second
         # one was a GraphError "tensor name 'a__host' is used twice"
         (host,) = self.b.node("MemcpyToHost", [src], [(self._fresh(f"{t.name}__host"), t.dtype, t.shape)],
-                              name=f"{t.name}__swap_out")
+                              name=self._fresh(f"{t.name}__swap_out"))
         self.swapped[tid] = host
         self.current[tid] = None
 
@@ -513,8 +528,8 @@ class _Rewriter:
                 host = self.edges.view(host, self.last_output, f"{t.name}__sw{k}__order")
                 self.edges.forget_gates()
         self.emitted.add(("in", self._cse_class(host)))
-        (dev,) = self.b.node("MemcpyFromHost", [host], [(f"{t.name}__sw{k}", t.dtype, t.shape)],
-                             name=f"{t.name}__swap_in{k}")
+        (dev,) = self.b.node("MemcpyFromHost", [host], [(self._fresh(f"{t.name}__sw{k}"), t.dtype, t.shape)],
+                             name=self._fresh(f"{t.name}__swap_in{k}"))
         self.current[tid] = dev
 
 

@@ -358,6 +358,31 @@ def test_a_sink_of_a_first_computation_does_not_take_the_name_of_a_sink_the_grap
     for want, got in zip(run(export_model(graph), feeds), run(export_model(out), feeds)):
         np.testing.assert_array_equal(got, want)
 
+def test_a_recompute_copy_steers_around_the_names_of_an_earlier_plans_copies():
+    """A planned model planned again holds ``conv__rc1`` (node) writing ``h__rc1`` already; its
+    plan recomputing ``conv`` named the copy the same and failed with "tensor name 'h__rc1' is
+    used twice", exit 1 as if the budget were infeasible (memplan plan zoo:cnn --emit c1.onnx, then
+    memplan plan c1.onnx --budget 90% --emit c2.onnx). The copy takes ``__rc1_0`` instead."""
+    b = GraphBuilder()
+    x = b.input("x", F, (4, 8))
+    (h,) = b.node("Tanh", [x], [("h", F, (4, 8))], name="conv")
+    (h1,) = b.node("Sigmoid", [x], [("h__rc1", F, (4, 8))], name="conv__rc1")  # the earlier plan's copy
+    (big,) = b.node("Neg", [h], [("big", F, (4, 8))], name="neg")
+    (s,) = b.node("Add", [big, h1], [("s", F, (4, 8))], name="add")
+    b.output(b.node("Mul", [s, h], [("y", F, (4, 8))], name="mul")[0])
+    graph = b.build()
+    schedule = [{"op": "compute", "node": "conv"}, {"op": "compute", "node": "conv__rc1"},
+                {"op": "compute", "node": "neg"}, {"op": "free", "tensor": "h"},
+                {"op": "compute", "node": "add"}, {"op": "compute", "node": "conv"},
+                {"op": "compute", "node": "mul"}]
+    out = apply_schedule(graph, schedule)
+    names = [n.name for n in out.nodes]
+    assert "conv__rc1_0" in names and len(set(names)) == len(names)
+    feeds = {"x": np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)}
+    for want, got in zip(run(export_model(graph), feeds), run(export_model(out), feeds)):
+        np.testing.assert_array_equal(got, want)
+
+
 def norm_read_for_its_statistics(copies):
     """A LayerNormalization whose Y is read once, then recomputed ``copies`` times for its Mean and
     InvStdDev alone: each copy's Y is unread and gets a sink."""
