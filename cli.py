@@ -102,6 +102,15 @@ class OneLineErrors(click.Group):
         except click.Abort:
             click.echo("memplan: aborted", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except ImportError as err:
+            # SIGTERM or Ctrl-C while a C extension initialised (CP-SAT's, loaded by the first
+            # solve): its init turned the signal's exception into "initialization failed"
+            if isinstance(err.__cause__, SystemExit):  # planner.interrupt said "terminated"
+                sys.exit(err.__cause__.code)
+            if isinstance(err.__cause__, KeyboardInterrupt):
+                click.echo("memplan: aborted", err=True)
+                sys.exit(EXIT_INTERRUPTED)
+            raise
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 

@@ -840,6 +840,46 @@ def test_sigterm_while_writing_leaves_no_temp_file(tmp_path, kind):
     assert list(tmp_path.iterdir()) == []
 
 
+SIGNAL_IN_EXTENSION_INIT = r"""
+import importlib.abc, os, signal, sys
+sys.path.insert(0, {root!r})
+import cli
+
+SIGNUM = int(sys.argv[2])
+
+
+class SignalOnce(importlib.abc.MetaPathFinder):
+    # CP-SAT's C extension imports this module while it initialises (its pybind11 init)
+    def find_spec(self, name, path, target=None):
+        if name == "ortools.util.python.sorted_interval_list" and self in sys.meta_path:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), SIGNUM)  # the job cancelled as memplan loads CP-SAT
+        return None
+
+
+sys.meta_path.insert(0, SignalOnce())
+sys.argv = ["memplan", "plan", "zoo:mlp", "--budget", "80%", "-o", sys.argv[1]]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("signum, code, line", [(15, 143, "memplan: terminated"), (2, 130, "memplan: aborted")])
+def test_a_signal_while_an_extension_loads_exits_as_interrupted(tmp_path, signum, code, line):
+    """SIGTERM (or Ctrl-C) while CP-SAT's C extension initialised (``memplan check zoo:gpt zoo:resnet
+    --budget 60%``, SIGTERM at 1.8 s): its init turned the handler's SystemExit into "ImportError:
+    initialization failed", and memplan printed a traceback and exited 1, a failed check to a CI
+    gate. Now it exits 143 (130) with one line and writes nothing."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "plan.json"
+    code_text = SIGNAL_IN_EXTENSION_INIT.format(root=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code_text, str(out), str(signum)], capture_output=True,
+                          text=True, timeout=120, preexec_fn=_default_sigint)
+    assert proc.returncode == code and proc.stderr.strip() == line, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_in_process_cli_gives_back_the_callers_signal_handlers(tmp_path, monkeypatch):
     """The CLI run in-process (CliRunner, as tests and library users run it) left its SIGTERM
     handler and its wakeup fd installed after it returned: the caller's SIGTERM then printed
