@@ -13,6 +13,8 @@ SIGTERM (a CI job cancelled, ``timeout``) killed memplan where it stood: one cau
 the half-written temp file (``.plan.json.XXXX.tmp``, or a ``tmpXXXX`` folder holding part of the
 model) in the output's folder. Once :func:`install` ran it stops running solves as Ctrl-C does
 and exits with status 143 (128 + SIGTERM) through the usual clean-up, so temp files go too.
+It does so whatever SIGINT's handler: with SIGINT ignored (a job a script started with ``&``,
+nohup) no watcher ran, and SIGTERM waited for the running solve phase to end.
 
 :func:`install` returns the function that undoes it: the CLI run in-process (click's CliRunner,
 ``cli.main([...], standalone_mode=False)``) left its SIGTERM handler and wakeup fd installed after
@@ -30,21 +32,26 @@ from typing import Any, Callable
 _lock = threading.Lock()
 _active: set = set()  # the CpSolvers now solving
 _installed = 0  # the pid whose watcher runs (0: none; a forked child inherits its parent's pid, not its thread)
+_stops: frozenset = frozenset()  # the signals its watcher stops solves on
 
 
 def install() -> Callable[[], None]:
     """Stop running solves on SIGINT (main thread only, and only while SIGINT raises
-    KeyboardInterrupt, Python's default; otherwise nothing changes), exit 143 on SIGTERM (only
-    while SIGTERM has its default action). Returns the function that undoes what this call
-    changed (nothing where it changed nothing, as when already installed)."""
-    global _installed
+    KeyboardInterrupt, Python's default), exit 143 on SIGTERM and stop running solves (only while
+    SIGTERM has its default action); where neither, nothing changes. Returns the function that
+    undoes what this call changed (nothing where it changed nothing, as when already installed)."""
+    global _installed, _stops
     pid = os.getpid()
     if _installed == pid or threading.current_thread() is not threading.main_thread():
         return _nothing
     took_term = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     if took_term:
         signal.signal(signal.SIGTERM, _terminated)
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    # SIGINT ignored (a job a script started with &, nohup) stays ignored, but SIGTERM must still
+    # stop the solve: without a watcher it waited for the phase to end (past a CI runner's SIGKILL)
+    stops = frozenset([signal.SIGTERM] * took_term
+                      + [signal.SIGINT] * (signal.getsignal(signal.SIGINT) is signal.default_int_handler))
+    if not stops:
         return lambda: _uninstall(pid, took_term, None)
     reader, writer = socket.socketpair()
     writer.setblocking(False)
@@ -54,8 +61,8 @@ def install() -> Callable[[], None]:
         reader.close()
         writer.close()
         return lambda: _uninstall(pid, took_term, None)
-    threading.Thread(target=_watch, args=(reader, writer), daemon=True, name="memplan-sigint").start()
-    _installed = pid
+    threading.Thread(target=_watch, args=(reader, writer, stops), daemon=True, name="memplan-sigint").start()
+    _installed, _stops = pid, stops
     return lambda: _uninstall(pid, took_term, (old_fd, writer))
 
 
@@ -80,7 +87,7 @@ def _uninstall(pid: int, took_term: bool, watch: tuple[int, socket.socket] | Non
         writer.close()
 
 
-def _watch(reader: socket.socket, writer: socket.socket) -> None:
+def _watch(reader: socket.socket, writer: socket.socket, stops: frozenset) -> None:
     # ``writer`` is held here so that the socket behind the wakeup fd stays open
     while True:
         data = reader.recv(64)
@@ -88,7 +95,7 @@ def _watch(reader: socket.socket, writer: socket.socket) -> None:
             reader.close()
             return
         # the wakeup fd carries one byte per signal: its number
-        if signal.SIGINT in data or signal.SIGTERM in data:
+        if any(signum in data for signum in stops):
             with _lock:
                 for solver in list(_active):
                     solver.StopSearch()
@@ -104,7 +111,8 @@ def solve(solver: Any, model: Any, callback: Any = None) -> int:
     """``solver.Solve(model, callback)``, stopped by Ctrl-C once :func:`install` ran."""
     if _installed != os.getpid():
         return solver.Solve(model, callback)
-    solver.parameters.catch_sigint_signal = False
+    if signal.SIGINT in _stops:  # else SIGINT is the caller's (ignored, or its own handler): CP-SAT's as before
+        solver.parameters.catch_sigint_signal = False
     with _lock:
         _active.add(solver)
     try:

@@ -863,6 +863,58 @@ cli.main()
 """
 
 
+TERM_IN_A_SOLVE = r"""
+import os, signal, sys, threading, time
+sys.path.insert(0, {root!r})
+import cli
+
+main = threading.main_thread().ident
+
+
+def in_a_remat_solve() -> bool:
+    names, frame = [], sys._current_frames().get(main)
+    while frame is not None:
+        names.append((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
+        frame = frame.f_back
+    return bool(names) and names[0] == ("cp_model.py", "solve") and ("cpsat.py", "solve") in names
+
+
+def term_in_a_solve() -> None:
+    while not (in_a_remat_solve() and (time.sleep(1) or in_a_remat_solve())):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)  # the job cancelled while CP-SAT searches
+
+
+threading.Thread(target=term_in_a_solve, daemon=True).start()
+sys.argv = ["memplan", "plan", "zoo:gpt", "--budget", "80%", "--time-limit", "600", "-o", sys.argv[1]]
+cli.main()
+"""
+
+
+def test_sigterm_stops_a_solve_when_sigint_is_ignored(tmp_path):
+    """A job started in the background by a script (``memplan plan ... &``) or under nohup has
+    SIGINT ignored; interrupt.install then set up no watcher, so SIGTERM waited for the running
+    solve phase to end (``plan zoo:gpt --budget 70% --time-limit 20``, SIGINT ignored, SIGTERM at
+    16 s: exit after 5.7 s; with --time-limit 600 the phase runs on, past a CI runner's SIGKILL).
+    Now SIGTERM stops the solve whatever SIGINT's handler, and SIGINT stays ignored."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "plan.json"
+    proc = subprocess.Popen([sys.executable, "-c", TERM_IN_A_SOLVE.format(root=str(ROOT)), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        stdout, stderr = proc.communicate(timeout=120)  # far less than the 600 s limit
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("memplan plan went on solving after SIGTERM")
+    assert proc.returncode == 143 and stderr.strip() == "memplan: terminated", stderr
+    assert stdout == "" and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("signum, code, line", [(15, 143, "memplan: terminated"), (2, 130, "memplan: aborted")])
 def test_a_signal_while_an_extension_loads_exits_as_interrupted(tmp_path, signum, code, line):
     """SIGTERM (or Ctrl-C) while CP-SAT's C extension initialised (``memplan check zoo:gpt zoo:resnet
