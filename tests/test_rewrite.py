@@ -303,12 +303,9 @@ def test_an_in_place_group_swapped_out_in_and_freed_frees_each_tensor_once():
     np.testing.assert_array_equal(got, np.maximum(feeds["x"] * feeds["x"], 0) + feeds["x"])
 
 
-def test_a_recompute_sink_in_a_graph_with_sinks_of_its_own_gets_fresh_names():
-    """A graph whose unread outputs already have readers (a training step, a forward plan's graph:
-    passes/portable.py release_unread_outputs) holds memplan__sink2_starts/_ends; a recompute copy's
-    unread output needed a reader of the same rank, and the rewrite failed with "tensor name
-    'memplan__sink2_starts' is used twice" (memplan plan --forward of a Split with one output unread
-    and one recomputed)."""
+def split_with_an_unread_output():
+    """Split -> a (read by Neg), c (read by Tanh), d (read by nobody: release_unread_outputs gives
+    it the reader ``d__sink``)."""
     from passes.portable import release_unread_outputs
 
     b = GraphBuilder()
@@ -319,6 +316,16 @@ def test_a_recompute_sink_in_a_graph_with_sinks_of_its_own_gets_fresh_names():
     b.output(b.node("Neg", [a], [("y", F, (4, 4))], name="neg")[0])
     b.output(b.node("Tanh", [c], [("z", F, (4, 2))], name="tanh")[0])
     graph, _ = release_unread_outputs(b.build())
+    return graph
+
+
+def test_a_recompute_sink_in_a_graph_with_sinks_of_its_own_gets_fresh_names():
+    """A graph whose unread outputs already have readers (a training step, a forward plan's graph:
+    passes/portable.py release_unread_outputs) holds memplan__sink2_starts/_ends; a recompute copy's
+    unread output needed a reader of the same rank, and the rewrite failed with "tensor name
+    'memplan__sink2_starts' is used twice" (memplan plan --forward of a Split with one output unread
+    and one recomputed)."""
+    graph = split_with_an_unread_output()
     assert "memplan__sink2_starts" in graph.names()
     schedule = [{"op": "compute", "node": "sp"}, {"op": "compute", "node": "d__sink"},
                 {"op": "compute", "node": "neg"}, {"op": "free", "tensor": "c"},
@@ -330,23 +337,13 @@ def test_a_recompute_sink_in_a_graph_with_sinks_of_its_own_gets_fresh_names():
         np.testing.assert_array_equal(got, want)
 
 
-
 def test_a_sink_of_a_first_computation_does_not_take_the_name_of_a_sink_the_graph_runs_later():
     """The graph's own reader of an unread output (``d__sink``, release_unread_outputs) reads the
     recompute's copy where the plan runs it after the recompute; the first computation's ``d`` then
     needs a sink of the rewriter's, which took the free name ``d__sink`` before the graph's node of
     that name was emitted: "tensor name 'n26_split.1__sink' is used twice", exit 1 and no JSON
     (bench/fuzz_e2e.py seed 23: memplan plan with --add-loss cross-entropy at 2707 bytes)."""
-    from passes.portable import release_unread_outputs
-
-    b = GraphBuilder()
-    x = b.input("x", F, (4, 8))
-    split = b.initializer("split", np.array([4, 2, 2], np.int64), trainable=False)
-    a, c, _ = b.node("Split", [x, split], [("a", F, (4, 4)), ("c", F, (4, 2)), ("d", F, (4, 2))], name="sp",
-                     attrs={"axis": 1})
-    b.output(b.node("Neg", [a], [("y", F, (4, 4))], name="neg")[0])
-    b.output(b.node("Tanh", [c], [("z", F, (4, 2))], name="tanh")[0])
-    graph, _ = release_unread_outputs(b.build())
+    graph = split_with_an_unread_output()
     assert "d__sink" in [n.name for n in graph.nodes]
     schedule = [{"op": "compute", "node": "sp"}, {"op": "compute", "node": "neg"},
                 {"op": "free", "tensor": "d"}, {"op": "compute", "node": "sp"},
@@ -357,6 +354,7 @@ def test_a_sink_of_a_first_computation_does_not_take_the_name_of_a_sink_the_grap
     feeds = {"x": np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)}
     for want, got in zip(run(export_model(graph), feeds), run(export_model(out), feeds)):
         np.testing.assert_array_equal(got, want)
+
 
 def test_a_recompute_copy_steers_around_the_names_of_an_earlier_plans_copies():
     """A planned model planned again holds ``conv__rc1`` (node) writing ``h__rc1`` already; its
