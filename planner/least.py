@@ -117,21 +117,37 @@ def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
 
 
 def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
-                         max_states: int = MAX_STATES, deadline: float = math.inf) -> tuple[int, Plan] | None:
+                         max_states: int = MAX_STATES, deadline: float = math.inf,
+                         runtime: bool = False) -> tuple[int, Plan] | None:
     """:func:`least_plan` over plans in every node order: (least peak, a plan reaching it), its
     nodes first computed in whatever order that plan takes; None where :func:`least_plan` gives
     up. A state is (nodes computed so far, resident set): any node whose inputs are resident may
     run next, a first time or again; a buffer is freed at once when every node that depends on it
     has run. States are ordered by the most any node still to run needs in every order
     (``PlanningProblem.order_free_need``), A*-like; None also past ``deadline`` (planner.clock).
-    On far_readers(6) of the tests (20 nodes):
-    106 k states, about 1 s."""
+    On far_readers(6) of the tests (20 nodes): 106 k states, about 1 s.
+
+    ``runtime``: count each step as ONNX Runtime may hold it, at most what the problem counts
+    (:attr:`PlanningProblem.runtime_need`, per resident set): an output written into the buffer of
+    an input (``shared_bytes``), the base bytes made late left out, a resident buffer with the
+    bytes its readers read (``read_bytes``), a pinned one with those that stay (``kept_bytes``).
+    The least is then a bound on the peak of every plan the runtime runs, also where the problem
+    is not :attr:`~PlanningProblem.runtime_exact`; its plan may peak higher in the problem's own
+    accounting (simulate() it)."""
     p = problem
     n = p.n
     if n > max_nodes or p.can_swap:
         return None
-    size = [int(x) for x in p.size]
-    need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
+    # bytes of a resident buffer, and of a step beyond those resident (output, scratch)
+    if runtime:
+        read = p.size if p.read_bytes is None else p.read_bytes
+        size = [int(p._pinned_kept[v]) if p.pinned[v] else int(read[v]) for v in range(n)]
+        need = [int(p.size[v]) + int(p.scratch[v]) - int(p.shared_bytes[v]) for v in range(n)]
+        base = p.base_bytes - p.late_base_bytes
+    else:
+        size = [int(x) for x in p.size]
+        need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
+        base = p.base_bytes
     preds = [sum(1 << int(u) for u in p.pred_lists[v]) for v in range(n)]
     again = [bool(p.recomputable[v]) for v in range(n)]
     pinned = sum(1 << v for v in range(n) if p.pinned[v])
@@ -141,7 +157,6 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
         for w in p.succ_lists[v]:
             later[v] |= later[int(w)] | 1 << int(w)
     lower = [int(x) for x in p.order_free_need]
-    base = p.base_bytes
     # a companion (PlanningProblem.companion: bytes the runtime makes with its node and holds to
     # the end) runs right after its node's first compute, as the runtime makes them, never apart
     companion = [bool(x) for x in p.companion] if p.companion is not None else [False] * n
