@@ -539,26 +539,26 @@ class RematModel:
             m.Add(so == int(self.lo[v]) + orig.dur).OnlyEnforceIf(lit.Not())
             out_iv = m.NewOptionalFixedSizeIntervalVar(so, tr, lit, f"O{v}")
             lo_in = int(self.lo[v]) + orig.dur + tr
-            si = m.NewIntVar(lo_in, max(lo_in, int(self.hi[last]) - tr), f"SI{v}")
-            e = m.NewIntVar(lo_in + tr, self.horizon, f"EI{v}")
-            m.Add(si >= so + tr).OnlyEnforceIf(lit)
-            m.Add(si == lo_in).OnlyEnforceIf(lit.Not())
-            m.Add(e >= si + tr)
-            in_stream.append(m.NewOptionalFixedSizeIntervalVar(si, tr, lit, f"I{v}"))
-            idxs = [self._register(_Instance(v, SWAP_IN, si, e, lit, tr))]
             hi_in = max(lo_in, int(self.hi[last]) - tr)
-            for k in range(1, int(self.swap_ins[v])):
-                prev = self.inst[idxs[-1]]
-                lo_k = lo_in + k * tr
-                lit_k = m.NewBoolVar(f"w{v}_{k}")
-                si_k = m.NewIntVar(lo_k, max(lo_k, hi_in), f"SI{v}_{k}")
-                e_k = m.NewIntVar(lo_k + tr, self.horizon, f"EI{v}_{k}")
-                m.AddImplication(lit_k, prev.present)
-                m.Add(si_k >= prev.end).OnlyEnforceIf(lit_k)
-                m.Add(si_k == lo_k).OnlyEnforceIf(lit_k.Not())
-                m.Add(e_k >= si_k + tr)
-                in_stream.append(m.NewOptionalFixedSizeIntervalVar(si_k, tr, lit_k, f"I{v}_{k}"))
-                idxs.append(self._register(_Instance(v, SWAP_IN, si_k, e_k, lit_k, tr)))
+            idxs: list[int] = []
+            # the first swap-in is present with the swap-out and starts after it; the k-th with the
+            # one before, after that one's retention ends
+            for k in range(int(self.swap_ins[v])):
+                name, lo_k = (f"{v}_{k}" if k else f"{v}"), lo_in + k * tr
+                if k:
+                    prev = self.inst[idxs[-1]]
+                    lit_k, after = m.NewBoolVar(f"w{name}"), prev.end
+                else:
+                    lit_k, after = lit, so + tr
+                si = m.NewIntVar(lo_k, max(lo_k, hi_in), f"SI{name}")
+                e = m.NewIntVar(lo_k + tr, self.horizon, f"EI{name}")
+                if k:
+                    m.AddImplication(lit_k, prev.present)
+                m.Add(si >= after).OnlyEnforceIf(lit_k)
+                m.Add(si == lo_k).OnlyEnforceIf(lit_k.Not())
+                m.Add(e >= si + tr)
+                in_stream.append(m.NewOptionalFixedSizeIntervalVar(si, tr, lit_k, f"I{name}"))
+                idxs.append(self._register(_Instance(v, SWAP_IN, si, e, lit_k, tr)))
             self.swap_out[v] = (lit, so, tuple(idxs))
             out_stream.append(out_iv)
         if not out_stream:
