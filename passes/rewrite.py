@@ -474,13 +474,16 @@ class _Rewriter:
         a name the graph does not hold and the rewrite has not handed out; those names are then
         taken. A planned model planned again holds ``conv__rc1`` already: recomputing ``conv``
         there failed with "tensor name 'conv__rc1' is used twice" (exit 1, as if infeasible)."""
-        taken = self.edges.taken
-        outs = [self.g.tensors[t].name for t in node.outputs if t != NO_TENSOR]
+        names = (node.name, *(self.g.tensors[t].name for t in node.outputs if t != NO_TENSOR))
         suffix, j = stem, 0
-        while any(self.b.has(x + suffix) or x + suffix in taken for x in (node.name, *outs)):
+        while any(self._held(x + suffix) for x in names):
             suffix, j = f"{stem}_{j}", j + 1
-        taken.update(x + suffix for x in (node.name, *outs))
+        self.edges.taken.update(x + suffix for x in names)
         return suffix
+
+    def _held(self, name: str) -> bool:
+        """Is ``name`` the new graph's already, or one the graph's own nodes and tensors will take?"""
+        return self.b.has(name) or name in self.edges.taken
 
     def _fresh(self, stem: str) -> str:
         """``stem`` (or ``stem_k``), a name the new graph does not have yet and the graph's own nodes
@@ -488,10 +491,9 @@ class _Rewriter:
         ``d__sink`` ran after a recompute got a sink of that name, and the graph's own ``d__sink``
         then failed with "tensor name 'd__sink' is used twice" (bench/fuzz_e2e.py seed 23)."""
         name, k = stem, 0
-        taken = self.edges.taken
-        while self.b.has(name) or name in taken:
+        while self._held(name):
             name, k = f"{stem}_{k}", k + 1
-        taken.add(name)
+        self.edges.taken.add(name)
         return name
 
     def _free(self, tid: int) -> None:
