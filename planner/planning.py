@@ -288,10 +288,10 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
                             f"planner/pebble.py)")
     # not below the constant base, where no plan fits and the claim is said at once; within the
     # solve's limit or a quarter of it after (200 k states took 24 s on a fuzzed 19-node model)
-    exact = least_plan_any_order(problem, deadline=max(end, clock.now() + 0.25 * options.time_limit)) \
-        if problem.runtime_exact and searching else None
+    deadline = max(end, clock.now() + 0.25 * options.time_limit)
+    exact = least_plan_any_order(problem, deadline=deadline) if problem.runtime_exact and searching else None
     if not problem.runtime_exact and res.budget_bytes >= problem.base_bytes:
-        counted = _runtime_least(problem, res, options, end)
+        counted = _runtime_least(problem, res, options, end, deadline)
         if counted is not None:
             return counted
     if exact is None and low <= res.budget_bytes and (plan := _rescue(problem, res, options, True, end)):
@@ -636,7 +636,8 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     return out
 
 
-def _runtime_least(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, end: float) -> SolveResult | None:
+def _runtime_least(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, end: float,
+                   deadline: float) -> SolveResult | None:
     """For :func:`_any_order`, on a small problem whose accounting is not the runtime's
     (``PlanningProblem.runtime_exact`` false: an ONNX model's in-place outputs and the like): the
     exact search over every order's plans in the runtime's accounting (``least_plan_any_order``
@@ -647,9 +648,9 @@ def _runtime_least(problem: PlanningProblem, res: SolveResult, options: PlannerO
     within the budget above the bound. ``bench/fuzz_e2e.py``'s seed 5 (17 nodes) at 2789 bytes,
     ``--deterministic --time-limit 8``: no verdict before (its floor, 2768 bytes, is within the
     budget), now infeasible, least 2832 (122 k states; at ``--time-limit 3`` the search's deadline
-    ends it first, and the solve still ends without a verdict)."""
+    ends it first, and the solve still ends without a verdict). ``deadline``: the exact searches'
+    (:func:`_any_order`'s)."""
     budget = res.budget_bytes
-    deadline = max(end, clock.now() + 0.25 * options.time_limit)
     found = least_plan_any_order(problem, deadline=deadline, runtime=True)
     if found is None:
         return None
