@@ -392,52 +392,14 @@ def main_case(seed: int, work: Path, time_limit: float, more: bool) -> dict:
     budget = int(np.random.default_rng(10_000 + seed).integers(min(least, unplanned), unplanned + 1))
     r.update(unplanned=unplanned, least=least, budget=budget)
 
-    rc, so, se = cli("plan", str(path), "--budget", f"{budget}B", "--emit", str(out), "--deterministic",
-                     "--time-limit", str(time_limit), "--json", *common)
-    traceback_in(so, se)
-    r["plan_rc"] = rc
-    try:
-        plan = json.loads(so)
-    except json.JSONDecodeError:
-        plan = None
-        r["fail"].append(f"plan rc={rc}: stdout not one JSON object")
-    if rc in (1, 4):
-        r["outcome"] = "infeasible" if rc == 1 else "timeout"
-        if not one_line_error(se):
-            r["fail"].append(f"plan rc={rc} without one error line: {se.strip()[-300:]!r}")
-        if out.exists():
-            r["fail"].append("plan failed but wrote OUT.onnx")
-        if plan and rc == 1 and plan.get("status") not in ("infeasible", "over_budget"):
-            r["fail"].append(f"plan rc=1 with status {plan.get('status')}")
-        return r
-    if rc != 0 or plan is None:
-        r["fail"].append(f"plan rc={rc}: {se.strip()[-300:]!r}")
-        r["outcome"] = "plan-error"
-        return r
-    r["peak"] = plan["peak_bytes"]
-    r["added_pct"] = plan.get("added_time_pct")
-    if plan["status"] not in ("optimal", "feasible"):
-        r["fail"].append(f"plan exit 0 with status {plan['status']}")
-    if plan["peak_bytes"] is None or plan["peak_bytes"] > budget:
-        r["fail"].append(f"plan peak {plan['peak_bytes']} over budget {budget}")
-    if not out.exists():
-        r["fail"].append("plan exit 0 but no OUT.onnx")
-        r["outcome"] = "plan-error"
-        return r
-
-    rc, so, se = cli("verify", str(path), str(out), "--json")
-    traceback_in(so, se)
-    r["verify_rc"] = rc
-    r["outcome"] = "verified"
-    try:
-        v = json.loads(so)
-    except json.JSONDecodeError:
-        r["fail"].append(f"verify rc={rc}: {se.strip()[-300:]!r}")
-        return r
-    r["verify"] = v
-    if rc != 0:
-        r["fail"].append(f"verify rc={rc}: {se.strip()[-300:]!r}")
-    check_verify(v, budget, r)
+    outcome, fails, plan, v = plan_and_verify(path, budget, out, common, path, budget, time_limit, r)
+    r["fail"] += fails
+    r["outcome"] = outcome
+    if plan is not None and r["plan_rc"] == 0:
+        r["peak"] = plan["peak_bytes"]
+        r["added_pct"] = plan.get("added_time_pct")
+    if v is not None:
+        r["verify"] = v
     return r
 
 
@@ -445,9 +407,21 @@ def planned_run(r: dict, tag: str, model: Path, budget: int | str, out: Path, ex
                 limit: int | None, time_limit: float) -> str:
     """One more ``plan ... --emit`` (then ``verify`` where it planned) under the main case's rules;
     failures go to r["fail"] prefixed with ``tag``; returns the outcome."""
+    outcome, fails, _, _ = plan_and_verify(model, budget, out, extra, verify_ref, limit, time_limit)
+    r["fail"] += [f"{tag}: {f}" for f in fails]
+    return outcome + (" FAIL" if fails else "")
+
+
+def plan_and_verify(model: Path, budget: int | str, out: Path, extra: list, verify_ref: Path, limit: int | None,
+                    time_limit: float, codes: dict | None = None) -> tuple[str, list, dict | None, dict | None]:
+    """``plan MODEL --budget B --emit OUT --json`` and, where it planned, ``verify VERIFY_REF OUT --json``,
+    checked as the module docstring says (``limit``: the budget in bytes; None: the plan's own).
+    (outcome, failures, the plan object, the verify object); ``codes`` gets plan_rc and verify_rc."""
     fails: list = []
+    codes = {} if codes is None else codes
     rc, so, se = cli("plan", str(model), "--budget", budget if isinstance(budget, str) else f"{budget}B",
                      "--emit", str(out), "--deterministic", "--time-limit", str(time_limit), "--json", *extra)
+    codes["plan_rc"] = rc
     if "Traceback" in so + se:
         fails.append("traceback")
     try:
@@ -456,39 +430,40 @@ def planned_run(r: dict, tag: str, model: Path, budget: int | str, out: Path, ex
         plan = None
         if rc in (0, 1, 4):
             fails.append(f"plan rc={rc}: stdout not one JSON object")
-    outcome = "plan-error"
     if rc in (1, 4):
-        outcome = "infeasible" if rc == 1 else "timeout"
         if not one_line_error(se):
             fails.append(f"plan rc={rc} without one error line: {se.strip()[-300:]!r}")
         if out.exists():
             fails.append("plan failed but wrote OUT.onnx")
-    elif rc != 0 or plan is None:
+        if plan and rc == 1 and plan.get("status") not in ("infeasible", "over_budget"):
+            fails.append(f"plan rc=1 with status {plan.get('status')}")
+        return ("infeasible" if rc == 1 else "timeout"), fails, plan, None
+    if rc != 0 or plan is None:
         fails.append(f"plan rc={rc}: {se.strip()[-300:]!r}")
-    elif not out.exists():
+        return "plan-error", fails, plan, None
+    if plan["status"] not in ("optimal", "feasible"):
+        fails.append(f"plan exit 0 with status {plan['status']}")
+    if limit is None:
+        limit = plan.get("budget_bytes") or plan["peak_bytes"]
+    if plan["peak_bytes"] is None or plan["peak_bytes"] > limit:
+        fails.append(f"plan peak {plan['peak_bytes']} over budget {limit}")
+    if not out.exists():
         fails.append("plan exit 0 but no OUT.onnx")
-    else:
-        outcome = "verified"
-        if limit is None:
-            limit = plan.get("budget_bytes") or plan["peak_bytes"]
-        if plan["peak_bytes"] is None or plan["peak_bytes"] > limit:
-            fails.append(f"plan peak {plan['peak_bytes']} over budget {limit}")
-        rc, so, se = cli("verify", str(verify_ref), str(out), "--json")
-        if "Traceback" in so + se:
-            fails.append("verify traceback")
-        try:
-            v = json.loads(so)
-        except json.JSONDecodeError:
-            v = None
-            fails.append(f"verify rc={rc}: {se.strip()[-300:]!r}")
-        if v is not None:
-            if rc != 0:
-                fails.append(f"verify rc={rc}: {se.strip()[-300:]!r}")
-            sub: dict = {"fail": []}
-            check_verify(v, limit, sub)
-            fails += sub["fail"]
-    r["fail"] += [f"{tag}: {f}" for f in fails]
-    return outcome + (" FAIL" if fails else "")
+        return "plan-error", fails, plan, None
+    rc, so, se = cli("verify", str(verify_ref), str(out), "--json")
+    codes["verify_rc"] = rc
+    if "Traceback" in so + se:
+        fails.append("verify traceback")
+    try:
+        v = json.loads(so)
+    except json.JSONDecodeError:
+        fails.append(f"verify rc={rc}: {se.strip()[-300:]!r}")
+        return "verified", fails, plan, None
+    if rc != 0:
+        fails.append(f"verify rc={rc}: {se.strip()[-300:]!r}")
+    sub: dict = {"fail": []}
+    check_verify(v, limit, sub)
+    return "verified", fails + sub["fail"], plan, v
 
 
 def path_forward(r: dict, work: Path, time_limit: float) -> str:
