@@ -154,7 +154,7 @@ def explain_table(entries: list[dict[str, Any]], only_changed: bool = False) -> 
     for e in entries:
         if only_changed and e["decision"] == "keep":
             continue
-        rows.append((str(e["node"]), e["name"][:28], format_bytes(e["size_bytes"]), f"{e['cost']:g}",
+        rows.append((str(e["node"]), e["name"], format_bytes(e["size_bytes"]), f"{e['cost']:g}",
                      f"{e['live'][0]}-{e['live'][1]}", e["decision"], e["why"]))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(6)) + "  " + r[6] for r in rows]

@@ -91,19 +91,21 @@ def inspect_table(info: dict[str, Any]) -> str:
         "",
         f"largest tensors live at the peak ({len(info['live_at_peak'])} shown):",
     ]
-    header = ("tensor", "shape", "dtype", "size", "producer", "steps")
+    # the name last and in full: it is what --json, --explain and the ONNX file call the tensor, so
+    # a user copies it (cut to 48 characters, "<name> (in place of <other>)" lost <other>, and
+    # torch's long names that differ only near the end read the same); last, no width pads the rest
+    header = ("shape", "dtype", "size", "producer", "steps", "tensor")
     rows = [
-        (r["tensor"] + (f" (in place of {r['in_place_of']})" if "in_place_of" in r else ""),
-         "x".join(map(str, r["shape"])) or "scalar", r["dtype"], format_bytes(r["bytes"]),
-         r["op_type"], f"{r['alloc_step']}-{r['free_step']}")
+        ("x".join(map(str, r["shape"])) or "scalar", r["dtype"], format_bytes(r["bytes"]),
+         r["op_type"], f"{r['alloc_step']}-{r['free_step']}",
+         r["tensor"] + (f" (in place of {r['in_place_of']})" if "in_place_of" in r else ""))
         for r in info["live_at_peak"]
     ]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    widths[0] = min(widths[0], 48)
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header[:-1])]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
     lines.append("  " + fmt.format(*header))
     for r in rows:
-        lines.append("  " + fmt.format(r[0][:48], *r[1:]))
+        lines.append("  " + fmt.format(*r))
     return "\n".join(lines)
 
 

@@ -296,3 +296,34 @@ def test_the_copy_of_an_initializer_that_is_an_output_is_named_at_the_peak(tmp_p
     assert sum(r["bytes"] for r in info["live_at_peak"]) + info["output_copy_bytes"] == info["dynamic_peak_bytes"]
     rc, out, err = memplan("inspect", path)
     assert rc == 0 and "incl. 1.00 KiB of ORT's copies of the initializers that are outputs" in out, out
+
+
+def test_a_long_tensor_name_is_listed_in_full(tmp_path):
+    """The table cut names at 48 characters: "<long name> (in place of <other>)" lost the tensor it
+    takes over, and torch-style names that differ only near the end read the same."""
+    a, b = "encoder_layers_0_attention_output_dense_pre_activation", "encoder_layers_0_mlp_activation_fn_out"
+    path = tmp_path / "long.onnx"
+    onnx.save_model(parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[64, 64] x) => (float[64, 64] y)
+        {{
+            h = Add(x, x)
+            {a} = Relu(h)
+            {b} = Sigmoid({a})
+            y = Add({b}, h)
+        }}"""), str(path))
+    rc, out, err = memplan("inspect", path)
+    assert rc == 0, err
+    assert f"  {b} (in place of {a})\n" in out + "\n"
+
+
+def test_explains_table_lists_names_in_full():
+    """--explain's table cut names to their first 28 characters: torch names that differ only near
+    the end ("/model/layers.0/self_attn/q_proj/MatMul_output_0", ".../k_proj/...") read the same."""
+    from planner.explain import explain_table
+
+    names = ["/model/layers.0/self_attn/q_proj/MatMul_output_0", "/model/layers.0/self_attn/k_proj/MatMul_output_0"]
+    rows = [{"node": i, "name": n, "size_bytes": 64, "cost": 1.0, "live": (0, 1), "decision": "keep", "why": "-"}
+            for i, n in enumerate(names)]
+    table = explain_table(rows)
+    assert all(f"  {n}  " in table for n in names)
