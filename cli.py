@@ -1942,6 +1942,11 @@ def _plan_field_error(obj: dict) -> str | None:
     return None
 
 
+#: --plot of the bench commands (inspect --plot's formats).
+PLOT_OPTION = dict(type=click.Path(dir_okay=False), default=None,
+                   help="Write a plot: PNG, SVG or PDF by the file's extension (none: PNG).")
+
+
 def _bench_group() -> click.Group:
     """The shared ``bench`` group (other benchmarks add their own subcommands to it)."""
     grp = main.commands.get("bench")
@@ -1971,35 +1976,23 @@ def _bench_group() -> click.Group:
               help="With --swap-bandwidth: transfers overlap compute.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the rows as JSON.")
 @click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
+@click.option("--plot", **PLOT_OPTION)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 @handles_errors
 def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, seed, fixed_order, deterministic,
-                swap_bandwidth, swap_overlap, output, md_path, as_json) -> None:
+                swap_bandwidth, swap_overlap, output, md_path, plot, as_json) -> None:
     """keep/recompute (with --swap-bandwidth also swap) strategies on the Checkmate/Moccasin train graphs at a
     sweep of budgets."""
-    from pathlib import Path
-
     from planner import remat_bench
     from planner.cpsat import PlannerOptions
-    from planner.fileio import atomic_write
     from planner.planning import STRATEGIES
-    from planner.units import percent_fraction
 
     _check_swap_bandwidth(swap_bandwidth, swap_overlap)
-    folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / "remat"
-    if not folder.is_dir() and directory:
-        raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/remat")
-    if not folder.is_dir():
-        # The default lies beside a checkout; an installed memplan (pip install, a wheel) has none beside it.
-        raise UsageError(f"no remat benchmark graphs at {str(folder)!r} (shared/benchmarks/remat beside the "
-                         "checkout; an installed memplan has no checkout there): give their folder with --dir FOLDER")
-    _output_paths_ok({"-o": output, "--markdown": md_path}, [str(p) for p in sorted(folder.glob("*.json"))])
-    try:
-        fractions = [percent_fraction(x) for x in budgets.split(",") if x.strip()]
-    except (ValueError, OverflowError):
-        raise UsageError(f"--budgets {budgets!r} must be comma-separated percentages, e.g. 90,50") from None
-    if not fractions or any(not 0 < f <= 10 for f in fractions):
-        raise UsageError(f"--budgets {budgets!r} must be percentages in (0, 1000]")
+    folder = _bench_folder(directory, "remat", "remat benchmark graphs")
+    _output_paths_ok({"-o": output, "--markdown": md_path, "--plot": plot},
+                     [str(p) for p in sorted(folder.glob("*.json"))])
+    plot_fmt = _plot_format("--plot", plot)
+    fractions = _bench_budgets(budgets)
     strats = [s.strip() for s in strategies.split(",") if s.strip()]
     bad = [s for s in strats if s not in STRATEGIES]
     if bad or not strats:
@@ -2017,14 +2010,154 @@ def bench_remat(directory, graphs, budgets, strategies, time_limit, workers, see
     obj = {"schema": "memplan.bench.remat/1", "workers": workers, "seed": seed, "time_limit_s": time_limit,
            "deterministic": deterministic, "fixed_order": fixed_order, "swap_bandwidth": swap_bandwidth,
            "swap_overlap": swap_overlap if swap_bandwidth is not None else None, "rows": rows}
-    if output:
-        atomic_write(output, json.dumps(obj, indent=2) + "\n")
-    if md_path:
-        atomic_write(md_path, remat_bench.markdown(rows))
+    _bench_report(obj, as_json, lambda: remat_bench.table(rows), [
+        (output, lambda: json.dumps(obj, indent=2) + "\n"), (md_path, lambda: remat_bench.markdown(rows)),
+        (plot, lambda: remat_bench.plot(rows, plot_fmt))])
+
+
+def _bench_report(obj: dict, as_json: bool, text: Callable[[], str],
+                  files: list[tuple[str | None, Callable[[], str | bytes]]]) -> None:
+    """A bench command's results: each (path, contents) file that was asked for, written atomically,
+    then the rows as one JSON object (--json) or the table on stdout."""
+    from planner.fileio import atomic_write
+
+    for path, contents in files:
+        if path:
+            atomic_write(path, contents())
     if as_json:
         emit_json(obj)
     else:
-        click.echo(remat_bench.table(rows))
+        click.echo(text())
+
+
+def _bench_folder(directory: str | None, suite: str, what: str):
+    """The folder a bench command reads: --dir, or ../shared/benchmarks/SUITE beside the checkout."""
+    from pathlib import Path
+
+    folder = Path(directory) if directory else Path(__file__).resolve().parent.parent / "shared" / "benchmarks" / suite
+    if not folder.is_dir() and directory:
+        raise UsageError(f"--dir {str(folder)!r} is not a folder; point it at shared/benchmarks/{suite}")
+    if not folder.is_dir():
+        # The default lies beside a checkout; an installed memplan (pip install, a wheel) has none beside it.
+        raise UsageError(f"no {what} at {str(folder)!r} (shared/benchmarks/{suite} beside the "
+                         "checkout; an installed memplan has no checkout there): give their folder with --dir FOLDER")
+    return folder
+
+
+def _bench_budgets(budgets: str) -> list[float]:
+    """--budgets of the bench commands: comma-separated percentages of the unplanned peak, as fractions."""
+    from planner.units import percent_fraction
+
+    try:
+        fractions = [percent_fraction(x) for x in budgets.split(",") if x.strip()]
+    except (ValueError, OverflowError):
+        raise UsageError(f"--budgets {budgets!r} must be comma-separated percentages, e.g. 90,50") from None
+    if not fractions or any(not 0 < f <= 10 for f in fractions):
+        raise UsageError(f"--budgets {budgets!r} must be percentages in (0, 1000]")
+    return fractions
+
+
+def _plot_format(option: str, path: str | None) -> str | None:
+    """--plot's image format (by the file's extension), checked before any work; None without it."""
+    from planner.report import plot_format
+
+    return plot_format(option, path) if path else None
+
+
+@_bench_group().command("alloc")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Folder of the MiniMalloc CSV instances (default: ../shared/benchmarks/minimalloc/challenging "
+                   "beside the checkout).")
+@click.option("--instance", "instances", multiple=True, help="Instance name (A, B, ..., K); repeatable. Default: all.")
+@click.option("--time-limit", type=FiniteFloat(min=0), default=60.0, show_default=True,
+              help="Seconds of search per instance.")
+@click.option("--no-minimize", is_flag=True, help="Skip C's minimization (its least height, beside its fit).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the rows as JSON.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
+@click.option("--plot", **PLOT_OPTION)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+@handles_errors
+def bench_alloc(directory, instances, time_limit, no_minimize, output, md_path, plot, as_json) -> None:
+    """The static allocator (memplan alloc) on MiniMalloc's challenging suite: each instance at the capacity
+    in its file name, validated; exit 1 where a placement fails validation."""
+    import time
+
+    from planner import alloc_bench
+
+    folder = _bench_folder(directory, "minimalloc/challenging", "MiniMalloc instances")
+    _output_paths_ok({"-o": output, "--markdown": md_path, "--plot": plot},
+                     [str(p) for p in sorted(folder.glob("*.csv"))], onnx_inputs=False)
+    plot_fmt = _plot_format("--plot", plot)
+    try:
+        files = alloc_bench.find_instances(folder, instances)
+    except KeyError as err:
+        names = ", ".join(p.name.split(".")[0] for p in alloc_bench.find_instances(folder)) or "none"
+        raise UsageError(f"--instance {err.args[0]!r} is not in {folder} (it holds: {names})") from None
+    if not files:
+        raise UsageError(f"no MiniMalloc instances (NAME.CAPACITY.csv) found in {folder}")
+    t0 = time.perf_counter()
+    rows = alloc_bench.run(files, time_limit, minimize=not no_minimize)
+    total = time.perf_counter() - t0
+    obj = {"schema": "memplan.bench.alloc/1", "time_limit_s": time_limit, "total_seconds": round(total, 2),
+           "rows": rows}
+    _bench_report(obj, as_json, lambda: alloc_bench.table(rows), [
+        (output, lambda: json.dumps(obj, indent=2) + "\n"), (md_path, lambda: alloc_bench.markdown(rows, total)),
+        (plot, lambda: alloc_bench.plot(rows, plot_fmt))])
+    if not all(r["validated"] for r in rows):
+        bad = ", ".join(r["instance"] for r in rows if not r["validated"])
+        click.echo(f"memplan: error: the placement of {bad} failed validation", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+@_bench_group().command("zoo")
+@click.option("--only", "names", multiple=True, help="Zoo model (mlp, cnn, resnet, unet, gpt); repeatable. Default: all, "
+              "each at its own small default size.")
+@click.option("--budgets", default="80,60,50", show_default=True, help="Percentages of the unplanned training peak.")
+@click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen"]), default="cpsat", show_default=True,
+              help="How each plan is made.")
+@click.option("--time-limit", type=FiniteFloat(min=0.1), default=20.0, show_default=True, help="CP-SAT seconds per plan.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="CP-SAT search workers.")
+@click.option("--seed", **SEED_OPTION)
+@click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the rows as JSON.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False), default=None, help="Write the table as Markdown.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+@handles_errors
+def bench_zoo(names, budgets, strategy, time_limit, workers, seed, deterministic, output, md_path, as_json) -> None:
+    """Plan each zoo model's training step at a sweep of budgets, emit it and verify it in CPU ORT against the
+    unplanned step (outputs equal, measured peak over predicted); exit 1 where a verified plan's outputs differ."""
+    import models
+    from passes.autodiff import training_graph
+    from passes.onnx_export import export_model
+    from passes.onnx_import import import_model
+    from passes.zoo_bench import SMALL, cells, markdown, table, verify_row
+    from planner.cpsat import PlannerOptions
+    from planner.remat_bench import _percent
+
+    bad = [n for n in names if n not in models.ZOO]
+    if bad:
+        raise UsageError(f"--only {bad[0]!r} is not a zoo model; use any of {', '.join(SMALL)}")
+    _output_paths_ok({"-o": output, "--markdown": md_path}, [])
+    pcts = [_percent(f) for f in _bench_budgets(budgets)]
+    _, node_time, _ = _device_costs("cpu")  # verified on CPU ORT: the prediction is CPU's
+    options = PlannerOptions(time_limit=time_limit, workers=workers, seed=seed, work_limit=deterministic)
+    rows = []
+    for name in dict.fromkeys(names or SMALL):
+        graph = training_graph(import_model(f"zoo:{name}", {}))
+        ref = export_model(graph)
+        feeds = models.example_feeds(ref, seed=0)
+        for pct in pcts:
+            rows.append(verify_row(name, graph, ref, feeds, pct, strategy, node_time, options))
+            log.warning("zoo:%s %g%%: %s", name, pct, " ".join(cells(rows[-1])[2:]))
+    obj = {"schema": "memplan.bench.zoo/1", "strategy": strategy, "workers": workers, "seed": seed,
+           "time_limit_s": time_limit, "deterministic": deterministic, "rows": rows}
+    _bench_report(obj, as_json, lambda: table(rows), [
+        (output, lambda: json.dumps(obj, indent=2) + "\n"), (md_path, lambda: markdown(rows))])
+    differ = [f"zoo:{r['model']} at {r['budget_pct']:g}%" for r in rows if r.get("equal") is False]
+    if differ:
+        click.echo(f"memplan: error: the planned step's outputs differ from the unplanned one's: {', '.join(differ)}",
+                   err=True)
+        sys.exit(EXIT_FAILED)
 
 
 # ---- memplan alloc: static arena offsets (planner/alloc.py) ------------------------------------

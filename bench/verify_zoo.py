@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -29,10 +28,8 @@ import models  # noqa: E402
 from passes.autodiff import training_graph  # noqa: E402
 from passes.onnx_export import export_model  # noqa: E402
 from passes.onnx_import import import_model  # noqa: E402
-from passes.plan_model import plan_graph  # noqa: E402
-from passes.verify import verify_models  # noqa: E402
+from passes.zoo_bench import verify_row  # noqa: E402
 from planner.cpsat import PlannerOptions  # noqa: E402
-from planner.liveness import MemoryModel, analyze  # noqa: E402
 from cli import _device_costs  # noqa: E402
 
 ZOO = {name: f"zoo:{name}?batch={b}" for name, b in
@@ -79,37 +76,17 @@ def main() -> None:
         graph = training_graph(import_model(spec, dims))
         ref = export_model(graph)
         feeds = models.example_feeds(ref, seed=0)
-        unplanned = analyze(graph).peak_bytes
         for pct in (int(x) for x in args.budgets.split(",")):
-            budget = math.ceil(unplanned * pct / 100)
-            pm = plan_graph(graph, budget, strategy=args.strategy, node_time=node_time, time_unit="s",
-                            options=PlannerOptions(time_limit=args.time_limit, workers=args.workers, seed=0,
-                                                   work_limit=args.deterministic))
-            row = {"model": name, "budget_pct": pct, "budget_bytes": budget, "unplanned_bytes": unplanned,
-                   "status": pm.result.status}
-            if pm.ok:
-                base = pm.planned.base_bytes
-                lv = analyze(pm.planned, model=MemoryModel(host_copies_resident=True))
-                predicted = lv.dynamic_peak
-                rep = verify_models(ref, export_model(pm.planned), feeds, predicted_planned_peak=predicted,
-                                    predicted_allocator_peak=lv.allocator_dynamic_peak,
-                                    base_bytes=base,
-                                    predicted_time_overhead=pm.result.added_time / max(pm.result.compute_time, 1e-300))
-                row.update(predicted=base + predicted, measured=base + rep.planned_peak,
-                           ratio=rep.planned_peak / max(1, rep.compared_prediction), measured_by=rep.method,
-                           rss_ratio=rep.planned_rss_peak / max(1, predicted),
-                           over_budget=(base + rep.planned_peak) / budget, equal=rep.outputs_equal,
-                           default_ratio=rep.planned_default_peak / max(1, predicted),
-                           no_arena_ratio=rep.planned_default_no_arena_peak / max(1, predicted),
-                           pred_time=rep.predicted_time_overhead,
-                           meas_time=rep.planned_seconds / rep.reference_seconds - 1,
-                           seconds=[rep.reference_seconds, rep.planned_seconds])
-                print(f"{name:12s} {pct:5d}% {pm.result.status:>8s} {row['predicted'] / 2**20:9.2f} "
+            row = verify_row(name, graph, ref, feeds, pct, args.strategy, node_time,
+                             PlannerOptions(time_limit=args.time_limit, workers=args.workers, seed=0,
+                                            work_limit=args.deterministic))
+            if "equal" in row:
+                print(f"{name:12s} {pct:5d}% {row['status']:>8s} {row['predicted'] / 2**20:9.2f} "
                       f"{row['measured'] / 2**20:9.2f} {row['ratio']:9.3f} {row['rss_ratio']:8.3f} {row['over_budget']:11.3f} "
                       f"{str(row['equal']):>5s} {row['default_ratio']:9.2f} {row['no_arena_ratio']:12.2f} "
                       f"{100 * row['pred_time']:8.1f} {100 * row['meas_time']:8.1f}", flush=True)
             else:
-                print(f"{name:12s} {pct:5d}% {pm.result.status:>8s}  (least: {pm.result.least_bytes})", flush=True)
+                print(f"{name:12s} {pct:5d}% {row['status']:>8s}  (least: {row['least_bytes']})", flush=True)
             rows.append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -13,6 +12,7 @@ from typing import Any, Callable, Iterable
 from planner.cpsat import PlannerOptions
 from planner.planning import solve
 from planner.problem import PlanningProblem, load_remat_json
+from planner.report import markdown_table, text_table
 from planner.units import format_gap
 
 log = logging.getLogger(__name__)
@@ -135,16 +135,21 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    body = [HEADER] + [_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body)
+    return text_table(HEADER, [_cells(r) for r in rows])
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(_escape(c) for c in _cells(r)) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(HEADER, [_cells(r) for r in rows])
 
 
-def _escape(text: str) -> str:
-    return re.sub(r"\|", r"\\|", text)
+def plot(rows: list[dict[str, Any]], fmt: str = "png") -> bytes:
+    """Added time (% of compute) vs budget (% of the no-remat peak), one line per strategy, one
+    panel per graph, as a ``fmt`` image (planner.report.PLOT_FORMATS). Only plans that fit their
+    budget are drawn (an over-budget row's added time is no point on the curve)."""
+    from planner.sweep import sweep_panels
+
+    panels: dict[str, list[tuple[str, float, float | None]]] = {}
+    for r in rows:
+        panels.setdefault(f"{r['graph']} (N={r['n']})", []).append(
+            (r["strategy"], r["budget_pct"], r["added_pct"] if r["status"] in ("optimal", "feasible") else None))
+    return sweep_panels(panels, fmt)

@@ -1,9 +1,10 @@
-"""Human-facing summaries of a Liveness: the inspect table, its JSON form and the timeline plot."""
+"""Human-facing summaries of a Liveness: the inspect table, its JSON form and the timeline plot; and
+the text and Markdown tables of the bench commands."""
 from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -107,6 +108,20 @@ def inspect_table(info: dict[str, Any]) -> str:
     for r in rows:
         lines.append("  " + fmt.format(*r))
     return "\n".join(lines)
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, as the bench commands print their tables."""
+    body = [tuple(header)] + [tuple(r) for r in rows]
+    widths = [max(len(line[i]) for line in body) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table; a ``|`` in a cell is escaped."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 #: Image formats a plot is written in, by the file's extension; a file without one gets a PNG.
