@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from planner import interrupt
 from planner.costs import ort_profile_providers, read_ort_profile
 from planner.errors import UsageError
 from planner.graph import Graph, Node
@@ -112,11 +113,16 @@ def measure(graph: Graph, runs: int = RUNS, seed: int = 0, threads: int = 1) -> 
         so.intra_op_num_threads = threads
         so.log_severity_level = 4
         ort.set_default_logger_severity(4)  # a GPU build on a machine without one: CPU, silently
+        run = ort.RunOptions()  # terminated by a signal (interrupt.stopping): a step can take seconds
+        run.log_severity_level = 4
         try:
             session = ort.InferenceSession(model, so, providers=wanted)
-            for _ in range(runs + 1):
-                session.run(None, feeds)
+            with interrupt.stopping(lambda: setattr(run, "terminate", True)):
+                for _ in range(runs + 1):
+                    session.run(None, feeds, run)
         except Exception as err:  # noqa: BLE001 - ORT raises its own exception types
+            if run.terminate:
+                interrupt.deliver()  # the signal's handler raises (exit 130 or 143), not this error
             raise UsageError(f"--costs measured: ONNX Runtime could not run the training step "
                              f"({str(err).splitlines()[0]}); use a device profile (--device)") from None
         finally:

@@ -932,6 +932,76 @@ def test_a_signal_while_an_extension_loads_exits_as_interrupted(tmp_path, signum
     assert list(tmp_path.iterdir()) == []
 
 
+SIGNAL_IN_A_PROFILED_STEP = r"""
+import os, signal, sys, threading, time
+sys.path.insert(0, {root!r})
+import onnxruntime as ort
+from onnx import TensorProto as T, helper as h
+import cli
+
+SIGNUM = int(sys.argv[2])
+# a training step that holds ORT's run for hours unless its RunOptions is terminated: 10**12 Adds
+body = h.make_graph([h.make_node("Add", ["x_in", "one"], ["x_out"]), h.make_node("Identity", ["c_in"], ["c_out"])],
+                    "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
+                             h.make_tensor_value_info("x_in", T.FLOAT, [1])],
+                    [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("x_out", T.FLOAT, [1])],
+                    [h.make_tensor("one", T.FLOAT, [1], [1.0])])
+step = h.make_graph([h.make_node("Loop", ["n", "", "x0"], ["x"], body=body)], "step", [],
+                    [h.make_tensor_value_info("x", T.FLOAT, [1])],
+                    [h.make_tensor("n", T.INT64, [], [10**12]), h.make_tensor("x0", T.FLOAT, [1], [0.0])])
+LONG = ort.InferenceSession(h.make_model(step, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+                            .SerializeToString(), providers=["CPUExecutionProvider"])
+real_run = ort.InferenceSession.run
+main = threading.main_thread().ident
+
+
+def run(self, output_names, input_feed, run_options=None):
+    if sys._getframe(1).f_code.co_name != "measure":
+        return real_run(self, output_names, input_feed, run_options)
+    return real_run(LONG, None, {{}}, run_options)  # --costs measured profiles a long step
+
+
+def in_the_step() -> bool:
+    frame = sys._current_frames().get(main)
+    return frame is not None and frame.f_code.co_name == "run" and frame.f_locals.get("self") is LONG
+
+
+def signal_in_the_step() -> None:
+    while not (in_the_step() and (time.sleep(1) or in_the_step())):
+        time.sleep(0.05)
+    os.kill(os.getpid(), SIGNUM)  # the job cancelled (or Ctrl-C) while ORT runs the step
+
+
+ort.InferenceSession.run = run
+threading.Thread(target=signal_in_the_step, daemon=True).start()
+sys.argv = ["memplan", "plan", "zoo:mlp", "--budget", "80%", "--costs", "measured", "-o", sys.argv[1]]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("signum, code, line", [(15, 143, "memplan: terminated"), (2, 130, "memplan: aborted")])
+def test_a_signal_while_measuring_costs_stops_the_profiled_step(tmp_path, signum, code, line):
+    """``--costs measured`` profiles the training step in-process, and a signal waited for ORT's run
+    of the step to end (``plan zoo:cnn?batch=3072 --budget 70% --costs measured``, SIGTERM while
+    profiling: exit after 1.84 and 2.37 s; a step of minutes held it for minutes). Now the signal
+    terminates the run (ORT's RunOptions.terminate) and memplan exits 143 (130) with one line."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "plan.json"
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_IN_A_PROFILED_STEP.format(root=str(ROOT)), str(out),
+                             str(signum)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)  # the step runs for hours unless terminated
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("memplan plan went on profiling the step after the signal")
+    assert proc.returncode == code and stderr.strip() == line, stderr
+    assert stdout == "" and list(tmp_path.iterdir()) == []
+
+
 def test_in_process_cli_gives_back_the_callers_signal_handlers(tmp_path, monkeypatch):
     """The CLI run in-process (CliRunner, as tests and library users run it) left its SIGTERM
     handler and its wakeup fd installed after it returned: the caller's SIGTERM then printed
