@@ -1417,6 +1417,10 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if costs != "device" and max_batch:
         raise UsageError("--max-batch plans a new graph per batch and needs a device profile; drop --costs "
                          "(or plan one batch with --dim batch=N --costs ...)")
+    if deterministic and costs == "measured":
+        # the solve repeats, its op times do not (zoo:cnn at 70%, three runs: added 12.94%, 9.42%, 13.00%)
+        log.warning("--costs measured times the ops afresh each run, so this --deterministic plan (and its digest) "
+                    "can differ from run to run; profile the step once and pass --costs PROFILE.json to repeat it")
     if sweep_png:
         return _sweep(model, sweep_png, options, device_name, swap, parse_dims(dims), forward, train,
                       swap_bandwidth, swap_overlap, as_json, costs)
