@@ -124,7 +124,8 @@ def measure(graph: Graph, runs: int = RUNS, seed: int = 0, threads: int = 1) -> 
             if run.terminate:
                 interrupt.deliver()  # the signal's handler raises (exit 130 or 143), not this error
             raise UsageError(f"--costs measured: ONNX Runtime could not run the training step "
-                             f"({str(err).splitlines()[0]}); use a device profile (--device)") from None
+                             f"({str(err).splitlines()[0]}); plan with --costs device (the --device profile's "
+                             "estimates) instead") from None
         finally:
             ort.set_default_logger_severity(2)  # ORT's default (warnings)
         provider = session.get_providers()[0]

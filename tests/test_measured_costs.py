@@ -171,3 +171,32 @@ def test_deterministic_with_measured_costs_says_the_plan_can_change(caplog):
         assert len(said) == warned, extra
         assert not warned or "--costs PROFILE.json" in said[0]
 
+
+def test_a_model_ort_cannot_run_names_the_op_and_the_costs_that_plan_it(tmp_path, monkeypatch):
+    """A float64 Softplus (no CPU kernel in ORT) under --costs measured: one line naming the node,
+    but its fix said "use a device profile (--device)", and with --device added it failed the same
+    way. Now it names --costs device. Nothing is left in the temp folder or beside the model."""
+    import tempfile
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["a"]), helper.make_node("Softplus", ["a"], ["b"]),
+                           helper.make_node("ReduceSum", ["b"], ["loss"], keepdims=0)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [8, 16])],
+                          [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])], [w])
+    model = tmp_path / "softplus64.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(model))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    out = tmp_path / "p.json"
+    for extra in ([], ["--device", "A100"]):
+        r = CliRunner().invoke(cli.main, ["plan", str(model), "--budget", "95%", "--costs", "measured", "-o", str(out),
+                                          *extra])
+        assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+        assert "Softplus" in r.output and "--costs device" in r.output, r.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["softplus64.onnx", "temp"]
+        assert list(temp.iterdir()) == []
