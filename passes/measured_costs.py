@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 from planner import interrupt
 from planner.costs import ort_profile_providers, read_ort_profile
-from planner.errors import UsageError
+from planner.errors import UsageError, first_line
 from planner.graph import Graph, Node
 
 #: Profiled runs besides the first (warm-up) one; each node's time is the median over all of them.
@@ -124,7 +124,7 @@ def measure(graph: Graph, runs: int = RUNS, seed: int = 0, threads: int = 1) -> 
             if run.terminate:
                 interrupt.deliver()  # the signal's handler raises (exit 130 or 143), not this error
             raise UsageError(f"--costs measured: ONNX Runtime could not run the training step "
-                             f"({str(err).splitlines()[0]}); plan with --costs device (the --device profile's "
+                             f"({first_line(err)}); plan with --costs device (the --device profile's "
                              "estimates) instead") from None
         finally:
             ort.set_default_logger_severity(2)  # ORT's default (warnings)

@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper, shape_inference
 from passes.mem_pattern import mark_mem_pattern_off
 from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE,
                                 RAW_DATA_FIELD, SHAPES_KEY, field_head, is_stub)
-from planner.errors import GraphError, ModelImportError
+from planner.errors import GraphError, ModelImportError, first_line
 from planner.fileio import atomic_write, write_mode, write_target
 from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name, gc_paused
 from planner.units import format_bytes
@@ -284,7 +284,7 @@ def function_body(
         onnx.checker.check_model(inferred)
     except (onnx.checker.ValidationError, shape_inference.InferenceError) as err:
         log.warning("node %r (%s) kept as one node, ORT will run its body late: %s", node.name, node.op_type,
-                    str(err).splitlines()[0] if str(err) else type(err).__name__)
+                    first_line(err))
         return [node], []
     boundary = set(known) | {""}
     renames: dict[str, str] = {}
@@ -326,8 +326,7 @@ def check_model(model: onnx.ModelProto | str, full: bool = True) -> None:
     try:
         _check_model(model, full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
-        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise GraphError(f"onnx's checker refuses the model memplan built ({first}); this is a memplan bug: "
+        raise GraphError(f"onnx's checker refuses the model memplan built ({first_line(err)}); this is a memplan bug: "
                          "please report it with the input model") from err
 
 

@@ -32,7 +32,7 @@ import onnx.inliner  # a submodule `import onnx` does not load: model-local func
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
-from planner.errors import ModelImportError, PlannerError, UnknownDimError
+from planner.errors import ModelImportError, PlannerError, UnknownDimError, first_line
 from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind, fresh_name
 
 log = logging.getLogger(__name__)
@@ -866,7 +866,7 @@ def _infer(model: onnx.ModelProto, display: str) -> onnx.ModelProto:
             inferred = shape_inference.infer_shapes(without_weights(model), check_type=False, strict_mode=False,
                                                     data_prop=True)
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             raise ModelImportError(f"{display}: ONNX shape inference failed: {first}") from None
         del g.value_info[:]
         g.value_info.extend(inferred.graph.value_info)

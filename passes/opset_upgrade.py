@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper, version_converter
 from passes.onnx_export import export_model, fill_weights, initializer_values
 from passes import onnx_import
 from passes.onnx_import import ASIDE, import_model
-from planner.errors import ModelImportError, OpsetTooOldError
+from planner.errors import ModelImportError, OpsetTooOldError, first_line
 from planner.graph import Graph, TensorKind
 from planner.liveness import analyze
 from planner.units import format_bytes
@@ -91,7 +91,7 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
     try:
         converted = version_converter.convert_version(proto, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         # "/project/onnx/version_converter/BaseConverter.h:66: adapter_lookup: Assertion `false` failed: No Adapter For X"
         raise refuse(first.rpartition("failed: ")[2] or first) from None
     if have < CHECK_BELOW:
@@ -144,12 +144,12 @@ def _check_same(old: onnx.ModelProto, new: onnx.ModelProto) -> str | None:
     try:
         want = ort_session(old, quiet=True).run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - ORT's errors have no common base
-        log.info("not checked against the original, which ORT cannot run: %s", str(exc).splitlines()[0])
+        log.info("not checked against the original, which ORT cannot run: %s", first_line(exc))
         return None
     try:
         got = ort_session(new, quiet=True).run(None, feeds)
     except Exception as exc:  # noqa: BLE001
-        return f"ONNX Runtime cannot run the upgraded model: {str(exc).splitlines()[0]}"
+        return f"ONNX Runtime cannot run the upgraded model: {first_line(exc)}"
     for out, a, b in zip(old.graph.output, want, got):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:

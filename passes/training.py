@@ -20,7 +20,7 @@ from passes.autodiff import TrainingStep
 from passes.gradcheck import params_as_inputs
 from passes.onnx_export import export_model, fill_weights, initializer_values
 from passes.ort_errors import missing_kernel
-from planner.errors import ModelImportError, PlannerError, UsageError
+from planner.errors import ModelImportError, PlannerError, UsageError, first_line
 from planner.graph import Graph
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def _ort_refused(err: Exception, what: str, provider: str = "cpu") -> Exception:
     """ORT's error as memplan's one line; anything else stays what it is (a bug to see)."""
     if not type(err).__module__.startswith("onnxruntime"):
         return err
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    first = first_line(err)
     missing = missing_kernel(first, "CUDA provider" if provider == "cuda" else "CPU provider",
                              "train in float32" if provider == "cuda" else
                              "train on a provider that has it (--provider cuda) or in float32")

@@ -66,3 +66,11 @@ class SolverTimeoutError(PlannerError):
 #: too, answered it with "No such option"; they take the training step train-graph writes as it is.
 FREEZE_HINT = ("with --freeze PATTERN of memplan train-graph or train (plan, inspect, verify and check: "
                "memplan train-graph MODEL --freeze PATTERN -o STEP.onnx, then give them STEP.onnx)")
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-blank line of ``err``'s message, or its type's name where it has none (ORT and
+    onnx errors are multi-line; one with an empty message made ``str(err).splitlines()[0]`` an
+    IndexError, a traceback in place of the one-line error)."""
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+

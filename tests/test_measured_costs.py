@@ -200,3 +200,25 @@ def test_a_model_ort_cannot_run_names_the_op_and_the_costs_that_plan_it(tmp_path
         assert "Softplus" in r.output and "--costs device" in r.output, r.output
         assert sorted(p.name for p in tmp_path.iterdir()) == ["softplus64.onnx", "temp"]
         assert list(temp.iterdir()) == []
+
+
+def test_an_ort_error_with_no_message_is_still_one_line(monkeypatch):
+    """The step ORT could not run was reported through str(err).splitlines()[0]: an error with an
+    empty message (an exception type ORT's bindings raise bare) gave IndexError, a traceback."""
+    import onnxruntime as ort
+
+    from passes.measured_costs import measure
+    from passes.onnx_import import import_model
+    from planner.errors import UsageError, first_line
+
+    class Bare(RuntimeError):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise Bare()
+
+    monkeypatch.setattr(ort.InferenceSession, "run", refuse)
+    graph = import_model("zoo:mlp", {})
+    with pytest.raises(UsageError, match=r"could not run the training step \(Bare\)"):
+        measure(graph, runs=1)
+    assert first_line(ValueError("\n  \nsecond\nthird")) == "second"
