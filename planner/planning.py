@@ -371,8 +371,9 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
             # memory-aware order found no plan in its 30 s, and the given order's phase 1 found its
             # first plan after 26-29 s of its 30, leaving phase 2 1.6-3 s (+46%, or the greedy's +385%).
             given = _solve_cpsat(problem, budget, replace(options, time_limit=left()), clock.now(), cands, pace)
-            return stamped(given, note=f"{given.note}; no baseline fits in the memory-aware order (from {rule!r}): "
-                                       f"planned in the given order only".strip("; "))
+            where = f"the memory-aware order (from {rule!r})"
+            return stamped(given, note=f"{given.note}; {_no_baseline(q_cands, where)}: planned in the given "
+                                       f"order only".strip("; "))
     else:
         cands = None  # the given order's solve runs them, if it comes to that
     # below the given order's floor no plan in it fits: the memory-aware order gets the whole time
@@ -394,7 +395,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         """Does no baseline fit in the given order? Asked only where ``order`` has a plan: then
         ``order`` is the only one with a fitting plan so far. Its baselines run once, in the share
         they get where no baseline fits in ``order`` (above: on RL1000 the greedy alone takes
-        10-35 s), and are kept for the given order's solve."""
+        10-35 s), and are kept for the given order's solve. A greedy they cut short counts as one that
+        found nothing (the given order has no plan to start from either way); the note says which."""
         nonlocal cands
         if not unfit:
             if cands is None:
@@ -437,8 +439,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
             return stamped(moved, note=f"{moved.note}; no plan in the given order is cheaper (its recompute-closure "
                                        f"bound)")
         if unfit and unfit[0] and not pace.room(left()):  # ``order`` took the given order's time
-            return stamped(moved, note=f"{moved.note}; no baseline fits in the given order: its time went to "
-                                       f"the memory-aware order")
+            return stamped(moved, note=f"{moved.note}; {_no_baseline(cands, 'the given order')}: its time went "
+                                       f"to the memory-aware order")
     rest = left()
     if moved is not None and not pace.room(rest):  # no time left to search the given order
         return stamped(_given_baseline_if_cheaper(problem, budget, moved, cands, options))
@@ -511,6 +513,14 @@ def _feasibility(m1: RematModel, target: int, span: Callable[[], float], phases:
 def _fits(cands: dict[str, Candidate] | None, budget: int) -> bool:
     """Is one of the baselines' plans ``cands`` within ``budget``?"""
     return cands is not None and any(c.sim.peak_bytes <= budget for c in cands.values())
+
+
+def _no_baseline(cands: _Found, where: str) -> str:
+    """What the baselines ``cands`` of the order ``where``, none of them fitting, show: that none
+    fits there, or nothing where the greedy was cut short."""
+    if cands.complete:
+        return f"no baseline fits in {where}"
+    return f"no baseline found a plan in {where} before its share of the time ran out (the greedy was cut short)"
 
 
 def _loses(bound: ClosureBound | None, objective: int) -> bool:
@@ -835,8 +845,16 @@ def _lowest_found(res: SolveResult) -> int | None:
     return res.least_bytes if res.least_exact else res.best_bytes
 
 
+class _Found(dict):
+    """The baselines' plans by name (:func:`_baselines`). ``complete``: the greedy ran to its end,
+    so that where none of them fits, none fits; False where ``deadline`` may have cut the greedy
+    short (RL100 at 60%, ``--time-limit 2``: the memory-aware order's took 0.297 of its 0.296 s),
+    and its finding no plan proves nothing."""
+    complete: bool = True
+
+
 def _baselines(problem: PlanningProblem, budget: int, deadline: float = float("inf"),
-               floor: float = 0.0) -> dict[str, Candidate]:
+               floor: float = 0.0) -> _Found:
     """The plans of the baselines that return one, by name (the greedy's only up to ``deadline``).
     These are the plans a cpsat solve may never be dearer than: on the work clock, where the
     greedies charge their counted steps (planner/clock.py), their deadline is at least ``floor``
@@ -847,7 +865,10 @@ def _baselines(problem: PlanningProblem, budget: int, deadline: float = float("i
         if clock.on_work_clock():
             deadline = max(deadline, clock.now() + floor)
         found = {name: baseline(problem, name, budget, deadline) for name in BASELINES}
-    return {k: c for k, c in found.items() if c is not None}
+        cut = found["greedy"] is None and clock.now() > deadline  # before its charges are refunded
+    out = _Found((k, c) for k, c in found.items() if c is not None)
+    out.complete = not cut
+    return out
 
 
 def _solve_coarse(c: Coarsening, budget: int, options: PlannerOptions, t0: float, pace: _Pace | None = None) -> SolveResult:

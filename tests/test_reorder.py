@@ -263,6 +263,54 @@ def test_the_memory_aware_order_gets_the_given_orders_time_where_only_it_has_a_f
     assert simulate(p, res.plan, budget).peak_bytes <= budget
 
 
+def _greedy_cut_short(monkeypatch, cut):
+    """Make the greedy baseline of the problems ``cut`` picks use up its share of the time and
+    stop there without a plan, as it does under a short --time-limit (RL100 at 60%, ``--time-limit
+    2``: the memory-aware order's greedy took 0.297 of its 0.296 s). On the work clock: the charge
+    is refunded with the baselines' (planner.planning._baselines), so the solve goes on unchanged."""
+    import planner.planning as planning
+    from planner import clock
+
+    real = planning.baseline
+
+    def baseline(problem, strategy, budget, deadline=float("inf")):
+        if strategy == "greedy" and cut(problem):
+            clock.charge(deadline - clock.now() + 1.0)  # the clock past its deadline: nothing starts
+        return real(problem, strategy, budget, deadline)
+
+    monkeypatch.setattr(planning, "baseline", baseline)
+
+
+def test_a_greedy_cut_short_in_the_memory_aware_order_is_not_said_to_find_no_plan(benchmarks_dir, monkeypatch):
+    # RL100 at 60%: the given order's greedy fits; cut short, the memory-aware order's proves nothing
+    # there, and the note said "no baseline fits in the memory-aware order" all the same
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.6)
+    _greedy_cut_short(monkeypatch, lambda q: q is not p)
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=2, work_limit=True))
+    assert res.plan is not None and res.order == "given" and "planned in the given order only" in res.note
+    assert "no baseline fits in the memory-aware order" not in res.note
+    assert "cut short" in res.note
+    assert simulate(p, res.plan, budget).peak_bytes <= budget
+
+
+def test_a_greedy_cut_short_in_the_given_order_is_not_said_to_find_no_plan(benchmarks_dir, monkeypatch):
+    # RL250 at 70% as in the test above, the given order's greedy cut short: its finding no plan
+    # proves nothing, and the note said "no baseline fits in the given order" all the same
+    import planner.planning as planning
+
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.7)
+    monkeypatch.setattr(planning, "_given_order_closure", lambda *a, **k: None)
+    _greedy_cut_short(monkeypatch, lambda q: q is p)
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=2, work_limit=True))
+    assert res.plan is not None and res.order.startswith("memory-aware:")
+    assert "its time went to the memory-aware order" in res.note
+    assert "no baseline fits in the given order" not in res.note
+    assert "cut short" in res.note
+    assert simulate(p, res.plan, budget).peak_bytes <= budget
+
+
 def test_a_move_shifts_positions_as_taking_the_node_out_and_putting_it_back():
     from planner.reorder import _moved
 
