@@ -1566,6 +1566,14 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         def spec_at(b: int) -> tuple[str, dict]:
             return model, {**dims, batch_dim: b}
 
+    if train.get("add_loss") and not forward and _step_writer(spec_at(2 * step)[0]) is None:
+        # the output named once, where a batch dim shows: at batch 1 an output [batch, 1] is one element,
+        # taken for the loss the model already has, and the first probe refused the search (exit 2)
+        from passes.loss import loss_output
+        from passes.onnx_import import import_model
+
+        spec, d = spec_at(2 * step)
+        train = {**train, "add_loss": loss_output(import_model(spec, d, loose_dims=()), train["add_loss"])}
     made_with = {}  # the training options the probes' graphs were built with, as plan's JSON says them
 
     def build(b: int):

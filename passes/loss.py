@@ -34,6 +34,14 @@ def append_loss(graph: Graph, text: str) -> tuple[Graph, str]:
     return _Appender(graph).run(kind, out)
 
 
+def loss_output(graph: Graph, text: str) -> str:
+    """``text`` as ``KIND:OUTPUT``, naming the output ``append_loss`` picks in ``graph``: ``plan
+    --max-batch`` names it once, at batch 2, since at batch 1 an output [batch, 1] has one element
+    and is taken for a loss the model already has."""
+    kind, name = parse_loss(text)
+    return f"{kind}:{_pick_output(graph, name, text).name}"
+
+
 def _pick_output(graph: Graph, name: str | None, text: str) -> Tensor:
     floats = [graph.tensors[t] for t in graph.outputs if graph.tensors[t].dtype in FLOAT_DTYPES]
     if name is not None:

@@ -1400,6 +1400,35 @@ def test_max_batch_emits_an_onnx_file_bound_at_the_batch_found(tmp_path):
         assert rc == 0, err
 
 
+SCORE = """
+<ir_version: 8, opset_import: ["" : 17]>
+score (float[batch, 64] x) => (float[batch, 1] y) <float[64, 128] W1, float[128, 1] W2>
+{
+    h = MatMul(x, W1)
+    r = Relu(h)
+    y = MatMul(r, W2)
+}
+"""
+
+
+def test_max_batch_adds_a_loss_to_an_output_of_one_column(tmp_path):
+    """A model ending in one score per example, [batch, 1]: --max-batch --add-loss mean was refused at
+    its first probe, batch 1, where that output has one element and was taken for a loss the model
+    already has (exit 2, 'drop --add-loss', which every larger batch needs). The output is now named
+    once at batch 2, and the plan records the loss on it."""
+    from tests.test_check import _save
+
+    model = _save(SCORE, {"W1": (64, 128), "W2": (128, 1)}, tmp_path / "score.onnx")
+    out = tmp_path / "out.onnx"
+    rc, stdout, err = memplan("plan", model, "--budget", "300KiB", "--max-batch", "--add-loss", "mean", "--time-limit",
+                              "1", "--deterministic", "--workers", "1", "--emit", out, "--json")
+    assert rc == 0, err
+    obj = json.loads(stdout)
+    assert obj["unplanned_batch"] > 1 and obj["train"]["add_loss"] == "mean:y", obj
+    rc, _, err = memplan("verify", model, out)
+    assert rc == 0, err
+
+
 def test_max_batch_grows_a_zoo_option_in_its_legal_steps():
     """zoo:cnn --batch-dim hw failed at once, 'hw=1 must be divisible by 2**depth=4' (exit 3): the
     search started at 1 whatever values the option takes. hw now grows in steps of 2**depth, and an
