@@ -2,7 +2,8 @@
 
     python bench/fuzz_e2e.py [--start 0] [--count 1000] [--minutes 25] [--time-limit 3]
                              [--keep DIR] [--only-model SEED OUT.onnx]
-                             [--ops base|more] [--paths forward,pin,replan,check]
+                             [--ops base|more]
+                             [--paths forward,pin,replan,check,swap,rewrite,maxbatch,arena]
 
 Each seed draws a forward model (onnx.helper through the zoo's OnnxBuilder, opset 20) of 5-30 ops
 from the ops autodiff differentiates: MatMul, Gemm, Add/Sub/Mul (with broadcasting and skip
@@ -36,7 +37,15 @@ the rules above):
   pin      the main plan again with ``--pin-order``, verify;
   replan   the emitted step planned again at a budget between the least peak and its planned peak,
            verified against the first emitted model;
-  check    ``check MODEL --budget B``: exit 0 where plan fitted B, 1 where plan exited 1 (or 4).
+  check    ``check MODEL --budget B``: exit 0 where plan fitted B, 1 where plan exited 1 (or 4);
+  swap     ``plan --swap`` (H100 or T4) below the main budget; a swapping file is held to its
+           predicted device peak (verify's, on CPU the copies stay in memory); ``verified-swap``
+           where the file swaps;
+  rewrite  ``plan -o PLAN.json`` then ``rewrite MODEL PLAN.json -o OUT``: the --emit file byte for byte,
+           verified; refused (one line, nothing written over) for another model and an edited plan;
+  maxbatch ``plan --max-batch`` at the main budget in bytes: exit codes, batches consistent with the
+           probes, the emitted model verified;
+  arena    ``plan --ort-arena S --device cpu``, verified, and run on ORT's CPU arena capped at the budget.
 """
 from __future__ import annotations
 
@@ -66,6 +75,9 @@ UNARY = ("Relu", "Gelu", "Tanh", "Sigmoid")
 MORE_KINDS = ["unary2", "unary2", "div", "pow", "cast", "where", "gather", "slice", "expand", "dropout",
               "reduce", "squeeze", "flatten", "bmatmul", "einsum"]
 BINARY = ("Add", "Sub", "Mul")
+#: wall seconds a swap or --ort-arena plan may take (twice that for --max-batch): their deterministic
+#: solves take 10-100x --time-limit on a loaded machine (one swap plan 100 s, a max-batch 150 s)
+WALL_CAP = 30
 
 
 class Gen:
@@ -370,7 +382,7 @@ def main_case(seed: int, work: Path, time_limit: float, more: bool) -> dict:
     onnx.save(model, path)
     out = work / f"fuzz{seed}.planned.onnx"
     common = ["--dim", f"batch={info['batch']}", "--add-loss", info["loss"]]
-    r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common}
+    r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common, "more": more}
 
     def traceback_in(*texts):
         if any("Traceback" in t for t in texts):
@@ -398,6 +410,7 @@ def main_case(seed: int, work: Path, time_limit: float, more: bool) -> dict:
     if plan is not None and r["plan_rc"] == 0:
         r["peak"] = plan["peak_bytes"]
         r["added_pct"] = plan.get("added_time_pct")
+        r["plan_digest"] = plan.get("plan_digest")
     if v is not None:
         r["verify"] = v
     return r
@@ -522,7 +535,208 @@ def path_check(r: dict, work: Path, time_limit: float) -> str:
     return ("fits" if rc == 0 else f"exit {rc}") + (" FAIL" if fails else "")
 
 
-PATHS = {"forward": path_forward, "pin": path_pin, "replan": path_replan, "check": path_check}
+def path_swap(r: dict, work: Path, time_limit: float) -> str:
+    """``plan --swap`` (op times and host link of H100, or of T4's slower PCIe Gen3 link) at a budget
+    between 90% of the least no-swap peak and the main budget, then verify: outputs equal, the
+    file's predicted device peak within the budget (on CPU the swapped tensors stay in memory).
+    ``verified-swap`` where the file swaps; one seed in ten also checks ``--swap --device cpu`` is
+    refused (exit 2, one line)."""
+    if "budget" not in r:
+        return "skipped"
+    rng = np.random.default_rng(40_000 + r["seed"])
+    device = str(rng.choice(["H100", "T4"]))
+    lo = int(0.9 * min(r["least"], r["unplanned"]))
+    budget = int(rng.integers(lo, max(lo, r["budget"]) + 1))
+    out = work / f"fuzz{r['seed']}.swap.onnx"
+    codes: dict = {}
+    outcome, fails, plan, v = plan_and_verify(r["path"], budget, out, ["--swap", "--device", device, "--wall-cap",
+                                                                       str(WALL_CAP), *r["common"]],
+                                              r["path"], budget, time_limit, codes)
+    if plan is not None and codes.get("plan_rc") == 0 and out.exists():
+        events = collections.Counter(e["op"] for e in plan.get("schedule", []))
+        in_file = sum(1 for n in onnx.load(out).graph.node if n.op_type == "MemcpyToHost")
+        if in_file > events["swap_out"]:
+            fails.append(f"{in_file} MemcpyToHost in the file, {events['swap_out']} swap_out events in the plan")
+        if v is not None and (v.get("budget") or {}).get("swaps") != in_file:
+            fails.append(f"verify counts {(v.get('budget') or {}).get('swaps')} swaps, the file has {in_file}")
+        if outcome == "verified" and in_file:
+            outcome = "verified-swap"
+    if r["seed"] % 10 == 0:
+        rc, so, se = cli("plan", str(r["path"]), "--budget", f"{budget}B", "--swap", "--device", "cpu",
+                         "--emit", str(work / "swapcpu.onnx"), *r["common"])
+        if rc != 2 or not one_line_error(se) or "Traceback" in so + se or (work / "swapcpu.onnx").exists():
+            fails.append(f"--swap --device cpu: exit {rc} (want 2, one line, no file): {se.strip()[-300:]!r}")
+    r["fail"] += [f"swap: {f}" for f in fails]
+    return outcome + (" FAIL" if fails else "")
+
+
+def refused(args: list, out: Path) -> list:
+    """A command that must be refused: exit 2 or 3, one error line, no traceback, ``out`` (made
+    beforehand, as a user's file) left as it was."""
+    out.write_bytes(b"the user's file")
+    rc, so, se = cli(*args)
+    fails = []
+    if rc not in (2, 3) or not one_line_error(se) or "Traceback" in so + se:
+        fails.append(f"{args[0]} {' '.join(a for a in args[1:3])}: exit {rc} (want 2/3, one line): {se.strip()[-300:]!r}")
+    if out.read_bytes() != b"the user's file":
+        fails.append(f"{args[0]} refused but overwrote {out.name}")
+    out.unlink()
+    return fails
+
+
+def path_rewrite(r: dict, work: Path, time_limit: float) -> str:
+    """``plan -o PLAN.json`` at the main budget, then ``rewrite MODEL PLAN.json -o OUT``: the same plan
+    (digest) and the same file, byte for byte, as the main case's ``--emit``, verified. Then rewrite
+    must refuse that plan for another model (the next seed's) and edited (another budget): one line,
+    exit 2/3, the output file untouched; for this graph with one weight changed it writes the file
+    (the plan is structural), which verify then refuses against the original model (exit 2)."""
+    if r["outcome"] != "verified":
+        return "skipped"
+    seed, fails = r["seed"], []
+    plan_path = work / f"fuzz{seed}.plan.json"
+    out = work / f"fuzz{seed}.rewritten.onnx"
+    rc, so, se = cli("plan", str(r["path"]), "--budget", f"{r['budget']}B", "-o", str(plan_path), "--deterministic",
+                     "--time-limit", str(time_limit), *r["common"])
+    if rc != 0 or not plan_path.exists():
+        r["fail"].append(f"rewrite: plan -o exit {rc} where plan --emit exited 0: {se.strip()[-300:]!r}")
+        return "plan-error FAIL"
+    saved = json.loads(plan_path.read_text())
+    if saved.get("plan_digest") != r["plan_digest"]:
+        fails.append(f"plan -o digest {str(saved.get('plan_digest'))[:12]} != plan --emit's {r['plan_digest'][:12]}")
+    rc, so, se = cli("rewrite", str(r["path"]), str(plan_path), "-o", str(out))
+    if rc != 0 or not out.exists() or "Traceback" in so + se:
+        fails.append(f"rewrite exit {rc}: {se.strip()[-300:]!r}")
+    else:
+        if out.read_bytes() != r["out"].read_bytes() and not fails:
+            fails.append("rewrite wrote another file than plan --emit for the same plan")
+        rc, so, se = cli("verify", str(r["path"]), str(out), "--json")
+        try:
+            sub: dict = {"fail": []}
+            check_verify(json.loads(so), r["budget"], sub)
+            fails += sub["fail"] + ([f"verify exit {rc}"] if rc != 0 else [])
+        except json.JSONDecodeError:
+            fails.append(f"verify exit {rc}: {se.strip()[-300:]!r}")
+    bad = work / f"fuzz{seed}.refused.onnx"
+    other = work / f"fuzz{seed}.other.onnx"
+    onnx.save(make_model(seed + 1, r["more"])[0], other)
+    fails += refused(["rewrite", str(other), str(plan_path), "-o", str(bad)], bad)
+    model = onnx.load(r["path"])
+    w = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.raw_data)
+    arr = onnx.numpy_helper.to_array(w) + 1.0
+    w.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), w.name))
+    reweighted = work / f"fuzz{seed}.reweighted.onnx"
+    onnx.save(model, reweighted)
+    # the fingerprint is structural: the plan applies to new weights, and the file it gives holds them
+    rc, so, se = cli("rewrite", str(reweighted), str(plan_path), "-o", str(bad))
+    if rc != 0 or not bad.exists():
+        fails.append(f"rewrite of the reweighted model: exit {rc}: {se.strip()[-300:]!r}")
+    else:
+        rc, so, se = cli("verify", str(r["path"]), str(bad))
+        if rc != 2 or not one_line_error(se) or "Traceback" in so + se:
+            fails.append(f"verify of the reweighted file against the model: exit {rc} (want 2, one line): "
+                         f"{se.strip()[-300:]!r}")
+        bad.unlink()
+    edited = work / f"fuzz{seed}.edited.json"
+    edited.write_text(json.dumps({**saved, "budget_bytes": saved["budget_bytes"] + 4096}))
+    fails += refused(["rewrite", str(r["path"]), str(edited), "-o", str(bad)], bad)
+    r["fail"] += [f"rewrite: {f}" for f in fails]
+    return ("same" if not fails else "FAIL")
+
+
+def path_maxbatch(r: dict, work: Path, time_limit: float) -> str:
+    """``plan MODEL --budget B --max-batch --emit OUT -o PLAN.json`` at the main budget in bytes (made at
+    the seed's batch): exit 0/1/4 as documented, the batches consistent with the probes (planned >=
+    unplanned, no fitting probe above its batch, no unfitting unplanned probe at or below it), the
+    seed's batch reached where it fits unplanned, and the emitted model verified at its batch."""
+    if "budget" not in r:
+        return "skipped"
+    seed, fails = r["seed"], []
+    out, plan_path = work / f"fuzz{seed}.maxbatch.onnx", work / f"fuzz{seed}.maxbatch.json"
+    common = [a for a in r["common"] if not a.startswith(BATCH + "=") and a != "--dim"]
+    rc, so, se = cli("plan", str(r["path"]), "--budget", f"{r['budget']}B", "--max-batch", "--emit", str(out),
+                     "-o", str(plan_path), "--deterministic", "--time-limit", str(max(1.0, time_limit / 3)),
+                     "--wall-cap", str(2 * WALL_CAP), "--json", *common)
+    if "Traceback" in so + se:
+        fails.append("traceback")
+    try:
+        mb = json.loads(so)
+    except json.JSONDecodeError:
+        mb = None
+        fails.append(f"exit {rc}: stdout not one JSON object: {se.strip()[-300:]!r}")
+    if rc in (1, 4):
+        if not one_line_error(se):
+            fails.append(f"exit {rc} without one error line: {se.strip()[-300:]!r}")
+        if out.exists() or plan_path.exists():
+            fails.append(f"exit {rc} but wrote a file")
+    elif rc != 0:
+        fails.append(f"exit {rc}: {se.strip()[-300:]!r}")
+    outcome = {0: "batch", 1: "infeasible", 4: "timeout"}.get(rc, f"exit {rc}")
+    if mb is not None and rc == 0:
+        ub, pb = mb.get("unplanned_batch"), mb.get("planned_batch")
+        if ub is not None and pb is not None and pb < ub:
+            fails.append(f"planned batch {pb} < unplanned batch {ub}")
+        for p in mb.get("probes", []):
+            best = ub if p["kind"] == "unplanned" else pb
+            if p["fits"] and (best is None or p["batch"] > best):
+                fails.append(f"{p['kind']} batch {p['batch']} fits, reported {best}")
+            if p["kind"] == "unplanned" and not p["fits"] and ub is not None and p["batch"] <= ub:
+                fails.append(f"unplanned batch {p['batch']} does not fit, reported {ub}")
+        if r["budget"] >= r["unplanned"] and (ub or 0) < r["batch"]:
+            fails.append(f"batch {r['batch']} fits unplanned ({r['unplanned']} <= {r['budget']}), reported {ub}")
+        if (mb.get("planned_peak_bytes") or 0) > r["budget"]:
+            fails.append(f"planned peak {mb['planned_peak_bytes']} over budget {r['budget']}")
+        if r.get("plan_rc") == 0 and (pb or 0) < r["batch"] and not mb.get("note"):
+            fails.append(f"planned batch {pb} below the seed's {r['batch']}, which plan fitted, and no note")
+        em = mb.get("emitted")
+        if em and out.exists():
+            rc, so, se = cli("verify", str(r["path"]), str(out), "--json")
+            try:
+                sub: dict = {"fail": []}
+                check_verify(json.loads(so), r["budget"], sub)
+                fails += sub["fail"] + ([f"verify exit {rc}: {se.strip()[-200:]!r}"] if rc != 0 else [])
+            except json.JSONDecodeError:
+                fails.append(f"verify exit {rc}: {se.strip()[-300:]!r}")
+            outcome = "verified"
+        elif pb:
+            fails.append(f"planned batch {pb} but nothing emitted")
+        r["max_batch"] = (ub, pb)
+    r["fail"] += [f"maxbatch: {f}" for f in fails]
+    return outcome + (" FAIL" if fails else "")
+
+
+def path_arena(r: dict, work: Path, time_limit: float) -> str:
+    """``plan --ort-arena S --device cpu`` between the main budget and 1.25x the unplanned peak, verified; the
+    file must run on ORT's CPU arena capped at the budget (passes.verify.runs_under_arena) and
+    verify's replay of that arena must fit it. kNextPowerOfTwo misses of the real run are only
+    counted (README: the replay can fall short under that ladder)."""
+    if "budget" not in r:
+        return "skipped"
+    from models.feeds import example_feeds
+    from passes.verify import runs_under_arena
+
+    rng = np.random.default_rng(50_000 + r["seed"])
+    strategy = str(rng.choice(["same-as-requested", "next-power-of-two"]))
+    budget = int(rng.integers(r["budget"], int(1.25 * r["unplanned"]) + 1))  # the arena needs 2-75% over a peak
+    out = work / f"fuzz{r['seed']}.arena.onnx"
+    outcome, fails, plan, v = plan_and_verify(r["path"], budget, out, ["--ort-arena", strategy, "--device", "cpu",
+                                                                       "--wall-cap", str(WALL_CAP), *r["common"]],
+                                              r["path"], budget, time_limit)
+    key = {"same-as-requested": "kSameAsRequested", "next-power-of-two": "kNextPowerOfTwo"}[strategy]
+    if v is not None:
+        need = ((v.get("ort_arena_limit_bytes") or {}).get("planned") or {}).get(key)
+        if need is None or need > budget:
+            fails.append(f"verify's arena replay needs {need} ({key}), over the budget {budget}")
+        ran, err = runs_under_arena(out, example_feeds(onnx.load(out), seed=0), budget, 1 if key == "kSameAsRequested" else 0)
+        if not ran and key == "kSameAsRequested":
+            fails.append(f"does not run under a {key} arena of {budget} bytes: {err}")
+        elif not ran:
+            outcome += "-ortmiss"
+    r["fail"] += [f"arena: {f}" for f in fails]
+    return outcome + (" FAIL" if fails else "")
+
+
+PATHS = {"forward": path_forward, "pin": path_pin, "replan": path_replan, "check": path_check, "swap": path_swap,
+         "rewrite": path_rewrite, "maxbatch": path_maxbatch, "arena": path_arena}
 
 
 def check_verify(v: dict, budget: int, r: dict) -> None:
@@ -533,7 +747,12 @@ def check_verify(v: dict, budget: int, r: dict) -> None:
     planned = v.get("planned") or {}
     meas = planned.get("peak_bytes")
     r["meas"] = meas
-    if (v.get("budget") or {}).get("within") is not True or (meas is not None and meas > budget):
+    held = v.get("budget") or {}
+    if held.get("swaps"):  # on CPU the swapped tensors stay in memory: the file's device peak is held instead
+        dev = held.get("predicted_device_peak_bytes")
+        if dev is None or dev > budget:
+            r["fail"].append(f"predicted device peak {dev} over budget {budget} ({held['swaps']} swaps)")
+    elif held.get("within") is not True or (meas is not None and meas > budget):
         r["fail"].append(f"measured peak {meas} over budget {budget}")
     # the allocator's share of the prediction: kernel buffers taken outside it (Dropout's mask) are not counted
     dyn = planned.get("dynamic_peak_bytes")
