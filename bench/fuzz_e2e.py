@@ -609,13 +609,7 @@ def path_rewrite(r: dict, work: Path, time_limit: float) -> str:
     else:
         if out.read_bytes() != r["out"].read_bytes() and not fails:
             fails.append("rewrite wrote another file than plan --emit for the same plan")
-        rc, so, se = cli("verify", str(r["path"]), str(out), "--json")
-        try:
-            sub: dict = {"fail": []}
-            check_verify(json.loads(so), r["budget"], sub)
-            fails += sub["fail"] + ([f"verify exit {rc}"] if rc != 0 else [])
-        except json.JSONDecodeError:
-            fails.append(f"verify exit {rc}: {se.strip()[-300:]!r}")
+        fails += verify_fails(r["path"], out, r["budget"])
     bad = work / f"fuzz{seed}.refused.onnx"
     other = work / f"fuzz{seed}.other.onnx"
     onnx.save(make_model(seed + 1, r["more"])[0], other)
@@ -689,13 +683,7 @@ def path_maxbatch(r: dict, work: Path, time_limit: float) -> str:
             fails.append(f"planned batch {pb} below the seed's {r['batch']}, which plan fitted, and no note")
         em = mb.get("emitted")
         if em and out.exists():
-            rc, so, se = cli("verify", str(r["path"]), str(out), "--json")
-            try:
-                sub: dict = {"fail": []}
-                check_verify(json.loads(so), r["budget"], sub)
-                fails += sub["fail"] + ([f"verify exit {rc}: {se.strip()[-200:]!r}"] if rc != 0 else [])
-            except json.JSONDecodeError:
-                fails.append(f"verify exit {rc}: {se.strip()[-300:]!r}")
+            fails += verify_fails(r["path"], out, r["budget"])
             outcome = "verified"
         elif pb:
             fails.append(f"planned batch {pb} but nothing emitted")
@@ -737,6 +725,18 @@ def path_arena(r: dict, work: Path, time_limit: float) -> str:
 
 PATHS = {"forward": path_forward, "pin": path_pin, "replan": path_replan, "check": path_check, "swap": path_swap,
          "rewrite": path_rewrite, "maxbatch": path_maxbatch, "arena": path_arena}
+
+
+def verify_fails(ref: Path, out: Path, budget: int) -> list[str]:
+    """``verify REF OUT --json``'s failures: its exit code, and :func:`check_verify`'s on its report."""
+    rc, so, se = cli("verify", str(ref), str(out), "--json")
+    try:
+        report = json.loads(so)
+    except json.JSONDecodeError:
+        return [f"verify exit {rc}: {se.strip()[-300:]!r}"]
+    sub: dict = {"fail": []}
+    check_verify(report, budget, sub)
+    return sub["fail"] + ([f"verify exit {rc}: {se.strip()[-200:]!r}"] if rc != 0 else [])
 
 
 def check_verify(v: dict, budget: int, r: dict) -> None:
