@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -461,7 +461,9 @@ class PlanningProblem:
         step holds a few bytes, made last); the highest of these bounds. zoo:mlp's training step:
         343488 bytes with every pinned output in S (the loss made last), 347392 once the loss and
         the head's bias gradient are out (before them the ReduceSum of the first layer's bias
-        gradient holds its 4 KiB input with every other gradient resident); its peak is 347520."""
+        gradient holds its 4 KiB input with every other gradient resident); its peak is 347520.
+        At least :func:`last_pinned_bound` too: what was resident when the others and the last
+        one's inputs were made."""
         cols = np.flatnonzero(self.pinned)
         kept = self._pinned_kept[cols]
         # the moments each q may be made at: its own step, and for a companion its node's first
@@ -484,7 +486,7 @@ class PlanningProblem:
             in_s[q] = False
             for (_, anc), h in zip(moments, held):
                 h -= np.where(anc[:, q], 0, kept[q])  # an ancestor of r stays in r's count
-        return best
+        return max(best, last_pinned_bound(self))  # and what was resident when q's inputs were made
 
     @cached_property
     def _pinned_kept(self) -> np.ndarray:
@@ -645,6 +647,67 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     (RL100 of the remat benchmark: 54.1% of the unplanned peak, where the largest step needs
     43.2%: its 50% budget is infeasible.)
     """
+    least = _last_made_search(problem, max_set)
+    bound = 0
+    for t in range(problem.n):  # t's own compute reads its inputs, swappable or not
+        need = frozenset(problem.pred_lists[t])
+        if need:
+            bound = max(bound, least(need, depth))
+    return bound + problem.base_bytes
+
+
+def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 48) -> int:
+    """A lower bound on every plan's peak, in every node order, from the pinned outputs: all of
+    them are resident at the end, so the one made last, q, was made with the others resident,
+    and with its own inputs; the set of those (the others and q's inputs) was again resident
+    when the last of it was made, and so on, ``depth`` levels down: :func:`last_input_bound`'s
+    search from the set of every pinned output (each counted with the bytes that stay,
+    ``kept_bytes``). A node computed once only (pinned, or not recomputable) is never the last
+    made of a set that holds a node depending on it. Counted as the runtime may hold each step
+    (in-place outputs sharing their input's buffer, late base bytes left out), so that it bounds
+    what ONNX Runtime runs. 0 where more than ``max_set`` outputs are pinned."""
+    pinned = frozenset(int(v) for v in np.flatnonzero(problem.pinned))
+    if not pinned or len(pinned) > max_set:
+        return 0
+    kept = problem._pinned_kept
+    read = problem.size if problem.read_bytes is None else problem.read_bytes
+    resident = [min(int(read[v]), int(kept[v])) if problem.pinned[v] else int(read[v]) for v in range(problem.n)]
+    once = (~problem.recomputable | problem.pinned) & ~(problem.swappable if problem.can_swap else False)
+    least = _last_made_search(problem, max_set, resident, _later_of(problem, once))
+    # the end itself is not counted: a searched step counts an output that shares an input's
+    # buffer without its shared bytes, also where that input is pinned (planner/least.py)
+    return least(pinned, depth, held=False) + problem.base_bytes - problem.late_base_bytes
+
+
+def _later_of(problem: PlanningProblem, nodes: np.ndarray) -> Callable[[int], frozenset]:
+    """For a node of ``nodes`` (bool [n]), the nodes that depend on it (empty for the others);
+    each found when first asked for."""
+    known: dict[int, frozenset] = {}
+
+    def later(v: int) -> frozenset:
+        if not nodes[v]:
+            return frozenset()
+        if v not in known:
+            seen: set[int] = set()
+            todo = [int(w) for w in problem.succ_lists[v]]
+            while todo:
+                w = todo.pop()
+                if w not in seen:
+                    seen.add(w)
+                    todo.extend(int(x) for x in problem.succ_lists[w])
+            known[v] = frozenset(seen)
+        return known[v]
+
+    return later
+
+
+def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence[int] | None = None,
+                      later: Callable[[int], frozenset] | None = None) -> Callable[..., int]:
+    """:func:`last_input_bound`'s search: ``least(need, d)``, the least bytes (base excluded) some
+    moment before the set ``need`` is all resident must hold, ``d`` levels down. ``resident``:
+    each buffer's bytes while resident (default: what its readers read); ``later``: for the nodes
+    computed once only, the nodes that depend on them (such a node is never the last made of a
+    set holding one of those)."""
     size = [int(x) for x in problem.size]
     swappable = problem.swappable if problem.transfer is not None else np.zeros(problem.n, bool)
     # a swap-in restores q without its inputs or scratch; a two-step node's ops need not hold
@@ -655,18 +718,21 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     shared = [0 if atomic[v] else int(x) for v, x in enumerate(problem.shared_bytes)]
     # an input is resident with at least the bytes its readers read; q, while it runs, with all
     read = size if problem.read_bytes is None else [int(x) for x in problem.read_bytes]
+    if resident is not None:
+        read = list(resident)
     inputs = [frozenset(ps) for ps in problem.pred_lists]  # already ints
     preds = [frozenset() if atomic[v] else inputs[v] for v in range(problem.n)]
     # q's bytes while it runs beyond the set it reads: its output, scratch, less what it shares
     extra = [size[q] + scratch[q] - shared[q] for q in range(problem.n)]
-    memo: dict[tuple[frozenset, int], int] = {}
+    memo: dict[tuple[frozenset, int, bool], int] = {}
 
-    def least(need: frozenset, d: int) -> int:
-        """Least bytes (base excluded) some moment before ``need`` is all resident must hold."""
+    def least(need: frozenset, d: int, held: bool = True) -> int:
+        """Least bytes (base excluded) some moment before ``need`` is all resident must hold
+        (``held`` false: before; the moment ``need`` is resident is not counted itself)."""
         here = sum(read[v] for v in need)
         if d <= 0 or not 0 < len(need) <= max_set:
             return here  # not expanded: the set itself
-        key = (need, d)
+        key = (need, d, held)
         if key in memo:
             return memo[key]
         # each q's set when it ran (need, less q, with q's inputs) and its bytes then, by those
@@ -674,11 +740,14 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
         # the least so far can lower it (nor any after it)
         steps = []
         for q in need:
+            if later is not None and not later(q).isdisjoint(need):
+                continue  # made before a node of the set that depends on it
             new = preds[q] - need
             rest = here + sum(read[v] for v in new) - read[q]  # q is not its own input: a DAG
             steps.append((rest + extra[q], q, rest, new))
         if d == 1:  # the sets below are not expanded: least(set, 0) is its bytes, ``rest``
-            best = max(here, min(max(at_q, rest) for at_q, _, rest, _ in steps))
+            best = min(max(at_q, rest) for at_q, _, rest, _ in steps)
+            best = max(here, best) if held else best
             memo[key] = best
             return best
         steps.sort(key=lambda s: s[:2])
@@ -689,13 +758,8 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
             val = max(at_q, least((need - {q}) | new, d - 1))
             if best is None or val < best:
                 best = val
-        best = max(here, best)
+        best = max(here, best) if held else best
         memo[key] = best
         return best
 
-    bound = 0
-    for t in range(problem.n):  # t's own compute reads its inputs, swappable or not
-        need = inputs[t]
-        if need:
-            bound = max(bound, least(need, depth))
-    return bound + problem.base_bytes
+    return least

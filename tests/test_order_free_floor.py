@@ -132,6 +132,30 @@ def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(
     assert below.status == "infeasible" and below.least_bytes == 110 and not below.least_exact
 
 
+def gradient_behind_its_input() -> PlanningProblem:
+    """a (100 B) feeds g (100, pinned: a weight gradient) and b (20), which feeds h (50, pinned).
+    Made last, h holds g but not a (170 bytes); but g and b, both resident then, were made with
+    a resident: whichever of them came later, 220 bytes, in every order."""
+    return PlanningProblem.build(size=[100, 100, 20, 50], cost=[1] * 4, preds=[[], [0], [0], [2]],
+                                 pinned=[False, True, False, True], name="gradient_behind_its_input")
+
+
+def test_the_outputs_resident_when_the_last_is_made_were_made_with_their_inputs(monkeypatch):
+    """The floor over every order took the last pinned output made (h: 170 bytes) and the steps
+    alone (200), so at 210 bytes a problem past the exact search's size had no plan and no proof
+    ("timeout": exit 4). One level further down (planner.problem.last_pinned_bound): 220, the
+    least peak in every order; the budget is infeasible."""
+    p = gradient_behind_its_input()
+    least = min(exact_least_peak(permute(p, order)) for order in topological_orders(p))
+    assert p.order_free_floor == least == 220  # before: 200
+    monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    res = solve(p, 210, "cpsat", ONE)
+    assert res.status == "infeasible" and res.plan is None and res.least_bytes == 220
+
+
 def test_the_pinned_outputs_made_last_bound_every_order_on_the_mlp_training_step():
     """zoo:mlp's training step peaks at 347520 bytes (the first layer's bias-gradient ReduceSum,
     its 4 KiB input and every other gradient resident). The floor over every order took the loss
