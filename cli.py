@@ -951,6 +951,51 @@ def _one_edit(a: str, b: str) -> bool:
     return a[i + 1:] == b[i:] if len(a) > len(b) else a[i:] == b[i + 1:]
 
 
+# ---- options shared by plan, bench remat and train --budget ------------------------------
+#: --seed of plan and bench remat: CP-SAT takes a 32-bit seed (99999999999 ended in a TypeError
+#: traceback) and later runs add their count to it; the neighbourhood search's numpy generator
+#: takes no negative one.
+SEED_OPTION = dict(type=click.IntRange(min=0, max=1 << 30), default=0, show_default=True,
+                   help="Random seed of the CP-SAT search (with the same --workers and --deterministic: the same plan).")
+
+#: --budget, --device and --time-limit of plan and of train --budget (which plans the step it runs).
+BUDGET_HELP = "Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%)"
+DEVICE_OPTION = dict(default="H100", show_default=True, help="ONNX models: device profile for op times and the "
+                     "host link (H200, H100, A100, V100, T4, cpu).")
+
+
+def time_limit_option(first: str = ""):
+    """--time-limit of a command that plans; ``first`` leads the parenthesis (plan: what --max-batch does with it)."""
+    return click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
+                        help=f"Seconds for the whole solve ({first}one that ends without a plan, or below the given "
+                             "node order's least memory, may take a quarter more for its last resorts; a plan whose "
+                             "rewritten model overshoots the budget is solved again tighter in half the time of the "
+                             "solve before, up to twice the limit in all).")
+
+
+#: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
+FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
+                    "tried when its unplanned peak is at least 5% lower (else the given order with its weight "
+                    "gradients made late), and the cheaper plan is kept.")
+DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
+                      "the same plan comes back on any machine and under any load (the wall time then varies: "
+                      "on large models 10-100x the limit, and more on the largest: 507 s for --time-limit 1 on "
+                      "the lstm fixture at batch 8, seq 128; --wall-cap bounds it).")
+WALL_CAP_HELP = ("With --deterministic: stop planning once the command has run this many wall seconds, whatever "
+                 "the deterministic clock says, and say so (that plan may then differ on another machine). "
+                 "Default: no cap.")
+ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runtime's arena (gpu_mem_limit on CUDA, "
+                  "an arena's max_mem on CPU) with this arena_extend_strategy: keep only a plan that the arena's "
+                  "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak; --device "
+                  "cpu: fed inputs are the caller's arrays, otherwise copied into the arena).")
+PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
+                  "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
+                  "off, so the model keeps its plan under ORT's default session options too. The unplanned "
+                  "peak is then the pinned model's, edges included.")
+#: plan's --pin-order: the budget percentage follows the pinned model's peak
+PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage of it."
+
+
 # ---- train-graph / train (autodiff) ----------------------------------------------------------
 def optimizer_options(f, training: bool = False):
     """Flags shared by train-graph and train: optimizer, its hyper-parameters, --freeze, --dim.
@@ -1059,14 +1104,35 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
               help="Seed of the synthetic data and of ORT's random ops (Dropout).")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
+@click.option("--budget", "budget_text", default=None,
+              help=f"{BUDGET_HELP}: plan the training step (with its optimizer, recompute only) to fit it and "
+                   "train with the planned step, run with passes.verify.planned_session_options(). On CPU its "
+                   "losses are bit-identical to the unplanned step's (recompute is bit-exact there), except that "
+                   "random ops (Dropout) may draw other values when the plan changes the order they run in.")
+@click.option("--device", "device_name", **DEVICE_OPTION)
+@time_limit_option()
+@click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
+@click.option("--wall-cap", type=FiniteFloat(min=0, min_open=True), default=None, help=WALL_CAP_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with every step's loss).")
 @handles_errors
-def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider: str, as_json: bool, **flags) -> None:
-    """Train MODEL for --steps steps on a synthetic learnable task, running memplan's training step in ORT."""
+def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider: str, budget_text: str | None,
+              device_name: str, time_limit: float, deterministic: bool, wall_cap: float | None, as_json: bool,
+              **flags) -> None:
+    """Train MODEL for --steps steps on a synthetic learnable task, running memplan's training step in ORT
+    (with --budget: the step planned to fit it)."""
     from passes.autodiff import build_training_graph
     from passes.onnx_import import load_graph
     from passes.training import summary, train
+    from planner.units import format_bytes, parse_budget
 
+    budget_spec = parse_budget(budget_text) if budget_text is not None else None
+    given = click.get_current_context().get_parameter_source
+    unused = [flag for flag, name in (("--device", "device_name"), ("--time-limit", "time_limit"),
+                                      ("--deterministic", "deterministic"), ("--wall-cap", "wall_cap"))
+              if given(name) is not click.core.ParameterSource.DEFAULT]
+    if unused and budget_spec is None:
+        raise UsageError(f"{unused[0]} applies to planning the step; add --budget B (or drop {unused[0]})")
+    wall_deadline = _wall_cap(wall_cap, deterministic)
     options = _train_options(default_optimizer="adam", **flags)
     if options.optimizer.kind == "none":
         raise UsageError("memplan train needs --optimizer sgd or adam")
@@ -1083,12 +1149,26 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         _, (forward, loss) = with_upgrades(forward, lambda f: append_loss(f, options.add_loss))
         options = replace(options, add_loss=None, loss=loss)
     _freeze_patterns_match(forward, options.freeze)
-    result = train(build_training_graph(forward, options), forward, steps, seed=seed, provider=provider)
+    step = build_training_graph(forward, options)
+    planned = None
+    if budget_spec is not None:
+        from planner.cpsat import PlannerOptions
+
+        planner_options = PlannerOptions(time_limit=time_limit, work_limit=deterministic, wall_deadline=wall_deadline)
+        step, planned = _plan_training_step(step, budget_spec, device_name, planner_options)
+    result = train(step, forward, steps, seed=seed, provider=provider, planned=planned is not None)
     info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,
             "steps": steps, "provider": result.provider, "seconds": result.seconds, **summary(result)}
+    if planned is not None:
+        info["plan"] = planned
     if as_json:
         emit_json({**info, "losses": list(result.losses)})
         return
+    if planned is not None:
+        click.echo(f"plan: {planned['status']}, peak {format_bytes(planned['peak_bytes'])} under budget "
+                   f"{format_bytes(planned['budget_bytes'])} (unplanned {format_bytes(planned['unplanned_peak_bytes'])}"
+                   f"), nodes recomputed: {planned['recomputed']}, predicted added time "
+                   f"+{planned['added_time_pct']:.2f}% on {planned['device']}")
     stride = max(1, steps // 10)
     for k in sorted({*range(0, steps, stride), steps - 1}):  # the last step once
         click.echo(f"step {k:5d}  loss {result.losses[k]:.5f}")
@@ -1096,6 +1176,28 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
                f"loss {info['first_loss']:.4f} -> {info['last_loss']:.4f} "
                f"(mean of first/last tenth {info['first_mean']:.4f} -> {info['last_mean']:.4f}) "
                f"in {result.seconds:.3g} s on {result.provider}")
+
+
+def _plan_training_step(step, budget_spec, device_name: str, options):
+    """``train --budget``: ``step`` planned to fit the budget (cpsat, recompute only, as ``memplan plan``
+    plans it) -> (the step with the planned graph in its place, the plan's figures for the output). No
+    plan is plan's one-line error and exit code, and nothing is trained."""
+    from dataclasses import replace
+
+    from passes.plan_model import added_fraction, plan_graph
+    from planner.liveness import analyze
+
+    dev, node_time, _ = _device_costs(device_name)
+    unplanned = analyze(step.graph).peak_bytes
+    budget = budget_spec.resolve(unplanned)
+    pm = plan_graph(step.graph, budget, options=options, node_time=node_time, transfer_time=None, time_unit="s")
+    if not pm.ok:
+        raise _no_plan_error(pm.result, pm.problem.can_swap, budget, unplanned, None)
+    counts = pm.result.plan.counts(pm.problem.n)
+    figures = {"status": pm.result.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
+               "peak_bytes": pm.peak_bytes, "added_time_pct": 100 * added_fraction(pm),
+               "recomputed": int(sum(1 for c in counts["compute"] if c > 1)), "device": dev.name}
+    return replace(step, graph=pm.planned), figures
 
 
 # ---- plan / rewrite for ONNX models ----------------------------------------------------------
@@ -1251,44 +1353,13 @@ def _resolve_budget(text: str, problem) -> int:
     return b.bytes if b.bytes is not None else problem.budget_for(b.fraction)
 
 
-#: --seed of plan and bench remat: CP-SAT takes a 32-bit seed (99999999999 ended in a TypeError
-#: traceback) and later runs add their count to it; the neighbourhood search's numpy generator
-#: takes no negative one.
-SEED_OPTION = dict(type=click.IntRange(min=0, max=1 << 30), default=0, show_default=True,
-                   help="Random seed of the CP-SAT search (with the same --workers and --deterministic: the same plan).")
-
-#: --pin-order (memplan plan --emit, memplan rewrite): passes/pin_order.py.
-FIXED_ORDER_HELP = ("cpsat: plan in the graph's own node order only. By default a memory-aware order is also "
-                    "tried when its unplanned peak is at least 5% lower (else the given order with its weight "
-                    "gradients made late), and the cheaper plan is kept.")
-DETERMINISTIC_HELP = ("cpsat: count --time-limit in CP-SAT's deterministic seconds instead of wall seconds, so "
-                      "the same plan comes back on any machine and under any load (the wall time then varies: "
-                      "on large models 10-100x the limit, and more on the largest: 507 s for --time-limit 1 on "
-                      "the lstm fixture at batch 8, seq 128; --wall-cap bounds it).")
-WALL_CAP_HELP = ("With --deterministic: stop planning once the command has run this many wall seconds, whatever "
-                 "the deterministic clock says, and say so (that plan may then differ on another machine). "
-                 "Default: no cap.")
-ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runtime's arena (gpu_mem_limit on CUDA, "
-                  "an arena's max_mem on CPU) with this arena_extend_strategy: keep only a plan that the arena's "
-                  "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak; --device "
-                  "cpu: fed inputs are the caller's arrays, otherwise copied into the arena).")
-PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
-                  "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
-                  "off, so the model keeps its plan under ORT's default session options too. The unplanned "
-                  "peak is then the pinned model's, edges included.")
-#: plan's --pin-order: the budget percentage follows the pinned model's peak
-PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage of it."
-
-
 @main.command()
 @click.argument("model")
-@click.option("--budget", "budget_text", default=None,
-              help="Bytes with a unit (8GiB) or a percentage of the unplanned peak (60%); required unless --sweep.")
+@click.option("--budget", "budget_text", default=None, help=f"{BUDGET_HELP}; required unless --sweep.")
 @click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen", "none"]), default="cpsat", show_default=True,
               help="cpsat: the CP-SAT model, hinted with the baselines; greedy, chen (sqrt(n) checkpoints) or none "
                    "(no remat): a baseline alone.")
-@click.option("--device", "device_name", default="H100", show_default=True,
-              help="ONNX models: device profile for op times and the host link (H200, H100, A100, V100, T4, cpu).")
+@click.option("--device", "device_name", **DEVICE_OPTION)
 @click.option("--swap/--no-swap", default=False, show_default=True,
               help="ONNX models: also allow swapping to host memory, each copy priced in line with compute as "
                    "ONNX Runtime runs it (the swap model solves slower; opt in).")
@@ -1306,7 +1377,7 @@ PLAN_PIN_ORDER_HELP = PIN_ORDER_HELP[:-1] + ", and so is a --budget percentage o
               "as train-graph).")
 @add_loss_option
 @loss_option
-@click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True, help="Seconds for the whole solve (with --max-batch: for each batch tried; one that ends without a plan, or below the given node order's least memory, may take a quarter more for its last resorts; a plan whose rewritten model overshoots the budget is solved again tighter in half the time of the solve before, up to twice the limit in all).")
+@time_limit_option("with --max-batch: for each batch tried; ")
 @click.option("--seed", **SEED_OPTION)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
 @click.option("--max-computations", type=click.IntRange(min=1), default=3, show_default=True, help="Computations allowed per node.")
@@ -1349,7 +1420,6 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     """
     from planner.cpsat import PlannerOptions
     from planner.explain import explain as explain_plan, explain_table
-    from planner.planning import TIMED_OUT
     from planner.problem import is_remat_json
     from planner.units import format_bytes, format_gap, parse_budget
 
@@ -1448,16 +1518,8 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
     if as_json:
         emit_json(obj)
     if result.plan is None:
-        if result.status == "timeout":
-            swap_flag = "--swap-bandwidth BW" if is_remat_json(model) else "--swap"
-            also = "" if problem.can_swap else f", or allow swapping to host memory ({swap_flag})"
-            note = _share_of_unplanned(result.note, result.best_bytes, obj.get("unplanned_peak_bytes"))
-            longer = "a longer --time-limit or " if note.startswith(TIMED_OUT) else ""
-            raise SolverTimeoutError(f"{note}; try {longer}a larger --budget{also}")
-        if result.status == "infeasible" and result.least_bytes is not None:
-            raise _infeasible_error(result, budget, obj.get("unplanned_peak_bytes"))
-        hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""
-        raise BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}){hint}")
+        swap_flag = "--swap-bandwidth BW" if is_remat_json(model) else "--swap"
+        raise _no_plan_error(result, problem.can_swap, budget, obj.get("unplanned_peak_bytes"), swap_flag)
     _write_plan_files(emit, output, planned, obj)
     if not as_json:
         unit = f" {problem.time_unit}" if problem.time_unit else ""
@@ -1496,6 +1558,23 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
             click.echo(f"  wrote         {emit} ({runs})")
         if explain:
             click.echo(explain_table(obj["explain"]))
+
+
+def _no_plan_error(result, can_swap: bool, budget: int, unplanned: int | None, swap_flag: str | None) -> PlannerError:
+    """The one-line error (and so the exit code) of a solve that gave no plan, as ``memplan plan``
+    says it; ``swap_flag``: the flag that allows swapping, suggested where it is off (None: no such flag)."""
+    from planner.planning import TIMED_OUT
+    from planner.units import format_bytes
+
+    if result.status == "timeout":
+        also = "" if can_swap or swap_flag is None else f", or allow swapping to host memory ({swap_flag})"
+        note = _share_of_unplanned(result.note, result.best_bytes, unplanned)
+        longer = "a longer --time-limit or " if note.startswith(TIMED_OUT) else ""
+        return SolverTimeoutError(f"{note}; try {longer}a larger --budget{also}")
+    if result.status == "infeasible" and result.least_bytes is not None:
+        return _infeasible_error(result, budget, unplanned)
+    hint = "; try --strategy cpsat" if result.strategy != "cpsat" else ""
+    return BudgetInfeasibleError(f"{result.note}; budget {budget} ({format_bytes(budget)}){hint}")
 
 
 def _write_plan_files(emit: str | None, output: str | None, planned, obj: dict) -> None:

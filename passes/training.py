@@ -101,8 +101,12 @@ class SyntheticTask:
         return feeds
 
 
-def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provider: str = "cpu") -> TrainResult:
-    """Run ``steps`` optimizer steps of ``step`` (built with an optimizer) in ORT."""
+def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provider: str = "cpu",
+          planned: bool = False) -> TrainResult:
+    """Run ``steps`` optimizer steps of ``step`` (built with an optimizer) in ORT. ``planned``: the
+    step's graph is a planned one (passes/rewrite.py), run with the session options a planned model
+    needs (passes.verify.planned_session_options: no optimizer merging its recompute copies back,
+    file order, no memory reuse, arena or memory pattern)."""
     import onnxruntime as ort
 
     if not step.updates:
@@ -121,7 +125,12 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     severity = 2 if log.isEnabledFor(logging.INFO) else 4
     ort.set_default_logger_severity(severity)
     ort.set_seed(seed)  # Dropout's masks: the same seed, the same losses
-    options = ort.SessionOptions()
+    if planned:
+        from passes.verify import planned_session_options
+
+        options = planned_session_options()
+    else:
+        options = ort.SessionOptions()
     options.log_severity_level = severity
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=providers[provider])

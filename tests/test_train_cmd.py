@@ -221,3 +221,64 @@ def test_a_planned_training_step_is_not_differentiated_again(tmp_path):
         assert not again.exists()
     rc, _, err = memplan("check", emitted, "--train", "--add-loss", "mean", "--budget", "100%")
     assert rc == 2 and "already a training step" in err and "drop --add-loss" in err, err
+
+
+def test_train_with_a_budget_runs_the_planned_step_with_the_unplanned_losses():
+    """train always ran the unplanned step: there was no way to train under a memory budget. With
+    --budget it plans the step with its optimizer and runs the rewritten graph; recompute on CPU is
+    bit-exact, so every loss equals the unplanned run's."""
+    args = ("train", "zoo:cnn", "--steps", "4", "--json")
+    rc, out, err = memplan(*args)
+    assert rc == 0, err
+    unplanned = json.loads(out)
+    rc, out, err = memplan(*args, "--budget", "90%", "--time-limit", "2", "--deterministic")
+    assert rc == 0, err
+    planned = json.loads(out)
+    plan = planned["plan"]
+    assert plan["recomputed"] >= 1 and plan["status"] in ("optimal", "feasible")
+    assert plan["peak_bytes"] <= plan["budget_bytes"] < plan["unplanned_peak_bytes"]
+    assert plan["added_time_pct"] > 0
+    assert len(planned["losses"]) == 4 and planned["losses"] == unplanned["losses"]
+    assert "plan" not in unplanned
+    rc, out, err = memplan("train", "zoo:cnn", "--steps", "2", "--budget", "90%", "--time-limit", "2", "--deterministic")
+    assert rc == 0, err
+    line = out.splitlines()[0]
+    assert line.startswith(f"plan: {plan['status']}, peak ") and "(unplanned " in line and "recomputed: " in line
+
+
+def test_the_planned_step_is_the_rewritten_graph_run_with_the_planned_options():
+    """The losses alone would not tell the planned step from the unplanned one: the graph trained is
+    the rewrite's (more nodes: the recompute copies), and its losses still equal the step's own."""
+    import cli
+    from passes.autodiff import TrainOptions, build_training_graph
+    from passes.onnx_import import load_graph
+    from passes.training import train
+    from planner.cpsat import PlannerOptions
+    from planner.units import parse_budget
+
+    forward = load_graph("zoo:cnn")
+    step = build_training_graph(forward, TrainOptions.from_kwargs(optimizer="adam", lr=0.003))
+    planned, plan = cli._plan_training_step(step, parse_budget("90%"), "H100",
+                                            PlannerOptions(time_limit=2, work_limit=True, workers=1))
+    assert plan["recomputed"] >= 1 and len(planned.graph.nodes) > len(step.graph.nodes)
+    assert planned.params == step.params and planned.updates == step.updates
+    ours = train(planned, forward, 3, planned=True).losses
+    assert ours == train(step, forward, 3).losses
+
+
+@pytest.mark.parametrize("args, code, starts", [
+    (["--budget", "60x"], 2, "memplan: error: budget '60x' has unknown unit"),
+    (["--budget", "0%"], 2, "memplan: error: budget '0%' must be a percentage"),
+    (["--deterministic"], 2, "memplan: error: --deterministic applies to planning the step; add --budget"),
+    (["--device", "A100"], 2, "memplan: error: --device applies to planning the step; add --budget"),
+])
+def test_train_budget_usage_errors_are_one_line(args, code, starts):
+    rc, out, err = memplan("train", "zoo:cnn", "--steps", "2", *args)
+    assert rc == code and out == "" and err.startswith(starts) and len(err.strip().splitlines()) == 1, err
+
+
+def test_train_at_an_infeasible_budget_fails_as_plan_does_and_trains_nothing():
+    rc, out, err = memplan("train", "zoo:cnn", "--steps", "2", "--budget", "10%", "--time-limit", "2")
+    assert rc == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("memplan: error: infeasible: the least memory any plan reaches")
+    assert (rc, err) == memplan("plan", "zoo:cnn", "--optimizer", "adam", "--budget", "10%", "--time-limit", "2")[::2]
