@@ -86,9 +86,11 @@ def main() -> int:
                 graphs = [("unplanned", unplanned, None)]
                 for label, extra in (("plan", []), ("plan --ort-arena", ["--ort-arena", args.strategy])):
                     path = str(Path(tmp) / f"{len(graphs)}_{pct}.onnx")
-                    done = subprocess.run(["memplan", "plan", spec, "--budget", f"{pct}%", "--device", "cpu",
-                                           "--deterministic", "--time-limit", args.time_limit, "--emit", path,
-                                           "-o", path + ".json", *extra], capture_output=True, text=True)
+                    # this tree's CLI, not an installed memplan from another checkout
+                    done = subprocess.run([sys.executable, "-m", "cli", "plan", spec, "--budget", f"{pct}%",
+                                           "--device", "cpu", "--deterministic", "--time-limit", args.time_limit,
+                                           "--emit", path, "-o", path + ".json", *extra],
+                                          cwd=ROOT, capture_output=True, text=True)
                     if done.returncode == 0:
                         added = json.loads(Path(path + ".json").read_text())["added_time_pct"]
                         graphs.append((label, path, added))
