@@ -279,3 +279,36 @@ def test_below_the_given_orders_floor_the_walks_path_is_searched_beside_the_memo
         walked = planning._rescue(p, bare, opt, True)
     assert walked is not None and walked.plan is not None
     assert res.added_time <= walked.added_time < 0.6 * p.total_cost / 100  # before: +0.983%
+
+
+def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(tmp_path):
+    """bench/fuzz_e2e.py's seed 58 (83 nodes) at 90637 bytes, below the given order's floor
+    (99320) and above every order's (85048): the memory-aware order's search spent the whole
+    ``--time-limit 3 --deterministic`` without a plan, and the reverse walk's beams then took the
+    whole quarter after it (the widest one cut short; the first found its plan in 0.18 of the
+    0.75 s), so CP-SAT never searched that plan's order: +418.77% where that search proves
+    +16.5% optimal there in 0.5 s."""
+    import math
+
+    import onnx
+
+    import cli
+    from bench.fuzz_e2e import make_model
+    from planner import clock
+    from planner.lowering import lower
+
+    path = tmp_path / "m58.onnx"
+    onnx.save(make_model(58)[0], path)
+    graph, _ = cli._graph_to_plan(str(path), {"batch": 3}, False, add_loss="mean")
+    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
+    p, _ = lower(graph, node_time=node_time, time_unit="s")
+    budget = 90637
+    assert p.order_free_floor <= budget < p.memory_floor  # premise: no plan in the given order fits
+    opt = PlannerOptions(time_limit=3, workers=1, seed=0, work_limit=True)
+    with clock.work_clock(math.inf):  # the solve's own limit is spent (``end`` passed)
+        bare = planning._empty(p, budget, "cpsat", status="timeout", note="")
+        rescued = planning._rescue(p, bare, opt, True, clock.now())
+    assert rescued is not None and rescued.order == "reverse-walk"
+    assert simulate(p, rescued.plan, budget).peak_bytes == rescued.peak_bytes <= budget
+    assert "then CP-SAT in that plan's node order" in rescued.note
+    assert rescued.added_time < 0.5 * p.total_cost  # before: 4.19 times the step's compute time
