@@ -1122,7 +1122,7 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
     (with --budget: the step planned to fit it)."""
     from passes.autodiff import build_training_graph
     from passes.onnx_import import load_graph
-    from passes.training import summary, train
+    from passes.training import check_provider, summary, train
     from planner.units import format_bytes, parse_budget
 
     budget_spec = parse_budget(budget_text) if budget_text is not None else None
@@ -1138,6 +1138,7 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         raise UsageError("memplan train needs --optimizer sgd or adam")
     _refuse_json_graph(model, "train", "run")
     _refuse_training_step(model, "memplan train")
+    check_provider(provider)  # before the step is built and planned, which can take the whole --time-limit
     forward = load_graph(model, parse_dims(dims))
     if options.add_loss:  # the synthetic task reads the loss (its labels input) from the forward graph
         from dataclasses import replace

@@ -113,11 +113,7 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
         raise UsageError("training needs an optimizer step: build the graph with --optimizer sgd or adam")
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
-    providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
-    if provider not in providers:
-        raise UsageError(f"--provider must be cpu or cuda, got {provider!r}")
-    if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise UsageError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu")
+    providers = _providers(provider)
     # the weights are fed: the session's model holds only the frozen ones (no proto of them all)
     model = fill_weights(params_as_inputs(export_model(step.graph, weights=False), step.params),
                          initializer_values(step.graph))
@@ -133,12 +129,11 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
         options = ort.SessionOptions()
     options.log_severity_level = severity
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers[provider])
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     except Exception as err:  # ORT's own exception types (Fail, InvalidGraph, ...)
         raise _ort_refused(err, "load", provider) from None
     if provider == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
-        raise UsageError("--provider cuda: ONNX Runtime could not start its CUDA provider here (no GPU, or the "
-                         "CUDA and cuDNN libraries it needs are missing; -v shows ORT's warning); use --provider cpu")
+        raise _no_cuda()
     weights: dict[str, np.ndarray] = {p: np.asarray(step.graph.values[step.graph.by_name[p]]) for p in step.params}
     state: dict[str, np.ndarray] = {s.input: s.initial for s in step.state}
     outputs = [step.loss] + [step.updates[p] for p in step.params] + [s.output for s in step.state]
@@ -159,6 +154,46 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
         state = {s.input: v for s, v in zip(step.state, values[1 + len(step.params):])}
         log.info("step %d loss %.5f", k, losses[-1])
     return TrainResult(tuple(losses), task.task, time.perf_counter() - start, session.get_providers()[0])
+
+
+def _no_cuda() -> UsageError:
+    return UsageError("--provider cuda: ONNX Runtime could not start its CUDA provider here (no GPU, or the CUDA and "
+                      "cuDNN libraries it needs are missing; -v shows ORT's warning); use --provider cpu")
+
+
+def _providers(provider: str) -> list[str]:
+    """ORT's provider list for ``--provider``; one without a CUDA provider in this onnxruntime is refused."""
+    import onnxruntime as ort
+
+    providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+    if provider not in providers:
+        raise UsageError(f"--provider must be cpu or cuda, got {provider!r}")
+    if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise UsageError("--provider cuda: this onnxruntime has no CUDA provider; install onnxruntime-gpu")
+    return providers[provider]
+
+
+def check_provider(provider: str) -> None:
+    """Refuse ``--provider`` in one line where ORT cannot run it here, by starting a session of a one-node
+    model: ``memplan train --budget B --provider cuda`` planned the step first (12 s for zoo:gpt?batch=8
+    at --time-limit 10) and only then said that CUDA does not start on this machine."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    providers = _providers(provider)
+    if provider == "cpu":
+        return
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    severity = 2 if log.isEnabledFor(logging.INFO) else 4  # ORT's warning lines only with -v, as train's
+    ort.set_default_logger_severity(severity)
+    options = ort.SessionOptions()
+    options.log_severity_level = severity
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=providers)
+    if session.get_providers()[0] != "CUDAExecutionProvider":
+        raise _no_cuda()
 
 
 def _ort_refused(err: Exception, what: str, provider: str = "cpu") -> Exception:

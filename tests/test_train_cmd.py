@@ -126,6 +126,17 @@ def test_train_on_cuda_without_a_gpu_says_one_line():
     assert err.startswith("memplan: error: --provider cuda")
 
 
+def test_train_on_cuda_without_a_gpu_says_so_before_planning():
+    """With --budget the step was planned first (12 s for zoo:gpt?batch=8 at --time-limit 10) and only then
+    --provider cuda refused; a budget no plan reaches showed it: exit 1, infeasible, instead of exit 2."""
+    rc, _, _ = memplan("train", "zoo:mlp?batch=4", "--steps", "1", "--provider", "cuda")
+    if rc == 0:
+        pytest.skip("a CUDA GPU is here")  # the check is for machines without one
+    rc, out, err = memplan("train", "zoo:mlp?batch=4", "--steps", "1", "--provider", "cuda", "--budget", "1B")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("memplan: error: --provider cuda"), err
+
+
 def test_the_first_scalar_output_untrainable_suggests_loss(tmp_path):
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("ReduceMean", ["x"], ["xm"], keepdims=0), helper.make_node("Gemm", ["x", "W"], ["h"]),
