@@ -1168,7 +1168,7 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
     if planned is not None:
         click.echo(f"plan: {planned['status']}, peak {format_bytes(planned['peak_bytes'])} under budget "
                    f"{format_bytes(planned['budget_bytes'])} (unplanned {format_bytes(planned['unplanned_peak_bytes'])}"
-                   f"), nodes recomputed: {planned['recomputed']}, predicted added time "
+                   f"), nodes recomputed: {len(planned['recomputed'])}, predicted added time "
                    f"+{planned['added_time_pct']:.2f}% on {planned['device']}")
     stride = max(1, steps // 10)
     for k in sorted({*range(0, steps, stride), steps - 1}):  # the last step once
@@ -1197,7 +1197,9 @@ def _plan_training_step(step, budget_spec, device_name: str, options):
     counts = pm.result.plan.counts(pm.problem.n)
     figures = {"status": pm.result.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
                "peak_bytes": pm.peak_bytes, "added_time_pct": 100 * added_fraction(pm),
-               "recomputed": int(sum(1 for c in counts["compute"] if c > 1)), "device": dev.name}
+               # the names, as plan.json's "recomputed" (this was their count, an int under the same key)
+               "recomputed": [pm.problem.names[i] for i, c in enumerate(counts["compute"]) if c > 1],
+               "device": dev.name}
     return replace(step, graph=pm.planned), figures
 
 

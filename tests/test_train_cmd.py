@@ -246,7 +246,7 @@ def test_train_with_a_budget_runs_the_planned_step_with_the_unplanned_losses():
     assert rc == 0, err
     planned = json.loads(out)
     plan = planned["plan"]
-    assert plan["recomputed"] >= 1 and plan["status"] in ("optimal", "feasible")
+    assert len(plan["recomputed"]) >= 1 and plan["status"] in ("optimal", "feasible")
     assert plan["peak_bytes"] <= plan["budget_bytes"] < plan["unplanned_peak_bytes"]
     assert plan["added_time_pct"] > 0
     assert len(planned["losses"]) == 4 and planned["losses"] == unplanned["losses"]
@@ -255,6 +255,20 @@ def test_train_with_a_budget_runs_the_planned_step_with_the_unplanned_losses():
     assert rc == 0, err
     line = out.splitlines()[0]
     assert line.startswith(f"plan: {plan['status']}, peak ") and "(unplanned " in line and "recomputed: " in line
+
+
+def test_train_json_plan_names_the_recomputed_nodes_as_plan_json_does(tmp_path):
+    """train --budget --json's plan object had "recomputed": 15, a count, where plan.json's "recomputed"
+    lists the nodes by name: the same key, another type. Now both list the same names for the same plan."""
+    budget = ("--budget", "90%", "--time-limit", "2", "--deterministic")
+    rc, out, err = memplan("train", "zoo:cnn", "--steps", "1", "--json", *budget)
+    assert rc == 0, err
+    trained = json.loads(out)["plan"]
+    rc, out, err = memplan("plan", "zoo:cnn", "--optimizer", "adam", "--json", *budget)
+    assert rc == 0, err
+    planned = json.loads(out)
+    assert trained["peak_bytes"] == planned["peak_bytes"]
+    assert trained["recomputed"] == planned["recomputed"] and planned["recomputed"], (trained, planned["recomputed"])
 
 
 def test_the_planned_step_is_the_rewritten_graph_run_with_the_planned_options():
@@ -271,7 +285,7 @@ def test_the_planned_step_is_the_rewritten_graph_run_with_the_planned_options():
     step = build_training_graph(forward, TrainOptions.from_kwargs(optimizer="adam", lr=0.003))
     planned, plan = cli._plan_training_step(step, parse_budget("90%"), "H100",
                                             PlannerOptions(time_limit=2, work_limit=True, workers=1))
-    assert plan["recomputed"] >= 1 and len(planned.graph.nodes) > len(step.graph.nodes)
+    assert len(plan["recomputed"]) >= 1 and len(planned.graph.nodes) > len(step.graph.nodes)
     assert planned.params == step.params and planned.updates == step.updates
     ours = train(planned, forward, 3, planned=True).losses
     assert ours == train(step, forward, 3).losses
