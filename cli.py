@@ -2173,7 +2173,7 @@ def _plot_format(option: str, path: str | None) -> str | None:
 @handles_errors
 def bench_alloc(directory, instances, time_limit, no_minimize, output, md_path, plot, as_json) -> None:
     """The static allocator (memplan alloc) on MiniMalloc's challenging suite: each instance at the capacity
-    in its file name, validated; exit 1 where a placement fails validation."""
+    in its file name, validated; exit 1 where a placement fails validation or none is found."""
     import time
 
     from planner import alloc_bench
@@ -2198,8 +2198,14 @@ def bench_alloc(directory, instances, time_limit, no_minimize, output, md_path, 
         (output, lambda: json.dumps(obj, indent=2) + "\n"), (md_path, lambda: alloc_bench.markdown(rows, total)),
         (plot, lambda: alloc_bench.plot(rows, plot_fmt))])
     if not all(r["validated"] for r in rows):
-        bad = ", ".join(r["instance"] for r in rows if not r["validated"])
-        click.echo(f"memplan: error: the placement of {bad} failed validation", err=True)
+        # an instance the search found no placement for (its capacity under the lower bound, or the
+        # limit reached first) has none to validate: said as such, not as a placement that failed
+        unplaced = [f"{r['instance']} within {r['capacity']} bytes ({r['status']}; lower bound {r['lower_bound']})"
+                    for r in rows if r["height"] is None]
+        bad = [r["instance"] for r in rows if r["height"] is not None and not r["validated"]]
+        said = ([f"no placement of {', '.join(unplaced)}"] if unplaced else []) + (
+            [f"the placement of {', '.join(bad)} failed validation"] if bad else [])
+        click.echo(f"memplan: error: {'; '.join(said)}", err=True)
         sys.exit(EXIT_FAILED)
 
 

@@ -77,6 +77,17 @@ def test_bench_alloc_bad_options_are_one_line(suite, tmp_path):
     assert _digests(suite) == before and list(tmp_path.iterdir()) == []
 
 
+def test_bench_alloc_an_instance_without_a_placement_is_not_said_to_fail_validation(tmp_path):
+    """An instance whose buffers need more than the capacity in its name ends infeasible, with no
+    placement; bench alloc said "the placement of S failed validation" (exit 1)."""
+    (tmp_path / "S.1024.csv").write_text("id,lower,upper,size\n0,0,5,10\n1,0,5,2000\n")
+    rc, out, err = memplan("bench", "alloc", "--dir", tmp_path, "--time-limit", "1")
+    assert rc == 1 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last == "memplan: error: no placement of S within 1024 bytes (infeasible; lower bound 2010)", last
+    assert out.splitlines()[1].split()[-1] == "False"  # the table still says the row does not validate
+
+
 def test_bench_remat_plot_is_a_png(benchmarks_dir, tmp_path):
     png = tmp_path / "remat.png"
     rc, out, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--graph", "RL100", "--budgets",
