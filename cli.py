@@ -94,6 +94,11 @@ class OneLineErrors(click.Group):
         except click.UsageError as err:
             ctx = err.ctx
             hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            if isinstance(err, click.NoSuchOption) and err.option_name in ("-v", "--verbose") and ctx is not None:
+                # memplan's -v is the group's: `memplan train ... -v`, as an error's "-v shows ..." reads
+                root = ctx.find_root().info_name
+                hint = (f" ({err.option_name} goes before the command: {root} {err.option_name} "
+                        f"{ctx.command_path[len(root) + 1:]} ...)")
             click.echo(f"memplan: error: {err.format_message()}{hint}", err=True)
             sys.exit(EXIT_USAGE)
         except click.ClickException as err:

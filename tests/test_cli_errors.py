@@ -74,6 +74,19 @@ def test_click_usage_errors_are_one_line():
     assert rc == 0 and "version" in out
 
 
+def test_v_after_the_command_says_where_it_goes():
+    """-v is memplan's, before the command; `memplan train ... --provider cuda -v`, as train's "-v shows
+    ORT's warning" reads, said only "No such option '-v'. (see memplan train --help)", whose help has no -v."""
+    for args, flag, command in ((["train", "zoo:mlp", "--provider", "cuda", "-v"], "-v", "train"),
+                                (["bench", "alloc", "--verbose"], "--verbose", "bench alloc")):
+        rc, out, err = memplan(*args)
+        line = one_line(err)
+        assert rc == 2 and out == "", (args, err)
+        assert line.endswith(f"({flag} goes before the command: cli.py {flag} {command} ...)"), line
+    rc, _, err = memplan("train", "zoo:mlp", "-x")
+    assert rc == 2 and one_line(err).endswith("(see cli.py train --help)"), err
+
+
 @pytest.mark.parametrize("command", [
     ["plan", "{model}", "--budget", "90%", "--time-limit", "1", "--emit", "{target}"],
     ["plan", "{model}", "--budget", "90%", "--time-limit", "1", "-o", "{target}"],
