@@ -2153,7 +2153,7 @@ def _bench_budgets(budgets: str) -> list[float]:
         raise UsageError(f"--budgets {budgets!r} must be comma-separated percentages, e.g. 90,50") from None
     if not fractions or any(not 0 < f <= 10 for f in fractions):
         raise UsageError(f"--budgets {budgets!r} must be percentages in (0, 1000]")
-    return fractions
+    return list(dict.fromkeys(fractions))  # a budget given twice is one row (as --only given twice)
 
 
 def _plot_format(option: str, path: str | None) -> str | None:

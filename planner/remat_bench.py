@@ -32,7 +32,7 @@ def find_graphs(directory: str | Path, labels: Iterable[str] | None = None) -> l
     """(label, path) of the train graphs in ``directory``; ``labels`` picks some (default: all)."""
     directory = Path(directory)
     files = sorted(p.name for p in directory.glob("*.json"))
-    wanted = list(labels) if labels else list(TRAIN_GRAPHS)
+    wanted = list(dict.fromkeys(labels)) if labels else list(TRAIN_GRAPHS)  # a label given twice: once
     out = []
     for label in wanted:
         prefix = TRAIN_GRAPHS.get(label)

@@ -99,6 +99,15 @@ def test_bench_remat_plot_is_a_png(benchmarks_dir, tmp_path):
     assert rc == 2 and "cannot write a .gif image" in one_line(err) and not (tmp_path / "r.gif").exists()
 
 
+def test_bench_remat_a_budget_or_graph_given_twice_is_one_row(benchmarks_dir):
+    """--budgets 90,90.0 planned and printed each graph twice at 90%, and --graph RL100 --graph RL100
+    planned RL100 twice (bench zoo's --only given twice was already once, bench alloc's --instance too)."""
+    rc, out, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--graph", "RL100", "--graph", "RL100",
+                           "--budgets", "90,90.0,70", "--strategies", "none", "--json")
+    assert rc == 0, err
+    assert [(r["graph"], r["budget_pct"]) for r in json.loads(out)["rows"]] == [("RL100", 90), ("RL100", 70)]
+
+
 def test_remat_plot_draws_only_plans_that_fit(monkeypatch):
     """An over-budget row's added time (chen's sqrt(n) plan ignores the budget) is no point on a curve."""
     from planner import remat_bench, sweep
