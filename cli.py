@@ -2190,8 +2190,14 @@ def bench_alloc(directory, instances, time_limit, no_minimize, output, md_path, 
     try:
         files = alloc_bench.find_instances(folder, instances)
     except KeyError as err:
+        name = err.args[0]
+        # R.csv or R.1MiB.csv is there, but not as NAME.CAPACITY.csv: say so, not that R is missing
+        named = sorted(p.name for p in folder.glob("*.csv") if p.name.split(".")[0] == name)
+        if named:
+            raise UsageError(f"--instance {name!r}: {folder / named[0]} has no capacity in its name; bench alloc "
+                             "reads NAME.CAPACITY.csv, the capacity in bytes (A.1048576.csv)") from None
         names = ", ".join(p.name.split(".")[0] for p in alloc_bench.find_instances(folder)) or "none"
-        raise UsageError(f"--instance {err.args[0]!r} is not in {folder} (it holds: {names})") from None
+        raise UsageError(f"--instance {name!r} is not in {folder} (it holds: {names})") from None
     if not files:
         raise UsageError(f"no MiniMalloc instances (NAME.CAPACITY.csv) found in {folder}")
     t0 = time.perf_counter()

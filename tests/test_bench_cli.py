@@ -88,6 +88,19 @@ def test_bench_alloc_an_instance_without_a_placement_is_not_said_to_fail_validat
     assert out.splitlines()[1].split()[-1] == "False"  # the table still says the row does not validate
 
 
+def test_bench_alloc_an_instance_without_a_capacity_in_its_name_is_said_so(tmp_path):
+    """--instance R with R.csv in the folder said "--instance 'R' is not in FOLDER (it holds: none)"."""
+    for name in ("R.csv", "R.1MiB.csv"):
+        (tmp_path / name).write_text("id,lower,upper,size\n0,0,5,10\n")
+        rc, out, err = memplan("bench", "alloc", "--dir", tmp_path, "--instance", "R")
+        line = one_line(err)
+        assert rc == 2 and out == "" and f"{tmp_path / name} has no capacity in its name" in line, line
+        assert "NAME.CAPACITY.csv" in line
+        (tmp_path / name).unlink()
+    rc, _, err = memplan("bench", "alloc", "--dir", tmp_path, "--instance", "R")
+    assert rc == 2 and "--instance 'R' is not in" in one_line(err)
+
+
 def test_bench_remat_plot_is_a_png(benchmarks_dir, tmp_path):
     png = tmp_path / "remat.png"
     rc, out, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--graph", "RL100", "--budgets",
