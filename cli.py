@@ -2060,7 +2060,7 @@ def _bench_group() -> click.Group:
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Folder of the remat JSON graphs (default: ../shared/benchmarks/remat beside the checkout).")
 @click.option("--graph", "graphs", multiple=True, help="Graph label (VGG16, ResNet50, RL100, ...); repeatable. Default: all.")
-@click.option("--budgets", default="90,80,70,60,50,40", show_default=True, help="Percentages of the no-remat peak.")
+@click.option("--budgets", default="90,80,70,60,50,40", show_default=True, help="Comma-separated percentages of the no-remat peak (90,80 or 90%,80%).")
 @click.option("--strategies", default="cpsat,greedy,chen", show_default=True,
               help="Comma-separated, of cpsat, greedy, chen, none.")
 @click.option("--time-limit", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
@@ -2148,7 +2148,8 @@ def _bench_budgets(budgets: str) -> list[float]:
     from planner.units import percent_fraction
 
     try:
-        fractions = [percent_fraction(x) for x in budgets.split(",") if x.strip()]
+        # "90%" as plan's --budget writes a percentage, or a bare 90
+        fractions = [percent_fraction(x.strip().removesuffix("%")) for x in budgets.split(",") if x.strip()]
     except (ValueError, OverflowError):
         raise UsageError(f"--budgets {budgets!r} must be comma-separated percentages, e.g. 90,50") from None
     if not fractions or any(not 0 < f <= 10 for f in fractions):
@@ -2223,7 +2224,7 @@ def bench_alloc(directory, instances, time_limit, no_minimize, output, md_path, 
 @_bench_group().command("zoo")
 @click.option("--only", "names", multiple=True, help="Zoo model (mlp, cnn, resnet, unet, gpt); repeatable. Default: all, "
               "each at its own small default size.")
-@click.option("--budgets", default="80,60,50", show_default=True, help="Percentages of the unplanned training peak.")
+@click.option("--budgets", default="80,60,50", show_default=True, help="Comma-separated percentages of the unplanned training peak (80,60 or 80%,60%).")
 @click.option("--strategy", type=click.Choice(["cpsat", "greedy", "chen"]), default="cpsat", show_default=True,
               help="How each plan is made.")
 @click.option("--time-limit", type=FiniteFloat(min=0.1), default=20.0, show_default=True, help="CP-SAT seconds per plan.")

@@ -121,6 +121,17 @@ def test_bench_remat_a_budget_or_graph_given_twice_is_one_row(benchmarks_dir):
     assert [(r["graph"], r["budget_pct"]) for r in json.loads(out)["rows"]] == [("RL100", 90), ("RL100", 70)]
 
 
+def test_bench_budgets_take_a_percent_sign_as_plans_budget_does(benchmarks_dir):
+    """plan --budget 60% takes the sign; --budgets 90%,70% was refused ("must be comma-separated
+    percentages")."""
+    rc, out, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--graph", "RL100",
+                           "--budgets", "90%, 70%", "--strategies", "none", "--json")
+    assert rc == 0, err
+    assert [r["budget_pct"] for r in json.loads(out)["rows"]] == [90, 70]
+    rc, _, err = memplan("bench", "remat", "--dir", benchmarks_dir / "remat", "--budgets", "90%%")
+    assert rc == 2 and "--budgets" in one_line(err)
+
+
 def test_remat_plot_draws_only_plans_that_fit(monkeypatch):
     """An over-budget row's added time (chen's sqrt(n) plan ignores the budget) is no point on a curve."""
     from planner import remat_bench, sweep
