@@ -449,6 +449,13 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
+            if given.least_bytes <= budget:
+                # ``order`` may hold a plan within the budget (its floor): its search found none in
+                # time, which proves nothing. Fuzzed seed 58 at 90637 bytes: "infeasible", least
+                # 90104 bytes (that order's floor), and the rescue's note "none in the node orders
+                # searched fit (they reach no lower than 90104 bytes)" beside the walk's plan
+                given = replace(given, status="timeout", least_bytes=None, least_exact=False,
+                                note=_timeout_note(problem, options.time_limit, None))
         if given.status == "timeout":  # no plan in either order
             best = min((r.best_bytes for r in (given, first) if r.best_bytes is not None), default=None)
             # the whole time was spent, unless the given order's model proved it holds no plan

@@ -19,6 +19,7 @@ from planner.cpsat import PlannerOptions
 from planner.greedy import evict_greedy, split_greedy
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.pebble import WALKS, Walk, depth_first_walk, plan_of, reverse_pebble, reverse_walk
+from planner.plan import SolveResult
 from planner import planning
 from planner.planning import solve
 from planner.problem import PlanningProblem
@@ -312,3 +313,49 @@ def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(tmp_path)
     assert simulate(p, rescued.plan, budget).peak_bytes == rescued.peak_bytes <= budget
     assert "then CP-SAT in that plan's node order" in rescued.note
     assert rescued.added_time < 0.5 * p.total_cost  # before: 4.19 times the step's compute time
+
+
+@pytest.fixture(scope="module")
+def seed_58(tmp_path_factory):
+    """bench/fuzz_e2e.py's seed 58 (83 nodes) as ``plan --dim batch=3 --add-loss mean`` plans it,
+    and a budget below the given order's floor (99320) and above every order's (85048)."""
+    import onnx
+
+    import cli
+    from bench.fuzz_e2e import make_model
+    from planner.lowering import lower
+
+    path = tmp_path_factory.mktemp("s58") / "m58.onnx"
+    onnx.save(make_model(58)[0], path)
+    graph, _ = cli._graph_to_plan(str(path), {"batch": 3}, False, add_loss="mean")
+    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
+    p, _ = lower(graph, node_time=node_time, time_unit="s")
+    budget = 90637
+    assert p.order_free_floor <= budget < p.memory_floor  # premise: no plan in the given order fits
+    return p, budget
+
+
+def _reordered_below_the_floor(p: PlanningProblem, budget: int) -> SolveResult:
+    """_solve_reordered in the order _solve_from picks for ``budget`` (below the given order's floor)."""
+    import math
+
+    from planner import clock
+    from planner.reorder import memory_order
+
+    opt = PlannerOptions(time_limit=3, workers=1, seed=0, work_limit=True)
+    with clock.work_clock(math.inf):
+        work = opt.reorder_work_per_s * opt.time_limit
+        found = memory_order(p, opt.reorder_min_gain, budget, work) or memory_order(p, -math.inf, budget, work)
+        return planning._solve_reordered(p, budget, opt, clock.now(), *found)
+
+
+def test_no_plan_in_either_order_is_no_proof_where_the_other_orders_floor_fits(seed_58):
+    """Seed 58 at 90637 bytes: the memory-aware order's search found no plan in its time, and the
+    solve was "infeasible" with a least of 90104 bytes (that order's floor), under the budget;
+    the rescue's note then said "none in the node orders searched fit (they reach no lower than
+    90104 bytes)". With no proof either way, it is a timeout."""
+    p, budget = seed_58
+    res = _reordered_below_the_floor(p, budget)
+    assert res.plan is None
+    assert res.status == "timeout" and res.least_bytes is None, (res.status, res.least_bytes, res.note)
+
