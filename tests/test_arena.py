@@ -663,10 +663,10 @@ def test_plan_graph_tightens_from_the_plans_peak_where_it_lies_under_the_target(
     real = pm_mod.solve
     targets = []
 
-    def solve(problem, target, strategy, options):
+    def solve(problem, target, strategy, options, **kw):
         # a solver whose plans land well under the target it is given
         targets.append(target)
-        return replace(real(problem, int(target * 0.85), strategy, options), budget_bytes=target)
+        return replace(real(problem, int(target * 0.85), strategy, options, **kw), budget_bytes=target)
 
     monkeypatch.setattr(pm_mod, "solve", solve)
     got = pm_mod.plan_graph(g, budget, strategy="greedy", ort_arena=_OverByOneArena(fits, budget))

@@ -1572,10 +1572,10 @@ def test_solver_wall_s_counts_the_re_solves_too(monkeypatch):
 
     real, limits = plan_model.solve, []
 
-    def solve(problem, target, strategy, options):
+    def solve(problem, target, strategy, options, **kw):
         # each solve's own report stands in for its wall time: 3 s, then 2 s
         limits.append(options.time_limit)
-        res = real(problem, target, strategy, options)
+        res = real(problem, target, strategy, options, **kw)
         return replace(res, solver=replace(res.solver, wall_s=3.0 if len(limits) == 1 else 2.0))
 
     monkeypatch.setattr(plan_model, "MAX_TIGHTENING", 1)

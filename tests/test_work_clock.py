@@ -100,9 +100,9 @@ def spy_solve(monkeypatch, read) -> list:
 
     seen, real = [], solve
 
-    def spy(problem, budget, strategy="cpsat", options=None):
+    def spy(problem, budget, strategy="cpsat", options=None, start=None):
         seen.append(read(options))
-        return real(problem, budget, strategy, options)
+        return real(problem, budget, strategy, options, start)
 
     monkeypatch.setattr(planning, "solve", spy)
     return seen
