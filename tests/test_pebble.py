@@ -392,3 +392,14 @@ def test_no_plan_in_either_order_is_no_proof_where_the_other_orders_floor_fits(s
     assert res.plan is None
     assert res.status == "timeout" and res.least_bytes is None, (res.status, res.least_bytes, res.note)
 
+
+def test_below_the_given_orders_floor_its_least_is_not_searched(seed_58, monkeypatch):
+    """Seed 58 at 90637 bytes: the given order's solve, after the memory-aware order's, spent 0.5
+    s of the 3 proving its least peak, where its floor already rules it out and the least said is
+    the other order's, lower."""
+    p, budget = seed_58
+    searched, real = [], planning.least_peak
+    monkeypatch.setattr(planning, "least_peak", lambda q, *a, **k: searched.append(q.n) or real(q, *a, **k))
+    res = _reordered_below_the_floor(p, budget)
+    assert res.plan is None and res.status == "timeout"
+    assert searched == []
