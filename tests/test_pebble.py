@@ -282,7 +282,7 @@ def test_below_the_given_orders_floor_the_walks_path_is_searched_beside_the_memo
     assert res.added_time <= walked.added_time < 0.6 * p.total_cost / 100  # before: +0.983%
 
 
-def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(tmp_path):
+def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(seed_58):
     """bench/fuzz_e2e.py's seed 58 (83 nodes) at 90637 bytes, below the given order's floor
     (99320) and above every order's (85048): the memory-aware order's search spent the whole
     ``--time-limit 3 --deterministic`` without a plan, and the reverse walk's beams then took the
@@ -291,20 +291,9 @@ def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(tmp_path)
     +16.5% optimal there in 0.5 s."""
     import math
 
-    import onnx
-
-    import cli
-    from bench.fuzz_e2e import make_model
     from planner import clock
-    from planner.lowering import lower
 
-    path = tmp_path / "m58.onnx"
-    onnx.save(make_model(58)[0], path)
-    graph, _ = cli._graph_to_plan(str(path), {"batch": 3}, False, add_loss="mean")
-    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
-    p, _ = lower(graph, node_time=node_time, time_unit="s")
-    budget = 90637
-    assert p.order_free_floor <= budget < p.memory_floor  # premise: no plan in the given order fits
+    p, budget = seed_58
     opt = PlannerOptions(time_limit=3, workers=1, seed=0, work_limit=True)
     with clock.work_clock(math.inf):  # the solve's own limit is spent (``end`` passed)
         bare = planning._empty(p, budget, "cpsat", status="timeout", note="")
