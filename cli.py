@@ -1199,13 +1199,17 @@ def _plan_training_step(step, budget_spec, device_name: str, options):
     pm = plan_graph(step.graph, budget, options=options, node_time=node_time, transfer_time=None, time_unit="s")
     if not pm.ok:
         raise _no_plan_error(pm.result, pm.problem.can_swap, budget, unplanned, None)
-    counts = pm.result.plan.counts(pm.problem.n)
     figures = {"status": pm.result.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
                "peak_bytes": pm.peak_bytes, "added_time_pct": 100 * added_fraction(pm),
                # the names, as plan.json's "recomputed" (this was their count, an int under the same key)
-               "recomputed": [pm.problem.names[i] for i, c in enumerate(counts["compute"]) if c > 1],
+               "recomputed": _recomputed_names(pm.result.plan, pm.problem),
                "device": dev.name}
     return replace(step, graph=pm.planned), figures
+
+
+def _recomputed_names(plan, problem) -> list[str]:
+    """plan.json's ``recomputed`` of an ONNX model's plan: the names of the nodes it computes more than once."""
+    return [problem.names[i] for i in plan.recomputed(problem.n)]
 
 
 # ---- plan / rewrite for ONNX models ----------------------------------------------------------
@@ -1909,8 +1913,7 @@ def _plan_object(model, graph, pm, dims, train, device_name, cost_source, budget
                problem_peak_bytes=result.peak_bytes, **{k: v for k, v in made.items() if k != "source"})
     obj["budget_bytes"] = budget
     if result.plan is not None:
-        counts = result.plan.counts(problem.n)
-        obj["recomputed"] = [problem.names[i] for i, c in enumerate(counts["compute"]) if c > 1]
+        obj["recomputed"] = _recomputed_names(result.plan, problem)
         # the tensors the schedule moves out (a planner node's outputs move together: layer0.ln1
         # with its __mean and __inv_std), as the emitted model's copies and verify name and count them
         obj["swapped"] = list(dict.fromkeys(e["tensor"] for e in pm.events if e["op"] == "swap_out"))
