@@ -117,9 +117,7 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     # the weights are fed: the session's model holds only the frozen ones (no proto of them all)
     model = fill_weights(params_as_inputs(export_model(step.graph, weights=False), step.params),
                          initializer_values(step.graph))
-    # ORT's own log lines only with -v: its errors reach the user as memplan's one line
-    severity = 2 if log.isEnabledFor(logging.INFO) else 4
-    ort.set_default_logger_severity(severity)
+    severity = _ort_log_severity()
     ort.set_seed(seed)  # Dropout's masks: the same seed, the same losses
     if planned:
         from passes.verify import planned_session_options
@@ -156,6 +154,16 @@ def train(step: TrainingStep, forward: Graph, steps: int, seed: int = 0, provide
     return TrainResult(tuple(losses), task.task, time.perf_counter() - start, session.get_providers()[0])
 
 
+def _ort_log_severity() -> int:
+    """Set ORT's default log severity for memplan's sessions and return it for their options: ORT's own
+    lines only with -v (warnings); otherwise none, its errors reach the user as memplan's one line."""
+    import onnxruntime as ort
+
+    severity = 2 if log.isEnabledFor(logging.INFO) else 4
+    ort.set_default_logger_severity(severity)
+    return severity
+
+
 def _no_cuda() -> UsageError:
     return UsageError("--provider cuda: ONNX Runtime could not start its CUDA provider here (no GPU, or the CUDA and "
                       "cuDNN libraries it needs are missing; -v shows ORT's warning); use --provider cpu")
@@ -187,8 +195,7 @@ def check_provider(provider: str) -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
     probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    severity = 2 if log.isEnabledFor(logging.INFO) else 4  # ORT's warning lines only with -v, as train's
-    ort.set_default_logger_severity(severity)
+    severity = _ort_log_severity()
     options = ort.SessionOptions()
     options.log_severity_level = severity
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=providers)
