@@ -1161,7 +1161,11 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
         from planner.cpsat import PlannerOptions
 
         planner_options = PlannerOptions(time_limit=time_limit, work_limit=deterministic, wall_deadline=wall_deadline)
-        step, planned = _plan_training_step(step, budget_spec, device_name, planner_options)
+        # --json: no plan is still the one object --json promises, as plan --json prints a plan that failed
+        head = {"model": model, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr, "steps": steps,
+                "provider": provider}
+        no_plan = (lambda figures: emit_json({**head, "status": figures["status"], "plan": figures})) if as_json else None
+        step, planned = _plan_training_step(step, budget_spec, device_name, planner_options, no_plan)
     result = train(step, forward, steps, seed=seed, provider=provider, planned=planned is not None)
     info = {"model": model, "task": result.task, "optimizer": options.optimizer.kind, "lr": options.optimizer.lr,
             "steps": steps, "provider": result.provider, "seconds": result.seconds, **summary(result)}
@@ -1184,10 +1188,13 @@ def train_cmd(model: str, dims: tuple[str, ...], steps: int, seed: int, provider
                f"in {result.seconds:.3g} s on {result.provider}")
 
 
-def _plan_training_step(step, budget_spec, device_name: str, options):
+def _plan_training_step(step, budget_spec, device_name: str, options,
+                        no_plan: Callable[[dict], None] | None = None):
     """``train --budget``: ``step`` planned to fit the budget (cpsat, recompute only, as ``memplan plan``
     plans it) -> (the step with the planned graph in its place, the plan's figures for the output). No
-    plan is plan's one-line error and exit code, and nothing is trained."""
+    plan is plan's one-line error and exit code, and nothing is trained; ``no_plan`` is first given the
+    figures of the solve that failed (status, budget, least_bytes or best_peak_bytes and note where
+    known, as plan.json names them; peak_bytes, added_time_pct and recomputed null)."""
     from dataclasses import replace
 
     from passes.plan_model import added_fraction, plan_graph
@@ -1198,6 +1205,12 @@ def _plan_training_step(step, budget_spec, device_name: str, options):
     budget = budget_spec.resolve(unplanned)
     pm = plan_graph(step.graph, budget, options=options, node_time=node_time, transfer_time=None, time_unit="s")
     if not pm.ok:
+        if no_plan is not None:
+            res = pm.result
+            known = {"least_bytes": res.least_bytes, "best_peak_bytes": res.best_bytes, "note": res.note or None}
+            no_plan({"status": res.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
+                     "peak_bytes": None, "added_time_pct": None, "recomputed": None, "device": dev.name,
+                     **{k: v for k, v in known.items() if v is not None}})
         raise _no_plan_error(pm.result, pm.problem.can_swap, budget, unplanned, None)
     figures = {"status": pm.result.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
                "peak_bytes": pm.peak_bytes, "added_time_pct": 100 * added_fraction(pm),

@@ -307,3 +307,22 @@ def test_train_at_an_infeasible_budget_fails_as_plan_does_and_trains_nothing():
     assert rc == 1 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.startswith("memplan: error: infeasible: the least memory any plan reaches")
     assert (rc, err) == memplan("plan", "zoo:cnn", "--optimizer", "adam", "--budget", "10%", "--time-limit", "2")[::2]
+
+
+def test_train_json_at_an_infeasible_budget_prints_one_object_as_plan_json_does():
+    """train --budget B --json printed nothing when no plan reaches B, where plan --json prints the
+    failed plan's object (status, least bytes) and exits 1: a CI job parsing stdout got no document.
+    Now train prints one object too, its plan named as plan.json names it, with the same exit and line."""
+    rc, out, err = memplan("train", "zoo:mlp", "--steps", "2", "--budget", "1KiB", "--json")
+    assert rc == 1 and len(err.strip().splitlines()) == 1, (out, err)
+    assert err.startswith("memplan: error: infeasible: the least memory any plan reaches")
+    obj = json.loads(out)
+    assert obj["status"] == obj["plan"]["status"] == "infeasible" and "losses" not in obj
+    plan = obj["plan"]
+    assert plan["budget_bytes"] == 1024 < plan["least_bytes"] <= plan["unplanned_peak_bytes"]
+    assert plan["peak_bytes"] is None and plan["recomputed"] is None
+    rc, out, _ = memplan("plan", "zoo:mlp", "--optimizer", "adam", "--budget", "1KiB", "--json")
+    assert rc == 1
+    planned = json.loads(out)
+    assert {k: plan[k] for k in ("status", "budget_bytes", "unplanned_peak_bytes", "least_bytes")} == \
+        {k: planned[k] for k in ("status", "budget_bytes", "unplanned_peak_bytes", "least_bytes")}
