@@ -1707,7 +1707,8 @@ def _max_batch(model, budget_spec, strategy, options, device_name, swap, dims, f
         written = _write_max_batch(result, planned_from, spec_at, build, plan_at, made_with, budget, device_name,
                                    batch_dim, options, bfc, emit, output)
     added = None if pm is None else added_fraction(pm)
-    obj = {"schema": "memplan.max_batch/1", "model": model, "budget_bytes": budget, "batch_dim": batch_dim,
+    obj = {"schema": "memplan.max_batch/1", "model": model, "status": _max_batch_status(result),
+           "budget_bytes": budget, "batch_dim": batch_dim,
            "device": device_name, "strategy": strategy, "swap": swap, "dims": dims,
            "train": made_with.get("train"), "time_limit_s_per_batch": options.time_limit,
            "deterministic": options.work_limit, "max_added_time_fraction": cap,
@@ -1790,6 +1791,15 @@ def _write_max_batch(result, planned_from, spec_at, build, plan_at, made_with, b
     obj["plan_digest"] = plan_digest(obj)
     _write_plan_files(emit, output, planned, obj)
     return {"path": emit, "plan": output, "batch": b, "model": spec, "dims": dims, "plan_digest": obj["plan_digest"]}
+
+
+def _max_batch_status(result) -> str:
+    """--max-batch --json's ``status``, in plan's words and with its exit code: "feasible" where some
+    batch fits (planned or not, exit 0), else "timeout" where the first batch's solve ran out of time
+    (exit 4) and "infeasible" otherwise (exit 1), as ``_some_batch_fits`` decides."""
+    if result.planned or result.unplanned:
+        return "feasible"
+    return "timeout" if result.misses.get(result.step) in ("timeout", "wall cap") else "infeasible"
 
 
 def _some_batch_fits(result, model: str, budget: int, dim: str = "batch") -> None:

@@ -1640,3 +1640,26 @@ def test_swaps_of_an_onnx_model_are_priced_on_the_compute_stream():
     copies = sum(problem.transfer[e.node] for e in plan.events if e.op in ("swap_out", "swap_in"))
     assert sim.swap_ins and sim.recomputes == 0
     assert sim.added_time == pytest.approx(copies, rel=1e-9)
+
+
+def test_max_batch_json_has_the_status_its_exit_code_says(monkeypatch):
+    """plan --max-batch --json had no status: where not even batch 1 fits it printed the object (exit 1,
+    or 4 for a timeout) with planned_batch 0 and no field saying which, where plan --json, train --json
+    and alloc --json say "status". Now it says feasible / infeasible / timeout, as the exit code does."""
+    from click.testing import CliRunner
+
+    import cli
+    from passes import plan_model
+
+    cases = (((1, 2), {}, "feasible", 0), ((0, 0), {1: "infeasible"}, "infeasible", 1),
+             ((0, 0), {1: "timeout"}, "timeout", 4), ((0, 0), {1: "wall cap"}, "timeout", 4))
+    for (unplanned, planned), misses, status, code in cases:
+        def fake(build, budget, plan, max_added=None, ort_arena=None, step=1, u=unplanned, p=planned, m=misses):
+            return plan_model.MaxBatch(u, p, None, ((1, "unplanned", u > 0),), m)
+
+        monkeypatch.setattr(plan_model, "max_batch", fake)
+        res = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "1MiB", "--max-batch", "--json"])
+        assert res.exit_code == code, (status, res.output)
+        obj = json.loads(res.stdout)
+        assert obj["status"] == status, obj
+        assert len(res.stderr.strip().splitlines()) == (0 if code == 0 else 1), res.stderr
