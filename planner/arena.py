@@ -28,10 +28,24 @@ code, written from reading it) on a sequence of allocations and frees:
   transposed weight from the arena (``session_allocations``), and off the CPU the fed inputs. Each
   was found by matching ORT's log of arena reservations and extensions request by request. Re-measured
   2026-12-06 (bench/results/arena_limit.md section 4): 33 of 36 zoo rows within 4 KiB of the least
-  limit ORT runs under; under kSameAsRequested on CPU, ORT can need up to 19% more where glibc's
-  adaptive mmap threshold (128 KiB, raised up to 32 MiB as mapped blocks are freed) has moved past
-  the fixed ``MMAP_THRESHOLD`` the replay assumes (zoo:unet?batch=8 at 80%; resnet?batch=32 at 70%
-  differs from process to process).
+  limit ORT runs under; the three misses (kSameAsRequested) were where glibc placed regions (below),
+  which the replay then held to one layout.
+
+Where a region lies decides which of two equal free chunks the arena reuses, and so what a run needs.
+On the CPU a region is glibc's: from the heap under the mmap threshold, a fresh mapping at or above
+it. The replay lays heap regions out upward and mappings downward, but neither holds in every
+process: the threshold starts at 128 KiB and rises to the size of each mapped block the process frees,
+up to 32 MiB (mallopt(3), M_MMAP_THRESHOLD), and the kernel puts a mapping in the highest gap that
+fits, above earlier ones where the process unmapped blocks before the run (probed in ORT's child
+before zoo:unet?batch=8's run at 80%: threshold about 256 KiB, and the 256 KiB region mapped above
+the 4 MiB primer made before it). So ORT's need can differ from process to process
+(zoo:resnet?batch=32 planned at 70%: 0.959 or 1.084 of its budget). ``least_limit`` takes the
+least limit the run fits under with its regions laid out as at every threshold that changes the
+layout (``mmap_thresholds``): the safe side, not a model of one process. It covers the two layouts
+seen (unet?batch=8 at 80%, the primer below the later regions, is the layout at 4 MiB and needs
+ORT's figure exactly; resnet's two are those at 1 MiB and 4 MiB) and may ask for more than a given
+process needs (zoo:resnet?batch=32 unplanned, kSameAsRequested: 1.577 of its 70% budget where ORT
+needed 1.452; bench/results/arena_limit.md section 5).
 
 Pure: no ONNX.
 """
@@ -56,6 +70,9 @@ NEXT_POWER_OF_TWO, SAME_AS_REQUESTED = 0, 1
 #: the mappings before it; a smaller one comes from the heap, above the regions before it. Where equal
 #: free chunks tie, the arena takes the lower address, so this decides which one is reused.
 MMAP_THRESHOLD = 128 << 10
+#: glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: freeing a mapped block raises the threshold to the
+#: block's size up to this, so a region this large is always a mapping (mallopt(3)).
+MMAP_THRESHOLD_MAX = 32 << 20
 #: The largest initializer the CPU provider keeps in the arena (a reservation). ORT 1.31 moves every
 #: larger one into the graph's own buffers when it loads the model, outside the arena (measured: a
 #: 124-byte initializer is reserved, a 128-byte one is not; zoo:gpt's 96 initializers of 4-16384 bytes
@@ -247,9 +264,10 @@ def run_events(liveness, *, on_cpu: bool = True) -> list[Event]:
 
 
 def replay(events: Iterable[Event], limit: int, *, base: int = 0, strategy: int = NEXT_POWER_OF_TWO,
-           first_region: int = FIRST_REGION) -> tuple[bool, Arena]:
-    """Run ``events`` on a fresh arena with ``base`` reserved first: (every request was met, the arena)."""
-    arena = Arena(limit, strategy, first_region)
+           first_region: int = FIRST_REGION, mmap_threshold: int = MMAP_THRESHOLD) -> tuple[bool, Arena]:
+    """Run ``events`` on a fresh arena with ``base`` reserved first, glibc's mmap threshold at
+    ``mmap_threshold``: (every request was met, the arena)."""
+    arena = Arena(limit, strategy, first_region, mmap_threshold=mmap_threshold)
     if not arena.reserve(base):
         return False, arena
     held: dict[object, _Chunk] = {}
@@ -266,21 +284,54 @@ def replay(events: Iterable[Event], limit: int, *, base: int = 0, strategy: int 
     return True, arena
 
 
+def mmap_thresholds(events: Iterable[Event], *, strategy: int = NEXT_POWER_OF_TWO,
+                    first_region: int = FIRST_REGION) -> list[int]:
+    """The mmap thresholds glibc may hold when the run starts that lay out its regions differently
+    (module docstring): 128 KiB, and one just above each size a region can have from 128 KiB up to
+    ``MMAP_THRESHOLD_MAX`` (a request, or under ``NEXT_POWER_OF_TWO`` a step of the ladder), so that
+    it comes from the heap. A power-of-two region clamped to what the limit leaves is the last one
+    the arena makes and takes the place the others' threshold gives it."""
+    sizes = {rounded(nbytes) for sign, _, nbytes in events if sign > 0 and nbytes > 0}
+    if strategy == NEXT_POWER_OF_TWO:
+        step = rounded(first_region)
+        while step < MMAP_THRESHOLD_MAX:
+            sizes.add(step)
+            step *= 2
+    return [MMAP_THRESHOLD] + [s + MIN_ALLOCATION for s in sorted(sizes) if MMAP_THRESHOLD <= s < MMAP_THRESHOLD_MAX]
+
+
 def least_limit(events: Sequence[Event], *, base: int = 0, strategy: int = NEXT_POWER_OF_TWO,
-                first_region: int = FIRST_REGION, resolution: int = 1) -> int:
-    """The least limit (to ``resolution`` bytes) under which ``events`` run, by bisection between
+                first_region: int = FIRST_REGION, resolution: int = 1,
+                thresholds: Sequence[int] | None = None) -> int:
+    """The least limit (to ``resolution`` bytes) under which ``events`` run whatever glibc's mmap
+    threshold (each of ``thresholds``; default ``mmap_thresholds(events)``), by bisection between
     the live-bytes peak (nothing runs below it) and what an unlimited arena takes.
 
     Whether a sequence fits is not monotone in the limit in every case (a limit changes the size of
     the region that reaches it); the result is a limit that fits, with one ``resolution`` below it
-    that does not."""
-    ok, free_arena = replay(events, 1 << 62, base=base, strategy=strategy, first_region=first_region)
-    assert ok
-    hi = free_arena.total
+    that does not under one of the thresholds."""
+    if thresholds is None:
+        thresholds = mmap_thresholds(events, strategy=strategy, first_region=first_region)
+    order = list(thresholds)
+
+    def fits(limit: int) -> bool:
+        for i, t in enumerate(order):
+            if not replay(events, limit, base=base, strategy=strategy, first_region=first_region,
+                          mmap_threshold=t)[0]:
+                order.insert(0, order.pop(i))  # the threshold that failed is tried first next time
+                return False
+        return True
+
+    hi = 0
+    for t in order:
+        ok, free_arena = replay(events, 1 << 62, base=base, strategy=strategy, first_region=first_region,
+                                mmap_threshold=t)
+        assert ok
+        hi = max(hi, free_arena.total)
     lo = base + _live_peak(events) - 1
     while hi - lo > resolution:
         mid = (lo + hi) // 2
-        if replay(events, mid, base=base, strategy=strategy, first_region=first_region)[0]:
+        if fits(mid):
             hi = mid
         else:
             lo = mid
@@ -425,8 +476,10 @@ def arena_need(liveness, *, strategy: int = NEXT_POWER_OF_TWO, on_cpu: bool = Tr
     """The least arena limit ``liveness``'s run needs (``least_limit``): the session's reservations
     first (``reserved_bytes``), on the CPU its packed weights from the arena (``session_allocations``),
     off the CPU the fed inputs (the CUDA provider copies them into the arena; the CPU provider reads
-    the caller's arrays), then the run."""
+    the caller's arrays), then the run. On the CPU the limit holds whatever glibc's mmap threshold
+    (``mmap_thresholds``); off it regions are the device allocator's, laid out as at 128 KiB."""
     g = liveness.graph
     events = session_allocations(g) if on_cpu else [(1, ("input", t), g.tensors[t].nbytes) for t in g.inputs]
     events += run_events(liveness, on_cpu=on_cpu)
-    return least_limit(events, base=reserved_bytes(g, prepack=on_cpu), strategy=strategy)
+    return least_limit(events, base=reserved_bytes(g, prepack=on_cpu), strategy=strategy,
+                       thresholds=None if on_cpu else [MMAP_THRESHOLD])

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from planner.arena import (
-    NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, Arena, arena_need, bin_of, least_limit, replay, reserved_bytes, rounded,
-    run_events, session_allocations,
+    NEXT_POWER_OF_TWO, SAME_AS_REQUESTED, Arena, arena_need, bin_of, least_limit, mmap_thresholds, replay, reserved_bytes,
+    rounded, run_events, session_allocations,
 )
 from planner.graph import GraphBuilder
 from planner.liveness import analyze
@@ -271,8 +271,9 @@ def test_least_limit_runs_and_one_step_below_does_not(strategy):
             events.append((1, i, int(rng.integers(1, 300 * KIB))))
             live.append(i)
     need = least_limit(events, strategy=strategy)
-    assert replay(events, need, strategy=strategy)[0]
-    assert not replay(events, need - 256, strategy=strategy)[0]
+    thresholds = mmap_thresholds(events, strategy=strategy)
+    assert all(replay(events, need, strategy=strategy, mmap_threshold=t)[0] for t in thresholds)
+    assert not all(replay(events, need - 256, strategy=strategy, mmap_threshold=t)[0] for t in thresholds)
 
 
 # ---- end to end: memplan plan --ort-arena, ORT's own arena as the oracle --------------------------------
@@ -695,3 +696,35 @@ def test_ort_arena_replays_the_planned_graph_as_ort_runs_it():
     as_run = analyze(import_model(export_model(pm.planned), fold=False), model=MemoryModel(host_copies_resident=True))
     assert OrtArena(NEXT_POWER_OF_TWO, device_inputs=False).need(pm.planned) \
         == arena_need(as_run, strategy=NEXT_POWER_OF_TWO, on_cpu=True)
+
+
+def _equal_free_chunks_in_two_regions():
+    """A 768 KiB region keeps a 256 KiB chunk, a 512 KiB region is freed: two free 512 KiB chunks; the
+    arena reuses the one at the lower address, and only if that is the 512 KiB region does the first
+    region come free whole for the last, 768 KiB request."""
+    return [(1, "a", 768 * KIB), (1, "b", 512 * KIB), (-1, "a", 0), (1, "c", 256 * KIB), (-1, "b", 0),
+            (1, "d", 512 * KIB), (-1, "c", 0), (1, "e", 768 * KIB)]
+
+
+def test_where_glibc_places_a_region_decides_which_equal_free_chunk_is_reused():
+    events = _equal_free_chunks_in_two_regions()
+    # at glibc's first threshold (128 KiB) both regions are mapped, the later one lower: d takes the
+    # 512 KiB region and e the first one, freed whole; once the process freed a mapped block of 1 MiB
+    # the threshold is 1 MiB and both come from the heap, the first one lower: d splits it, e needs a third
+    assert replay(events, 1280 * KIB, strategy=SAME_AS_REQUESTED)[0]
+    assert not replay(events, 1280 * KIB, strategy=SAME_AS_REQUESTED, mmap_threshold=MIB)[0]
+    assert replay(events, 2048 * KIB, strategy=SAME_AS_REQUESTED, mmap_threshold=MIB)[0]
+
+
+def test_the_least_limit_holds_whatever_glibcs_mmap_threshold():
+    events = _equal_free_chunks_in_two_regions()
+    # every threshold that lays the regions out differently: 128 KiB, and just above 256, 512 and 768 KiB
+    assert mmap_thresholds(events, strategy=SAME_AS_REQUESTED) == [
+        128 * KIB, 256 * KIB + 256, 512 * KIB + 256, 768 * KIB + 256]
+    assert least_limit(events, strategy=SAME_AS_REQUESTED) == 2048 * KIB  # 1280 KiB at 128 KiB alone
+    assert least_limit(events, strategy=SAME_AS_REQUESTED, thresholds=[128 * KIB]) == 1280 * KIB
+    # the ladder's steps count too; a region of 32 MiB or more is mapped whatever was freed before
+    big = [(1, "a", 32 * MIB), (1, "b", 200 * KIB)]
+    assert mmap_thresholds(big, strategy=NEXT_POWER_OF_TWO) == [128 * KIB, 200 * KIB + 256] + [
+        (MIB << k) + 256 for k in range(5)]
+
