@@ -764,8 +764,8 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
             target = Path(path).resolve()
         except RuntimeError:  # Python < 3.13: "Symlink loop from ..."
             raise UsageError(f"{option} {path} is a symbolic link that loops; give a file name") from None
-        if not target.parent.is_dir():
-            raise UsageError(f"{option} {path}: folder {target.parent} does not exist; create it first")
+        if not target.parent.is_dir():  # the folder as given: resolved, it named the machine's cwd in CI logs
+            raise UsageError(f"{option} {path}: folder {os.path.dirname(path) or '.'} does not exist; create it first")
         if target.is_dir():
             raise UsageError(f"{option} {path} is a folder; give a file name")
         if target.exists() and not target.is_file():  # renamed over, as root: /dev/null became the plan
@@ -807,7 +807,7 @@ def _writable_folder(option: str, path: str, folder) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".memplan-probe-", dir=folder)
     except OSError as err:
-        raise UsageError(f"{option} {path}: cannot write in folder {folder} ({err.strerror}); "
+        raise UsageError(f"{option} {path}: cannot write in folder {os.path.dirname(path) or '.'} ({err.strerror}); "
                          "choose another folder") from None
     os.close(fd)
     os.unlink(probe)

@@ -174,6 +174,31 @@ def test_an_unwritable_folder_is_refused_before_any_work(tmp_path, monkeypatch):
     assert not solved and not (tmp_path / "ok.json").exists() and not list(locked.iterdir())
 
 
+def test_a_missing_output_folder_is_named_as_given(tmp_path, monkeypatch):
+    # the folder was resolved against the cwd, so a relative -o named the machine's absolute path
+    # (folder /home/ci/build/7/nodir does not exist) and the same command logged differently per runner
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "90%", "-o", "nodir/p.json"])
+    assert res.exit_code == 2, res.output
+    line = one_line(res.stderr)
+    assert "folder nodir does not exist" in line and str(tmp_path) not in line
+    import tempfile
+
+    (tmp_path / "locked").mkdir()
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == (tmp_path / "locked").resolve():
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    res = CliRunner().invoke(cli.main, ["plan", "zoo:mlp", "--budget", "90%", "-o", "locked/p.json"])
+    assert res.exit_code == 2, res.output
+    line = one_line(res.stderr)
+    assert "cannot write in folder locked (Permission denied)" in line and str(tmp_path) not in line
+
+
 def test_an_os_error_while_writing_is_one_line(tmp_path, monkeypatch):
     import os
 
