@@ -989,7 +989,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     ``hint``: a recompute-only plan of a swap ``problem`` (:func:`_swap_after_recompute`), a
     candidate where it computes nodes first in this problem's order (else it cannot hint this
     model, and is left out); or a plan over ``budget`` (:func:`solve`'s ``start``), phase 1's start
-    where it is the lowest plan that hints the model."""
+    where it hints the model, in place of the greedy ladder's (:func:`_lowest_greedy`)."""
     deadline = t0 + opt.time_limit
     pace = pace or _Pace()
 
@@ -1082,8 +1082,18 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # the full share +21.36%)
         short = fallback is not None and hintable(fallback)
         window = clock.now() + opt.fallback_feasibility_share * left() if short else None
-        low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations,
-                             window if window is not None else clock.now() + 0.5 * left())
+        previous = cands.get("previous")
+        if previous is not None and light(previous):
+            # a re-solve's start (solve()'s): the solver's own plan in this order, just over this
+            # target. The ladder's bisection took half the time for a greedy plan peaking lower,
+            # from which one worker's phase 1 found none in the rest: fuzzed seed 63 re-solved at
+            # 20619 bytes (--time-limit 3 --deterministic --workers 1), 0.75 of its 1.5 s, then
+            # 0.71 s without a plan, and the reverse walk's +284.79% stood; from the start, phase 1
+            # has its plan in 0.03 s
+            low = previous
+        else:
+            low = _lowest_greedy(problem, budget, usable, opt.ladder_steps, opt.hint_computations,
+                                 window if window is not None else clock.now() + 0.5 * left())
         if _max_computations(low) <= opt.hint_computations and low.plan not in hints:
             hints.append(low.plan)
         since = clock.now()

@@ -304,14 +304,17 @@ def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(seed_58):
     assert rescued.added_time < 0.5 * p.total_cost  # before: 4.19 times the step's compute time
 
 
-def test_a_re_solve_after_a_rewrite_overshoot_starts_from_the_plan_that_overshot(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_re_solve_after_a_rewrite_overshoot_starts_from_the_plan_that_overshot(tmp_path, monkeypatch, workers):
     """bench/fuzz_e2e.py's seed 63 (128 nodes) at 20891 bytes, below the given order's floor
     (21440), ``--time-limit 3 --deterministic``: the first solve's plan (+36.8%, found by CP-SAT
     in the reverse walk's order) overshot once rewritten, and the re-solve 272 bytes tighter found
     none in the orders it searched; the reverse walk's plan there computes a node 28 times, too
     many to hint CP-SAT in its order, and +284.79% stood. Started from the plan that overshot, in
-    its order, the re-solve finds +44.0% (with two workers, the CLI's default; one worker's phase 1
-    ends 53 bytes over, and the walk's plan stands as before)."""
+    its order, the re-solve finds +44.0% with two workers (the CLI's default). With one, phase 1
+    started from the greedy ladder's plan instead (lower, 20672 bytes, after half the re-solve's
+    time), ended 53 bytes over in the rest, and the walk's +284.79% stood; from the plan that
+    overshot it has a plan at once."""
     import onnx
 
     import cli
@@ -330,7 +333,7 @@ def test_a_re_solve_after_a_rewrite_overshoot_starts_from_the_plan_that_overshot
 
     monkeypatch.setattr(plan_model, "solve", spy)
     pm = plan_model.plan_graph(graph, budget, node_time=node_time, time_unit="s",
-                               options=PlannerOptions(time_limit=3, workers=2, seed=0, work_limit=True))
+                               options=PlannerOptions(time_limit=3, workers=workers, seed=0, work_limit=True))
     assert len(targets) == 2 and targets[1] < budget  # premise: the first plan overshot once rewritten
     assert pm.ok and pm.peak_bytes <= budget
     assert simulate(pm.problem, pm.result.plan, targets[1]).peak_bytes == pm.result.peak_bytes
