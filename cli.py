@@ -420,6 +420,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     info["ort_arena_limit_bytes"] = {
         name: {"kNextPowerOfTwo": arena_need(lv, strategy=NEXT_POWER_OF_TWO),
                "kSameAsRequested": arena_need(lv, strategy=SAME_AS_REQUESTED)} for name, lv in run_lv.items()}
+    status, failure = _verify_status(report, info)
+    info = {"schema": info["schema"], "status": status, **info}  # read first, as plan.json's status
     if as_json:
         emit_json(info)
     else:
@@ -499,7 +501,8 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
         if load["loaded"]:
             click.echo(f"  machine loaded: load average {load['load_average_1min']:.1f} on {load['cpus']} CPUs while "
                        f"timing; step times swing with other work, rerun verify on an idle machine to trust them")
-    if not report.outputs_equal or info["budget"]["within"] is False:
+    if failure:
+        click.echo(f"memplan: error: {failure}", err=True)
         sys.exit(EXIT_FAILED)
 
 
@@ -603,6 +606,38 @@ def _verify_budget(made_with: dict, planned_graph, report, info: dict) -> dict:
         out["text"] = (f"{format_bytes(budget)}: the planned run peaks at {format_bytes(measured)}, "
                        + ("within it" if out["within"] else f"OVER it by {format_bytes(measured - budget)}"))
     return out
+
+
+def _verify_status(report, info: dict) -> tuple[str, str | None]:
+    """``memplan verify``'s verdict: its JSON ``status`` ("ok", "outputs_differ" or "over_budget"; outputs
+    first where both fail) and, where it failed, the one error line saying what and how to go on. A CI
+    job read ``outputs_equal`` and ``budget.within`` to learn why verify exited 1, and stderr said nothing."""
+    from planner.units import format_bytes
+
+    failures = []
+    differ = [o for o in report.outputs if not o.ok]
+    if differ:
+        worst = max(differ, key=lambda o: (o.max_abs_diff, o.max_rel_diff))
+        fix = ("compare with a half-precision tolerance (--rtol 1e-2 --atol 1e-3): ORT's CPU provider ran float16 "
+               "ops in float32" if info.get("outputs_note") else
+               "a plan only reorders, recomputes and copies, so they should be bit-identical: emit the file again "
+               "(memplan plan --emit or memplan rewrite) and report it if it still differs, or allow rounding "
+               "with --rtol/--atol")
+        failures.append(f"{len(differ)} of {len(report.outputs)} outputs differ from the reference's (rtol "
+                        f"{report.rtol:g}, atol {report.atol:g}), the most {worst.name!r} (max abs diff "
+                        f"{worst.max_abs_diff:.3g}, max rel diff {worst.max_rel_diff:.3g}); {fix}")
+    budget = info["budget"]
+    if budget["within"] is False:
+        measured, limit = info["planned"]["peak_bytes"], budget["budget_bytes"]
+        predicted = info["base_bytes"] + info["planned"]["predicted_dynamic_peak_bytes"]
+        failures.append(f"the planned run peaks at {format_bytes(measured)} ({measured} bytes, counted), over the "
+                        f"plan's budget of {format_bytes(limit)} ({limit} bytes) by {format_bytes(measured - limit)}; "
+                        f"memplan predicted {format_bytes(predicted)}: "
+                        + ("plan it again with a lower budget to leave that margin, and report the model"
+                           if predicted <= limit else "the file's plan does not fit its own budget (was the "
+                           "file edited?): emit it again with memplan plan --emit or memplan rewrite"))
+    status = "outputs_differ" if differ else "over_budget" if failures else "ok"
+    return status, "; and ".join(failures) or None
 
 
 def _share_of_unplanned(note: str, best: int | None, unplanned: int | None) -> str:

@@ -297,6 +297,7 @@ def test_verify_counts_a_small_peak_to_the_byte(small_planned):
     assert rc == 0, err
     rep = json.loads(out)
     assert rep["measured_by"] == "allocator" and rep["peak_resolved"] is True
+    assert rep["status"] == "ok" and "memplan: error" not in err
     predicted = rep["planned"]["predicted_dynamic_peak_bytes"]
     assert predicted < 2 << 20
     assert rep["planned"]["dynamic_peak_bytes"] == pytest.approx(predicted, rel=0.01)
@@ -366,6 +367,52 @@ def test_verify_predicts_the_references_arena_limit_as_ort_runs_it(tmp_path):
     feeds = models.example_feeds(export_model(graph, weights=False), seed=0)
     for name, strategy in (("kNextPowerOfTwo", NEXT_POWER_OF_TWO), ("kSameAsRequested", SAME_AS_REQUESTED)):
         assert runs_under_arena(reference, feeds, limits[name], strategy) == (True, ""), name
+
+
+def _edited(emitted, path, edit):
+    """A copy of the planned file ``emitted`` at ``path``, changed by ``edit(model)``."""
+    model = onnx.load(str(emitted))
+    edit(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_verify_whose_outputs_differ_says_so_in_status_and_one_error_line(small_planned, tmp_path):
+    # verify exited 1 with no status in its JSON and nothing on stderr: a CI job had to know to read
+    # outputs_equal. The planned file's last Gemm scaled by 2 (the logits, then every gradient differ).
+    spec, emitted = small_planned
+    head = lambda m: [n for n in m.graph.node if n.op_type == "Gemm"][3]  # noqa: E731
+    edited = _edited(emitted, tmp_path / "alpha.onnx",
+                     lambda m: head(m).attribute.append(onnx.helper.make_attribute("alpha", 2.0)))
+    rc, out, err = memplan("verify", spec, edited, "--json")
+    rep = json.loads(out)
+    assert rc == 1 and rep["status"] == "outputs_differ" and rep["outputs_equal"] is False
+    differ = {o["name"]: o["max_abs_diff"] for o in rep["outputs"] if not o["ok"]}
+    worst = max(differ, key=differ.get)
+    (line,) = err.strip().splitlines()
+    assert line.startswith("memplan: error: ") and "Traceback" not in err
+    assert f"{len(differ)} of {len(rep['outputs'])} outputs differ" in line
+    assert f"{worst!r} (max abs diff {differ[worst]:.3g}" in line and "--rtol" in line
+
+
+@pytest.mark.skipif(alloc_counter.library() is None, reason="no C compiler to build the allocation counter")
+def test_a_verify_over_its_budget_says_so_in_status_and_one_error_line(small_planned, tmp_path):
+    # the same for a counted peak over the plan's budget (here the file's budget edited down to 1 KiB):
+    # exit 1, budget.within false, and no word on stderr of what failed
+    spec, emitted = small_planned
+
+    def shrink_budget(model):
+        entry = next(p for p in model.metadata_props if p.key == "memplan.plan")
+        entry.value = json.dumps({**json.loads(entry.value), "budget_bytes": 1024}, sort_keys=True)
+
+    rc, out, err = memplan("verify", spec, _edited(emitted, tmp_path / "budget.onnx", shrink_budget), "--json")
+    rep = json.loads(out)
+    assert rc == 1 and rep["status"] == "over_budget" and rep["budget"]["within"] is False
+    assert rep["outputs_equal"] is True
+    (line,) = err.strip().splitlines()
+    assert line.startswith("memplan: error: ") and "Traceback" not in err
+    assert f"({rep['planned']['peak_bytes']} bytes, counted), over the plan's budget of" in line
+    assert "(1024 bytes)" in line and "memplan plan --emit" in line
 
 
 def test_verify_without_the_counter_does_not_print_noise_as_a_peak(small_planned, tmp_path):
