@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 #: --ort-arena / ort_arena values: ORT's arena_extend_strategy, in the words of its docs.
 ORT_ARENA_CHOICES = ("same-as-requested", "next-power-of-two")
 #: Device profile used to price recompute and swap when neither the command line nor the config names one.
-DEFAULT_DEVICE = "h100"
+DEFAULT_DEVICE = "H100"
 #: Seconds one plan may take; CI wants a bounded gate, and a feasible plan usually comes early.
 DEFAULT_TIME_LIMIT = 30.0
 
@@ -124,8 +124,8 @@ def make_item(model: str, budgets: Sequence[str], *, where: str = "", **options)
         fix = 'add budget = "8GiB" (or "60%") to the entry, or give --budget' if where else "give --budget B"
         raise UsageError(f"{prefix}no budget for {model!r}; {fix} (e.g. 8GiB or 60%)")
     parsed = _parse_budgets(budgets, prefix, model, options.get("plan", True))
-    if options.get("device"):  # checked with --no-plan too: a typo is not a pass
-        _check_device(options["device"], prefix)
+    if options.get("device"):  # checked with --no-plan too: a typo is not a pass; named as plan names it (H100)
+        options["device"] = _check_device(options["device"], prefix)
     arena = options.get("ort_arena")
     if arena is not None and arena not in ORT_ARENA_CHOICES:
         raise UsageError(f"{prefix}ort_arena must be one of {', '.join(ORT_ARENA_CHOICES)}, got {arena!r}")
@@ -177,9 +177,11 @@ def _parse_budgets(budgets: Sequence[str], prefix: str, model: str, plan: bool) 
     return parsed
 
 
-def _check_device(device: str, prefix: str) -> None:
+def _check_device(device: str, prefix: str) -> str:
+    """The profile's own name for ``device`` (``h100`` -> ``H100``), as plan and train print it; a
+    UsageError for an unknown one."""
     try:
-        device_profile(device)
+        return device_profile(device).name
     except UsageError as err:  # in a config the key is device, not the option
         raise UsageError(f"{prefix}{str(err).replace('--device', 'device', 1) if prefix else err}") from None
 

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from typing import Any, Sequence
 
-from planner.gate import Verdict, exit_code
+from planner.gate import EXIT_BAD_MODEL, EXIT_FAILED, EXIT_OK, Verdict, exit_code
 from planner.units import format_bytes
 
 SCHEMA = "memplan.check/1"
@@ -110,11 +110,14 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
 
 
 def to_json(verdicts: Sequence[Verdict]) -> dict[str, Any]:
-    """One JSON-ready object: schema, exit code, counts and one result per model and budget."""
+    """One JSON-ready object: schema, status, exit code, counts and one result per model and budget."""
+    code = exit_code(verdicts)
     return {
         "schema": SCHEMA,
-        "ok": exit_code(verdicts) == 0,
-        "exit_code": exit_code(verdicts),
+        # in words, as plan's and verify's status: a CI job reads why the gate failed, not only that
+        "status": {EXIT_OK: "ok", EXIT_FAILED: "over_budget", EXIT_BAD_MODEL: "model_error"}[code],
+        "ok": code == 0,
+        "exit_code": code,
         **counts(verdicts),
         "results": [verdict_dict(v) for v in verdicts],
     }

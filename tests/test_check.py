@@ -107,7 +107,7 @@ def one_error_line(err: str) -> str:
 
 
 # ---- exit 0 and 1 -----------------------------------------------------------------------------
-JSON_KEYS = {"schema", "ok", "exit_code", "checked", "passed", "failed", "errors", "results"}
+JSON_KEYS = {"schema", "status", "ok", "exit_code", "checked", "passed", "failed", "errors", "results"}
 RESULT_KEYS = {"model", "name", "budget", "budget_bytes", "train", "dims", "device", "ort_arena",
                "unplanned_peak_bytes", "unplanned_arena_bytes", "fits_as_is", "fits_with_plan", "plan", "peak_bytes", "least_bytes",
                "headroom_bytes", "result", "error", "wall_s"}
@@ -119,6 +119,7 @@ def test_fits_as_is_exit_0_and_json_keys(mlp):
     info = json.loads(out)
     assert set(info) == JSON_KEYS and info["schema"] == "memplan.check/1"
     assert info["ok"] is True and info["exit_code"] == 0 and info["checked"] == info["passed"] == 1
+    assert info["status"] == "ok"
     (r,) = info["results"]
     assert set(r) == RESULT_KEYS
     assert r["unplanned_peak_bytes"] == MLP_PEAK and r["budget_bytes"] == 100 * KiB
@@ -131,7 +132,7 @@ def test_fits_with_plan_exit_0(mlp, monkeypatch):
     rc, out, err = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--device", "a100", "--time-limit", "5",
                         "--json"], monkeypatch, fake)
     assert rc == 0
-    assert fake.calls == [(64 * KiB, "a100", 5.0)]
+    assert fake.calls == [(64 * KiB, "A100", 5.0)]
     (r,) = json.loads(out)["results"]
     assert r["fits_as_is"] is False and r["fits_with_plan"] is True
     assert r["plan"] == {"status": "optimal", "fits": True, "peak_bytes": int(MLP_PEAK * 0.7),
@@ -141,9 +142,25 @@ def test_fits_with_plan_exit_0(mlp, monkeypatch):
     assert "planning for 64.00 KiB" in err  # the progress line
 
 
+def test_device_is_named_as_plan_names_it(mlp):
+    # check --json said "h100" (its default) or the device as typed ("t4") where plan and train say
+    # "H100" and "T4": a job comparing the reports' device fields saw two devices
+    for given in (None, "t4", "H200", "cpu"):
+        device = ["--device", given] if given else []
+        rc, out, _ = run([mlp, "--budget", "100KiB", "--dim", "batch=32", "--json", *device])
+        assert rc == 0
+        result = CliRunner().invoke(cli.main, ["plan", str(mlp), "--forward", "--dim", "batch=32", "--budget", "100%",
+                                               "--strategy", "none", "--json", *device])
+        assert result.exit_code == 0, result.stderr
+        named = json.loads(result.stdout)["device"]
+        assert named == {None: "H100", "t4": "T4", "H200": "H200", "cpu": "cpu"}[given]
+        assert json.loads(out)["results"][0]["device"] == named, given
+
+
 def test_real_planner_infeasible_is_reported_exit_1(mlp):
     rc, out, _ = run([mlp, "--budget", "64KiB", "--dim", "batch=32", "--json", "--time-limit", "5"])
     assert rc == 1
+    assert json.loads(out)["status"] == "over_budget"  # why it failed, in words, as plan's status
     (r,) = json.loads(out)["results"]
     assert r["plan"]["status"] == "infeasible" and r["fits_with_plan"] is False and r["result"] == "fail"
 
@@ -361,7 +378,7 @@ def test_bad_model_among_good_ones_exit_3(mlp, tmp_path):
     assert "junk.onnx: not a valid ONNX" in one_error_line("\n".join(errors))
     info = json.loads(out)
     assert [r["result"] for r in info["results"]] == ["fail", "pass", "error", "error"]
-    assert info["exit_code"] == 3 and info["errors"] == 2
+    assert info["exit_code"] == 3 and info["errors"] == 2 and info["status"] == "model_error"
     cases = ET.parse(junit).getroot().findall("./testsuite/testcase")
     assert [c.find("error") is not None for c in cases] == [False, False, True, True]
     assert "not a valid ONNX" in cases[2].find("error").get("message")
@@ -424,9 +441,9 @@ def test_config_found_upward_from_a_subfolder(project, monkeypatch):
     assert [(r["name"], r["budget"]) for r in results] == [
         ("nets/mlp.onnx [batch=32]", "1MiB"), ("wide net [batch=32]", "150KiB"), ("wide net [batch=32]", "90%"),
     ]
-    assert [r["device"] for r in results] == ["h100", "t4", "t4"]
+    assert [r["device"] for r in results] == ["H100", "T4", "T4"]  # as plan and train name them
     assert results[0]["unplanned_peak_bytes"] == MLP_PEAK and results[1]["unplanned_peak_bytes"] == WIDE_PEAK
-    assert fake.calls == [(150 * KiB, "t4", 7), (share_of(WIDE_PEAK, 0.9), "t4", 7)]
+    assert fake.calls == [(150 * KiB, "T4", 7), (share_of(WIDE_PEAK, 0.9), "T4", 7)]
 
 
 class ClockedPlanner(FakePlanner):
@@ -652,7 +669,7 @@ def test_ort_arena_plans_when_the_arena_is_over_and_counts_the_plans_arena(mlp, 
     rc, out, _ = run([mlp, "--budget", "70KiB", "--dim", "batch=32", "--ort-arena", "next-power-of-two", "--json"],
                      monkeypatch, planner)
     assert rc == 0
-    assert fake.calls == [(70 * KiB, "h100", 30.0, "next-power-of-two")]
+    assert fake.calls == [(70 * KiB, "H100", 30.0, "next-power-of-two")]
     (r,) = json.loads(out)["results"]
     assert r["unplanned_arena_bytes"] == int(MLP_PEAK * 1.5) and r["fits_as_is"] is False
     arena = int(int(MLP_PEAK * 0.7) * 1.25)
@@ -870,7 +887,7 @@ def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
     names = [case.get("name") for case in ET.parse(junit).iter("testcase")]
     assert len(set(names)) == len(names) == 7, names
     assert "mlp.onnx [batch=32] @ 2MiB" in names  # a name no other row shares is kept as it was
-    assert any("device=t4" in n for n in names) and any("ort-arena=next-power-of-two" in n for n in names)
+    assert any("device=T4" in n for n in names) and any("ort-arena=next-power-of-two" in n for n in names)
     assert any("no-plan" in n for n in names) and sum("#" in n for n in names) == 2  # entries 1 and 5 alike
     assert any("time-limit=5s" in n for n in names)
     # only what differs is named: all share the clock, so it is not said
