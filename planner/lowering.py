@@ -19,7 +19,8 @@ outputs nobody reads, so lowering groups them:
   * random ops are never recomputed;
   * an in-place op (Relu & co.) run right after the producer of its input, that input read by
     it alone, joins the producer's group with one buffer (``_in_place_group``): ORT writes it
-    into that buffer in every plan. Other in-place ops count a buffer of their own (see
+    into that buffer in every plan. The producer may be such an op itself: a chain of them is one
+    group and one buffer, as in ORT. Other in-place ops count a buffer of their own (see
     ``lower``); the bytes they may
     write into an input's buffer go to ``PlanningProblem.in_place``, which only the memory floor
     reads, except where the op alone reads that input (``PlanningProblem.takes_over``: simulate()
@@ -138,10 +139,10 @@ def lower(
             views[j].append(node.id)
             group_of[node.id] = j
             continue
-        j = _in_place_group(graph, node, groups, group_of, ort_rule)
+        j = _in_place_group(graph, node, groups, views, group_of, ort_rule)
         if j >= 0:
+            taken[j].append(groups[j][-1])
             groups[j].append(node.id)
-            taken[j].append(groups[j][0])
             group_of[node.id] = j
             continue
         group_of[node.id] = len(groups)
@@ -222,15 +223,17 @@ def lower(
     two_step = np.zeros(m, dtype=bool)
     for j, members in enumerate(groups):
         if taken[j]:
-            # one op, then the op writing into its output (_in_place_group): ORT holds the
-            # first op's inputs, then the second's, each with the buffer
-            u, v = graph.nodes[members[0]], graph.nodes[members[1]]
+            # one op, then the ops writing in place into its output one after the other
+            # (_in_place_group): ORT holds the first op's inputs, then the second's, ..., each
+            # with the one buffer
+            ops = [graph.nodes[n] for n in members]
             ins = [sorted({int(group_of[graph.tensors[t].producer]) for t in n.inputs if t != NO_TENSOR
-                           and graph.tensors[t].kind is TensorKind.ACTIVATION} - {j}) for n in (u, v)]
+                           and graph.tensors[t].kind is TensorKind.ACTIVATION} - {j}) for n in ops]
             held = [sum(int(read[p]) for p in ps if not pinned[p]) for ps in ins]
             union = sum(int(read[p]) for p in preds[j] if not pinned[p])
-            s_u, s_v = (int(lv.scratch[step_of[n.id]]) for n in (u, v))
-            in_place[j] = union + int(scratch[j]) - max(held[0] + s_u - int(in_place[j]), held[1] + s_v)
+            s_ops = [int(lv.scratch[step_of[n.id]]) for n in ops]
+            in_place[j] = union + int(scratch[j]) - max(held[0] + s_ops[0] - int(in_place[j]),
+                                                         max(h + sk for h, sk in zip(held[1:], s_ops[1:])))
             # where one of the two ops holds all the inputs and scratch the node counts (a Relu on
             # a MatMul's output), the node's step is the runtime's: nothing to leave out (flagged, a
             # float16 MLP's least was never searched exactly: no plan, no proof, at 97%)
@@ -335,8 +338,8 @@ def group_table(lowering: Lowering) -> Mapping[str, Sequence[str]]:
     return {g.nodes[grp[0]].name: names_of(g, grp) for grp in lowering.groups}
 
 
-def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], group_of: np.ndarray,
-                    ort_rule: MemoryModel) -> int:
+def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], views: list[list[int]],
+                    group_of: np.ndarray, ort_rule: MemoryModel) -> int:
     """The group ``node`` joins as its in-place member, or -1.
 
     ORT writes an in-place op's output into its input's buffer when that input dies there
@@ -344,7 +347,10 @@ def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], group_of:
     nobody else reads the input, that happens in every plan: the two run, are freed, recomputed
     and swapped together, as one buffer (``node``'s output; the producer's is handed over).
     Counting both, zoo:cnn's max-pool backward (a 2 MiB zeros tensor scattered into) needed 74%
-    of the peak where ORT needs 65%, and at 70% memplan found no plan (now +5.0%, at 64.6%)."""
+    of the peak where ORT needs 65%, and at 70% memplan found no plan (now +5.0%, at 64.6%).
+    The producer may itself be such a member (a chain Concat -> Softmax -> Softmax -> Relu): ORT
+    keeps the whole chain in one buffer, and so does the group (cut into pairs, each pair counted
+    a buffer of its own, the chain's problem peaked 16 KiB, 49%, over the model's own)."""
     t = ort_rule.in_place_source(node)
     if t == NO_TENSOR or not node.outputs or node.outputs[0] == NO_TENSOR or node.outputs[0] in graph.output_set:
         return -1
@@ -353,7 +359,8 @@ def _in_place_group(graph: Graph, node: Node, groups: list[list[int]], group_of:
     if x.kind is not TensorKind.ACTIVATION or u < 0 or u != node.id - 1 or t in graph.output_set:
         return -1
     j = int(group_of[u])
-    if groups[j] != [u] or [o for o in graph.nodes[u].outputs if o != NO_TENSOR] != [t]:
+    # u alone, or the last of a chain of in-place members (a group with views is not one buffer)
+    if groups[j][-1] != u or views[j] or [o for o in graph.nodes[u].outputs if o != NO_TENSOR] != [t]:
         return -1
     if set(graph.consumers[t]) != {node.id} or sum(1 for i in node.inputs if i == t) != 1:
         return -1
@@ -370,9 +377,11 @@ def _takes_over(graph: Graph, lv, groups: list[list[int]], group_of: np.ndarray,
 
     ORT writes the op's output into its input's buffer wherever that read is the buffer's last
     (liveness.py). Counted where that holds for the copy the op reads, whichever plan: the op
-    heads its group and is its one buffer; the input's group is one buffer of the same bytes, not
-    a graph output, and the op alone reads it (once), so a copy of it dies at the op unless a
-    later compute of the op reads it too; shapes and element sizes match."""
+    heads its group, whose one buffer is its output or that of the in-place chain it heads (the
+    chain's later ops hold less than the group counts, ``two_step``); the input's group is one
+    buffer of the same bytes, not a graph output, and the op alone reads it (once), so a copy of
+    it dies at the op unless a later compute of the op reads it too; shapes and element sizes
+    match."""
     m = len(groups)
     out = np.full(m, -1, dtype=np.int64)
     readers: list[set[int]] = [set() for _ in range(m)]
@@ -385,10 +394,12 @@ def _takes_over(graph: Graph, lv, groups: list[list[int]], group_of: np.ndarray,
     for w, members in enumerate(groups):
         node = graph.nodes[members[0]]
         t = ort_rule.in_place_source(node)
-        if taken[w] or t == NO_TENSOR or pinned[w] or not node.outputs or node.outputs[0] == NO_TENSOR:
+        if t == NO_TENSOR or pinned[w] or not node.outputs or node.outputs[0] == NO_TENSOR:
             continue
         x, y = graph.tensors[t], graph.tensors[node.outputs[0]]
-        if x.kind is not TensorKind.ACTIVATION or x.producer < 0 or buffers[w] != [node.outputs[0]]:
+        # the group's one buffer: the op's output, or the last output of the in-place chain it heads
+        last = graph.nodes[members[-1]].outputs[0] if taken[w] else node.outputs[0]
+        if x.kind is not TensorKind.ACTIVATION or x.producer < 0 or buffers[w] != [last]:
             continue
         v = int(group_of[x.producer])
         if v == w or pinned[v] or len(buffers[v]) != 1 or readers[v] != {w} or size[v] != size[w]:

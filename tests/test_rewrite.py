@@ -303,6 +303,37 @@ def test_an_in_place_group_swapped_out_in_and_freed_frees_each_tensor_once():
     np.testing.assert_array_equal(got, np.maximum(feeds["x"] * feeds["x"], 0) + feeds["x"])
 
 
+
+def test_an_in_place_chain_swapped_out_in_and_freed_runs_in_ort():
+    """A chain of in-place ops (Mul -> Relu -> Sigmoid -> Tanh) is one group and one buffer
+    (planner/lowering.py); swapped out, every tensor of the chain is freed with it, swapped in,
+    only the last returns, and the group's later free frees that one alone."""
+    from planner.lowering import lower
+    from planner.plan import Plan
+
+    b = GraphBuilder()
+    x = b.input("x", "float32", (64, 64))
+    (a,) = b.node("Mul", [x, x], [("a", "float32", (64, 64))], name="mul")
+    (r,) = b.node("Relu", [a], [("r", "float32", (64, 64))], name="relu")
+    (s,) = b.node("Sigmoid", [r], [("s", "float32", (64, 64))], name="sigmoid")
+    (t,) = b.node("Tanh", [s], [("t", "float32", (64, 64))], name="tanh")
+    (c,) = b.node("Add", [t, x], [("c", "float32", (64, 64))], name="add")
+    b.output(c)
+    g = b.build()
+    problem, low = lower(g, transfer_time=lambda nbytes: 1.0)
+    assert list(low.groups[0]) == [0, 1, 2, 3] and problem.n == 2 and low.buffers[0] == (t,)
+    plan = Plan.of([("compute", 0), ("swap_out", 0), ("swap_in", 0), ("compute", 1), ("free", 0)], "hand")
+    events = low.onnx_schedule(plan)
+    frees = [e["tensor"] for e in events if e["op"] == "free"]
+    assert sorted(frees) == ["a", "r", "s", "t"]
+    assert [e["tensor"] for e in events if e["op"].startswith("swap")] == ["t", "t"]
+    planned = apply_schedule(g, events)
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)}
+    sess = ort.InferenceSession(export_model(planned).SerializeToString(), planned_session_options())
+    (got,) = sess.run(None, feeds)
+    want = np.tanh(1 / (1 + np.exp(-np.maximum(feeds["x"] * feeds["x"], 0)))) + feeds["x"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
 def split_with_an_unread_output():
     """Split -> a (read by Neg), c (read by Tanh), d (read by nobody: release_unread_outputs gives
     it the reader ``d__sink``)."""
