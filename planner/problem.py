@@ -486,7 +486,8 @@ class PlanningProblem:
             in_s[q] = False
             for (_, anc), h in zip(moments, held):
                 h -= np.where(anc[:, q], 0, kept[q])  # an ancestor of r stays in r's count
-        return max(best, last_pinned_bound(self))  # and what was resident when q's inputs were made
+        # and what was resident when q's inputs were made; no deeper than the floor needs
+        return max(best, last_pinned_bound(self, enough=self.memory_floor))
 
     @cached_property
     def _pinned_kept(self) -> np.ndarray:
@@ -656,7 +657,8 @@ def last_input_bound(problem: PlanningProblem, depth: int = 2, max_set: int = 24
     return bound + problem.base_bytes
 
 
-def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 48) -> int:
+def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 48,
+                      max_work: int | None = 20_000, enough: int | None = None) -> int:
     """A lower bound on every plan's peak, in every node order, from the pinned outputs: all of
     them are resident at the end, so the one made last, q, was made with the others resident,
     and with its own inputs; the set of those (the others and q's inputs) was again resident
@@ -665,7 +667,17 @@ def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 4
     ``kept_bytes``). A node computed once only (pinned, or not recomputable) is never the last
     made of a set that holds a node depending on it. Counted as the runtime may hold each step
     (in-place outputs sharing their input's buffer, late base bytes left out), so that it bounds
-    what ONNX Runtime runs. 0 where more than ``max_set`` outputs are pinned."""
+    what ONNX Runtime runs. 0 where more than ``max_set`` outputs are pinned.
+
+    Searched ``depth`` levels down, then one level deeper at a time while a set was left
+    unexpanded and the searches so far took at most ``max_work`` set members (zoo:gpt, 29
+    outputs: 0.13 s; a search stopped past 4 times that counts for nothing): each level takes
+    the higher of a set's bytes and the least below it, so a deeper search never lowers the
+    bound, and any depth is a bound. Where cheap outputs (bias gradients from 64-byte inputs)
+    are made last level by level, the step that makes the first layer's weight gradient or its
+    bias's ReduceSum with their shared input resident comes only levels further down
+    (bench/fuzz_e2e.py seed 7: 12328 bytes at 3 levels, 12520, its peak, at 11). ``max_work``
+    None: ``depth`` levels only; ``enough``: no deeper once the bound reaches it."""
     pinned = frozenset(int(v) for v in np.flatnonzero(problem.pinned))
     if not pinned or len(pinned) > max_set:
         return 0
@@ -673,10 +685,28 @@ def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 4
     read = problem.size if problem.read_bytes is None else problem.read_bytes
     resident = [min(int(read[v]), int(kept[v])) if problem.pinned[v] else int(read[v]) for v in range(problem.n)]
     once = (~problem.recomputable | problem.pinned) & ~(problem.swappable if problem.can_swap else False)
-    least = _last_made_search(problem, max_set, resident, _later_of(problem, once))
-    # the end itself is not counted: a searched step counts an output that shares an input's
-    # buffer without its shared bytes, also where that input is pinned (planner/least.py)
-    return least(pinned, depth, held=False) + problem.base_bytes - problem.late_base_bytes
+    later = _later_of(problem, once)
+    bound, base = 0, problem.base_bytes - problem.late_base_bytes
+    stats = {"work": 0, "cut": False, "stop": None if max_work is None else 4 * max_work}
+    least = _last_made_search(problem, max_set, resident, later, stats)  # its sets kept, depth to depth
+    while True:
+        stats["cut"] = False
+        try:
+            # the end itself is not counted: a searched step counts an output that shares an
+            # input's buffer without its shared bytes, also where that input is pinned (least.py)
+            bound = max(bound, least(pinned, depth, held=False))
+        except _TooManySets:
+            break
+        if max_work is None or not stats["cut"] or stats["work"] > max_work:
+            break
+        if enough is not None and bound + base >= enough:
+            break
+        depth += 1
+    return bound + base
+
+
+class _TooManySets(Exception):
+    """:func:`_last_made_search` took more set members than its ``stats["stop"]``."""
 
 
 def _later_of(problem: PlanningProblem, nodes: np.ndarray) -> Callable[[int], frozenset]:
@@ -702,12 +732,15 @@ def _later_of(problem: PlanningProblem, nodes: np.ndarray) -> Callable[[int], fr
 
 
 def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence[int] | None = None,
-                      later: Callable[[int], frozenset] | None = None) -> Callable[..., int]:
+                      later: Callable[[int], frozenset] | None = None,
+                      stats: dict | None = None) -> Callable[..., int]:
     """:func:`last_input_bound`'s search: ``least(need, d)``, the least bytes (base excluded) some
     moment before the set ``need`` is all resident must hold, ``d`` levels down. ``resident``:
     each buffer's bytes while resident (default: what its readers read); ``later``: for the nodes
     computed once only, the nodes that depend on them (such a node is never the last made of a
-    set holding one of those)."""
+    set holding one of those); ``stats``: filled with ``work`` (the members of the sets searched,
+    each set once) and ``cut`` (whether a set was left unexpanded for the depth), and past
+    ``stop`` members (if not None) the search raises :class:`_TooManySets`."""
     size = [int(x) for x in problem.size]
     swappable = problem.swappable if problem.transfer is not None else np.zeros(problem.n, bool)
     # a swap-in restores q without its inputs or scratch; a two-step node's ops need not hold
@@ -725,16 +758,35 @@ def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence
     # q's bytes while it runs beyond the set it reads: its output, scratch, less what it shares
     extra = [size[q] + scratch[q] - shared[q] for q in range(problem.n)]
     memo: dict[tuple[frozenset, int, bool], int] = {}
+    cut_in: set[tuple[frozenset, int, bool]] = set()  # of memo's: those that left a set unexpanded
 
     def least(need: frozenset, d: int, held: bool = True) -> int:
         """Least bytes (base excluded) some moment before ``need`` is all resident must hold
         (``held`` false: before; the moment ``need`` is resident is not counted itself)."""
         here = sum(read[v] for v in need)
         if d <= 0 or not 0 < len(need) <= max_set:
+            if stats is not None and d <= 0 and need:
+                stats["cut"] = True
             return here  # not expanded: the set itself
         key = (need, d, held)
         if key in memo:
+            if stats is not None and key in cut_in:
+                stats["cut"] = True
             return memo[key]
+        if stats is None:
+            memo[key] = expand(need, d, held, here)
+            return memo[key]
+        stats["work"] += len(need)
+        if stats["stop"] is not None and stats["work"] > stats["stop"]:
+            raise _TooManySets
+        outer, stats["cut"] = stats["cut"], False
+        memo[key] = expand(need, d, held, here)
+        if stats["cut"]:
+            cut_in.add(key)
+        stats["cut"] = stats["cut"] or outer
+        return memo[key]
+
+    def expand(need: frozenset, d: int, held: bool, here: int) -> int:
         # each q's set when it ran (need, less q, with q's inputs) and its bytes then, by those
         # bytes: the least over q of max(at_q, least(set, d - 1)), where no q whose at_q reaches
         # the least so far can lower it (nor any after it)
@@ -746,10 +798,10 @@ def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence
             rest = here + sum(read[v] for v in new) - read[q]  # q is not its own input: a DAG
             steps.append((rest + extra[q], q, rest, new))
         if d == 1:  # the sets below are not expanded: least(set, 0) is its bytes, ``rest``
+            if stats is not None and (len(need) > 1 or any(new for *_, new in steps)):
+                stats["cut"] = True
             best = min(max(at_q, rest) for at_q, _, rest, _ in steps)
-            best = max(here, best) if held else best
-            memo[key] = best
-            return best
+            return max(here, best) if held else best
         steps.sort(key=lambda s: s[:2])
         best = None
         for at_q, q, rest, new in steps:
@@ -758,8 +810,6 @@ def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence
             val = max(at_q, least((need - {q}) | new, d - 1))
             if best is None or val < best:
                 best = val
-        best = max(here, best) if held else best
-        memo[key] = best
-        return best
+        return max(here, best) if held else best
 
     return least

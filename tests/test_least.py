@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import planner.planning as planning
+import planner.problem as problem_module
 from planner.cpsat import PlannerOptions
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
 from planner.pebble import DepthFirstPlan
@@ -357,8 +358,11 @@ def test_a_small_problem_not_runtime_exact_gets_a_verdict_between_its_floor_and_
     """bench/fuzz_e2e.py's seed 5 (a 5-op model, 17 nodes) at 2789 bytes exited 4, "no plan in
     any order reaches below 2768 bytes": the exact search over every order was skipped where
     in-place outputs make the problem's least no bound on the runtime's. Counted as the runtime
-    may hold them, its least (2832) bounds every plan the runtime runs: infeasible."""
+    may hold them, its least (2832) bounds every plan the runtime runs: infeasible. (The
+    pinned-outputs floor searched deeper than 3 levels reaches 220 itself: held to 3 here.)"""
     no_walk(monkeypatch)
+    shallow = problem_module.last_pinned_bound
+    monkeypatch.setattr(problem_module, "last_pinned_bound", lambda p, **k: shallow(p, max_work=None))
     problem = two_gradients_in_place()
     assert not problem.runtime_exact and problem.order_free_floor == 210
     res = solve(problem, 219, "cpsat", ONE)
@@ -406,3 +410,47 @@ def test_the_pinned_outputs_floor_never_exceeds_the_runtime_least(p, depth):
     output made was written into a pinned input's buffer (99 of 3000 random problems)."""
     runtime, _ = least_plan_any_order(p, runtime=True)
     assert last_pinned_bound(p, depth) <= runtime
+
+
+@st.composite
+def shared_tail_dags(draw) -> PlanningProblem:
+    """:func:`in_place_dags`' shapes, then cheap pinned outputs (each from a node of its own or an
+    earlier one) and a training step's tail: x feeds a pinned a and a node r that feeds a pinned
+    b (a layer's weight and bias gradients from their shared input), x read from earlier nodes."""
+    n = draw(st.integers(1, 3))
+    preds: list[list[int]] = [[]]
+    for i in range(1, n):
+        preds.append(draw(st.lists(st.integers(0, i - 1), min_size=1, max_size=2, unique=True)))
+    pinned = [False] * n
+    for _ in range(draw(st.integers(0, 3))):  # cheap outputs: c from u (its own, or earlier)
+        if draw(st.booleans()):
+            preds.append([])
+            pinned.append(False)
+        preds.append([draw(st.integers(0, len(preds) - 1))])
+        pinned.append(True)
+    x = len(preds)
+    preds += [draw(st.lists(st.integers(0, x - 1), max_size=2, unique=True)), [x], [x], [x + 2]]
+    pinned += [draw(st.booleans()), True, False, True]
+    m = len(preds)
+    size = draw(st.lists(st.integers(1, 40), min_size=m, max_size=m))
+    in_place = [0] * m
+    at = draw(st.integers(0, m - 1))
+    if preds[at]:
+        in_place[at] = draw(st.integers(0, min(size[at], size[preds[at][0]])))
+    p = PlanningProblem.build(size=size, cost=[1] * m, preds=preds, in_place=in_place, pinned=pinned,
+                              scratch=draw(st.lists(st.integers(0, 5), min_size=m, max_size=m)),
+                              recomputable=draw(st.lists(st.booleans(), min_size=m, max_size=m)),
+                              base_bytes=30, name="shared_tail")
+    return replace(p, late_base_bytes=draw(st.integers(0, 10)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_tail_dags(), st.integers(1, 4), st.sampled_from([None, 1, 5, 20_000]))
+def test_the_deepened_pinned_outputs_floor_never_exceeds_the_runtime_least(p, depth, max_work):
+    """last_pinned_bound searched deeper while it finds sets left unexpanded (cheap outputs made
+    last, then the step that makes a weight gradient or its bias's ReduceSum from their shared
+    input), stopped anywhere (``max_work``), bounds every order's plans as the runtime counts
+    them; so does the order-free floor that takes it."""
+    runtime, _ = least_plan_any_order(p, runtime=True)
+    assert last_pinned_bound(p, depth, max_work=max_work) <= runtime
+    assert p.order_free_floor <= runtime

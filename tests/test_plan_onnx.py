@@ -269,7 +269,9 @@ def test_infeasible_never_claims_a_least_above_the_unplanned_peak(tmp_path):
     assert rc == 1 and len(err.strip().splitlines()) == 1
     obj = json.loads(out)
     assert obj["budget_bytes"] < obj["least_bytes"] <= obj["unplanned_peak_bytes"] and obj["least_exact"] is False
-    assert f"the least memory any plan reaches is at least {obj['least_bytes']} " in err
+    # (the floor over every order searched deeper reaches the peak itself: 347520)
+    assert (f"the least memory any plan reaches is at least {obj['least_bytes']} " in err
+            or f"no plan below the unplanned peak {obj['least_bytes']} " in err), err
     # where it is not below, the error names the unplanned peak, and how much of it no plan can free
     from cli import _infeasible_error
     from planner.plan import SolveResult
