@@ -365,6 +365,36 @@ def test_plan_graph_tightens_until_the_arena_fits_and_keeps_the_cheapest_fitting
     assert f"the least arena any needed was {min(hopeless.needs)} bytes" in failed.result.note
 
 
+def test_plan_graph_stops_bisecting_when_a_re_solve_finds_a_dearer_plan_than_the_fitting_one(monkeypatch):
+    """Regression (zoo:resnet?batch=32 at 70% --ort-arena same-as-requested --time-limit 10
+    --deterministic: six re-solves, the last two after a solve found a plan dearer than the fitting
+    one). A re-solve between the fitting target and a failing one gets half the time of the one
+    before; one that comes back dearer than the fitting plan (which fits its target too) is out of
+    time, and the next has less: plan_graph keeps the fitting plan and stops there."""
+    import math
+    from dataclasses import replace
+
+    import passes.plan_model as plan_model
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    budget = math.ceil(analyze(g).peak_bytes * 0.8)
+    arena, real, calls = _ScaledArena(1.15), plan_model.solve, []
+
+    def solve(problem, target, strategy, options, **kw):
+        res = real(problem, target, strategy, options, **kw)
+        fitted = any(n <= budget for n in arena.needs)
+        calls.append(fitted)
+        # once a plan fits the arena, every re-solve stands in for one out of time: a dearer plan
+        return replace(res, added_time=res.added_time * 1000 + 1) if fitted and res.plan is not None else res
+
+    monkeypatch.setattr(plan_model, "solve", solve)
+    pm = plan_model.plan_graph(g, budget, strategy="greedy", ort_arena=arena)
+    assert pm.ok and pm.arena_need is not None and pm.arena_need <= budget
+    assert calls.count(True) == 1  # one bisecting re-solve, not one per halving
+
+
 class _ThresholdArena:
     """Stands in for passes.plan_model.OrtArena: a plan peaking at most ``fits`` bytes needs its peak,
     one above needs three times it (the replay's overshoot jumps from plan to plan)."""
