@@ -25,16 +25,23 @@ g (float[64, 64] x) => (float[64] y)
 """
 
 
+def _lowered_at_the_models_peak(text: str, dynamic: int):
+    """The model of ONNX ``text``, its liveness, problem and lowering, where the model peaks at its
+    base + ``dynamic`` bytes and the problem, unplanned, peaks there too."""
+    graph = import_model(parse_model(text))
+    lv = analyze(graph)
+    assert lv.peak_bytes == graph.base_bytes + dynamic
+    problem, lowering = lower(graph)
+    assert problem.unplanned_peak == lv.peak_bytes
+    assert simulate(problem, no_remat(problem)).peak_bytes == lv.peak_bytes
+    return graph, lv, problem, lowering
+
+
 def test_a_view_copied_into_a_graph_output_is_counted_when_it_runs():
     """A ReduceSum and the Reshape copying its sum into a graph output were one problem node: the
     copy was counted at the ReduceSum's step, with the input that dies there (16 KiB + two
     256-byte buffers, where ORT never holds more than 16 KiB + one)."""
-    graph = import_model(parse_model(SUM_INTO_OUTPUT))
-    lv = analyze(graph)
-    assert lv.peak_bytes == graph.base_bytes + 64 * 64 * 4 + 256
-    problem, lowering = lower(graph)
-    assert problem.unplanned_peak == lv.peak_bytes
-    assert simulate(problem, no_remat(problem)).peak_bytes == lv.peak_bytes
+    graph, lv, problem, lowering = _lowered_at_the_models_peak(SUM_INTO_OUTPUT, 64 * 64 * 4 + 256)
     # the Reshape is a problem node of its own, holding the graph output
     (k,) = [i for i, grp in enumerate(lowering.groups) if [graph.nodes[n].op_type for n in grp] == ["Reshape"]]
     assert problem.pinned[k] and problem.size[k] == 256
@@ -109,12 +116,7 @@ def test_an_in_place_chain_of_any_length_is_one_buffer():
     """Concat -> Softmax -> Softmax -> Relu -> Relu was lowered as pairs (Concat, Softmax),
     (Softmax, Relu), (Relu), each a buffer of its own: the problem peaked at 49160 bytes where
     the model (and ORT, passes/verify.measure_peak: 16640 dynamic bytes) holds 33032."""
-    graph = import_model(parse_model(IN_PLACE_CHAIN))
-    lv = analyze(graph)
-    assert lv.peak_bytes == graph.base_bytes + 64 * 64 * 4 + 256
-    problem, lowering = lower(graph)
-    assert problem.unplanned_peak == lv.peak_bytes
-    assert simulate(problem, no_remat(problem)).peak_bytes == lv.peak_bytes
+    graph, lv, problem, lowering = _lowered_at_the_models_peak(IN_PLACE_CHAIN, 64 * 64 * 4 + 256)
     assert problem.memory_floor <= lv.peak_bytes
     (k,) = [i for i, grp in enumerate(lowering.groups) if len(grp) > 1]
     assert [graph.nodes[n].op_type for n in lowering.groups[k]] == ["Concat", "Softmax", "Softmax", "Relu", "Relu"]

@@ -113,6 +113,15 @@ def test_where_the_orders_searched_hold_no_plan_the_exact_search_gives_one(monke
     assert below.status == "infeasible" and below.least_bytes == 110 and below.least_exact
 
 
+def _no_search_over_orders(monkeypatch) -> None:
+    """Leave the floor as the only word on orders not searched: no exact search (as past 20
+    nodes), no reverse or depth-first walk, no long greedy run."""
+    monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+
+
 def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(monkeypatch):
     p = gradient_first()
     monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)
@@ -148,10 +157,7 @@ def test_the_outputs_resident_when_the_last_is_made_were_made_with_their_inputs(
     p = gradient_behind_its_input()
     least = min(exact_least_peak(permute(p, order)) for order in topological_orders(p))
     assert p.order_free_floor == least == 220  # before: 200
-    monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
-    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
-    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    _no_search_over_orders(monkeypatch)
     res = solve(p, 210, "cpsat", ONE)
     assert res.status == "infeasible" and res.plan is None and res.least_bytes == 220
 
@@ -187,10 +193,7 @@ def test_the_floor_reaches_the_shared_input_tail_behind_cheap_outputs_made_last(
     assert least == 220
     assert p.order_free_floor == least  # before: 200
     assert last_pinned_bound(p) == least > last_pinned_bound(p, max_work=None) == 160
-    monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
-    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
-    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    _no_search_over_orders(monkeypatch)
     res = solve(p, 219, "cpsat", ONE)
     assert res.status == "infeasible" and res.plan is None and res.least_bytes == 220
 
