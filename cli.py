@@ -1239,19 +1239,17 @@ def _plan_training_step(step, budget_spec, device_name: str, options,
     unplanned = analyze(step.graph).peak_bytes
     budget = budget_spec.resolve(unplanned)
     pm = plan_graph(step.graph, budget, options=options, node_time=node_time, transfer_time=None, time_unit="s")
+    res = pm.result
+    figures = {"status": res.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
+               "peak_bytes": None, "added_time_pct": None, "recomputed": None, "device": dev.name}
     if not pm.ok:
         if no_plan is not None:
-            res = pm.result
             known = {"least_bytes": res.least_bytes, "best_peak_bytes": res.best_bytes, "note": res.note or None}
-            no_plan({"status": res.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
-                     "peak_bytes": None, "added_time_pct": None, "recomputed": None, "device": dev.name,
-                     **{k: v for k, v in known.items() if v is not None}})
-        raise _no_plan_error(pm.result, pm.problem.can_swap, budget, unplanned, None)
-    figures = {"status": pm.result.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
-               "peak_bytes": pm.peak_bytes, "added_time_pct": 100 * added_fraction(pm),
-               # the names, as plan.json's "recomputed" (this was their count, an int under the same key)
-               "recomputed": _recomputed_names(pm.result.plan, pm.problem),
-               "device": dev.name}
+            no_plan({**figures, **{k: v for k, v in known.items() if v is not None}})
+        raise _no_plan_error(res, pm.problem.can_swap, budget, unplanned, None)
+    # the names, as plan.json's "recomputed" (this was their count, an int under the same key)
+    figures.update(peak_bytes=pm.peak_bytes, added_time_pct=100 * added_fraction(pm),
+                   recomputed=_recomputed_names(res.plan, pm.problem))
     return replace(step, graph=pm.planned), figures
 
 
