@@ -302,6 +302,10 @@ class GraphBuilder:
     def id(self, name: str) -> int:
         return self._by_name[name]
 
+    def added(self, nid: int) -> Node:
+        """The ``nid``-th node appended."""
+        return self._nodes[nid]
+
     @property
     def nodes_added(self) -> int:
         """How many nodes were appended so far (the next node's id)."""
