@@ -264,7 +264,11 @@ def plan_graph(
             else:
                 log.info("ORT's arena needs %d bytes for the plan, over the budget; re-solving tighter", need)
                 arena_over = need if arena_over is None else min(arena_over, need)
-                fails_at = target
+                # bisect under this plan's own peak, not its target: a target between the two admits
+                # this plan at its cost, which a solve returns again (zoo:resnet?batch=32 at 70%
+                # --ort-arena same-as-requested: the refused 7368968-byte plan, found at 7723767
+                # bytes, came back at 7470346 and was replayed again)
+                fails_at = min(target, result.peak_bytes)
                 if fits_at is None:
                     if none_at is not None:  # between a target with no plan and this one: bisect
                         target = _halfway(none_at, fails_at, budget)

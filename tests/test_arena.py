@@ -758,3 +758,36 @@ def test_the_least_limit_holds_whatever_glibcs_mmap_threshold():
     assert mmap_thresholds(big, strategy=NEXT_POWER_OF_TWO) == [128 * KIB, 200 * KIB + 256] + [
         (MIB << k) + 256 for k in range(5)]
 
+
+
+def test_plan_graph_bisects_under_a_refused_plans_peak_not_its_target(monkeypatch):
+    """A target between a refused plan's peak and the target it was found at admits that plan at its
+    cost, and a solve returns it again (zoo:resnet?batch=32 at 70% --ort-arena same-as-requested
+    --time-limit 10 --deterministic: the 7368968-byte plan the arena refused, found at 7723767 bytes,
+    came back at 7470346 and was replayed again). The bisection now stays under the refused peak."""
+    import math
+
+    import passes.plan_model as pm_mod
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    own = analyze(g).peak_bytes
+    budget, fits = math.ceil(own * 0.8), math.ceil(own * 0.6)
+    real = pm_mod.solve
+    solves = []  # (target, the problem's peak of the plan found)
+
+    def solve(problem, target, strategy, options, **kw):
+        # a solver whose plans land well under the target it is given
+        res = replace(real(problem, int(target * 0.85), strategy, options, **kw), budget_bytes=target)
+        solves.append((target, res.peak_bytes if res.plan is not None else None))
+        return res
+
+    monkeypatch.setattr(pm_mod, "solve", solve)
+    got = pm_mod.plan_graph(g, budget, strategy="greedy", ort_arena=_ThresholdArena(fits))
+    assert got.ok and got.arena_need <= budget
+    refused = [peak for _, peak in solves if peak is not None and peak > fits]
+    assert refused  # the arena refused a plan, so plan_graph bisected
+    for i, (target, _) in enumerate(solves):
+        before = [peak for _, peak in solves[:i] if peak is not None and peak > fits]
+        assert not before or target < min(before), solves
