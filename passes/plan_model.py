@@ -28,7 +28,7 @@ from planner.arena import NEXT_POWER_OF_TWO, arena_need
 from planner.liveness import MemoryModel, analyze
 from planner.lowering import Lowering, lower
 from planner.plan import SolveResult
-from planner.planning import solve
+from planner.planning import TIMED_OUT, solve
 from planner.problem import PlanningProblem
 from planner.units import share_of, whole_bytes
 
@@ -328,13 +328,23 @@ def plan_graph(
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
         # best: the lowest rewritten plan's peak, not the last tighter solve's (a plan of the
         # problem's, 4456 bytes under a 4464-byte budget, where the note said 4480)
-        failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
-                         best_bytes=lowest_over, note=f"the plans found overshoot the budget once rewritten into the model (the lowest "
-                              f"peaks at {lowest_over} bytes: a budget of that fits it), and tighter solves "
-                              f"found none")
+        over_note = (f"the plans found overshoot the budget once rewritten into the model (the lowest peaks at "
+                     f"{lowest_over} bytes: a budget of that fits it)")
+        if timed_out:
+            # a tighter solve ran out of its (halved) time: no proof that none fits, so a timeout, not
+            # over_budget (fuzzed seed 3 at 822 bytes, --time-limit 3: the re-solve at 702 bytes timed
+            # out with a plan at 744, and the error said "tighter solves found none", exit 1)
+            failed = replace(result, budget_bytes=budget, plan=None, status="timeout", least_bytes=None,
+                             best_bytes=lowest_over,
+                             note=f"{TIMED_OUT} {options.time_limit:.3g} s): {over_note}, and a tighter solve "
+                                  f"ran out of time")
+        else:
+            failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
+                             best_bytes=lowest_over, note=f"{over_note}, and tighter solves found none")
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over,
                         timed_out=timed_out or failed.status == "timeout",
-                        lowest_over=lowest_over if failed.status == "over_budget" and arena_over is None else None)
+                        lowest_over=lowest_over if failed.status in ("over_budget", "timeout") and arena_over is None
+                        else None)
 
 
 def _halfway(low: int, high: int, budget: int) -> int | None:

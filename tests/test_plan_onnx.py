@@ -1637,6 +1637,40 @@ def test_solver_wall_s_counts_the_re_solves_too(monkeypatch):
     assert pm.result.to_json(pm.problem)["solver"]["wall_s"] == pytest.approx(5.0)
 
 
+@pytest.mark.parametrize("re_solve", ["timeout", "infeasible"])
+def test_plans_over_the_budget_once_rewritten_are_a_timeout_where_a_tighter_solve_ran_out_of_time(monkeypatch, re_solve):
+    """Regression (fuzzed seed 3 at 822 bytes, --time-limit 3: the re-solve at 702 bytes ran out of
+    its halved time with a plan at 744): every plan found overshot once rewritten, and the error said
+    "tighter solves found none", exit 1, as if none could fit. A tighter solve that ran out of time
+    proves nothing: status timeout (exit 4, "try a longer --time-limit"), the lowest rewritten peak
+    still named; one that ended without a plan for any other reason keeps over_budget."""
+    from dataclasses import replace
+
+    import passes.plan_model as plan_model
+
+    real, targets = plan_model.solve, []
+
+    def solve(problem, target, strategy, options, **kw):
+        targets.append(target)
+        res = real(problem, target, strategy, options, **kw)
+        return res if len(targets) == 1 else replace(res, plan=None, status=re_solve, peak_bytes=None)
+
+    monkeypatch.setattr(plan_model, "MAX_TIGHTENING", 1)
+    monkeypatch.setattr(plan_model, "solve", solve)
+    g = exp_chain(8)
+    budget = analyze(g).peak_bytes * 4 // 5 + 10
+    pm = plan_graph(g, budget, options=PlannerOptions(time_limit=5, workers=1, seed=0))
+    assert len(targets) == 2 and targets[1] < budget  # premise: the first plan overshot once rewritten
+    r = pm.result
+    assert not pm.ok and r.best_bytes == pm.lowest_over > budget
+    assert f"the lowest peaks at {pm.lowest_over} bytes" in r.note
+    if re_solve == "timeout":
+        assert r.status == "timeout" and pm.timed_out and "a tighter solve ran out of time" in r.note
+        assert r.note.startswith("no plan within the budget found (time limit 5 s)")
+    else:
+        assert r.status == "over_budget" and "tighter solves found none" in r.note
+
+
 def test_the_rewrites_constants_are_bounded_whatever_the_plan():
     """added_constant_bytes bounds the initializers the rewrite adds (plans at 80% to 50% here)."""
     from passes.rewrite import added_constant_bytes
