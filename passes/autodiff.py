@@ -242,11 +242,17 @@ def _refuse_dropped_outputs(graph: Graph, loss: int, active: list[bool]) -> None
     """Refuse a loss that depends, differentiably, on a float output whose gradient the node's rule
     does not build (SoftmaxCrossEntropyLoss's log_prob, LayerNormalization's Mean): that part of
     the gradient would be left out without a word (fuzzed, stop 49: log_prob in a label-smoothing
-    loss gave a gradient 116% off)."""
+    loss gave a gradient 116% off). Only where those outputs' own inputs are active: LayerNorm's Mean
+    of an input that depends on no weight has no gradient to leave out, though Y reads a weight
+    (fuzzed, --ops multi seed 4: BatchNormalization's running mean of LogSoftmax(x) was refused)."""
     dropped: dict[int, tuple[Node, int]] = {}
     for node in graph.nodes:
         rule = _rule(node)
-        if rule is None or _stops_gradient(node) or not any(active[node.inputs[i]] for i in _rule_inputs(graph, node)):
+        if rule is None or _stops_gradient(node):
+            continue
+        sources = _rule_inputs(graph, node) if rule.left_out_from is None else \
+            [i for i in rule.left_out_from if i < len(node.inputs) and node.inputs[i] != NO_TENSOR]
+        if not any(active[node.inputs[i]] for i in sources):
             continue
         for k, t in enumerate(node.outputs):
             if t != NO_TENSOR and graph.tensors[t].dtype in FLOAT_DTYPES and not rule.carries(k):

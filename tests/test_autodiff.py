@@ -233,6 +233,44 @@ def test_a_loss_through_an_output_without_a_gradient_is_refused_not_dropped():
     assert "through output 0 only" in str(err.value)
 
 
+def test_statistics_of_an_input_without_weights_may_reach_the_loss():
+    """LayerNormalization's Mean/InvStdDev and BatchNormalization's running statistics are computed
+    from X alone: where X depends on no weight they have no gradient to leave out, and a loss reading
+    them trains Scale and B through Y. memplan refused it (fuzz_e2e --ops multi seed 4); the gradients
+    now match finite differences."""
+    rng = np.random.default_rng(3)
+    n = helper.make_node
+    nodes = [n("LayerNormalization", ["x", "s", "b"], ["y", "mu", "isd"], axis=-1, name="ln"),
+             n("Cast", ["mu"], ["mu64"], to=F64), n("Cast", ["isd"], ["isd64"], to=F64),
+             n("Mul", ["y", "mu64"], ["ym"]), n("Mul", ["ym", "isd64"], ["z"]),
+             n("ReduceSum", ["z"], ["t"], keepdims=0), n("Mul", ["t", "t"], ["loss"])]
+    x = rng.standard_normal((2, 3))
+    _fd_check(_model(nodes, {"s": rng.standard_normal(3), "b": rng.standard_normal(3)}, {"x": x}), {"x": x})
+    nodes = [n("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1, name="bn"),
+             n("Add", ["y", "rm"], ["z"]), n("Mul", ["z", "rv"], ["zv"]),
+             n("ReduceSum", ["zv"], ["t"], keepdims=0), n("Mul", ["t", "t"], ["loss"])]
+    inits = {"s": rng.standard_normal(2), "b": rng.standard_normal(2), "m": np.full(2, 0.1), "v": np.full(2, 1.2)}
+    x = rng.standard_normal((3, 2, 2))
+    model = _model(nodes, inits, {"x": x}, opset=15)
+    step = build_training_graph(import_model(model))
+    assert step.params == ("s", "b")
+    _, got = gradcheck.run_training_step(step, {"x": x})
+    # ORT's kernel writes the running statistics in place, so finite differences run on the same
+    # model with them read as the constants one run gives (they do not depend on s and b)
+    probe = model.graph.__deepcopy__()
+    probe.output.extend([helper.make_tensor_value_info(t, F64, [2]) for t in ("rm", "rv")])
+    rm, rv = gradcheck.ort_session(helper.make_model(probe, opset_imports=model.opset_import,
+                                                     ir_version=8)).run(["rm", "rv"], {"x": x})
+    nodes[0] = n("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm_unread", "rv_unread"], training_mode=1,
+                 name="bn")
+    nodes[1:1] = [n("Constant", [], ["rm"], value=numpy_helper.from_array(rm)),
+                  n("Constant", [], ["rv"], value=numpy_helper.from_array(rv))]
+    frozen = _fd_check(_model(nodes, inits, {"x": x}, opset=15), {"x": x})
+    _, want = gradcheck.run_training_step(frozen, {"x": x})
+    for p in ("s", "b"):
+        np.testing.assert_allclose(got[p], want[p], rtol=1e-6)
+
+
 def test_trainable_initializers_read_only_where_no_gradient_flows_are_named():
     """Clip's bounds get no gradient: a loss that reads trainable initializers only there names
     them, not "depends on no trainable initializer" (fuzzed, stop 49)."""

@@ -116,6 +116,9 @@ class GradRule:
     # Output slots whose gradient the rule uses; None = all (Split). Other outputs (LayerNorm's
     # Mean, MaxPool's Indices, ...) are treated as not differentiable.
     grad_outputs: tuple[int, ...] | None = (0,)
+    # Input slots the outputs left out of the gradient are computed from; None = every slot. LayerNorm's
+    # Mean reads X only, not Scale: the loss may read it where X depends on no trainable initializer.
+    left_out_from: tuple[int, ...] | None = None
 
     def carries(self, slot: int) -> bool:
         return self.grad_outputs is None or slot in self.grad_outputs
@@ -136,8 +139,10 @@ def register(
     inputs: Sequence[int] | Differentiable | None = (0,),
     extra_outputs: ExtraOutputs | None = None,
     outputs: tuple[int, ...] | None = (0,),
+    left_out_from: tuple[int, ...] | None = None,
 ) -> Callable[[Rule], Rule]:
-    """Register ``fn`` as the rule of ``op_types``; ``inputs=None`` / ``outputs=None`` mean every slot."""
+    """Register ``fn`` as the rule of ``op_types``; ``inputs=None`` / ``outputs=None`` mean every slot;
+    ``left_out_from``: the input slots the outputs outside ``outputs`` are computed from (None: all)."""
 
     if inputs is None:
         diff: Differentiable = lambda node: range(len(node.inputs))  # noqa: E731
@@ -151,7 +156,7 @@ def register(
         for op in op_types:
             if op in RULES:
                 raise ValueError(f"two gradient rules for {op}")
-            RULES[op] = GradRule(op, fn, diff, extra_outputs, outputs)
+            RULES[op] = GradRule(op, fn, diff, extra_outputs, outputs, left_out_from)
         return fn
 
     return deco

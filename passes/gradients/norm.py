@@ -45,7 +45,7 @@ def _layer_norm_stats(node, tensor_of, value_of):
     return {1: ("mean", "float32", stat_shape), 2: ("inv_std", "float32", stat_shape)}
 
 
-@register("LayerNormalization", inputs=(0, 1, 2), extra_outputs=_layer_norm_stats)
+@register("LayerNormalization", inputs=(0, 1, 2), extra_outputs=_layer_norm_stats, left_out_from=(0,))
 def layer_norm(ctx: BackwardContext) -> dict[int, int]:
     """xhat = (x - mean) * inv; dx = inv * (gs - mean(gs) - xhat * mean(gs * xhat)), gs = g * scale."""
     em, g = ctx.em, ctx.dy()
@@ -119,7 +119,7 @@ def lp_normalization(ctx: BackwardContext) -> dict[int, int]:
     return {0: em.div(em.sub(g, em.mul(d, em.reduce_sum(em.mul(g, y), [axis]))), norm)}
 
 
-@register("BatchNormalization", inputs=(0, 1, 2))
+@register("BatchNormalization", inputs=(0, 1, 2), left_out_from=(0, 3, 4))
 def batch_norm(ctx: BackwardContext) -> dict[int, int]:
     """Training mode (opset 14+: training_mode=1; opset 7-13: the node has its statistics outputs,
     as ORT runs it): batch statistics. Otherwise the running statistics are constants and the op
