@@ -2,7 +2,7 @@
 
     python bench/fuzz_e2e.py [--start 0] [--count 1000] [--minutes 25] [--time-limit 3]
                              [--keep DIR] [--only-model SEED OUT.onnx]
-                             [--ops base|more]
+                             [--ops base|more|multi]
                              [--paths forward,pin,replan,check,swap,rewrite,maxbatch,arena]
 
 Each seed draws a forward model (onnx.helper through the zoo's OnnxBuilder, opset 20) of 5-30 ops
@@ -30,7 +30,14 @@ last axis, and an embedding lookup of an int64 ``ids`` input), Slice, Where, Exp
 same type, and a float64 round trip), Pow, Sqrt, Div, Exp, Log, Erf, MaxPool/AveragePool,
 BatchNormalization (training), Dropout (training, with and without a seed), ReduceSum/ReduceMax,
 Squeeze/Unsqueeze, Flatten, MatMul with broadcasting and Einsum (the default, ``base``, draws the
-models above, seed for seed). ``--paths`` adds, per case, the other ways a user runs it (each under
+models above, seed for seed). ``--ops multi`` draws the base ops and the multi-output ones, each
+side output read by a later op (added, concatenated, broadcast or averaged into the chain) or left
+unread: Split into 2-3 (uneven) outputs, TopK (its indices into Gather of an embedding, into
+GatherElements, cast to float, or unread), MaxPool's Indices, LayerNormalization's Mean/InvStdDev
+and BatchNormalization's running statistics (of an input that depends on no weight; where it does,
+a loss reading them must be refused, exit 3 naming the output: outcome ``refused``), LogSoftmax;
+one model in three has two outputs, a hub read by 2-3 more ops, the loss (``--add-loss
+KIND:OUTPUT``) on either. ``--paths`` adds, per case, the other ways a user runs it (each under
 the rules above):
 
   forward  ``plan MODEL --forward`` between its own least and unplanned peaks (probed at 1%), verify;
@@ -75,6 +82,8 @@ UNARY = ("Relu", "Gelu", "Tanh", "Sigmoid")
 MORE_KINDS = ["unary2", "unary2", "div", "pow", "cast", "where", "gather", "slice", "expand", "dropout",
               "reduce", "squeeze", "flatten", "bmatmul", "einsum"]
 BINARY = ("Add", "Sub", "Mul")
+#: ``--ops multi``: ops with several outputs, each read by a later op (or left unread), and LogSoftmax
+MULTI_KINDS = ["split_n", "split_n", "topk", "topk", "ln_stats", "ln_stats", "logsoftmax"]
 #: wall seconds a swap or --ort-arena plan may take (twice that for --max-batch): their deterministic
 #: solves take 10-100x --time-limit on a loaded machine (one swap plan 100 s, a max-batch 150 s)
 WALL_CAP = 30
@@ -83,8 +92,13 @@ WALL_CAP = 30
 class Gen:
     """One random model: a pool of (name, shape) tensors, shape[0] the symbolic batch."""
 
-    def __init__(self, seed: int, more: bool = False):
-        self.more = more
+    def __init__(self, seed: int, ops: str = "base"):
+        self.more = ops == "more"
+        self.multi = ops == "multi"
+        self.pending: list[tuple[str, tuple, bool]] = []  # --ops multi: (name, shape, int64) awaiting a reader
+        self.act: set[str] = set()  # --ops multi: tensors that depend on a trainable initializer
+        self.refuse = ""  # --ops multi: a statistics output the loss reads at the end: memplan must refuse (exit 3)
+        self.refuse_shape: tuple = ()
         self.rng = np.random.default_rng(seed)
         self.b = OnnxBuilder(f"fuzz{seed}", self.rng)
         self.pool: list[tuple[str, tuple]] = []
@@ -109,7 +123,15 @@ class Gen:
     def op(self, op_type: str, inputs, shape: tuple, **attrs) -> str:
         self.ops[op_type] += 1
         self.use(*[i for i in inputs if i])
-        return self.add(self.b.op(op_type, inputs, self.name(op_type), **attrs), shape)
+        out = self.add(self.b.op(op_type, inputs, self.name(op_type), **attrs), shape)
+        if self.multi and self.active(*inputs):
+            self.act.add(out)
+        return out
+
+    def active(self, *names: str) -> bool:
+        """Whether any of ``names`` is a float initializer (trainable) or depends on one."""
+        params = {t.name for t in self.b.initializers if t.data_type == onnx.TensorProto.FLOAT}
+        return any(n in self.act or n in params for n in names)
 
     def skip_partner(self, x: str, shape: tuple) -> str | None:
         """An earlier tensor of the same shape (the earliest one half the time: a long skip)."""
@@ -135,7 +157,17 @@ class Gen:
                 kinds += ["pool", "pool", "batchnorm"]
             if rank == 3:
                 kinds += ["batchnorm"]
+        if self.multi:
+            kinds += MULTI_KINDS
+            if rank == 4:
+                kinds += ["maxpool_idx", "maxpool_idx", "bn_stats"]
+            if rank == 3:
+                kinds += ["bn_stats"]
+            if self.pending and self.rng.random() < 0.4:
+                kinds = ["absorb"]
         kind = self.pick(kinds)
+        if kind in MULTI_KINDS or kind in ("maxpool_idx", "bn_stats", "absorb"):
+            return self.multi_step(kind, x, shape)
         if kind in MORE_KINDS or kind in ("pool", "batchnorm"):
             return self.more_step(kind, x, shape)
         if kind == "unary":
@@ -158,7 +190,9 @@ class Gen:
             out = int(self.pick([4, 8, 16, 32]))
             self.ops["Gemm"] += 1
             self.use(x)
-            return self.add(self.b.gemm(x, last, out, self.name("gemm"), 1.0), (shape[0], out))
+            y = self.add(self.b.gemm(x, last, out, self.name("gemm"), 1.0), (shape[0], out))
+            self.act.add(y)
+            return y
         if kind == "softmax":
             return self.op("Softmax", [x], shape, axis=-1)
         if kind == "layernorm":
@@ -194,14 +228,18 @@ class Gen:
             k = int(self.pick([1, 3]))
             self.ops["Conv"] += 1
             self.use(x)
-            return self.add(self.b.conv(x, shape[1], c_out, self.name("conv"), kernel=k, bias=bool(self.rng.random() < 0.5)),
-                            (shape[0], c_out) + shape[2:])
+            y = self.add(self.b.conv(x, shape[1], c_out, self.name("conv"), kernel=k, bias=bool(self.rng.random() < 0.5)),
+                         (shape[0], c_out) + shape[2:])
+            self.act.add(y)
+            return y
         if kind == "split":
             self.ops["Split"] += 1
             self.use(x)
             n = self.name("split")
             half = shape[:-1] + (last // 2,)
             a, c = self.b.ops("Split", [x], [n, f"{n}.1"], axis=-1, num_outputs=2)
+            if x in self.act:
+                self.act.update((a, c))
             self.add(c, half)
             return self.add(a, half)
         return self.op("Relu", [x], shape)
@@ -318,6 +356,170 @@ class Gen:
             return self.add(self.b.batchnorm(x, shape[1], self.name("bn")), shape)
         raise AssertionError(kind)
 
+    def pend(self, name: str, shape: tuple, is_int: bool = False) -> None:
+        """A side output for a later op to read (``absorb``); float ones join the pool too."""
+        self.pending.append((name, shape, is_int))
+        if not is_int:
+            self.add(name, shape)
+
+    def multi_ops(self, op_type: str, inputs: list, names: list, active: bool, **attrs) -> list[str]:
+        self.ops[op_type] += 1
+        self.use(*[i for i in inputs if i])
+        outs = self.b.ops(op_type, inputs, names, **attrs)
+        if active:
+            self.act.update(outs)
+        return outs
+
+    def multi_step(self, kind: str, x: str, shape: tuple) -> str:
+        """The ops of ``--ops multi``: several outputs, each read by a later op (``absorb``) or left
+        unread. LayerNormalization's Mean/InvStdDev and BatchNormalization's running statistics are
+        read only where their input depends on no trainable initializer (memplan refuses a loss that
+        reads them differentiably, exit 3: some models draw that refusal on purpose)."""
+        rank, last = len(shape), shape[-1]
+        if kind == "absorb":
+            return self.absorb(x, shape)
+        if kind == "logsoftmax":
+            return self.op("LogSoftmax", [x], shape, axis=-1)
+        if kind == "split_n":
+            if last < 2:
+                return self.op("Tanh", [x], shape)
+            n = self.name("split")
+            if last % 3 == 0 and self.rng.random() < 0.6:
+                sizes = [last // 3] * 3
+                attrs, ins = {"num_outputs": 3}, [x]
+            else:
+                a = int(self.rng.integers(1, last))
+                sizes = [a, last - a]
+                if last >= 3 and self.rng.random() < 0.5:
+                    b = int(self.rng.integers(1, last - a + 1)) if last - a > 1 else 1
+                    sizes = [a, b, last - a - b] if last - a - b > 0 else sizes
+                attrs, ins = {}, [x, self.b.shape(self.name("sizes"), sizes)]
+            outs = self.multi_ops("Split", ins, [n] + [f"{n}.{i}" for i in range(1, len(sizes))], x in self.act,
+                                  axis=rank - 1, **attrs)
+            for o, k in list(zip(outs, sizes))[1:]:
+                if self.rng.random() < 0.8:
+                    self.pend(o, shape[:-1] + (k,))
+            return self.add(outs[0], shape[:-1] + (sizes[0],))
+        if kind == "topk":
+            k = int(self.rng.integers(1, last + 1))
+            n = self.name("topk")
+            vals, idx = self.multi_ops("TopK", [x, self.b.shape(self.name("k"), [k])], [n, f"{n}.idx"],
+                                       x in self.act, axis=-1, largest=int(self.rng.random() < 0.7), sorted=1)
+            vals = self.add(vals, shape[:-1] + (k,))
+            use = self.rng.random()
+            if use < 0.3:  # unread indices
+                return vals
+            if use < 0.55 and rank == 2:  # an embedding row per index: [batch, k, d]
+                d = int(self.pick([4, 8]))
+                emb = self.b.normal(self.name("emb"), (last, d), 1.0)
+                g = self.op("Gather", [emb, idx], shape[:-1] + (k, d), axis=0)
+                self.pend(g, shape[:-1] + (k, d))
+            elif use < 0.8:  # the same positions of another tensor of x's shape
+                y = self.skip_partner(x, shape) or self.op("Tanh", [x], shape)
+                self.pend(self.op("GatherElements", [y, idx], shape[:-1] + (k,), axis=rank - 1), shape[:-1] + (k,))
+            else:
+                self.pend(idx, shape[:-1] + (k,), is_int=True)
+            return vals
+        if kind == "maxpool_idx":
+            h, w_ = shape[2], shape[3]
+            n = self.name("maxpool")
+            if h % 2 == 0 and w_ % 2 == 0 and self.rng.random() < 0.5:
+                attrs, oshape = {"kernel_shape": [2, 2], "strides": [2, 2]}, shape[:2] + (h // 2, w_ // 2)
+            else:
+                attrs, oshape = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}, shape
+            y, idx = self.multi_ops("MaxPool", [x], [n, f"{n}.idx"], x in self.act, **attrs)
+            if self.rng.random() < 0.75:
+                self.pend(idx, oshape, is_int=True)
+            return self.add(y, oshape)
+        if kind == "ln_stats":
+            n = self.name("ln")
+            s = self.b.full(self.name("scale"), (last,), 1.0)
+            t = self.b.full(self.name("shift"), (last,), 0.0)
+            y, mean, inv = self.multi_ops("LayerNormalization", [x, s, t], [n, f"{n}.mean", f"{n}.invstd"], True,
+                                          axis=-1, epsilon=1e-5)
+            stat = shape[:-1] + (1,)
+            self.act.difference_update((mean, inv))
+            if x in self.act:
+                self.act.update((mean, inv))
+                if not self.refuse and self.rng.random() < 0.05:
+                    self.refuse = mean
+                    self.refuse_shape = stat
+            else:
+                for o in (mean, inv):
+                    if self.rng.random() < 0.7:
+                        self.pend(o, stat)
+            return self.add(y, shape)
+        if kind == "bn_stats":
+            c = shape[1]
+            n = self.name("bn")
+            jitter = self.rng.uniform(1e-3, 2e-3, size=(2, c)).astype(np.float32)
+            ins = [x, self.b.full(f"{n}.scale", (c,), 1.0), self.b.full(f"{n}.shift", (c,), 0.0),
+                   self.b.param(f"{n}.running_mean", jitter[0]), self.b.param(f"{n}.running_var", 1.0 + jitter[1])]
+            y, rm, rv = self.multi_ops("BatchNormalization", ins, [n, f"{n}.mean", f"{n}.var"], False,
+                                       training_mode=1, epsilon=1e-5, momentum=0.9)
+            self.act.add(y)
+            if x in self.act:
+                self.act.update((rm, rv))
+                if not self.refuse and self.rng.random() < 0.05:
+                    self.refuse = rm
+                    self.refuse_shape = (c,)
+            else:
+                for o in (rm, rv):
+                    if self.rng.random() < 0.7:
+                        self.pend(o, (c,))
+            return self.add(y, shape)
+        raise AssertionError(kind)
+
+    def multi_end(self, x: str, shape: tuple) -> tuple[str, tuple, str]:
+        """Side outputs still pending are read into the output (half of them; the rest stay unread),
+        then the statistics drawn for a refusal. One model in three has two outputs: a hub read by
+        2-3 more ops that end in a second output, the loss (``--add-loss KIND:OUTPUT``) on either; else
+        the output is read by the loss only. (x, its shape, the loss's output or "")."""
+        while self.pending:
+            if self.rng.random() < 0.5:
+                x = self.absorb(x, shape)
+                shape = dict(self.pool)[x]
+            else:
+                self.pending.pop(int(self.rng.integers(len(self.pending))))
+        if self.refuse:
+            self.pending.append((self.refuse, self.refuse_shape, False))
+            self.pool.append((self.refuse, self.refuse_shape))
+            x = self.absorb(x, shape)
+            shape = dict(self.pool)[x]
+        if self.rng.random() >= 1 / 3:
+            return x, shape, ""
+        hub, hub_shape = x, shape
+        reads = [self.op(self.pick(UNARY), [hub], shape) for _ in range(int(self.rng.integers(2, 4)))]
+        aux = reads[0]
+        for y in reads[1:]:
+            aux = self.op(self.pick(BINARY), [aux, y], shape)
+        self.b.output(hub, FLOAT, list(hub_shape))
+        self.b.output(aux, FLOAT, list(shape))
+        if self.rng.random() < 0.5:
+            return hub, hub_shape, hub
+        return aux, shape, aux
+
+    def absorb(self, x: str, shape: tuple) -> str:
+        """Read one pending side output into the main chain: Add/Mul/Sub of the same shape, Concat on the
+        last axis, a broadcast Add, or its mean per sample (int64 indices cast to float first)."""
+        p, ps, is_int = self.pending.pop(int(self.rng.integers(len(self.pending))))
+        rank = len(shape)
+        if is_int:
+            p = self.op("Mul", [self.op("Cast", [p], ps, to=onnx.TensorProto.FLOAT), self.scalar(1e-3)], ps)
+        if ps == shape:
+            return self.op(self.pick(BINARY), [x, p], shape)
+        if len(ps) == rank and ps[:-1] == shape[:-1]:
+            return self.op("Concat", [x, p], shape[:-1] + (shape[-1] + ps[-1],), axis=-1)
+        if len(ps) == rank and all(a in (1, b) for a, b in zip(ps, shape)):
+            return self.op("Add", [x, p], shape)
+        if ps[0] != BATCH:  # per-channel statistics: their mean, a scalar
+            m = self.op("ReduceMean", [p, self.b.shape(self.name("axes"), list(range(len(ps))))], (), keepdims=0)
+            return self.op("Add", [x, m], shape)
+        m = self.op("ReduceMean", [p, self.b.shape(self.name("axes"), list(range(1, len(ps))))], ps[:1] + (1,) * (len(ps) - 1),
+                    keepdims=1)
+        m = self.op("Reshape", [m, self.b.shape(self.name("shape"), [-1] + [1] * (rank - 1))], (BATCH,) + (1,) * (rank - 1))
+        return self.op("Add", [x, m], shape)
+
     def model(self) -> tuple[onnx.ModelProto, dict]:
         form = self.pick(["seq", "img", "flat"])
         if form == "seq":
@@ -340,16 +542,22 @@ class Gen:
             last = shape[-1]
             w = self.b.normal(self.name("w"), (last, last), 1 / math.sqrt(last))
             x = self.op("MatMul", [x, w], shape)
+        loss_output = ""
+        if self.multi:
+            x, shape, loss_output = self.multi_end(x, shape)
         loss = "cross-entropy" if len(shape) == 2 and shape[1] >= 2 and self.rng.random() < 0.4 else self.pick(["mean", "mse"])
-        self.b.output(x, FLOAT, list(shape))
+        if not loss_output:
+            self.b.output(x, FLOAT, list(shape))
         info = {"form": form, "ops": dict(self.ops), "n_ops": sum(self.ops.values()), "loss": loss,
                 "batch": int(self.rng.integers(2, 9)),
                 "unread": sum(1 for n, _ in self.pool if n not in self.read and n != x)}
+        if self.multi:
+            info.update(loss_output=loss_output, refuse=self.refuse)
         return self.b.model(f"memplan fuzz_e2e model ({info['form']})", opset=OPSET), info
 
 
-def make_model(seed: int, more: bool = False) -> tuple[onnx.ModelProto, dict]:
-    return Gen(seed, more).model()
+def make_model(seed: int, ops: str = "base") -> tuple[onnx.ModelProto, dict]:
+    return Gen(seed, ops).model()
 
 
 def cli(*args: str, timeout: float = 600) -> tuple[int, str, str]:
@@ -368,7 +576,7 @@ def one_line_error(stderr: str) -> bool:
     return len(errs) == 1
 
 
-def run_case(seed: int, work: Path, time_limit: float, more: bool = False, paths: tuple = ()) -> dict:
+def run_case(seed: int, work: Path, time_limit: float, more: str = "base", paths: tuple = ()) -> dict:
     r = main_case(seed, work, time_limit, more)
     r["paths"] = {}
     for name in paths:
@@ -376,12 +584,13 @@ def run_case(seed: int, work: Path, time_limit: float, more: bool = False, paths
     return r
 
 
-def main_case(seed: int, work: Path, time_limit: float, more: bool) -> dict:
+def main_case(seed: int, work: Path, time_limit: float, more: str) -> dict:
     model, info = make_model(seed, more)
     path = work / f"fuzz{seed}.onnx"
     onnx.save(model, path)
     out = work / f"fuzz{seed}.planned.onnx"
-    common = ["--dim", f"batch={info['batch']}", "--add-loss", info["loss"]]
+    loss = info["loss"] + (f":{info['loss_output']}" if info.get("loss_output") else "")
+    common = ["--dim", f"batch={info['batch']}", "--add-loss", loss]
     r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common, "more": more}
 
     def traceback_in(*texts):
@@ -391,6 +600,11 @@ def main_case(seed: int, work: Path, time_limit: float, more: bool) -> dict:
     rc, so, se = cli("plan", str(path), "--budget", "1%", "--deterministic", "--time-limit", str(time_limit),
                      "--json", *common)
     traceback_in(so, se)
+    if info.get("refuse"):  # the loss reads a statistics output: memplan refuses, one line, exit 3
+        if rc != 3 or not one_line_error(se) or info["refuse"] not in se:
+            r["fail"].append(f"loss reads {info['refuse']}: exit {rc} (want 3, one line naming it): {se.strip()[-300:]!r}")
+        r["outcome"] = "refused"
+        return r
     try:
         probe = json.loads(so)
     except json.JSONDecodeError:
@@ -769,17 +983,20 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=3.0)
     ap.add_argument("--keep", help="keep the models and planned files in this folder")
     ap.add_argument("--only-model", nargs=2, metavar=("SEED", "OUT"))
-    ap.add_argument("--ops", choices=("base", "more"), default="base",
+    ap.add_argument("--ops", choices=("base", "more", "multi"), default="base",
                     help="more: also Gather (an int64 input too), Slice, Where, Expand, Cast, Pow, Sqrt, Div, Exp, "
                          "Log, Erf, Max/AveragePool, BatchNormalization, Dropout, ReduceSum/Max, Squeeze/Unsqueeze, "
-                         "Flatten, broadcast MatMul, Einsum")
+                         "Flatten, broadcast MatMul, Einsum; multi: the base ops and Split into 2-3 outputs, TopK "
+                         "(indices into Gather/GatherElements, cast, or unread), MaxPool's Indices, "
+                         "LayerNormalization's Mean/InvStdDev, BatchNormalization's running statistics, "
+                         "LogSoftmax, two outputs")
     ap.add_argument("--paths", default="", help="comma-separated extra paths per case: " + ",".join(PATHS))
     args = ap.parse_args()
     paths = tuple(p for p in args.paths.split(",") if p)
     for p in paths:
         if p not in PATHS:
             ap.error(f"--paths: unknown path {p!r}; one of {', '.join(PATHS)}")
-    more = args.ops == "more"
+    more = args.ops
     if args.only_model:
         model, info = make_model(int(args.only_model[0]), more)
         onnx.save(model, args.only_model[1])
