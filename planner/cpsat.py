@@ -647,7 +647,7 @@ class RematModel:
         m, p = self.m, self.p
         base = p.base_bytes
         floor = -((-(p.memory_floor - base)) // self.mem_unit)
-        top = -((-(p.unplanned_peak - base)) // self.mem_unit)
+        top = -((-(p.one_buffer_peak - base)) // self.mem_unit)  # the no-remat plan in this model's terms
         if self.budget is None:
             self.cap = m.NewIntVar(max(0, floor), max(top, floor), "capacity")
         else:

@@ -87,6 +87,13 @@ class PlanningProblem:
     # outputs nobody reads). Cost 0, it reads only node i - 1; memory_order keeps the two
     # together. None: no such node.
     companion: np.ndarray | None = None
+    # Node i's output as buffers that die apart: ``parts[i]`` lists (bytes, readers) per buffer,
+    # the bytes summing to size[i], the readers the nodes (of succ_lists[i]) reading that buffer;
+    # () where the node's buffers all have the same readers (one buffer, in effect). The runtime
+    # frees each buffer after its own last reader (an ONNX node's outputs: a MaxPool's Y and its
+    # Indices): simulate() and :attr:`unplanned_memory` count that; the solvers plan each node
+    # as one buffer (:attr:`one_buffer_memory`; their plans fit all the same). None: no such node.
+    parts: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         # The cached properties below (unplanned_peak, memory_floor, ...) hold only while the
@@ -128,6 +135,7 @@ class PlanningProblem:
         two_step: Sequence[bool] | None = None,
         takes_over: Sequence[int] | None = None,
         companion: Sequence[bool] | None = None,
+        parts: Sequence[Sequence[tuple[int, Sequence[int]]]] | None = None,
     ) -> "PlanningProblem":
         """Check the arrays and freeze them; ``preds[i]`` lists the nodes whose output i reads."""
         n = len(size)
@@ -198,6 +206,7 @@ class PlanningProblem:
         idx = np.asarray(flat, dtype=np.int64)
         ptr.setflags(write=False)
         idx.setflags(write=False)
+        parts_t = None if parts is None else _checked_parts(parts, size_a, pinned_a, flat, ptr)
         names_t = tuple(str(x) for x in (names if names is not None else range(n)))
         ids_t = tuple(int(x) for x in (node_ids if node_ids is not None else range(n)))
         if len(names_t) != n or len(ids_t) != n:
@@ -226,6 +235,7 @@ class PlanningProblem:
             two_step=two_a if two_a is not None and two_a.any() else None,
             takes_over=over_a if over_a is not None and (over_a >= 0).any() else None,
             companion=comp_a if comp_a is not None and comp_a.any() else None,
+            parts=parts_t,
         )
 
     def with_swap(self, transfer: Sequence[float] | np.ndarray, copy_overlap: bool = True) -> "PlanningProblem":
@@ -316,8 +326,26 @@ class PlanningProblem:
     @cached_property
     def unplanned_memory(self) -> np.ndarray:
         """Bytes resident at each step with no remat (base and scratch included), as simulate()
-        counts the no-remat plan: a node that takes over its input's buffer (``takes_over``: the
-        input's only reader, so the input dies at it in this run) holds the two as one buffer."""
+        counts the no-remat plan: :attr:`one_buffer_memory`, less each of a node's ``parts`` from
+        the step after its last reader on (the runtime frees it there)."""
+        if self.parts is None:
+            return self.one_buffer_memory
+        delta = np.zeros(self.n + 1, dtype=np.int64)
+        for u, node_parts in enumerate(self.parts):
+            for nbytes, readers in node_parts:
+                gone = (readers[-1] if readers else u) + 1  # sorted: the last reader
+                delta[gone] -= nbytes
+                delta[self.last_use[u] + 1] += nbytes
+        mem = self.one_buffer_memory + np.cumsum(delta[: self.n])
+        mem.setflags(write=False)
+        return mem
+
+    @cached_property
+    def one_buffer_memory(self) -> np.ndarray:
+        """:attr:`unplanned_memory` with each node's output held as one buffer until its last
+        reader (``parts`` left out), as the solvers count it: a node that takes over its input's
+        buffer (``takes_over``: the input's only reader, so the input dies at it in this run)
+        holds the two as one buffer."""
         mem = self.step_memory.copy()
         if self.takes_over is not None:
             at = np.flatnonzero(self.takes_over >= 0)
@@ -328,8 +356,21 @@ class PlanningProblem:
         return mem
 
     @cached_property
+    def part_inputs(self) -> dict[int, tuple[tuple[int, tuple[int, ...]], ...]]:
+        """Per node r reading a node with ``parts``: (that node, the indices of its parts r reads)."""
+        acc: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+        for u, node_parts in enumerate(self.parts or ()):
+            by_reader: dict[int, list[int]] = {}
+            for k, (_, readers) in enumerate(node_parts):
+                for r in readers:
+                    by_reader.setdefault(r, []).append(k)
+            for r in sorted(by_reader):
+                acc.setdefault(r, []).append((u, tuple(by_reader[r])))
+        return {r: tuple(v) for r, v in acc.items()}
+
+    @cached_property
     def step_memory(self) -> np.ndarray:
-        """:attr:`unplanned_memory` with a taken-over input counted apart from the node that
+        """:attr:`one_buffer_memory` with a taken-over input counted apart from the node that
         takes it over: what a step holds whichever reads come later (split_greedy's accounting,
         which may keep that input past its reader)."""
         delta = np.zeros(self.n + 1, dtype=np.int64)
@@ -342,6 +383,11 @@ class PlanningProblem:
     @property
     def unplanned_peak(self) -> int:
         return int(self.unplanned_memory.max()) if self.n else self.base_bytes
+
+    @property
+    def one_buffer_peak(self) -> int:
+        """The unplanned peak as the solvers count it (:attr:`one_buffer_memory`)."""
+        return int(self.one_buffer_memory.max()) if self.n else self.base_bytes
 
     @property
     def total_cost(self) -> float:
@@ -383,10 +429,12 @@ class PlanningProblem:
     @property
     def runtime_exact(self) -> bool:
         """The problem's accounting is what the runtime holds (none of ``in_place``,
-        ``late_base_bytes``, ``kept_bytes``, ``read_bytes``, ``two_step``): only then does a least
-        peak searched over its own accounting (planner/least.py) bound every runtime plan."""
+        ``late_base_bytes``, ``kept_bytes``, ``read_bytes``, ``two_step``, ``parts``): only then
+        does a least peak searched over its own accounting (planner/least.py) bound every runtime
+        plan."""
         return (self.in_place is None and self.late_base_bytes == 0 and self.kept_bytes is None
-                and self.read_bytes is None and self.two_step is None and self.takes_over is None)
+                and self.read_bytes is None and self.two_step is None and self.takes_over is None
+                and self.parts is None)
 
     @cached_property
     def runtime_need(self) -> np.ndarray:
@@ -622,6 +670,29 @@ def _kahn_generations(keys: list[int], succ: dict[int, list[int]]) -> list[int]:
 def is_remat_json(model: str) -> bool:
     """MODEL names a benchmark JSON graph (rather than ONNX or zoo:)."""
     return str(model).lower().endswith(".json")
+
+
+def _checked_parts(parts: Sequence[Sequence[tuple[int, Sequence[int]]]], size: np.ndarray, pinned: np.ndarray,
+                   flat: list[int], ptr: np.ndarray) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], ...] | None:
+    """``PlanningProblem.parts`` checked against the other arrays, buffers with the same readers
+    merged; None where no node is left with buffers that die apart."""
+    n = len(size)
+    if len(parts) != n:
+        raise GraphError(f"parts must have {n} entries, got {len(parts)}")
+    out: list[tuple[tuple[int, tuple[int, ...]], ...]] = []
+    for i, node_parts in enumerate(parts):
+        merged: dict[tuple[int, ...], int] = {}
+        for nbytes, readers in node_parts:
+            rs = tuple(sorted({int(r) for r in readers}))
+            if int(nbytes) < 0 or any(not 0 <= r < n or i not in flat[ptr[r]:ptr[r + 1]] for r in rs):
+                raise GraphError(f"parts of node {i}: bytes must be >= 0 and readers must read node {i}")
+            merged[rs] = merged.get(rs, 0) + int(nbytes)
+        if node_parts and sum(merged.values()) != int(size[i]):
+            raise GraphError(f"parts of node {i} must sum to its size {int(size[i])}, got {sum(merged.values())}")
+        if len(merged) > 1 and pinned[i]:
+            raise GraphError(f"parts of node {i}: a pinned node's buffers all stay to the end")
+        out.append(tuple((b, rs) for rs, b in sorted(merged.items())) if len(merged) > 1 else ())
+    return tuple(out) if any(out) else None
 
 
 def gcd_of(values: Sequence[int]) -> int:

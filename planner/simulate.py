@@ -8,7 +8,11 @@ Memory is accounted in list order (the order a runtime issues allocations and fr
     right after it free u, that copy of u is read last here and the runtime writes i into it:
     size[u] is not counted while i runs;
   * ``free i`` releases a resident output; ``swap_out i`` releases it and leaves a host copy;
-  * ``swap_in i`` needs a host copy and re-allocates size[i].
+  * ``swap_in i`` needs a host copy and re-allocates size[i];
+  * where i's output is buffers that die apart (``PlanningProblem.parts``), each is released
+    right after the last compute that reads it before i's free (right after i's compute or
+    swap-in where none does), as the runtime frees each output after its own last reader; the
+    free releases what is left. A swap-out moves them all: they stay until it.
 At the end every graph output (pinned) is resident and nothing else is (no leaks).
 
 Time is derived as soon-as-possible from the same order: computes run one at a time in list
@@ -74,6 +78,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     makespan = 0.0
     swap_ins = 0
     over = problem.takes_over
+    released, early = part_releases(problem, [e.op for e in plan.events], [e.node for e in plan.events])
 
     def fail(k: int, msg: str) -> InvalidPlanError:
         return InvalidPlanError(f"plan {plan.strategy!r}, event {k}: {msg}")
@@ -116,7 +121,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             if problem.pinned[v]:
                 raise fail(k, f"frees {label}, a graph output that must stay to the end")
             resident[v] = False
-            mem -= int(size[v])
+            mem -= int(size[v]) - early.get(k, 0)  # less its parts released before
             t_now = max(t_prev, read_end[v])
             memory[k] = mem
         else:
@@ -162,6 +167,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             peak, peak_at = int(memory[k]), k
         if budget is not None and memory[k] > budget:
             raise fail(k, f"{op} {label} needs {int(memory[k])} bytes, over the budget of {budget}")
+        mem -= released.get(k, 0)  # parts read last here
 
     never = np.nonzero(counts == 0)[0]
     if len(never):
@@ -188,6 +194,41 @@ def _simulation(problem: PlanningProblem, peak: int, peak_at: int, memory: np.nd
         added = 0.0
     return Simulation(peak_bytes=int(peak), peak_event=peak_at, memory=memory, makespan=makespan, added_time=added,
                       recomputes=int((counts - 1).sum()), swap_ins=swap_ins, compute_counts=counts)
+
+
+def part_releases(problem: PlanningProblem, ops: list[str], nodes: list[int],
+                  at: list[int] | None = None) -> tuple[dict[int, int], dict[int, int]]:
+    """Where a plan's events (``ops``, ``nodes``) release ``problem.parts`` early: (event -> bytes
+    released right after it, free event -> bytes of its node released before it). ``at``: the
+    events to look at, in order (the others neither read nor make a node with parts); all by
+    default. Each resident copy of a node with parts, from its compute or swap-in to its free,
+    releases a part after the last compute in between that reads it (after its own compute or
+    swap-in where none does); a copy that is swapped out holds every part until then. Events that
+    break the plan are skipped (simulate() says where)."""
+    released: dict[int, int] = {}
+    early: dict[int, int] = {}
+    parts, inputs = problem.parts, problem.part_inputs
+    if parts is None:
+        return released, early
+    last: dict[int, list[int]] = {}  # resident node with parts -> per part, the event reading it last
+    for k in range(len(ops)) if at is None else at:
+        op, v = ops[k], nodes[k]
+        if not 0 <= v < problem.n:
+            continue
+        if op == "compute":
+            for u, ks in inputs.get(v, ()):
+                if u in last:
+                    for j in ks:
+                        last[u][j] = k
+        if op in ("compute", "swap_in") and parts[v]:
+            last[v] = [k] * len(parts[v])
+        elif op == "free" and v in last:
+            for (nbytes, _), j in zip(parts[v], last.pop(v)):
+                released[j] = released.get(j, 0) + nbytes
+                early[k] = early.get(k, 0) + nbytes
+        elif op == "swap_out":
+            last.pop(v, None)
+    return released, early
 
 
 def _freed_next(events, k: int, u: int) -> bool:
@@ -271,6 +312,18 @@ def _computes_and_frees(problem: PlanningProblem, plan: Plan, budget: int | None
             nxt_c = np.minimum(nxt, m - 1)
             freed = ok & (s_node[nxt_c] == u) & ~s_comp[nxt_c] & (order[nxt_c] < nxt_compute)
             memory[k[freed]] -= size[u[freed]]
+    if problem.parts is not None:
+        # each part released after its last reader: less from the next event on, up to its free
+        holders = np.flatnonzero([bool(x) for x in problem.parts])
+        readers = np.fromiter(problem.part_inputs, dtype=np.int64)
+        look = np.flatnonzero(np.isin(node, holders) | (comp & np.isin(node, readers))).tolist()
+        released, early = part_releases(problem, ops, node.tolist(), look)
+        shift = np.zeros(m + 1, dtype=np.int64)
+        for k, nbytes in released.items():
+            shift[k + 1] -= nbytes
+        for k, nbytes in early.items():
+            shift[k] += nbytes
+        memory += np.cumsum(shift[:m])
     if budget is not None and (memory > budget).any():
         return None
     peak, peak_at = problem.base_bytes, -1

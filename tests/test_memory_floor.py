@@ -156,9 +156,10 @@ def test_zoo_cnn_plans_where_ort_runs_the_scatter_in_place():
 
 
 def test_the_cli_gives_the_lowest_plan_as_a_share_of_the_models_own_peak():
-    # the problem's unplanned peak counts in-place outputs apart (zoo:cnn?batch=2: 1.9% above the
+    # the problem's unplanned peak counted in-place outputs apart (zoo:cnn?batch=2: 1.9% above the
     # model's; a random model's 15%); a share of it put the lowest plan under the budget's
-    # share there (zoo:gpt?batch=2, before its loss node's log-probabilities were freed: "67.8%" at 75%)
+    # share there (zoo:gpt?batch=2, before its loss node's log-probabilities were freed: "67.8%" at 75%).
+    # The solvers still count a node's outputs as one buffer (the MaxPool's Y and Indices)
     import re
 
     from click.testing import CliRunner
@@ -166,7 +167,7 @@ def test_the_cli_gives_the_lowest_plan_as_a_share_of_the_models_own_peak():
     import cli
 
     graph, p, _, lv = _lowered("zoo:cnn?batch=2")
-    assert p.unplanned_peak > lv.peak_bytes
+    assert p.one_buffer_peak > p.unplanned_peak == lv.peak_bytes
     out = CliRunner().invoke(cli.main, ["plan", "zoo:cnn?batch=2", "--budget", "62%", "--time-limit", "2",
                                         "--deterministic", "--workers", "1"])
     assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1, out.output

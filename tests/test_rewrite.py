@@ -506,7 +506,11 @@ def test_recompute_sinks_do_not_add_up_over_the_plan():
 
     (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
     assert sinks2 == sinks5 == 1
-    assert over5 == over2 <= 0  # and the rewritten graph holds no more than the plan (new constants aside)
+    # and the rewritten graph holds no more than the plan (new constants aside) but the ordering edge's
+    # and the sink's 1-element outputs (64 bytes each) beside the copy's Y, until its sink frees it; that Y
+    # the plan holds only while the copy runs (PlanningProblem.parts: it was held with the statistics
+    # until after P, one buffer, which hid these 128 bytes)
+    assert over5 == over2 <= 2 * 64
 
 
 def split_read_for_its_second_half(copies):
