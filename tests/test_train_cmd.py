@@ -237,12 +237,13 @@ def test_a_planned_training_step_is_not_differentiated_again(tmp_path):
 def test_train_with_a_budget_runs_the_planned_step_with_the_unplanned_losses():
     """train always ran the unplanned step: there was no way to train under a memory budget. With
     --budget it plans the step with its optimizer and runs the rewritten graph; recompute on CPU is
-    bit-exact, so every loss equals the unplanned run's."""
+    bit-exact, so every loss equals the unplanned run's. (At 90% a memory-aware order alone fits now
+    that each of a node's outputs is freed after its own last reader: 80% needs recomputes.)"""
     args = ("train", "zoo:cnn", "--steps", "4", "--json")
     rc, out, err = memplan(*args)
     assert rc == 0, err
     unplanned = json.loads(out)
-    rc, out, err = memplan(*args, "--budget", "90%", "--time-limit", "2", "--deterministic")
+    rc, out, err = memplan(*args, "--budget", "80%", "--time-limit", "2", "--deterministic")
     assert rc == 0, err
     planned = json.loads(out)
     plan = planned["plan"]
@@ -251,7 +252,7 @@ def test_train_with_a_budget_runs_the_planned_step_with_the_unplanned_losses():
     assert plan["added_time_pct"] > 0
     assert len(planned["losses"]) == 4 and planned["losses"] == unplanned["losses"]
     assert "plan" not in unplanned
-    rc, out, err = memplan("train", "zoo:cnn", "--steps", "2", "--budget", "90%", "--time-limit", "2", "--deterministic")
+    rc, out, err = memplan("train", "zoo:cnn", "--steps", "2", "--budget", "80%", "--time-limit", "2", "--deterministic")
     assert rc == 0, err
     line = out.splitlines()[0]
     assert line.startswith(f"plan: {plan['status']}, peak ") and "(unplanned " in line and "recomputed: " in line
@@ -260,7 +261,7 @@ def test_train_with_a_budget_runs_the_planned_step_with_the_unplanned_losses():
 def test_train_json_plan_names_the_recomputed_nodes_as_plan_json_does(tmp_path):
     """train --budget --json's plan object had "recomputed": 15, a count, where plan.json's "recomputed"
     lists the nodes by name: the same key, another type. Now both list the same names for the same plan."""
-    budget = ("--budget", "90%", "--time-limit", "2", "--deterministic")
+    budget = ("--budget", "80%", "--time-limit", "2", "--deterministic")
     rc, out, err = memplan("train", "zoo:cnn", "--steps", "1", "--json", *budget)
     assert rc == 0, err
     trained = json.loads(out)["plan"]
@@ -283,7 +284,7 @@ def test_the_planned_step_is_the_rewritten_graph_run_with_the_planned_options():
 
     forward = load_graph("zoo:cnn")
     step = build_training_graph(forward, TrainOptions.from_kwargs(optimizer="adam", lr=0.003))
-    planned, plan = cli._plan_training_step(step, parse_budget("90%"), "H100",
+    planned, plan = cli._plan_training_step(step, parse_budget("80%"), "H100",
                                             PlannerOptions(time_limit=2, work_limit=True, workers=1))
     assert len(plan["recomputed"]) >= 1 and len(planned.graph.nodes) > len(step.graph.nodes)
     assert planned.params == step.params and planned.updates == step.updates
