@@ -210,6 +210,13 @@ class PlannerOptions:
     reorder: bool = True
     reorder_min_gain: float = 0.05
     reorder_share: float = 0.5
+    # The least time a solve's later search gets, whatever the ones before it left: the given
+    # order's after the memory-aware order's (planning._solve_reordered), the swap model's after the
+    # recompute-only one's, the least peak of a budget no plan fits (planning._infeasible).
+    # passes.plan_model's re-solves halve it with their limit: zoo:gpt at 70% --ort-arena
+    # same-as-requested --deterministic, re-solves of 0.62, 0.31 and 0.16 s each gave the given
+    # order's phase 1 this whole second, 10-18 wall s apiece (on the loaded 2-core machine).
+    least_search_s: float = 1.0
     # Budgets within this share of the way from the least peak any order may reach
     # (PlanningProblem.order_free_floor) to the unplanned peak are searched first by the
     # depth-first walk over every order (planner/pebble.py), then the beams, for up to

@@ -241,7 +241,7 @@ def _swap_after_recompute(problem: PlanningProblem, budget: int, options: Planne
                         problem.name, sim.peak_bytes, budget)
     if seed is not None and seed[1].added_time <= 0:  # nothing is cheaper
         return _recompute_won(problem, rec, seed[1], None, t0)
-    rest = max(1.0, options.time_limit - (clock.now() - t0))
+    rest = max(options.least_search_s, options.time_limit - (clock.now() - t0))
     res = _solve_from(problem, budget, replace(options, time_limit=rest, recompute_first_share=0.0), clock.now(),
                       seed[0] if seed is not None else None)
     if seed is None or (res.plan is not None and res.added_time <= seed[1].added_time):
@@ -474,8 +474,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
         # peak for nothing (fuzzed seed 58 at 90637 bytes, --time-limit 3: 0.5 s of 3)
         given = _infeasible(problem, budget, options, clock.now(), [], least=(problem.memory_floor, None, False))
     else:
-        given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, 1.0)), clock.now(), cands, pace,
-                             known, hint=hint)
+        given = _solve_cpsat(problem, budget, replace(options, time_limit=max(rest, options.least_search_s)),
+                             clock.now(), cands, pace, known, hint=hint)
     if moved is None or (given.plan is not None and given.added_time <= moved.added_time):
         if given.status == "infeasible" and given.least_bytes is not None:
             given = _least_over_both(given, first, q)
@@ -1515,7 +1515,7 @@ def _infeasible(problem, budget, opt, t0, phases, least=None) -> SolveResult:
         least = (problem.memory_floor, None, False)
     if least is None:
         spent = clock.now() - t0
-        least = least_peak(problem, opt, max(1.0, opt.time_limit - spent))
+        least = least_peak(problem, opt, max(opt.least_search_s, opt.time_limit - spent))
     lower, upper, exact = least
     if exact:
         note = f"the least memory any plan reaches is {lower} bytes"
