@@ -70,6 +70,7 @@ class OrderingEdges:
         self._zeros_of: dict[tuple[int, tuple[int, ...]], int] = {}  # (gate, shape) -> Size(gate) * 0s
         self._shapes: dict[tuple[int, tuple[int, ...]], int] = {}  # (gate, shape) -> shape + Size(gate) * 0
         self._consts: dict[tuple, int] = {}  # (shape, values) -> int64 initializer holding them
+        self._made = 0  # initializers made (``const``), for their names
 
     def route(self, inputs: list[int], gate: int, stem: str,
               shape_input: tuple[int, tuple[int, ...]] | None = None) -> list[int]:
@@ -110,7 +111,7 @@ class OrderingEdges:
         """An int64 vector equal to ``shape`` that no optimiser can know before ``gate`` exists."""
         key = (gate, shape)
         if key not in self._shapes:
-            self._shapes[key] = self._add("Add", [self._const(shape), self._zeros(gate, (), stem)],
+            self._shapes[key] = self._add("Add", [self.const(shape), self._zeros(gate, (), stem)],
                                           f"{stem}_target", "int64", (len(shape),))
         return self._shapes[key]
 
@@ -131,17 +132,27 @@ class OrderingEdges:
         if key not in self._zeros_of:
             if gate not in self._sizes:
                 self._sizes[gate] = self._add("Size", [gate], f"{stem}_size", "int64", ())
-            zeros = self._const(np.zeros(shape, np.int64))
+            zeros = self.const(np.zeros(shape, np.int64))
             self._zeros_of[key] = self._add("Mul", [self._sizes[gate], zeros], f"{stem}_zero", "int64", shape)
         return self._zeros_of[key]
 
-    def _const(self, value: tuple[int, ...] | np.ndarray) -> int:
-        """An int64 initializer holding ``value`` (one per distinct value and shape)."""
+    def share(self, tid: int, value: np.ndarray) -> None:
+        """Let edges (and :meth:`const`) read the int64 initializer ``tid`` of the graph under
+        construction, which holds ``value``, rather than make another of the same value: each one
+        made joins the constant base, which the planning problem does not see."""
+        value = np.asarray(value)
+        if value.dtype == np.int64:
+            self._consts.setdefault((value.shape, tuple(value.ravel().tolist())), tid)
+
+    def const(self, value: tuple[int, ...] | np.ndarray, stem: str | None = None) -> int:
+        """An int64 initializer holding ``value``: one per distinct value and shape, a shared one
+        (:meth:`share`) where there is one, else a new one named from ``stem``."""
         value = np.asarray(value, np.int64)
         key = (value.shape, tuple(value.ravel().tolist()))
         if key not in self._consts:
-            name = fresh_name(f"memplan__order_const{len(self._consts)}", self.taken)
+            name = fresh_name(stem or f"memplan__order_const{self._made}", self.taken)
             self._consts[key] = self.b.initializer(name, value, trainable=False)
+            self._made += 1
         return self._consts[key]
 
     def _add(self, op: str, inputs: list[int], stem: str, dtype: str, shape: tuple[int, ...], **attrs) -> int:

@@ -37,6 +37,12 @@ OPTIONAL_OUTPUTS: Mapping[str, tuple[int, ...]] = {
 }
 
 
+#: Names of the int64 constants memplan itself writes (autodiff's, sinks' and ordering edges'): the
+#: rewrite's edges and sinks read one of these of the value they need rather than make another
+#: (``OrderingEdges.share``). A model's own initializer may be a graph input too, fed another value.
+SHARED_PREFIX = "memplan__"
+
+
 class PlanMismatchError(PlannerError):
     """The plan does not fit this model (other model, edited file, corrupted plan)."""
 
@@ -81,17 +87,22 @@ def added_constant_bytes(graph: Graph) -> int:
     at 70% found plans 68 bytes under the budget whose ordering edges' three int64 constants (72 bytes)
     put the rewritten graph 4 bytes over it, and every tighter solve overshot too. So a plan that
     overshoots is re-solved for the budget less this bound (passes/plan_model.py). What the rewrite
-    can add, each made at most once: an ordering edge's int64 zeros, a scalar or one vector per rank
-    r of a tensor it may view (8r bytes), and each constant target shape of a Reshape/Expand/
-    ConstantOfShape it may gate (passes/ordering.py OrderingEdges._const); a sink's starts and ends,
-    once per rank r of an output it may read (16r bytes, opset 10 up: ``add_sink``). Edges and sinks
-    read tensors of this graph, so the ranks and shapes of its tensors and nodes bound them."""
-    ranks = {len(t.shape) for t in graph.tensors}
-    zeros = 8 + sum(8 * r for r in ranks)
-    targets = {shape for node in graph.nodes if (found := constant_shape_input(graph, node)) is not None
-               for shape in [found[1]]}
-    sinks = 0 if graph.onnx_opset < 10 else sum(16 * r for r in ranks)
-    return zeros + sum(8 * len(shape) for shape in targets) + sinks
+    can add, each value at most once (passes/ordering.py OrderingEdges.const) and none that the graph
+    holds under memplan's names already (``SHARED_PREFIX``): an ordering edge's int64 zeros, a scalar
+    or one vector per rank r of a tensor it may view (8r bytes), and each constant target shape of a
+    Reshape/Expand/ConstantOfShape it may gate; a sink's starts (those zeros) and ends (ones), per
+    rank r of an output it may read (opset 10 up: ``add_sink``). Edges and sinks read tensors of this
+    graph, so the ranks and shapes of its tensors and nodes bound them."""
+    ranks = {len(t.shape) for t in graph.tensors} - {0}
+    values = {((), (0,))} | {((r,), (0,) * r) for r in ranks}
+    values |= {((len(shape),), shape) for node in graph.nodes
+               if (found := constant_shape_input(graph, node)) is not None for shape in [found[1]]}
+    if graph.onnx_opset >= 10:
+        values |= {((r,), (1,) * r) for r in ranks}
+    held = {(v.shape, tuple(v.ravel().tolist())) for t in graph.initializers()
+            if t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN
+            and (v := graph.values[t.id]).dtype == np.int64}
+    return sum(8 * int(np.prod(shape)) for shape, _ in values - held)
 
 
 def added_helper_bytes(graph: Graph, line: int = MemoryModel().alloc_line) -> int:
@@ -158,6 +169,8 @@ class _Rewriter:
             self.current[tid] = b.input(t.name, t.dtype, t.shape)
         for t in g.initializers():
             self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
+            if t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN:
+                self.edges.share(self.current[t.id], g.values[t.id])
 
     def _live_nodes(self) -> set[int]:
         """Nodes some graph output depends on (the others are emitted as the plan computes them)."""
@@ -485,9 +498,7 @@ class _Rewriter:
             (lambda stem, r: self.edges.gated_shape(tail, (0,) * r, f"{stem}__order"))
         source = self.edges.view(t, tail, f"{x.name}__sink__order") if tail is not None and starts is None else None
         # fresh names: a training step's or released forward graph's own sinks hold these already
-        add_sink(x, self.sink_slices,
-                 lambda stem, value: self.b.initializer(self._fresh(stem), value, trainable=False), node,
-                 opset, starts, source)
+        add_sink(x, self.sink_slices, lambda stem, value: self.edges.const(value, stem), node, opset, starts, source)
         self.edges.forget_gates()
         if made:
             self.sink_tail = made[-1]  # it read the tail (or there was none)
