@@ -354,7 +354,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                          "written by memplan plan --emit or memplan rewrite")
     made_with = _made_with(planned, meta["memplan.plan"])
     given, planned_dims = parse_dims(dims), made_with.get("dims") or {}
-    graph = import_model(model, given or planned_dims, loose_dims=())
+    graph = import_model(model, given or planned_dims, loose_dims=(), fold=_folds(model))  # as plan read it
     weights = initializer_values(graph)  # the model's own, before the training step adds any
     graph = training_graph(graph, **made_with["train"]) if made_with.get("train") is not None else as_run(graph)
     if "model_fingerprint" in made_with and fingerprint(graph) != made_with["model_fingerprint"]:
@@ -740,7 +740,7 @@ def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[s
 
     try:
         graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
-                           dim_names=dim_names, inputs_read=inputs_read)
+                           dim_names=dim_names, inputs_read=inputs_read, fold=_folds(item.model))
     except UnknownDimError as err:  # a typo in a config entry's own dims: named there, not as a --dim never given
         # one entry's dims merged with --dim: its `dims = { bacth = 3 }` was worded as --dim bacth
         if item.dims_where and set(err.dims) <= dict(item.dims).keys() and not set(err.dims) & set(item.cli_dims):
@@ -1351,6 +1351,15 @@ def _training_metadata(model: str, train: dict | None) -> dict[str, str]:
     return {"memplan.train": meta["memplan.train"]} if "memplan.train" in meta else {}
 
 
+def _folds(model: str) -> bool:
+    """Whether MODEL is imported with its constant subgraphs folded: not a training step memplan
+    wrote, which runs under the planned session options (ORT_DISABLE_ALL), its ordering edges'
+    Size nodes and its gradients' ConstantOfShape zeros made and freed as it runs. Folded, those
+    zeros joined the constant base: a planned step (fuzzed, --ops multi seed 303) that runs at 2916
+    bytes was planned again as 'infeasible: the least memory any plan reaches is at least 3692'."""
+    return _step_writer(model) is None
+
+
 def _refuse_training_step(model: str, command: str) -> None:
     """train-graph and train differentiate a forward model: a step they wrote would be differentiated
     again (its loss's ancestors, with every float constant there trained: zoo:gpt's Adam step got
@@ -1375,7 +1384,7 @@ def _graph_to_plan(model: str, dims: dict, forward: bool, optimizer: str = "none
     for flag, given in (("--add-loss", add_loss), ("--loss", loss)):
         if given and already:
             raise UsageError(f"{model} is already a training step ({writer} wrote it); drop {flag}")
-    graph = import_model(model, dims, loose_dims=())
+    graph = import_model(model, dims, loose_dims=(), fold=not already)
     if forward or already:
         return as_run(graph), None
     # only a --loss given is recorded: plans made before it keep their digest

@@ -79,16 +79,17 @@ CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 # ---- loading ----------------------------------------------------------------------------------
 def load_graph(spec: str | os.PathLike | onnx.ModelProto, dims: Mapping[str, int] | None = None,
                loose_dims: Collection[str] = (), matched_dims: set[str] | None = None,
-               dim_names: set[str] | None = None, inputs_read: list[str] | None = None) -> Graph:
+               dim_names: set[str] | None = None, inputs_read: list[str] | None = None, fold: bool = True) -> Graph:
     """MODEL as users write it (path, ``zoo:NAME?opt=v`` or a ModelProto) -> Graph. A ``--dim``
     that matches nothing in it is a usage error (a typo would plan another size), except those
     named in ``loose_dims`` (dims given for several models at once), which are warned about.
     ``matched_dims`` collects the dims that did match (a zoo option or a symbolic input dim);
     ``dim_names`` every name a dim could match, once the model's inputs are read (also when the
     import fails after that, as on an unbound dim); ``inputs_read`` gets the model's name then, which
-    tells a model whose input dims are all fixed (no names) from one never read."""
+    tells a model whose input dims are all fixed (no names) from one never read. ``fold``: as
+    :func:`import_model`'s."""
     return import_model(spec, dims, loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names,
-                        inputs_read=inputs_read)
+                        inputs_read=inputs_read, fold=fold)
 
 
 def overridable_initializers(spec: str | os.PathLike | onnx.ModelProto) -> tuple[str, ...]:
