@@ -270,20 +270,36 @@ def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadlin
                         stack.append(u)
         a = {i: m.NewBoolVar("") for i in sorted(seen)}
         r = {i: m.NewBoolVar("") for i in a if p.recomputable[i]}
+        # a node with parts is resident at t part by part: held[i, k] (c.part_held); a[i] is then
+        # "some part is", and its bytes are the parts'
+        held = {(i, k): m.NewBoolVar("") for i in a for k in range(len(c.parts[i]))}
+        for (i, k), h in held.items():
+            m.AddImplication(h, a[i])
+
+        def resident(i: int, parts: Sequence[int] | None = None) -> list:
+            """The literals that say i (or those of its parts) is resident at t."""
+            if not c.parts[i]:
+                return [a[i]]
+            return [held[i, k] for k in (range(len(c.parts[i])) if parts is None else parts)]
+
         for i in a:
+            # read after t: resident, or made again
+            later = resident(i, c.read_after(i, t)) if c.parts[i] else [a[i]] if last[i] > t else []
             if i not in r:
-                if last[i] > t:
-                    m.Add(a[i] == 1)
+                for x in later:
+                    m.Add(x == 1)
                 continue
-            if last[i] > t:
-                m.AddBoolOr([a[i], r[i]])
+            for x in later:
+                m.AddBoolOr([x, r[i]])
             for u in p.pred_lists[i]:
                 if u in a:
-                    m.AddBoolOr([a[u], r[u]] if u in r else [a[u]]).OnlyEnforceIf(r[i])
+                    for x in resident(u, c.reads_of(i, u)):
+                        m.AddBoolOr([x, r[u]] if u in r else [x]).OnlyEnforceIf(r[i])
             m.AddImplication(r[i], event(i, bisect.bisect_right(succ[i], t)))
         fixed = (p.base_bytes + int(p.scratch[t]) + int(p.size[t]) + int(c.pinned_before[t])
-                 + sum(int(p.size[u]) for u in inputs if not p.pinned[u]) - int(p.credit[t]))
-        m.Add(sum(int(p.size[i]) * a[i] for i in a) <= budget - fixed)
+                 + sum(c.read_bytes(t, u) for u in inputs if not p.pinned[u]) - int(p.credit[t]))
+        m.Add(sum(int(p.size[i]) * a[i] for i in a if not c.parts[i])
+              + sum(c.parts[i][k][0] * h for (i, k), h in held.items()) <= budget - fixed)
         c.steps[t] = (a, r)
     for s in c.steps:  # the events the last-input rule may name, before any objective sums them
         if s - 1 in c.steps:
@@ -306,6 +322,25 @@ class _Closure:
 
     def __post_init__(self) -> None:
         self.pinned_before = np.concatenate([[0], np.cumsum(np.where(self.p.pinned, self.p.size, 0))[:-1]])
+        # PlanningProblem.parts: each part of a node is freed after its own last reader, so a step
+        # holds only those read after it, and a reader only those it reads (else the bound could
+        # exceed a plan that fits only with parts freed apart)
+        self.parts = self.p.parts or ((),) * self.p.n
+        self._reads = {r: dict(ins) for r, ins in self.p.part_inputs.items()}
+
+    def reads_of(self, j: int, u: int) -> tuple[int, ...] | None:
+        """The parts of input u that j reads (None: u has none)."""
+        return self._reads[j][u] if self.parts[u] else None
+
+    def read_bytes(self, j: int, u: int) -> int:
+        """Bytes of input u that j reads: its parts j reads, or all of it."""
+        if not self.parts[u]:
+            return int(self.p.size[u])
+        return sum(self.parts[u][k][0] for k in self._reads[j][u])
+
+    def read_after(self, i: int, t: int) -> tuple[int, ...]:
+        """The parts of i (a node with parts) some node after t reads."""
+        return tuple(k for k, (_, readers) in enumerate(self.parts[i]) if readers and readers[-1] > t)
 
     def event(self, i: int, k: int) -> cp_model.IntVar:
         """z[i, k]: i is computed again between its k-th and (k+1)-th read."""
@@ -326,11 +361,12 @@ class _Closure:
         p, succ = self.p, self.p.succ_lists
         a_s, r_prev = self.steps[s][0], self.steps[s - 1][1]
         inputs = set(p.pred_lists[s])
-        need = self.p.base_bytes + int(self.pinned_before[s]) + sum(int(p.size[u]) for u in inputs if not p.pinned[u])
+        need = self.p.base_bytes + int(self.pinned_before[s]) + sum(self.read_bytes(s, u) for u in inputs
+                                                                     if not p.pinned[u])
         held = []  # the buffers s holds that may be resident across the recompute, built once
         for j in a_s:
-            if j in inputs or p.pinned[j]:
-                continue
+            if j in inputs or p.pinned[j] or self.parts[j]:
+                continue  # (a node with parts: its bytes held are not a_s's; left out, the rule only weakens)
             again = [] if not p.recomputable[j] else [
                 k for k in range(bisect.bisect_right(succ[j], s - 1), bisect.bisect_right(succ[j], s) + 1)]
             if any((j, k) not in self.events for k in again):
@@ -340,7 +376,7 @@ class _Closure:
         for x in [x for x in sorted(inputs) if x in r_prev] + self.others(s):
             own = set(p.pred_lists[x])
             room = (self.budget - need - int(p.scratch[x]) + int(p.credit[x])
-                    - sum(int(p.size[q]) for q in own - inputs if not p.pinned[q]))
+                    - sum(self.read_bytes(x, q) for q in own - inputs if not p.pinned[q]))
             out.append((x, 0 if x in r_prev else 1, [h for h in held if h[1] not in own], room))
         return out
 

@@ -232,6 +232,32 @@ def test_the_recompute_before_a_step_holds_what_that_step_holds(monkeypatch):
     assert closure_bound(p, 14, cost, time_limit=10).value == 9
 
 
+def _parts_then_y() -> PlanningProblem:
+    """x, y (10 B each) -> A (x) -> B -> C -> D -> F (A, D, y): A is 100 B read by B and 10 B read by
+    F (PlanningProblem.parts). At 210 B, with A's 100 B freed after B, recomputing y (1) fits;
+    held as one buffer, A (5) and y or x must be made again."""
+    return PlanningProblem.build(size=[10, 10, 110, 100, 100, 100, 10], cost=[1, 1, 5, 1, 1, 1, 1],
+                                 preds=[[], [], [0], [2], [3], [4], [2, 5, 1]],
+                                 names=["x", "y", "A", "B", "C", "D", "F"],
+                                 parts=[[], [], [(100, [3]), (10, [6])], [], [], [], []])
+
+
+def test_closure_bound_counts_each_part_until_its_own_last_reader():
+    # The bound held A whole over C and D and counted each input whole: 6, above the +1 plan
+    # that simulate() replays within 210 B (so "no plan in this order is cheaper" was wrong)
+    from planner.plan import Event, Plan
+
+    p = _parts_then_y()
+    y_again = Plan(tuple(Event(op, v) for op, v in (
+        ("compute", 0), ("compute", 1), ("free", 1), ("compute", 2), ("free", 0), ("compute", 3), ("compute", 4),
+        ("free", 3), ("compute", 5), ("free", 4), ("compute", 1), ("compute", 6), ("free", 1), ("free", 2),
+        ("free", 5), ("free", 6))), "hand")
+    sim = simulate(p, y_again, 210)
+    assert sim.peak_bytes == 210 and sim.added_time == 1
+    cb = closure_bound(p, 210, p.cost.astype(np.int64), time_limit=10)
+    assert cb is not None and cb.exact and cb.value == 1
+
+
 @st.composite
 def _small_problems(draw) -> tuple[PlanningProblem, int]:
     """Random DAGs small enough for the exact search (planner/least.py), some with pinned outputs
