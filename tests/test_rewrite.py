@@ -9,7 +9,7 @@ import pytest
 from passes.onnx_export import check_model, export_model
 from passes.rewrite import PlanMismatchError, added_constant_bytes, apply_schedule, default_schedule
 from passes.verify import ORT_DEFAULT, measure_peak, planned_session_options
-from planner.graph import GraphBuilder
+from planner.graph import Graph, GraphBuilder
 from planner.liveness import analyze
 
 F = "float32"
@@ -239,12 +239,9 @@ def test_every_recompute_of_originals_survives_ort_cse(tmp_path):
     np.testing.assert_array_equal(run(model, {"x": xv}, planned=False)[0], run(export_model(g), {"x": xv})[0])
 
 
-def test_two_recomputes_of_a_node_after_the_same_gate_survive_ort_cse(tmp_path):
-    """Two recomputes of one node with no first computation between them: their ordering edges
-    read the same gate, and ORT's CSE merged those edges, then the two copies (and whole chains
-    after them). Where the copies dropped different optional outputs, the model failed to load
-    under ORT's default options ("Argument type mismatch when adding edge": zoo:gpt at 70%, the
-    depth-first walk's plan, its LayerNormalization copies)."""
+def _layer_norm_read_twice(make_m) -> Graph:
+    """P = Exp(x); LN = LayerNormalization(P) (y, mean, inv); Q = Neg(y); S = Add(Q, y); M =
+    ``make_m(builder, p, mean)`` (one output); Z = Sum(S, Q, M), the output."""
     b = GraphBuilder()
     x = b.input("x", F, (4, 8))
     w = b.initializer("w", np.linspace(0.5, 1.5, 8).astype(np.float32))
@@ -253,10 +250,19 @@ def test_two_recomputes_of_a_node_after_the_same_gate_survive_ort_cse(tmp_path):
                                                        ("inv", F, (4, 1))], name="LN")
     (q,) = b.node("Neg", [y], [("q", F, (4, 8))], name="Q")
     (s,) = b.node("Add", [q, y], [("s", F, (4, 8))], name="S")
-    (m,) = b.node("Sigmoid", [mean], [("m", F, (4, 1))], name="M")
+    (m,) = make_m(b, p, mean)
     (z,) = b.node("Sum", [s, q, m], [("z", F, (4, 8))], name="Z")
     b.output(z)
-    g = b.build()
+    return b.build()
+
+
+def test_two_recomputes_of_a_node_after_the_same_gate_survive_ort_cse(tmp_path):
+    """Two recomputes of one node with no first computation between them: their ordering edges
+    read the same gate, and ORT's CSE merged those edges, then the two copies (and whole chains
+    after them). Where the copies dropped different optional outputs, the model failed to load
+    under ORT's default options ("Argument type mismatch when adding edge": zoo:gpt at 70%, the
+    depth-first walk's plan, its LayerNormalization copies)."""
+    g = _layer_norm_read_twice(lambda b, p, mean: b.node("Sigmoid", [mean], [("m", F, (4, 1))], name="M"))
     ev = lambda op, what: {"op": op, ("node" if op == "compute" else "tensor"): what}  # noqa: E731
     # after S (the gate of both edges): LN again for Q's copy (y read), then for M (mean read)
     sched = [ev("compute", n) for n in ("P", "LN", "Q", "S")] + \
@@ -282,18 +288,7 @@ def test_an_edge_after_a_recompute_chain_gates_on_its_newest_computation(tmp_pat
     copy and its reader: 64 bytes at the rewritten peak that the planning problem does not see. It
     now reads the newest computation's Size, made just before it; ORT's CSE still keeps the three
     LayerNormalization apart, and the numbers match."""
-    b = GraphBuilder()
-    x = b.input("x", F, (4, 8))
-    w = b.initializer("w", np.linspace(0.5, 1.5, 8).astype(np.float32))
-    (p,) = b.node("Exp", [x], [("p", F, (4, 8))], name="P")
-    y, mean, _ = b.node("LayerNormalization", [p, w], [("y", F, (4, 8)), ("mean", F, (4, 1)),
-                                                       ("inv", F, (4, 1))], name="LN")
-    (q,) = b.node("Neg", [y], [("q", F, (4, 8))], name="Q")
-    (s,) = b.node("Add", [q, y], [("s", F, (4, 8))], name="S")
-    (m,) = b.node("Sub", [p, mean], [("m", F, (4, 8))], name="M")
-    (z,) = b.node("Sum", [s, q, m], [("z", F, (4, 8))], name="Z")
-    b.output(z)
-    g = b.build()
+    g = _layer_norm_read_twice(lambda b, p, mean: b.node("Sub", [p, mean], [("m", F, (4, 8))], name="M"))
     ev = lambda op, what: {"op": op, ("node" if op == "compute" else "tensor"): what}  # noqa: E731
     sched = [ev("compute", n) for n in ("P", "LN", "Q", "S")] + \
         [ev("free", t) for t in ("y", "mean", "inv", "q")] + \
