@@ -576,22 +576,22 @@ def one_line_error(stderr: str) -> bool:
     return len(errs) == 1
 
 
-def run_case(seed: int, work: Path, time_limit: float, more: str = "base", paths: tuple = ()) -> dict:
-    r = main_case(seed, work, time_limit, more)
+def run_case(seed: int, work: Path, time_limit: float, ops: str = "base", paths: tuple = ()) -> dict:
+    r = main_case(seed, work, time_limit, ops)
     r["paths"] = {}
     for name in paths:
         r["paths"][name] = PATHS[name](r, work, time_limit)
     return r
 
 
-def main_case(seed: int, work: Path, time_limit: float, more: str) -> dict:
-    model, info = make_model(seed, more)
+def main_case(seed: int, work: Path, time_limit: float, ops: str) -> dict:
+    model, info = make_model(seed, ops)
     path = work / f"fuzz{seed}.onnx"
     onnx.save(model, path)
     out = work / f"fuzz{seed}.planned.onnx"
     loss = info["loss"] + (f":{info['loss_output']}" if info.get("loss_output") else "")
     common = ["--dim", f"batch={info['batch']}", "--add-loss", loss]
-    r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common, "more": more}
+    r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common, "op_set": ops}
 
     def traceback_in(*texts):
         if any("Traceback" in t for t in texts):
@@ -826,7 +826,7 @@ def path_rewrite(r: dict, work: Path, time_limit: float) -> str:
         fails += verify_fails(r["path"], out, r["budget"])
     bad = work / f"fuzz{seed}.refused.onnx"
     other = work / f"fuzz{seed}.other.onnx"
-    onnx.save(make_model(seed + 1, r["more"])[0], other)
+    onnx.save(make_model(seed + 1, r["op_set"])[0], other)
     fails += refused(["rewrite", str(other), str(plan_path), "-o", str(bad)], bad)
     model = onnx.load(r["path"])
     w = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.raw_data)
@@ -996,9 +996,8 @@ def main() -> None:
     for p in paths:
         if p not in PATHS:
             ap.error(f"--paths: unknown path {p!r}; one of {', '.join(PATHS)}")
-    more = args.ops
     if args.only_model:
-        model, info = make_model(int(args.only_model[0]), more)
+        model, info = make_model(int(args.only_model[0]), args.ops)
         onnx.save(model, args.only_model[1])
         print(json.dumps(info))
         return
@@ -1013,7 +1012,7 @@ def main() -> None:
         if time.monotonic() - t0 > 60 * args.minutes:
             break
         t = time.monotonic()
-        r = run_case(seed, work, args.time_limit, more, paths)
+        r = run_case(seed, work, args.time_limit, args.ops, paths)
         outcomes[r["outcome"]] += 1
         for p, o in r["paths"].items():
             path_outcomes[p][o] += 1
