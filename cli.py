@@ -738,9 +738,10 @@ def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[s
                     inputs_read: list[str] | None = None):
     from passes.onnx_import import load_graph
 
+    writer = _step_writer(item.model)
     try:
         graph = load_graph(item.model, dict(item.dims), loose_dims=item.loose_dims, matched_dims=matched_dims,
-                           dim_names=dim_names, inputs_read=inputs_read, fold=_folds(item.model))
+                           dim_names=dim_names, inputs_read=inputs_read, fold=writer is None)  # as _folds says
     except UnknownDimError as err:  # a typo in a config entry's own dims: named there, not as a --dim never given
         # one entry's dims merged with --dim: its `dims = { bacth = 3 }` was worded as --dim bacth
         if item.dims_where and set(err.dims) <= dict(item.dims).keys() and not set(err.dims) & set(item.cli_dims):
@@ -748,7 +749,6 @@ def _load_for_check(item, matched_dims: set[str] | None = None, dim_names: set[s
         raise
     if not item.train:
         return as_run(graph)
-    writer = _step_writer(item.model)
     if writer is not None:  # as plan and inspect take it: differentiated again, it lost its update step
         for flag, key, given in (("--add-loss", "add_loss", item.add_loss), ("--loss", "loss", item.loss)):
             if given:

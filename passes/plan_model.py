@@ -333,17 +333,13 @@ def plan_graph(
         # problem's, 4456 bytes under a 4464-byte budget, where the note said 4480)
         over_note = (f"the plans found overshoot the budget once rewritten into the model (the lowest peaks at "
                      f"{lowest_over} bytes: a budget of that fits it)")
-        if timed_out:
-            # a tighter solve ran out of its (halved) time: no proof that none fits, so a timeout, not
-            # over_budget (fuzzed seed 3 at 822 bytes, --time-limit 3: the re-solve at 702 bytes timed
-            # out with a plan at 744, and the error said "tighter solves found none", exit 1)
-            failed = replace(result, budget_bytes=budget, plan=None, status="timeout", least_bytes=None,
-                             best_bytes=lowest_over,
-                             note=f"{TIMED_OUT} {options.time_limit:.3g} s): {over_note}, and a tighter solve "
-                                  f"ran out of time")
-        else:
-            failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
-                             best_bytes=lowest_over, note=f"{over_note}, and tighter solves found none")
+        # a tighter solve that ran out of its (halved) time proves nothing, so a timeout, not over_budget
+        # (fuzzed seed 3 at 822 bytes, --time-limit 3: the re-solve at 702 bytes timed out with a plan
+        # at 744, and the error said "tighter solves found none", exit 1)
+        status, note = ("timeout", f"{TIMED_OUT} {options.time_limit:.3g} s): {over_note}, and a tighter solve ran "
+                                   "out of time") if timed_out else ("over_budget", f"{over_note}, and tighter solves found none")
+        failed = replace(result, budget_bytes=budget, plan=None, status=status, least_bytes=None,
+                         best_bytes=lowest_over, note=note)
     return PlannedModel(graph, problem, lowering, failed, budget, (), None, None, own, arena_least=arena_over,
                         timed_out=timed_out or failed.status == "timeout",
                         lowest_over=lowest_over if failed.status in ("over_budget", "timeout") and arena_over is None

@@ -78,7 +78,8 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     makespan = 0.0
     swap_ins = 0
     over = problem.takes_over
-    released, early = part_releases(problem, [e.op for e in plan.events], [e.node for e in plan.events])
+    released, early = ({}, {}) if problem.parts is None else \
+        part_releases(problem, [e.op for e in plan.events], [e.node for e in plan.events])
 
     def fail(k: int, msg: str) -> InvalidPlanError:
         return InvalidPlanError(f"plan {plan.strategy!r}, event {k}: {msg}")
