@@ -50,6 +50,7 @@ models (``export_model(..., mem_pattern=False)``), which switches the pattern of
 from __future__ import annotations
 
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
+from passes.rewrite import SHARED_PREFIX
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind
 
 
@@ -170,12 +171,16 @@ class _Pinner:
 
     def _copy_initializers(self, replaced: set[tuple[int, int]]) -> None:
         """Copy the initializers, but those every reader reads at a ``replaced`` (node, input) slot
-        (a target shape the result computes instead; ORT would warn about and drop them unread)."""
+        (a target shape the result computes instead; ORT would warn about and drop them unread).
+        The edges read memplan's own int64 constants rather than make another of the same value, as
+        the rewrite's do (passes.rewrite.SHARED_PREFIX): a pinned plan held its autodiff's [1] twice."""
         g = self.g
         for t in g.initializers():
             reads = [(c, i) for c in g.consumers[t.id] for i, u in enumerate(g.nodes[c].inputs) if u == t.id]
             if t.id in g.outputs or not reads or not all(r in replaced for r in reads):
                 self.new[t.id] = self.b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
+                if t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN:
+                    self.edges.share(self.new[t.id], g.values[t.id])
 
 
 def as_pinned_numerics(graph: Graph) -> Graph | None:

@@ -14,7 +14,7 @@ from passes.onnx_export import export_model
 from passes.onnx_import import import_model
 from passes.ordering import dynamic_nodes
 from passes.pin_order import chain_gaps, ort_default_order, pin_order
-from passes.plan_model import lower_graph, plan_graph, pinned_unplanned_peak
+from passes.plan_model import lower_graph, pinned_unplanned_peak, plan_graph
 from passes.verify import ORT_DEFAULT, PLANNED, measure_peak
 from planner.cpsat import PlannerOptions
 from planner.graph import GraphBuilder
@@ -74,6 +74,23 @@ def test_a_pinned_plan_that_fails_names_the_pinned_files_unplanned_peak():
     assert pm.unplanned_peak == pm.result.least_bytes == pinned
     assert f"no plan below the unplanned peak {pinned} bytes" in pm.result.note, pm.result.note
 
+
+def test_pinned_edges_read_memplans_own_int64_constants():
+    """An edge's constant of a value memplan's constants already hold is that constant (one
+    initializer per value, as the rewrite's edges do): a pinned plan of fuzzed seed 302 held its
+    autodiff's [1] twice, the LayerNormalization backward's Expand target made again by the pin."""
+    b = GraphBuilder()
+    x = b.input("x", F, (3,))
+    one = b.initializer("memplan__const_0", np.array([1], np.int64), trainable=False)
+    (s,) = b.node("ReduceSum", [x, one], [("s", F, (1,))], name="S")
+    (e,) = b.node("Expand", [s, one], [("e", F, (1,))], name="E")  # its target is gated: [1] + Size(x) * 0
+    b.output(e)
+    pinned = pin_order(b.build())
+    values = [(v.shape, tuple(v.ravel().tolist())) for t in pinned.initializers()
+              if t.name.startswith("memplan__") and (v := pinned.values[t.id]).dtype == np.int64]
+    assert sorted(values) == sorted(set(values)) and ((1,), (1,)) in values, values
+    target = pinned.nodes[next(n.id for n in pinned.nodes if n.name == "E")].inputs[1]
+    assert pinned.tensors[target].producer >= 0  # still gated
 
 def reuse_trap(n=256, m=1024):
     """a (1 MiB) dies after T; t, u, v peak; w (a's shape) is made late: ORT's memory reuse hands it
