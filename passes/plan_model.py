@@ -183,6 +183,12 @@ def plan_graph(
     timed_out = False  # a solve ended without a plan for want of time
     none_at = None  # with ort_arena and no plan fitting it yet: the highest target under fails_at with no plan
     lowest_over = None  # the least peak of a plan that overshot the budget once rewritten
+    # with ort_arena: no plan in any node order peaks under ``floor`` (the problem's bound, raised by
+    # an infeasible solve's least), so no re-solve goes below it (zoo:gpt at 70%: two re-solves at
+    # 176873 and 215790 bytes, floor 229428, proved only that); ``ratio``: the least arena need over
+    # its plan's peak of the plans the arena refused: see _out_of_reach
+    floor, ratio = problem.order_free_floor, None
+    out_of_reach = False  # re-solving stopped there
     options = options or PlannerOptions()
     solved_s = 0.0  # wall seconds of every solve so far: the plan's solver.wall_s
     over = None  # the result of the solve before, where its plan's rewrite overshot the budget
@@ -207,13 +213,16 @@ def plan_graph(
         # initializers (DESIGN.md) that plan.json's base_bytes and inspect report
         result = replace(result, base_bytes=graph.base_bytes)
         if result.plan is None:
+            if result.least_bytes is not None:  # proven: no plan peaks under it
+                floor = max(floor, result.least_bytes)
             if best is None:
-                if fails_at is None:
+                out_of_reach = _out_of_reach(floor, ratio, budget)
+                if fails_at is None or out_of_reach:
                     break
                 # the arena's scaled-down target overshot below where plans exist (zoo:cnn at 95%:
                 # 737949 -> 542807 -> 418262 bytes, where 85%'s plan needs a 621100-byte arena):
                 # bisect between it and the lowest target whose plan overshot the arena
-                none_at = target
+                none_at = max(target, floor - 1)
                 target = _halfway(none_at, fails_at, budget)
                 if target is None:
                     break
@@ -271,6 +280,7 @@ def plan_graph(
             else:
                 log.info("ORT's arena needs %d bytes for the plan, over the budget; re-solving tighter", need)
                 arena_over = need if arena_over is None else min(arena_over, need)
+                ratio = need / unprimed_peak if ratio is None else min(ratio, need / unprimed_peak)
                 # bisect under this plan's own peak, not its target: a target between the two admits
                 # this plan at its cost, which a solve returns again (zoo:resnet?batch=32 at 70%
                 # --ort-arena same-as-requested: the refused 7368968-byte plan, found at 7723767
@@ -292,6 +302,11 @@ def plan_graph(
                     # one of 7893128 from the re-solve at 8166038, the same graph and arena need)
                     below = min(target, result.peak_bytes, unprimed_peak)
                     target = min(int(below * budget / need), below - max(1, budget // 100))
+                    if target < floor:  # no plan there (zoo:cnn at 95%: 462000 bytes, floor 489540): bisect above it
+                        none_at = floor - 1
+                        target = _halfway(none_at, fails_at, budget)
+                        if target is None:
+                            break
                     continue
         # a plan fits the arena at fits_at: the cheapest lies between it and the lowest target above that failed
         target = None if fails_at is None else _halfway(fits_at, fails_at, budget)
@@ -299,7 +314,7 @@ def plan_graph(
             break
     if best is not None:  # with every solve's time, the tighter ones after it included
         return replace(best, result=replace(best.result, solver=replace(best.result.solver, wall_s=solved_s)))
-    if attempt == 0:  # the solver itself found no plan: its status and least memory stand
+    if attempt == 0 and arena_over is None:  # the solver itself found no plan: its status and least memory stand
         failed = replace(result, budget_bytes=budget)
         if strategy == "none" and failed.status == "over_budget":
             # "none" is the model as it is: its peak is the model's own, not the problem's (which
@@ -328,11 +343,16 @@ def plan_graph(
         # best_bytes: none (the last tighter solve's figure fit the budget: zoo:cnn at 95%, 536148 bytes)
         try_ = ("some ran out of time; try a longer --time-limit (a tighter solve's plan may fit) or a larger budget"
                 if timed_out else "try a larger budget")
+        found = (f"the plans found fit the budget but not ORT's arena under it: the least arena any needed was "
+                 f"{arena_over} bytes ({ort_arena.label})")
+        if out_of_reach:
+            note = (f"{found}, at least {ratio:.2f}x their peak, and no plan peaks under {floor} bytes: at that "
+                    f"ratio (an estimate) any needs about {int(floor * ratio)} bytes, and a tighter solve found no "
+                    f"plan, so memplan stopped re-solving; try a budget of about that")
+        else:
+            note = f"{found}, and tighter solves fit no better; {try_}"
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
-                         best_bytes=None,
-                         note=f"the plans found fit the budget but not ORT's arena under it: the least arena "
-                              f"any needed was {arena_over} bytes ({ort_arena.label}), and tighter solves fit no "
-                              f"better; {try_}")
+                         best_bytes=None, note=note)
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
         # best: the lowest rewritten plan's peak, not the last tighter solve's (a plan of the
         # problem's, 4456 bytes under a 4464-byte budget, where the note said 4480)
@@ -349,6 +369,16 @@ def plan_graph(
                         timed_out=timed_out or failed.status == "timeout",
                         lowest_over=lowest_over if failed.status in ("over_budget", "timeout") and arena_over is None
                         else None)
+
+
+def _out_of_reach(floor: int, ratio: float | None, budget: int) -> bool:
+    """Whether a plan at the least peak any reaches (``floor``) would overshoot ORT's arena too at the
+    least ratio of arena need to peak (``ratio``) among the plans the arena refused. An estimate, not a
+    proof: a plan nearer the floor may fragment the arena less (zoo:cnn at 95%: 1.30x at 699140 bytes,
+    1.60x at 507204, 1.43x at 489732, the plan that fit), so plan_graph stops on it only once a tighter
+    re-solve found no plan either (zoo:gpt at 70% --ort-arena same-as-requested: 1.45x at the floor of
+    229428 bytes needs 332335, over the 256248-byte budget; six re-solves found none in 27 s)."""
+    return ratio is not None and floor * ratio > budget
 
 
 def _halfway(low: int, high: int, budget: int) -> int | None:

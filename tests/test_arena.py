@@ -869,3 +869,41 @@ def test_plan_graph_re_solves_halve_the_given_orders_least_time_too(monkeypatch)
     assert sum(len(s) > 1 for s in re_solves) >= 2, allotted  # re-solves that searched the given order too
     # halved each time, all the re-solves together get at most what the first one may
     assert sum(map(sum, re_solves)) <= options.time_limit + options.least_search_s, allotted
+
+
+
+def test_plan_graph_stops_re_solving_where_even_the_least_peak_plan_would_overshoot_the_arena(monkeypatch):
+    """zoo:gpt at 70% --ort-arena same-as-requested --time-limit 10 --deterministic: the plan found
+    needed 1.45x its peak of arena, a plan at the least peak any reaches (229428 bytes, the problem's
+    floor) could need 1.12x at most, and six re-solves, two under that floor, found no plan. No
+    target goes under the floor now, and once a tighter re-solve finds no plan where the floor at
+    the least ratio seen overshoots too, plan_graph stops, saying the estimate and the budget to try."""
+    import math
+
+    import passes.plan_model as pm_mod
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    budget = math.ceil(analyze(g).peak_bytes * 0.8)
+    real, targets = pm_mod.solve, []
+
+    def solve(problem, target, strategy, options, **kw):
+        targets.append(target)
+        return real(problem, target, strategy, options, **kw)
+
+    monkeypatch.setattr(pm_mod, "solve", solve)
+    floor = pm_mod.lower_graph(g)[0].order_free_floor
+    arena = _ScaledArena(10.0)
+    failed = pm_mod.plan_graph(g, budget, strategy="greedy", ort_arena=arena)
+    assert not failed.ok and failed.result.status == "over_budget"
+    assert min(targets) >= floor, (targets, floor)
+    assert failed.result.note.startswith(f"the plans found fit the budget but not ORT's arena under it: the least "
+                                         f"arena any needed was {min(arena.needs)} bytes")
+    assert f"at least 10.00x their peak, and no plan peaks under {floor} bytes: at that ratio (an estimate) any " \
+           f"needs about {floor * 10} bytes, and a tighter solve found no plan, so memplan stopped re-solving" \
+           in failed.result.note
+    targets.clear()
+    fits = math.ceil(analyze(g).peak_bytes * 0.6)
+    assert pm_mod.plan_graph(g, budget, strategy="greedy", ort_arena=_ThresholdArena(fits)).ok
+    assert min(targets) >= floor, (targets, floor)
