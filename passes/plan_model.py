@@ -348,7 +348,8 @@ def plan_graph(
         if out_of_reach:
             note = (f"{found}, at least {ratio:.2f}x their peak, and no plan peaks under {floor} bytes: at that "
                     f"ratio (an estimate) any needs about {int(floor * ratio)} bytes, and a tighter solve found no "
-                    f"plan, so memplan stopped re-solving; try a budget of about that")
+                    f"plan, so memplan stopped re-solving; try a budget of about that"
+                    + (" (some solves ran out of time: a longer --time-limit may find a plan)" if timed_out else ""))
         else:
             note = f"{found}, and tighter solves fit no better; {try_}"
         failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
