@@ -45,7 +45,7 @@ from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.errors import UsageError
-from planner.least import cheapest_plan, least_plan, least_plan_any_order
+from planner.least import MAX_NODES, cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
                                  larger_bound)
@@ -71,6 +71,12 @@ TIMED_OUT = "no plan within the budget found (time limit"
 POLISH_SHARE = 0.05
 # Least seconds of search worth building a CP-SAT model for, beyond its build time.
 MIN_SEARCH_S = 0.5
+# Where the CP-SAT model, grown as far as it goes, holds no plan within the budget, the exact search
+# for the cheapest plan in the given order (planner/least.py) runs on problems up to this many
+# nodes, past its MAX_NODES: its MAX_STATES cap still bounds it (about 2.5 s), and the solve has no
+# plan otherwise. Fuzzed multi-output seed 18 (38 nodes) at 998 bytes, --time-limit 3: the model
+# (each node computed up to 12 times) held none; the search found one at 972 bytes in 30-100 k states.
+NO_FIT_EXACT_NODES = 40
 
 
 class _Pace:
@@ -1127,12 +1133,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             # only the exact search of a small problem, or the floor, says what every plan reaches.
             cheapest = _exact_cheapest(problem, budget)
             if cheapest is not None:  # plans the model does not hold fit; the search gives the cheapest
-                sim = cheapest.sim
-                return _empty(problem, budget, "cpsat", status="optimal",
-                              plan=replace(cheapest.plan, strategy="cpsat"), peak_bytes=sim.peak_bytes,
-                              added_time=sim.added_time, solver=_stats(opt, t0, sim.added_time, 0.0, phases),
-                              note="no plan of the solver's model fits; the exact search's cheapest plan "
-                                   "(planner/least.py)")
+                return _exact_result(problem, budget, cheapest, opt, t0, phases)
             exact = least_plan(problem)  # none fits, or the search gave up on the cheapest
             counted = None  # the least peak in the problem's own accounting, where the runtime's differs
             if exact is not None and exact[0] > budget:
@@ -1156,6 +1157,9 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                     before = _stats(opt, t0, None, None, phases).phases
                     return replace(again, solver=replace(again.solver, wall_s=clock.wall_since(t0),
                                                          phases=before + again.solver.phases))
+                wider = _exact_cheapest(problem, budget, NO_FIT_EXACT_NODES) if problem.n > MAX_NODES else None
+                if wider is not None:
+                    return _exact_result(problem, budget, wider, opt, t0, phases)
                 note = (_model_bound_note(problem, opt.max_computations, best) if proven
                         else _timeout_note(problem, opt.time_limit, best))
                 return _empty(problem, budget, "cpsat", status="timeout", best_bytes=best,
@@ -1407,14 +1411,26 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
     )
 
 
-def _exact_cheapest(problem: PlanningProblem, budget: int) -> Candidate | None:
+def _exact_cheapest(problem: PlanningProblem, budget: int, max_nodes: int = MAX_NODES) -> Candidate | None:
     """The cheapest plan in ``problem``'s order over every recompute plan (planner/least.py), on
-    problems small enough for that search; else None. The CP-SAT model lays out a few recompute
-    slots per step and counts the computes sharing one together, so its "optimal" can miss a
-    plan that recomputes a buffer early, before an unrelated step (random 4-16 node DAGs, one
-    worker: 14 of 300 of its optimal plans dearer than this search's, by up to 17 cost units)."""
-    found = cheapest_plan(problem, budget)
+    problems of at most ``max_nodes`` nodes whose search stays within its state cap; else None.
+    The CP-SAT model lays out a few recompute slots per step and counts the computes sharing one
+    together, so its "optimal" can miss a plan that recomputes a buffer early, before an unrelated
+    step (random 4-16 node DAGs, one worker: 14 of 300 of its optimal plans dearer than this
+    search's, by up to 17 cost units)."""
+    found = cheapest_plan(problem, budget, max_nodes)
     return None if found is None else Candidate(found[1], simulate(problem, found[1], budget))
+
+
+def _exact_result(problem: PlanningProblem, budget: int, cheapest: Candidate, opt: PlannerOptions, t0: float,
+                  phases: list[PhaseResult]) -> SolveResult:
+    """The solve's result where no plan of the CP-SAT model fits and the exact search found the
+    cheapest plan of every one in this order: optimal, over more plans than the model's."""
+    sim = cheapest.sim
+    return _empty(problem, budget, "cpsat", status="optimal", plan=replace(cheapest.plan, strategy="cpsat"),
+                  peak_bytes=sim.peak_bytes, added_time=sim.added_time,
+                  solver=_stats(opt, t0, sim.added_time, 0.0, phases),
+                  note="no plan of the solver's model fits; the exact search's cheapest plan (planner/least.py)")
 
 
 def _lowest_greedy(problem: PlanningProblem, budget: int, usable: list[Candidate], steps: int,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import planner.planning as planning
 import planner.problem as problem_module
 from planner.cpsat import PlannerOptions
-from planner.least import cheapest_plan, least_plan, least_plan_any_order
+from planner.least import MAX_NODES, cheapest_plan, least_plan, least_plan_any_order
 from planner.pebble import DepthFirstPlan
 from planner.planning import least_peak, solve
 from planner.problem import PlanningProblem, last_pinned_bound
@@ -84,6 +84,7 @@ def test_a_plan_outside_the_model_is_not_called_infeasible(monkeypatch):
 def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch):
     p = far_readers(8)
     no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)  # nor the exact search (26 nodes)
     walked = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))  # the model is not grown
     # the walk's order, searched by CP-SAT hinted with the walk's plan (planning._in_plan_order)
     assert walked.status == "optimal" and walked.order == "reverse-walk" and walked.solver.gap == 0
@@ -99,12 +100,29 @@ def test_a_large_graph_the_model_cannot_fit_gets_no_infeasible_claim(monkeypatch
     assert more.status == "optimal" and more.peak_bytes <= 65
 
 
+def test_a_problem_past_the_exact_search_size_gets_its_cheapest_plan_where_the_model_has_none(monkeypatch):
+    # far_readers(8), 26 nodes, at 65 B: the model, not grown (a computed 3 times at most), holds
+    # no plan, and the greedies and the walk find none; the exact search, run past its 20 nodes
+    # where nothing else fits, finds the cheapest (before: "timeout", no plan)
+    p = far_readers(8)
+    no_greedy(monkeypatch)
+    no_walk(monkeypatch)
+    added, _ = cheapest_plan(p, 65, max_nodes=p.n)
+    res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3, reorder=False))
+    assert res.status == "optimal" and res.added_time == added and res.solver.gap == 0.0
+    assert "the exact search's cheapest plan" in res.note
+    sim = simulate(p, res.plan, 65)
+    assert sim.peak_bytes == res.peak_bytes <= 65 and sim.added_time == added
+    assert sim.compute_counts[1] > 3  # a plan outside the model's
+
+
 def test_a_solve_without_a_plan_takes_the_long_greedy_runs_plan(monkeypatch):
     # far_readers(8) at 65 B: the model (a computed 3 times at most) holds no plan, the paced
     # greedies are off; with the walk off too, the tight greedy's long run is the last resort,
     # in the given order, with and without reordering
     p = far_readers(8)
     no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)  # nor the exact search (26 nodes)
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
     monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     for opts in (replace(ONE, grown_computations=3), replace(ONE, grown_computations=3, reorder=False)):
