@@ -1026,7 +1026,7 @@ WALL_CAP_HELP = ("With --deterministic: stop planning once the command has run t
                  "Default: no cap.")
 ORT_ARENA_HELP = ("ONNX models: the budget is also the memory limit of ONNX Runtime's arena (gpu_mem_limit on CUDA, "
                   "an arena's max_mem on CPU) with this arena_extend_strategy: keep only a plan that the arena's "
-                  "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak; --device "
+                  "replay runs under it with the planned session options, re-solving tighter (the arena wastes 2-75% over a plan's peak on the zoo's models, and up to 3x on models of a few KiB, whose buffers it rounds up to 256 bytes each; --device "
                   "cpu: fed inputs are the caller's arrays, otherwise copied into the arena).")
 PIN_ORDER_HELP = ("ONNX models: chain the planned order with ordering edges (about one small node per node), "
                   "hide static shapes from ORT and add an unfed optional input that switches ORT's memory pattern "
