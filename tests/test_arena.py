@@ -759,7 +759,6 @@ def test_the_least_limit_holds_whatever_glibcs_mmap_threshold():
         (MIB << k) + 256 for k in range(5)]
 
 
-
 def test_plan_graph_bisects_under_a_refused_plans_peak_not_its_target(monkeypatch):
     """A target between a refused plan's peak and the target it was found at admits that plan at its
     cost, and a solve returns it again (zoo:resnet?batch=32 at 70% --ort-arena same-as-requested
@@ -869,7 +868,6 @@ def test_plan_graph_re_solves_halve_the_given_orders_least_time_too(monkeypatch)
     assert sum(len(s) > 1 for s in re_solves) >= 2, allotted  # re-solves that searched the given order too
     # halved each time, all the re-solves together get at most what the first one may
     assert sum(map(sum, re_solves)) <= options.time_limit + options.least_search_s, allotted
-
 
 
 def test_plan_graph_stops_re_solving_where_even_the_least_peak_plan_would_overshoot_the_arena(monkeypatch):

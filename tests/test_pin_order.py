@@ -60,7 +60,6 @@ def test_default_order_is_the_reverse_dfs_and_pinning_restores_file_order():
     assert analyze(pinned).dynamic_peak == analyze(g).dynamic_peak
 
 
-
 def test_a_pinned_plan_that_fails_names_the_pinned_files_unplanned_peak():
     """With --pin-order the unplanned peak is the pinned file's (its edges hold a few bytes more):
     a failed plan named the graph's own instead (fuzzed seed 302, --ops multi: 'no plan below the
@@ -91,6 +90,7 @@ def test_pinned_edges_read_memplans_own_int64_constants():
     assert sorted(values) == sorted(set(values)) and ((1,), (1,)) in values, values
     target = pinned.nodes[next(n.id for n in pinned.nodes if n.name == "E")].inputs[1]
     assert pinned.tensors[target].producer >= 0  # still gated
+
 
 def reuse_trap(n=256, m=1024):
     """a (1 MiB) dies after T; t, u, v peak; w (a's shape) is made late: ORT's memory reuse hands it
