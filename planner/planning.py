@@ -45,7 +45,7 @@ from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.errors import UsageError
-from planner.least import MAX_NODES, cheapest_plan, least_plan, least_plan_any_order
+from planner.least import MAX_NODES, MAX_STATES, cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
                                  larger_bound)
@@ -77,6 +77,10 @@ MIN_SEARCH_S = 0.5
 # plan otherwise. Fuzzed multi-output seed 18 (38 nodes) at 998 bytes, --time-limit 3: the model
 # (each node computed up to 12 times) held none; the search found one at 972 bytes in 30-100 k states.
 NO_FIT_EXACT_NODES = 40
+#: ... and up to this many states (half the search's own cap): seed 18 reached 81.5 k, and where no
+#: plan exists the search runs to its cap after the limit (test_pebble.py's 30-node beams_dead_end
+#: at 108 bytes: 200 k states, 6.5 s on a loaded machine).
+NO_FIT_EXACT_STATES = 100_000
 
 
 class _Pace:
@@ -1157,7 +1161,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                     before = _stats(opt, t0, None, None, phases).phases
                     return replace(again, solver=replace(again.solver, wall_s=clock.wall_since(t0),
                                                          phases=before + again.solver.phases))
-                wider = _exact_cheapest(problem, budget, NO_FIT_EXACT_NODES) if problem.n > MAX_NODES else None
+                wider = _exact_cheapest(problem, budget, NO_FIT_EXACT_NODES, NO_FIT_EXACT_STATES) \
+                    if problem.n > MAX_NODES else None
                 if wider is not None:
                     return _exact_result(problem, budget, wider, opt, t0, phases)
                 note = (_model_bound_note(problem, opt.max_computations, best) if proven
@@ -1411,14 +1416,15 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
     )
 
 
-def _exact_cheapest(problem: PlanningProblem, budget: int, max_nodes: int = MAX_NODES) -> Candidate | None:
+def _exact_cheapest(problem: PlanningProblem, budget: int, max_nodes: int = MAX_NODES,
+                    max_states: int = MAX_STATES) -> Candidate | None:
     """The cheapest plan in ``problem``'s order over every recompute plan (planner/least.py), on
-    problems of at most ``max_nodes`` nodes whose search stays within its state cap; else None.
+    problems of at most ``max_nodes`` nodes whose search stays within ``max_states``; else None.
     The CP-SAT model lays out a few recompute slots per step and counts the computes sharing one
     together, so its "optimal" can miss a plan that recomputes a buffer early, before an unrelated
     step (random 4-16 node DAGs, one worker: 14 of 300 of its optimal plans dearer than this
     search's, by up to 17 cost units)."""
-    found = cheapest_plan(problem, budget, max_nodes)
+    found = cheapest_plan(problem, budget, max_nodes, max_states)
     return None if found is None else Candidate(found[1], simulate(problem, found[1], budget))
 
 
