@@ -73,8 +73,8 @@ POLISH_SHARE = 0.05
 MIN_SEARCH_S = 0.5
 # Where the CP-SAT model, grown as far as it goes, holds no plan within the budget, the exact search
 # for the cheapest plan in the given order (planner/least.py) runs on problems up to this many
-# nodes, past its MAX_NODES: its MAX_STATES cap still bounds it (about 2.5 s), and the solve has no
-# plan otherwise. Fuzzed multi-output seed 18 (38 nodes) at 998 bytes, --time-limit 3: the model
+# nodes, past its MAX_NODES, within NO_FIT_EXACT_STATES (about 1.25 s), where the solve has no plan
+# otherwise. Fuzzed multi-output seed 18 (38 nodes) at 998 bytes, --time-limit 3: the model
 # (each node computed up to 12 times) held none; the search found one at 972 bytes in 30-100 k states.
 NO_FIT_EXACT_NODES = 40
 #: ... and up to this many states (half the search's own cap): seed 18 reached 81.5 k, and where no
