@@ -1947,17 +1947,18 @@ def _plan_onnx(model, budget_spec, strategy, options, device_name, swap, dims, f
     graph, train = _graph_to_plan(model, dims, forward, **train_flags)
     dev, node_time, transfer, cost_source = _graph_costs(graph, device_name, costs, swap)
     unplanned = analyze(graph).peak_bytes
-    lowered = None
+    lowered = pinned = None
     if pin:
         # the unplanned peak is the pinned file's: its ordering edges hold a few bytes that no plan
         # removes, so 100% of the unpinned peak was refused as over budget (the lstm fixture --forward)
         lowered = lower_graph(graph, node_time=node_time, transfer_time=transfer if swap else None, time_unit="s")
-        unplanned = max(unplanned, pinned_unplanned_peak(graph, lowered))
+        pinned = pinned_unplanned_peak(graph, lowered)
+        unplanned = max(unplanned, pinned)
     budget = budget_spec.resolve(unplanned)
     bfc = _ort_arena(ort_arena, dev.name)
     pm = plan_graph(graph, budget, strategy=strategy, options=options, node_time=node_time,
                     transfer_time=transfer if swap else None, time_unit="s", pin=pin,
-                    ort_arena=bfc, lowered=lowered)
+                    ort_arena=bfc, lowered=lowered, pinned_peak=pinned)
     obj, planned = _plan_object(model, graph, pm, dims, train, dev.name, cost_source, budget, unplanned, options,
                                 arena=arena, pin=pin, bfc=bfc)
     return pm.problem, pm.result, obj, planned, budget

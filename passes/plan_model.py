@@ -141,6 +141,7 @@ def plan_graph(
     pin: bool = False,
     ort_arena: OrtArena | None = None,
     lowered: tuple[PlanningProblem, Lowering] | None = None,
+    pinned_peak: int | None = None,
 ) -> PlannedModel:
     """Lower, solve, rewrite and re-check (see module docstring).
 
@@ -154,6 +155,8 @@ def plan_graph(
     bisection stops at a re-solve whose plan costs more than that one (out of its halved time).
     ``lowered``: ``lower_graph(graph, ...)`` with these same costs, for a caller that plans one
     graph at many budgets (:func:`sweep_graph`); lowered here otherwise.
+    ``pinned_peak``: with ``pin``, :func:`pinned_unplanned_peak` of ``graph`` where the caller has it
+    (``memplan plan`` takes its budget's share of it); worked out here otherwise.
     """
     budget = whole_bytes(budget)  # a numpy int, a float or nan failed deep in the solve, or leaked into plan.json
     # function ops as ORT runs them (their bodies); the graphs memplan builds have none left
@@ -165,7 +168,9 @@ def plan_graph(
     # the peak of the file written for the model as it is: pinned, its ordering edges hold a few
     # bytes more, and that is the unplanned peak the notes name (fuzzed seed 302, --ops multi:
     # 'no plan below the unplanned peak 2912 bytes' of a file that peaks at 3008, counted by ORT)
-    as_is = max(own, pinned_unplanned_peak(graph, (problem, lowering))) if pin else own
+    if pin and pinned_peak is None:
+        pinned_peak = pinned_unplanned_peak(graph, (problem, lowering))
+    as_is = max(own, pinned_peak) if pin else own
     if strategy in ("greedy", "chen") and as_is <= budget:
         # the model as it is fits: the baselines would still recompute (chen +27-39% at 150%, greedy
         # found none at 100%: the problem peaks a little above the model; fuzzed, stop 49)
