@@ -50,7 +50,7 @@ models (``export_model(..., mem_pattern=False)``), which switches the pattern of
 from __future__ import annotations
 
 from passes.ordering import OrderingEdges, constant_shape_input, dynamic_nodes
-from passes.rewrite import SHARED_PREFIX
+from passes.rewrite import memplans_own
 from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind
 
 
@@ -173,13 +173,13 @@ class _Pinner:
         """Copy the initializers, but those every reader reads at a ``replaced`` (node, input) slot
         (a target shape the result computes instead; ORT would warn about and drop them unread).
         The edges read memplan's own int64 constants rather than make another of the same value, as
-        the rewrite's do (passes.rewrite.SHARED_PREFIX): a pinned plan held its autodiff's [1] twice."""
+        the rewrite's do (passes.rewrite.memplans_own): a pinned plan held its autodiff's [1] twice."""
         g = self.g
         for t in g.initializers():
             reads = [(c, i) for c in g.consumers[t.id] for i, u in enumerate(g.nodes[c].inputs) if u == t.id]
             if t.id in g.outputs or not reads or not all(r in replaced for r in reads):
                 self.new[t.id] = self.b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
-                if t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN:
+                if memplans_own(t):
                     self.edges.share(self.new[t.id], g.values[t.id])
 
 

@@ -43,6 +43,11 @@ OPTIONAL_OUTPUTS: Mapping[str, tuple[int, ...]] = {
 SHARED_PREFIX = "memplan__"
 
 
+def memplans_own(t: Tensor) -> bool:
+    """Whether initializer ``t`` is one of memplan's own constants (``SHARED_PREFIX``, not trained)."""
+    return t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN
+
+
 class PlanMismatchError(PlannerError):
     """The plan does not fit this model (other model, edited file, corrupted plan)."""
 
@@ -100,8 +105,7 @@ def added_constant_bytes(graph: Graph) -> int:
     if graph.onnx_opset >= 10:
         values |= {((r,), (1,) * r) for r in ranks}
     held = {(v.shape, tuple(v.ravel().tolist())) for t in graph.initializers()
-            if t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN
-            and (v := graph.values[t.id]).dtype == np.int64}
+            if memplans_own(t) and (v := graph.values[t.id]).dtype == np.int64}
     return sum(8 * int(np.prod(shape)) for shape, _ in values - held)
 
 
@@ -169,7 +173,7 @@ class _Rewriter:
             self.current[tid] = b.input(t.name, t.dtype, t.shape)
         for t in g.initializers():
             self.current[t.id] = b.initializer(t.name, g.values[t.id], trainable=t.kind is TensorKind.TRAINABLE)
-            if t.name.startswith(SHARED_PREFIX) and t.kind is TensorKind.FROZEN:
+            if memplans_own(t):
                 self.edges.share(self.current[t.id], g.values[t.id])
 
     def _live_nodes(self) -> set[int]:
