@@ -758,17 +758,17 @@ def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 4
     once = (~problem.recomputable | problem.pinned) & ~(problem.swappable if problem.can_swap else False)
     later = _later_of(problem, once)
     bound, base = 0, problem.base_bytes - problem.late_base_bytes
-    stats = {"work": 0, "cut": False, "stop": None if max_work is None else 4 * max_work}
+    stats = _SearchStats(stop=None if max_work is None else 4 * max_work)
     least = _last_made_search(problem, max_set, resident, later, stats)  # its sets kept, depth to depth
     while True:
-        stats["cut"] = False
+        stats.cut = False
         try:
             # the end itself is not counted: a searched step counts an output that shares an
             # input's buffer without its shared bytes, also where that input is pinned (least.py)
             bound = max(bound, least(pinned, depth, held=False))
         except _TooManySets:
             break
-        if max_work is None or not stats["cut"] or stats["work"] > max_work:
+        if max_work is None or not stats.cut or stats.work > max_work:
             break
         if enough is not None and bound + base >= enough:
             break
@@ -776,8 +776,17 @@ def last_pinned_bound(problem: PlanningProblem, depth: int = 3, max_set: int = 4
     return bound + base
 
 
+@dataclass
+class _SearchStats:
+    """What :func:`_last_made_search` tells :func:`last_pinned_bound` of its work, so that the
+    bound knows whether a deeper search may raise it and when to stop searching."""
+    stop: int | None  # past this many set members the search raises _TooManySets (None: never)
+    work: int = 0  # the members of the sets searched, each set once
+    cut: bool = False  # a set was left unexpanded for the depth
+
+
 class _TooManySets(Exception):
-    """:func:`_last_made_search` took more set members than its ``stats["stop"]``."""
+    """:func:`_last_made_search` took more set members than its ``stats.stop``."""
 
 
 def _later_of(problem: PlanningProblem, nodes: np.ndarray) -> Callable[[int], frozenset]:
@@ -804,14 +813,13 @@ def _later_of(problem: PlanningProblem, nodes: np.ndarray) -> Callable[[int], fr
 
 def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence[int] | None = None,
                       later: Callable[[int], frozenset] | None = None,
-                      stats: dict | None = None) -> Callable[..., int]:
+                      stats: _SearchStats | None = None) -> Callable[..., int]:
     """:func:`last_input_bound`'s search: ``least(need, d)``, the least bytes (base excluded) some
     moment before the set ``need`` is all resident must hold, ``d`` levels down. ``resident``:
     each buffer's bytes while resident (default: what its readers read); ``later``: for the nodes
     computed once only, the nodes that depend on them (such a node is never the last made of a
-    set holding one of those); ``stats``: filled with ``work`` (the members of the sets searched,
-    each set once) and ``cut`` (whether a set was left unexpanded for the depth), and past
-    ``stop`` members (if not None) the search raises :class:`_TooManySets`."""
+    set holding one of those); ``stats``: the search's work and cuts counted there, and past its
+    ``stop`` the search raises :class:`_TooManySets`."""
     size = [int(x) for x in problem.size]
     swappable = problem.swappable if problem.transfer is not None else np.zeros(problem.n, bool)
     # a swap-in restores q without its inputs or scratch; a two-step node's ops need not hold
@@ -840,24 +848,24 @@ def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence
             here = sum(read[v] for v in need)
         if d <= 0 or not 0 < len(need) <= max_set:
             if stats is not None and d <= 0 and need:
-                stats["cut"] = True
+                stats.cut = True
             return here  # not expanded: the set itself
         key = (need, d, held)
         if key in memo:
             if stats is not None and key in cut_in:
-                stats["cut"] = True
+                stats.cut = True
             return memo[key]
         if stats is None:
             memo[key] = expand(need, d, held, here)
             return memo[key]
-        stats["work"] += len(need)
-        if stats["stop"] is not None and stats["work"] > stats["stop"]:
+        stats.work += len(need)
+        if stats.stop is not None and stats.work > stats.stop:
             raise _TooManySets
-        outer, stats["cut"] = stats["cut"], False
+        outer, stats.cut = stats.cut, False
         memo[key] = expand(need, d, held, here)
-        if stats["cut"]:
+        if stats.cut:
             cut_in.add(key)
-        stats["cut"] = stats["cut"] or outer
+        stats.cut = stats.cut or outer
         return memo[key]
 
     def expand(need: frozenset, d: int, held: bool, here: int) -> int:
@@ -873,7 +881,7 @@ def _last_made_search(problem: PlanningProblem, max_set: int, resident: Sequence
             steps.append((rest + extra[q], q, rest, new))
         if d == 1:  # the sets below are not expanded: least(set, 0) is its bytes, ``rest``
             if stats is not None and (len(need) > 1 or any(new for *_, new in steps)):
-                stats["cut"] = True
+                stats.cut = True
             best = min(max(at_q, rest) for at_q, _, rest, _ in steps)
             return max(here, best) if held else best
         steps.sort(key=lambda s: s[:2])
