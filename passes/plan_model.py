@@ -228,11 +228,8 @@ def plan_graph(
                 # 737949 -> 542807 -> 418262 bytes, where 85%'s plan needs a 621100-byte arena):
                 # bisect between it and the lowest target whose plan overshot the arena
                 none_at = max(target, floor - 1)
-                target = _halfway(none_at, fails_at, budget)
-                if target is None:
-                    break
-                continue
-            fails_at = target  # between a fitting target and a failing one: keep halving
+            else:
+                fails_at = target  # between a fitting target and a failing one: keep halving
         elif best is not None and result.added_time > best.result.added_time:
             # bisecting for a plan cheaper than ``best``, which fits this target too: a solve that found
             # a dearer one ran out of its halved time, and the next gets half of that (zoo:resnet?batch=32
@@ -291,12 +288,7 @@ def plan_graph(
                 # --ort-arena same-as-requested: the refused 7368968-byte plan, found at 7723767
                 # bytes, came back at 7470346 and was replayed again)
                 fails_at = min(target, result.peak_bytes)
-                if fits_at is None:
-                    if none_at is not None:  # between a target with no plan and this one: bisect
-                        target = _halfway(none_at, fails_at, budget)
-                        if target is None:
-                            break
-                        continue
+                if fits_at is None and none_at is None:  # nothing to bisect up from yet: scale the target down
                     # the arena's overshoot scales with what is live; never less than a 1% step,
                     # from the plan's own peak where it lies under the target: a target between the
                     # two returns the same plan (zoo:cnn at 95%, kSameAsRequested: its plan peaks at
@@ -307,14 +299,12 @@ def plan_graph(
                     # one of 7893128 from the re-solve at 8166038, the same graph and arena need)
                     below = min(target, result.peak_bytes, unprimed_peak)
                     target = min(int(below * budget / need), below - max(1, budget // 100))
-                    if target < floor:  # no plan there (zoo:cnn at 95%: 462000 bytes, floor 489540): bisect above it
-                        none_at = floor - 1
-                        target = _halfway(none_at, fails_at, budget)
-                        if target is None:
-                            break
-                    continue
-        # a plan fits the arena at fits_at: the cheapest lies between it and the lowest target above that failed
-        target = None if fails_at is None else _halfway(fits_at, fails_at, budget)
+                    if target >= floor:
+                        continue
+                    none_at = floor - 1  # no plan there (zoo:cnn at 95%: 462000 bytes, floor 489540): bisect above it
+        # the cheapest plan that fits the arena lies between the highest target whose plan fit it (with
+        # none yet: the highest with no plan) and the lowest target above that whose plan overshot it
+        target = None if fails_at is None else _halfway(none_at if fits_at is None else fits_at, fails_at, budget)
         if target is None:
             break
     if best is not None:  # with every solve's time, the tighter ones after it included
