@@ -332,10 +332,8 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
             exact = (at_floor.sim.peak_bytes, at_floor.plan)
     if exact is not None and exact[0] <= res.budget_bytes:  # a plan in another order fits
         least = Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes))
-        found = _found_elsewhere(res, least, "exact-search",
-                                 f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); "
-                                 f"the exact search over every order's plans found the least peak, {exact[0]} bytes")
-        return _in_plan_order(problem, found, least, options, end)  # that plan's peak is least, not its cost
+        # that plan's peak is least, not its cost
+        return _exact_found(problem, res, least, f"the least peak, {exact[0]} bytes", options, end)
     if exact is not None:
         return replace(res, least_bytes=exact[0], least_exact=True, best_bytes=None,
                        note=f"the least memory any plan in any node order reaches is {exact[0]} bytes")
@@ -734,9 +732,17 @@ def _runtime_least(problem: PlanningProblem, res: SolveResult, options: PlannerO
             return None
         plan = counted[1]
     least = Candidate(plan, simulate(problem, plan, budget))
+    return _exact_found(problem, res, least, f"one at {least.sim.peak_bytes} bytes", options, end)
+
+
+def _exact_found(problem: PlanningProblem, res: SolveResult, least: Candidate, found: str, options: PlannerOptions,
+                 end: float) -> SolveResult:
+    """``res`` with ``least``, a plan within its budget that an exact search over every order's plans
+    (:func:`_any_order`, :func:`_runtime_least`) found where none in the orders searched fits
+    (``found``: the note's words for it), searched on in its node order until ``end``."""
     out = _found_elsewhere(res, least, "exact-search",
                            f"no plan in the orders searched fits (they reach {res.least_bytes} bytes at least); the "
-                           f"exact search over every order's plans found one at {least.sim.peak_bytes} bytes")
+                           f"exact search over every order's plans found {found}")
     return _in_plan_order(problem, out, least, options, end)
 
 

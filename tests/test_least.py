@@ -387,6 +387,8 @@ def test_a_small_problem_not_runtime_exact_gets_a_verdict_between_its_floor_and_
     assert (res.status, res.least_bytes, res.least_exact) == ("infeasible", 220, True)
     fits = solve(problem, 220, "cpsat", ONE)
     assert fits.plan is not None and simulate(problem, fits.plan, 220).peak_bytes <= 220
+    assert fits.order == "exact-search"
+    assert "the exact search over every order's plans found one at 220 bytes" in fits.note
 
 
 @st.composite

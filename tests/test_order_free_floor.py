@@ -109,6 +109,7 @@ def test_where_the_orders_searched_hold_no_plan_the_exact_search_gives_one(monke
     # optimal in the order of the exact search's plan (a, b, c, g): CP-SAT searched it next
     assert res.status == "optimal" and res.order == "exact-search" and res.solver.gap == 0
     assert simulate(p, res.plan, 150).peak_bytes == res.peak_bytes == 110
+    assert "the exact search over every order's plans found the least peak, 110 bytes" in res.note
     below = solve(p, 109, "cpsat", ONE)
     assert below.status == "infeasible" and below.least_bytes == 110 and below.least_exact
 
