@@ -938,15 +938,26 @@ class RematModel:
 
 
 
+#: CP-SAT's name for the solution it takes straight from a complete, feasible hint, before any
+#: subsolver has run. Stopping the search on it aborts CP-SAT 9.15 with interleaved workers (2 or
+#: more): the final response's solution is empty and its postsolve fails "Check failed:
+#: solution->size() == postsolve_mapping.size() (0 vs. 9)", killing the process (phase 1 of a
+#: 3-node problem whose no-remat hint already reached the target; stop_after_first_solution does
+#: the same). One worker, or a search not interleaved, does not abort.
+COMPLETE_HINT = "complete_hint"
+
+
 class _StopAt(cp_model.CpSolverSolutionCallback):
-    """Stop the search at the first solution whose capacity is within the target."""
+    """Stop the search at the first solution whose capacity is within the target, but never on the
+    solution that is the complete hint itself (see COMPLETE_HINT): the search goes on to the next
+    one, which is within the target too (the objective only improves), or to its proof or limit."""
 
     def __init__(self, cap: cp_model.IntVar, target: int):
         super().__init__()
         self.cap, self.target = cap, target
 
     def on_solution_callback(self) -> None:
-        if self.Value(self.cap) <= self.target:
+        if self.Value(self.cap) <= self.target and self.Response().solution_info != COMPLETE_HINT:
             self.StopSearch()
 
 
