@@ -88,12 +88,14 @@ def upgrade_opset(graph: Graph, err: OpsetTooOldError) -> Graph:
             f"{err.reason}; onnx's version converter could not upgrade {graph.name!r} from opset {have} to "
             f"{target} ({why}): export the model with opset >= {err.opset}")
 
+    training_bn = _drop_saved_statistics(proto) if have < 14 <= target else set()
     try:
         converted = version_converter.convert_version(proto, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and onnx errors
         first = first_line(exc)
         # "/project/onnx/version_converter/BaseConverter.h:66: adapter_lookup: Assertion `false` failed: No Adapter For X"
         raise refuse(first.rpartition("failed: ")[2] or first) from None
+    _set_training_mode(converted, training_bn)
     if have < CHECK_BELOW:
         _legacy_resize(converted)
         peak = analyze(graph).peak_bytes
@@ -115,6 +117,33 @@ def _with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onn
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return fill_weights(out, weights)
+
+
+def _drop_saved_statistics(proto: onnx.ModelProto) -> set[str]:
+    """Before opset 14 a BatchNormalization trains (batch statistics) when it has its statistics
+    outputs, and onnx's adapter to 14 refuses the saved mean and variance (outputs 4 and 5, gone from
+    14) and drops the mode: the outputs 4 and 5 that nothing reads are dropped here (in place), and
+    the first outputs of the training nodes returned for :func:`_set_training_mode`. An opset-13
+    model with a training BatchNormalization was refused where its gradients needed opset 16
+    (fuzz_e2e --ops more --opset 13, seed 605)."""
+    read = {i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output}
+    training = set()
+    for node in proto.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or len(node.output) < 2:
+            continue
+        training.add(node.output[0])
+        while len(node.output) > 3 and node.output[-1] not in read:
+            node.output.pop()
+    return training
+
+
+def _set_training_mode(proto: onnx.ModelProto, training: set[str]) -> None:
+    """training_mode=1 on the BatchNormalization nodes (by first output) that trained by their outputs."""
+    for node in proto.graph.node:
+        if node.op_type == "BatchNormalization" and node.output[0] in training:
+            kept = [a for a in node.attribute if a.name != "training_mode"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
 
 
 def _legacy_resize(new: onnx.ModelProto) -> None:
