@@ -2,8 +2,8 @@
 
     python bench/fuzz_e2e.py [--start 0] [--count 1000] [--minutes 25] [--time-limit 3]
                              [--keep DIR] [--only-model SEED OUT.onnx]
-                             [--ops base|more|multi]
-                             [--paths forward,pin,replan,check,swap,rewrite,maxbatch,arena]
+                             [--ops base|more|multi] [--opset N|random]
+                             [--paths forward,pin,replan,check,swap,rewrite,maxbatch,arena,train]
 
 Each seed draws a forward model (onnx.helper through the zoo's OnnxBuilder, opset 20) of 5-30 ops
 from the ops autodiff differentiates: MatMul, Gemm, Add/Sub/Mul (with broadcasting and skip
@@ -53,6 +53,18 @@ the rules above):
   maxbatch ``plan --max-batch`` at the main budget in bytes: exit codes, batches consistent with the
            probes, the emitted model verified;
   arena    ``plan --ort-arena S --device cpu``, verified, and run on ORT's CPU arena capped at the budget.
+  train    ``train MODEL --steps 3 --json`` without and with ``--budget P%`` (P drawn in 60-100): exit 0 with
+           the losses of every step bit-equal (train --help: recompute is bit-exact on CPU; a model with
+           Dropout may differ) and the plan's peak within its budget, or exit 1/4 as plan's rules say.
+
+``--opset N`` writes each model at opset N (13-22; default 20), ``--opset random`` at one drawn per
+seed (the same model otherwise, seed for seed): the ops whose form changes between opsets are
+written in the form of N (:func:`to_opset`): Gelu (20) as its Erf formula, LayerNormalization (17)
+as its ReduceMean/Sqrt formula (its Mean and InvStdDev outputs too), ReduceMean/ReduceMax axes (an
+input from 18) and ReduceSum's (from 13) as attributes, Split without num_outputs (18) as an even
+split, BatchNormalization without training_mode (14) in training mode by its 5 outputs. Below
+16 the gradients of Gather and overlapping MaxPool make memplan upgrade the model
+(passes/opset_upgrade.py).
 """
 from __future__ import annotations
 
@@ -76,6 +88,8 @@ sys.path.insert(0, str(ROOT))
 from models._builder import FLOAT, INT64, OnnxBuilder  # noqa: E402
 
 OPSET = 20  # Gelu is an op from 20; ReduceMean's axes and Split's num_outputs are inputs/attributes from 18
+#: ``--opset random``'s draws: the forms of :func:`to_opset` change at 13, 14, 17, 18 and 20
+OPSETS = (13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
 BATCH = "batch"
 UNARY = ("Relu", "Gelu", "Tanh", "Sigmoid")
 #: ``--ops more``: the other ops autodiff differentiates (passes/gradients), drawn on every rank
@@ -556,8 +570,95 @@ class Gen:
         return self.b.model(f"memplan fuzz_e2e model ({info['form']})", opset=OPSET), info
 
 
-def make_model(seed: int, ops: str = "base") -> tuple[onnx.ModelProto, dict]:
-    return Gen(seed, ops).model()
+def make_model(seed: int, ops: str = "base", opset: str = str(OPSET)) -> tuple[onnx.ModelProto, dict]:
+    """Seed ``seed``'s model at ``opset`` (a number, or "random": drawn per seed, apart from the model's draws)."""
+    model, info = Gen(seed, ops).model()
+    n = int(np.random.default_rng(60_000 + seed).choice(OPSETS)) if opset == "random" else int(opset)
+    info["opset"] = n
+    return to_opset(model, n), info
+
+
+def to_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` (opset 20) in the forms of ``opset``: what changed between them rewritten node by node."""
+    if opset == OPSET:
+        return model
+    consts = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+              if n.op_type == "Constant"}
+    nodes: list = []
+    for node in model.graph.node:
+        nodes += node_at(node, opset, consts)
+    read = {i for n in nodes for i in n.input}
+    nodes = [n for n in nodes if n.op_type != "Constant" or n.output[0] in read]  # axes moved into attributes
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.opset_import[0].version = opset
+    return model
+
+
+def node_at(node: onnx.NodeProto, opset: int, consts: dict) -> list:
+    """``node`` (opset 20) as the nodes that compute it at ``opset``."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    op, ins, outs = node.op_type, list(node.input), list(node.output)
+    axes_input = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18}
+    if op in axes_input and opset < axes_input[op] and len(ins) > 1:
+        return [helper.make_node(op, ins[:1], outs, name=node.name, axes=[int(a) for a in consts[ins[1]]], **attrs)]
+    if op == "Split" and opset < 18 and "num_outputs" in attrs:
+        attrs.pop("num_outputs")  # an even split into as many outputs as the node has
+        return [helper.make_node(op, ins, outs, name=node.name, **attrs)]
+    if op == "BatchNormalization" and opset < 14:
+        attrs.pop("training_mode")  # before 14 the statistics outputs (all four) make it train
+        saved = [f"{node.name}.saved_mean", f"{node.name}.saved_var"]
+        return [helper.make_node(op, ins, outs + saved, name=node.name, **attrs)]
+    if op == "Gelu" and opset < 20:
+        return gelu_nodes(node.name, ins[0], outs[0])
+    if op == "LayerNormalization" and opset < 17:
+        return layernorm_nodes(node.name, ins, outs, attrs)
+    return [node]
+
+
+def scalar_node(name: str, value: float):
+    from onnx import helper
+
+    return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(
+        np.asarray(value, dtype=np.float32), name))
+
+
+def gelu_nodes(name: str, x: str, y: str) -> list:
+    """Gelu(x) = 0.5 x (1 + erf(x / sqrt 2)), before opset 20."""
+    from onnx import helper
+
+    return [scalar_node(f"{name}.sqrt2", math.sqrt(2.0)), scalar_node(f"{name}.one", 1.0), scalar_node(f"{name}.half", 0.5),
+            helper.make_node("Div", [x, f"{name}.sqrt2"], [f"{name}.z"], name=f"{name}.div"),
+            helper.make_node("Erf", [f"{name}.z"], [f"{name}.erf"], name=f"{name}.erf"),
+            helper.make_node("Add", [f"{name}.erf", f"{name}.one"], [f"{name}.cdf2"], name=f"{name}.add"),
+            helper.make_node("Mul", [x, f"{name}.cdf2"], [f"{name}.xcdf2"], name=f"{name}.mul"),
+            helper.make_node("Mul", [f"{name}.xcdf2", f"{name}.half"], [y], name=f"{name}.half_mul")]
+
+
+def layernorm_nodes(name: str, ins: list, outs: list, attrs: dict) -> list:
+    """LayerNormalization over the last axis before opset 17: (x - mean) * invstd * scale + shift, the
+    Mean and InvStdDev outputs (where the node has them) computed as they are."""
+    from onnx import helper
+
+    x, scale, shift = ins
+    mean, invstd = (outs[1:] + [f"{name}.mean", f"{name}.invstd"][len(outs) - 1:])[:2]
+
+    def reduce_mean(src: str, dst: str):
+        return helper.make_node("ReduceMean", [src], [dst], name=dst, axes=[-1], keepdims=1)
+
+    return [scalar_node(f"{name}.eps", attrs.get("epsilon", 1e-5)), scalar_node(f"{name}.one", 1.0),
+            reduce_mean(x, mean),
+            helper.make_node("Sub", [x, mean], [f"{name}.d"], name=f"{name}.sub"),
+            helper.make_node("Mul", [f"{name}.d", f"{name}.d"], [f"{name}.d2"], name=f"{name}.sq"),
+            reduce_mean(f"{name}.d2", f"{name}.var"),
+            helper.make_node("Add", [f"{name}.var", f"{name}.eps"], [f"{name}.vare"], name=f"{name}.add_eps"),
+            helper.make_node("Sqrt", [f"{name}.vare"], [f"{name}.std"], name=f"{name}.sqrt"),
+            helper.make_node("Div", [f"{name}.one", f"{name}.std"], [invstd], name=f"{name}.inv"),
+            helper.make_node("Mul", [f"{name}.d", invstd], [f"{name}.norm"], name=f"{name}.norm"),
+            helper.make_node("Mul", [f"{name}.norm", scale], [f"{name}.scaled"], name=f"{name}.scale"),
+            helper.make_node("Add", [f"{name}.scaled", shift], [outs[0]], name=f"{name}.shift")]
 
 
 def cli(*args: str, timeout: float = 600) -> tuple[int, str, str]:
@@ -576,22 +677,24 @@ def one_line_error(stderr: str) -> bool:
     return len(errs) == 1
 
 
-def run_case(seed: int, work: Path, time_limit: float, ops: str = "base", paths: tuple = ()) -> dict:
-    r = main_case(seed, work, time_limit, ops)
+def run_case(seed: int, work: Path, time_limit: float, ops: str = "base", paths: tuple = (),
+             opset: str = str(OPSET)) -> dict:
+    r = main_case(seed, work, time_limit, ops, opset)
     r["paths"] = {}
     for name in paths:
         r["paths"][name] = PATHS[name](r, work, time_limit)
     return r
 
 
-def main_case(seed: int, work: Path, time_limit: float, ops: str) -> dict:
-    model, info = make_model(seed, ops)
+def main_case(seed: int, work: Path, time_limit: float, ops: str, opset: str) -> dict:
+    model, info = make_model(seed, ops, opset)
     path = work / f"fuzz{seed}.onnx"
     onnx.save(model, path)
     out = work / f"fuzz{seed}.planned.onnx"
     loss = info["loss"] + (f":{info['loss_output']}" if info.get("loss_output") else "")
     common = ["--dim", f"batch={info['batch']}", "--add-loss", loss]
-    r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common, "op_set": ops}
+    r = {"seed": seed, **info, "fail": [], "outcome": None, "path": path, "out": out, "common": common, "op_set": ops,
+         "opset_arg": opset}
 
     def traceback_in(*texts):
         if any("Traceback" in t for t in texts):
@@ -826,7 +929,7 @@ def path_rewrite(r: dict, work: Path, time_limit: float) -> str:
         fails += verify_fails(r["path"], out, r["budget"])
     bad = work / f"fuzz{seed}.refused.onnx"
     other = work / f"fuzz{seed}.other.onnx"
-    onnx.save(make_model(seed + 1, r["op_set"])[0], other)
+    onnx.save(make_model(seed + 1, r["op_set"], r["opset_arg"])[0], other)
     fails += refused(["rewrite", str(other), str(plan_path), "-o", str(bad)], bad)
     model = onnx.load(r["path"])
     w = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.raw_data)
@@ -937,8 +1040,52 @@ def path_arena(r: dict, work: Path, time_limit: float) -> str:
     return outcome + (" FAIL" if fails else "")
 
 
+def path_train(r: dict, work: Path, time_limit: float) -> str:
+    """``train MODEL --steps 3 --json`` without and with ``--budget P%``: the planned run exits 0 with the
+    unplanned run's losses, bit for bit (train --help; not held where the model has Dropout), and a plan
+    peak within its budget; or exits 1/4 (no plan) with one error line and its one JSON object."""
+    if "budget" not in r:
+        return "skipped"
+    pct = int(np.random.default_rng(70_000 + r["seed"]).integers(60, 101))
+    base = ["train", str(r["path"]), "--steps", "3", "--json", *r["common"]]
+    fails = []
+    rc, so, se = cli(*base)
+    if rc != 0 or "Traceback" in so + se:
+        r["fail"].append(f"train: unplanned exit {rc}: {se.strip()[-300:]!r}")
+        return "error FAIL"
+    losses = json.loads(so)["losses"]
+    rc, so, se = cli(*base, "--budget", f"{pct}%", "--deterministic", "--time-limit", str(time_limit),
+                     "--wall-cap", str(WALL_CAP))
+    if "Traceback" in so + se:
+        fails.append("traceback")
+    try:
+        planned = json.loads(so)
+    except json.JSONDecodeError:
+        planned = {}
+        fails.append(f"--budget {pct}%: exit {rc}, stdout not one JSON object: {se.strip()[-300:]!r}")
+    plan = planned.get("plan") or {}
+    if rc in (1, 4):
+        if not one_line_error(se):
+            fails.append(f"--budget {pct}%: exit {rc} without one error line: {se.strip()[-300:]!r}")
+        outcome = {1: "infeasible", 4: "timeout"}[rc]
+    elif rc != 0:
+        fails.append(f"--budget {pct}%: exit {rc}: {se.strip()[-300:]!r}")
+        outcome = f"exit {rc}"
+    else:
+        outcome = "same"
+        if (plan.get("peak_bytes") or math.inf) > plan.get("budget_bytes", -1):
+            fails.append(f"--budget {pct}%: plan peak {plan.get('peak_bytes')} over budget {plan.get('budget_bytes')}")
+        if planned.get("losses") != losses:
+            if "Dropout" in r["ops"]:
+                outcome = "dropout-differs"
+            else:
+                fails.append(f"--budget {pct}%: losses {planned.get('losses')} != unplanned {losses}")
+    r["fail"] += [f"train: {f}" for f in fails]
+    return outcome + (" FAIL" if fails else "")
+
+
 PATHS = {"forward": path_forward, "pin": path_pin, "replan": path_replan, "check": path_check, "swap": path_swap,
-         "rewrite": path_rewrite, "maxbatch": path_maxbatch, "arena": path_arena}
+         "rewrite": path_rewrite, "maxbatch": path_maxbatch, "arena": path_arena, "train": path_train}
 
 
 def verify_fails(ref: Path, out: Path, budget: int) -> list[str]:
@@ -990,6 +1137,10 @@ def main() -> None:
                          "(indices into Gather/GatherElements, cast, or unread), MaxPool's Indices, "
                          "LayerNormalization's Mean/InvStdDev, BatchNormalization's running statistics, "
                          "LogSoftmax, two outputs")
+    ap.add_argument("--opset", default=str(OPSET), choices=[*map(str, OPSETS), "random"],
+                    help=f"the models' opset (default {OPSET}), or one drawn per seed among {OPSETS[0]}-{OPSETS[-1]}: "
+                         "Gelu, LayerNormalization, the Reduce ops' axes, Split and BatchNormalization written "
+                         "in its forms")
     ap.add_argument("--paths", default="", help="comma-separated extra paths per case: " + ",".join(PATHS))
     args = ap.parse_args()
     paths = tuple(p for p in args.paths.split(",") if p)
@@ -997,7 +1148,7 @@ def main() -> None:
         if p not in PATHS:
             ap.error(f"--paths: unknown path {p!r}; one of {', '.join(PATHS)}")
     if args.only_model:
-        model, info = make_model(int(args.only_model[0]), args.ops)
+        model, info = make_model(int(args.only_model[0]), args.ops, args.opset)
         onnx.save(model, args.only_model[1])
         print(json.dumps(info))
         return
@@ -1012,7 +1163,7 @@ def main() -> None:
         if time.monotonic() - t0 > 60 * args.minutes:
             break
         t = time.monotonic()
-        r = run_case(seed, work, args.time_limit, args.ops, paths)
+        r = run_case(seed, work, args.time_limit, args.ops, paths, args.opset)
         outcomes[r["outcome"]] += 1
         for p, o in r["paths"].items():
             path_outcomes[p][o] += 1
@@ -1028,7 +1179,7 @@ def main() -> None:
             fig += f" meas {r['meas']} meas/pred {r['meas_over_pred']}"
         if r["paths"]:
             fig += " | " + ", ".join(f"{p} {o}" for p, o in r["paths"].items())
-        print(f"seed {seed:4d} {r['form']:4s} {r['n_ops']:2d} ops {r['loss']:13s} {r['outcome']:10s} "
+        print(f"seed {seed:4d} opset {r['opset']} {r['form']:4s} {r['n_ops']:2d} ops {r['loss']:13s} {r['outcome']:10s} "
               f"{'FAIL ' + '; '.join(r['fail']) if r['fail'] else 'ok'} | {fig} ({time.monotonic() - t:.0f} s)",
               flush=True)
     n = sum(outcomes.values())
