@@ -1146,9 +1146,11 @@ def train_graph(model: str, output: str, dims: tuple[str, ...], keep_grads: bool
               help="ONNX Runtime execution provider.")
 @click.option("--budget", "budget_text", default=None,
               help=f"{BUDGET_HELP}: plan the training step (with its optimizer, recompute only) to fit it and "
-                   "train with the planned step, run with passes.verify.planned_session_options(). On CPU its "
-                   "losses are bit-identical to the unplanned step's (recompute is bit-exact there), except that "
-                   "random ops (Dropout) may draw other values when the plan changes the order they run in.")
+                   "train with the planned step, run with passes.verify.planned_session_options() (ORT's graph "
+                   "optimizations off). On CPU its losses are the unplanned step's, bit for bit under those "
+                   "options (recompute is bit-exact there); the unplanned run (no --budget) keeps ORT's default "
+                   "optimizations, whose fused kernels may round the last bit otherwise (a fuzzed model: 1 ulp "
+                   "at step 3), and random ops (Dropout) may draw other values where the plan reorders them.")
 @click.option("--device", "device_name", **DEVICE_OPTION)
 @time_limit_option()
 @click.option("--deterministic", is_flag=True, help=DETERMINISTIC_HELP)
