@@ -688,6 +688,10 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         if inp.name in init_names:
             continue
         for d in inp.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                # ORT runs -1 as a dynamic dim; read as a size, it gave the input -16 bytes
+                raise ModelImportError(f"{display}: input {inp.name!r} has dim {d.dim_value}, an unnamed dynamic dim, "
+                                       "which --dim cannot bind; export the model with static or named input dims")
             if d.HasField("dim_value"):
                 continue
             name = d.dim_param

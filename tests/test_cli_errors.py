@@ -1211,3 +1211,20 @@ def test_an_installed_bench_remat_says_where_it_looked_for_the_graphs(tmp_path):
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert repr(str(tmp_path / "shared" / "benchmarks" / "remat")) in line  # the copy's, not the checkout's
     assert "give their folder with --dir FOLDER" in line and "--dir '" not in line, line
+
+
+def test_an_input_dim_of_minus_one_is_an_unnamed_dynamic_dim(tmp_path):
+    # ORT runs a dim_value of -1 as a dynamic dim; memplan read it as a size: "inputs -16 B"
+    from onnx import TensorProto, helper
+
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("ReduceSum", ["h"], ["loss"], keepdims=0)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 4])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [weight])
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    result = CliRunner().invoke(cli.main, ["inspect", str(path), "--json"])
+    assert result.exit_code == 3 and result.stdout == "", result.output
+    assert "input 'x' has dim -1, an unnamed dynamic dim" in one_line(result.stderr)
+
