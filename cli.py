@@ -344,6 +344,7 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     from planner.units import format_bytes
 
     _refuse_json_graph(model, "verify", "run")
+    _refuse_memplan_output(planned, f"OUT.onnx {planned}", "give the model memplan plan --emit or memplan rewrite wrote")
     _refuse_json_graph(planned, "verify", "run", label=f"OUT.onnx {planned}")
     if planned.startswith("zoo:") or not Path(planned).is_file():
         raise UsageError(f"OUT.onnx {planned!r} is not a file: give MODEL first, then the .onnx file that memplan "
@@ -1315,10 +1316,32 @@ def _refuse_json_graph(model: str, command: str, what: str, label: str | None = 
     (exit 2) where it was read as ONNX, "not a valid ONNX protobuf" (exit 3, a bad model)."""
     from planner.problem import is_remat_json
 
+    _refuse_memplan_output(model, label)
     if is_remat_json(model):
         raise UsageError(f"{label or model} is a Checkmate/Moccasin JSON graph, which memplan {command} does not "
                          f"{what} (it takes an .onnx file or zoo:NAME); use memplan plan GRAPH --budget B "
                          "(its --json also gives unplanned_peak_bytes)")
+
+
+def _refuse_memplan_output(model: str, label: str | None = None,
+                           fix: str = "give the .onnx file, zoo:NAME or JSON graph it was made from") -> None:
+    """A JSON file memplan wrote (a plan from ``plan -o``, a ``--json`` report) given as MODEL was
+    called "a Checkmate/Moccasin JSON graph" (exit 2), by plan "not a Checkmate/Moccasin node-link
+    graph (missing or bad field 'nodes')" (exit 3): neither says which file goes there."""
+    from pathlib import Path
+
+    from planner.plan import SCHEMA
+    from planner.problem import is_remat_json
+
+    if not is_remat_json(model) or not Path(model).is_file():
+        return
+    try:
+        schema = json.loads(Path(model).read_text()).get("schema")
+    except (OSError, ValueError, AttributeError):  # not JSON, or not an object: the caller says so
+        return
+    if isinstance(schema, str) and schema.startswith("memplan."):
+        apply = "; memplan rewrite MODEL PLAN.json -o OUT.onnx applies a plan" if schema == SCHEMA else ""
+        raise UsageError(f"{label or model} is memplan's own {schema} output, not a model; {fix}{apply}")
 
 
 def _metadata(model: str) -> dict[str, str]:
@@ -1400,7 +1423,11 @@ def _load_planning_problem(model: str, swap_bandwidth: float | None, swap_overla
     """MODEL -> PlanningProblem. JSON graphs here; ONNX models come with the importer."""
     from planner.problem import load_remat_json
 
-    problem = load_remat_json(model)  # the link options were checked where the command started
+    try:
+        problem = load_remat_json(model)  # the link options were checked where the command started
+    except ModelImportError:
+        _refuse_memplan_output(model)
+        raise
     if swap_bandwidth is not None:
         problem = problem.with_swap(problem.size / swap_bandwidth, copy_overlap=swap_overlap)
     return problem

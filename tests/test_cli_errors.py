@@ -1228,3 +1228,21 @@ def test_an_input_dim_of_minus_one_is_an_unnamed_dynamic_dim(tmp_path):
     assert result.exit_code == 3 and result.stdout == "", result.output
     assert "input 'x' has dim -1, an unnamed dynamic dim" in one_line(result.stderr)
 
+
+@pytest.mark.parametrize("args", [
+    ["plan", "R", "--budget", "80%"], ["inspect", "R"], ["check", "R", "--budget", "1MiB"],
+    ["rewrite", "R", "R", "-o", "OUT.onnx"], ["verify", "zoo:mlp", "R"],
+])
+def test_memplans_own_json_given_as_a_model_is_named_for_what_it_is(tmp_path, args):
+    # a plan.json in MODEL's place was "a Checkmate/Moccasin JSON graph" (exit 2), and to plan
+    # "not a Checkmate/Moccasin node-link graph (missing or bad field 'nodes')" (exit 3)
+    report = tmp_path / "gpt.plan.json"
+    report.write_text(json.dumps({"schema": "memplan.plan/1", "status": "optimal", "schedule": []}))
+    argv = [str(report) if a == "R" else str(tmp_path / a) if a.startswith("OUT") else a for a in args]
+    result = CliRunner().invoke(cli.main, argv)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    line = one_line(result.stderr)
+    assert "gpt.plan.json is memplan's own memplan.plan/1 output, not a model" in line
+    assert "memplan rewrite MODEL PLAN.json -o OUT.onnx applies a plan" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt.plan.json"]
+
