@@ -1246,3 +1246,25 @@ def test_memplans_own_json_given_as_a_model_is_named_for_what_it_is(tmp_path, ar
     assert "memplan rewrite MODEL PLAN.json -o OUT.onnx applies a plan" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt.plan.json"]
 
+
+def test_plan_json_has_the_same_keys_on_every_outcome(tmp_path):
+    # least_bytes, best_peak_bytes and note were only in failures, recomputed and swapped only in
+    # plans: a CI job reading obj["recomputed"] got a KeyError on an infeasible budget
+    path = tmp_path / "mlp.onnx"
+    model = parse_model(MLP)
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.standard_normal((32, 4)).astype(np.float32), "W2"),
+    ])
+    onnx.save(model, path)
+    keys = {}
+    for budget, strategy, status in (("100%", "cpsat", "optimal"), ("10%", "cpsat", "infeasible"),
+                                     ("90%", "none", "over_budget")):
+        result = CliRunner().invoke(cli.main, ["plan", str(path), "--budget", budget, "--strategy", strategy,
+                                               "--time-limit", "2", "--deterministic", "--json"])
+        obj = json.loads(result.stdout)
+        assert obj["status"] == status, result.output
+        keys[status] = set(obj)
+    assert keys["optimal"] == keys["infeasible"] == keys["over_budget"], keys
+    assert {"least_bytes", "best_peak_bytes", "note", "recomputed", "swapped"} <= keys["optimal"]
