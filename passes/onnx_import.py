@@ -117,11 +117,18 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = 
             return models.load_spec(text), None, text
         except PlannerError as err:
             raise ModelImportError(str(err)) from None
+    if not text.strip():  # Path("") is the current folder, which was "is a folder"
+        raise ModelImportError("MODEL is empty; give a path to an .onnx file or zoo:NAME")
     path = Path(text)
     if not path.exists():
         raise ModelImportError(f"{text}: no such file; give a path to an .onnx file or zoo:NAME")
     if path.is_dir():
         raise ModelImportError(f"{text}: is a folder; give a path to an .onnx file")
+    if not path.is_file():
+        # memplan reads MODEL more than once: a pipe (<(...), /dev/stdin) was empty the second time
+        # ("not an ONNX model"), and /dev/zero was read until memory ran out
+        raise ModelImportError(f"{text}: not a regular file (a device, pipe or socket); save the model to a "
+                               "file and give its path")
     try:
         if weights == "mapped" and path.stat().st_size > MAP_INSIDE_BYTES:
             data = _weights_pointed_at(path)  # the weights inside the file are mapped too

@@ -1268,3 +1268,16 @@ def test_plan_json_has_the_same_keys_on_every_outcome(tmp_path):
         keys[status] = set(obj)
     assert keys["optimal"] == keys["infeasible"] == keys["over_budget"], keys
     assert {"least_bytes", "best_peak_bytes", "note", "recomputed", "swapped"} <= keys["optimal"]
+
+
+@pytest.mark.parametrize("model, says", [
+    ("/dev/null", "/dev/null: not a regular file (a device, pipe or socket); save the model to a file"),
+    ("", "MODEL is empty; give a path to an .onnx file or zoo:NAME"),
+])
+def test_a_model_path_that_names_no_file_says_so(model, says):
+    # memplan reads MODEL more than once: a pipe (<(cat m.onnx)) was empty the second time, "not an
+    # ONNX model (no opset or no graph outputs)", as /dev/null was; /dev/zero was read until memory
+    # ran out (check: killed, exit 137); an empty MODEL was "is a folder" (Path("") is the cwd)
+    result = CliRunner().invoke(cli.main, ["inspect", model])
+    assert result.exit_code == 3 and result.stdout == "", result.output
+    assert says in one_line(result.stderr)
