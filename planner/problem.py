@@ -583,13 +583,22 @@ def load_remat_json(path: str | Path) -> PlanningProblem:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelImportError(f"{path}: not a JSON graph ({err}); expected networkx node-link JSON") from None
+    expected = "expected keys graph, nodes[{id, cost_cpu, cost_ram}] or nodes[{out_cost, duration}], links"
+    if not isinstance(data, dict):  # [1, 2] or null crashed on data.get (AttributeError, a traceback)
+        raise ModelImportError(f"{path}: not a Checkmate/Moccasin node-link graph (its top level is "
+                               f"{_JSON_KINDS.get(type(data), 'a number')}, not an object); {expected}")
     try:
         return _problem_from_node_link(data, path.stem)
+    except AttributeError:  # a node or the graph entry that is not an object
+        raise ModelImportError(f"{path}: not a Checkmate/Moccasin node-link graph (a node or its graph entry is "
+                               f"not an object); {expected}") from None
     except (KeyError, TypeError, ValueError) as err:
         raise ModelImportError(
-            f"{path}: not a Checkmate/Moccasin node-link graph (missing or bad field {err}); "
-            "expected keys graph, nodes[{id, cost_cpu, cost_ram}] or nodes[{out_cost, duration}], links"
-        ) from None
+            f"{path}: not a Checkmate/Moccasin node-link graph (missing or bad field {err}); {expected}") from None
+
+
+#: A JSON value's kind, as an error names it.
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
 
 def _problem_from_node_link(data: dict[str, Any], stem: str) -> PlanningProblem:

@@ -252,6 +252,15 @@ def test_a_json_graph_with_a_bad_field(tmp_path):
     assert rc == 3 and "the graph has no nodes" in one_line(err)
 
 
+@pytest.mark.parametrize("text,says", [("[1, 2]", "its top level is an array"), ("null", "its top level is null"),
+                                       ('{"nodes": [1, 2], "links": []}', "a node or its graph entry is not an object")])
+def test_a_json_graph_that_is_not_an_object(tmp_path, text, says):
+    path = tmp_path / "g.json"  # an AttributeError traceback before
+    path.write_text(text)
+    rc, _, err = memplan("plan", path, "--budget", "90%")
+    assert rc == 3 and says in one_line(err) and "Traceback" not in err
+
+
 def test_training_flags_that_would_do_nothing(tmp_path):
     out = tmp_path / "step.onnx"
     rc, _, err = memplan("train-graph", "zoo:cnn", "-o", out, "--freeze", "typo*")
