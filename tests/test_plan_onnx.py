@@ -1784,3 +1784,29 @@ def test_a_planned_step_is_planned_again_as_it_runs_not_folded(tmp_path):
     assert rc == 0, err
     rc, out, err = memplan("check", first, "--train", "--budget", f"{peak}B", "--json")
     assert rc == 0 and json.loads(out)["results"][0]["unplanned_peak_bytes"] == peak, (out, err)
+
+
+def test_deterministic_plan_and_emit_agree_across_hash_seeds(tmp_path):
+    """--deterministic promises the same plan on any machine, so also in any process: Python salts
+    str hashes per process (PYTHONHASHSEED), and a set of tensor names iterated on the way to a
+    decision, a node order or a written byte would differ between two runs that tests in one
+    process never see. Two processes with different seeds: the same plan JSON (but its wall clock)
+    and the same emitted bytes, on a pinned model where the plan recomputes nodes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(seed: str):
+        out = tmp_path / seed
+        out.mkdir()
+        rc, stdout, err = memplan("plan", "zoo:gpt?batch=4&layers=2", "--budget", "70%", "--pin-order",
+                                  "--time-limit", "0.5", "--deterministic", "--workers", "1", "--json",
+                                  "--emit", out / "p.onnx", env={"PYTHONHASHSEED": seed})
+        assert rc == 0, err
+        return json.loads(stdout, object_hook=lambda d: {k: v for k, v in d.items() if k != "wall_s"}), \
+            (out / "p.onnx").read_bytes()
+
+    with ThreadPoolExecutor(2) as pool:
+        (plan1, model1), (plan2, model2) = pool.map(run, ["1", "2"])
+    computed = [e["node"] for e in plan1["schedule"] if e["op"] == "compute"]
+    assert len(computed) > len(set(computed))  # some node recomputed: decisions were made
+    assert plan1 == plan2
+    assert model1 == model2
