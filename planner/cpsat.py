@@ -773,6 +773,11 @@ class RematModel:
         """Lower end of a variable's domain."""
         return int(self.m.Proto().variables[var.Index()].domain[0])
 
+    def upper(self, var: cp_model.IntVar) -> int:
+        """Upper end of a variable's domain."""
+        dom = self.m.Proto().variables[var.Index()].domain
+        return int(dom[len(dom) - 1])  # the proto's repeated field reads [-1] as 0
+
     def values_by_name(self, values: dict[int, int]) -> dict[str, int]:
         proto = self.m.Proto()
         return {proto.variables[i].name: v for i, v in values.items() if proto.variables[i].name}

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.plan import Event, Plan
-from planner.simulate import simulate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ortools.sat.python import cp_model
@@ -47,14 +46,17 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
 
     The k-th compute of a node is its instance k. On slots (recompute-only plans), an original
     sits at its slot and the recomputes before it take the free slots of its step, one each (so
-    the model counts exactly what the simulator counts). On ticks, a recompute-only plan runs its
-    computes back to back; in a plan with swaps every event happens when the simulator's replay
-    has it happen (:func:`_tick_times`), a swap-out copies the original and its k-th swap-in is
-    the node's k-th swap-in instance. A buffer's retention ends where the plan frees it (with swaps:
-    where the compute taking it over starts, if one does). None when the plan needs more
-    instances or slots than the model has, swaps on slots, swaps out a copy other than the
-    original, swaps a node in more often than the model has swap-in instances of it, or swaps
-    in a copy nobody reads (the model holds no swap-in nobody reads).
+    the model counts what the simulator counts, ``parts`` aside). On ticks, a recompute-only plan
+    runs its computes back to back; in a plan with swaps every event happens when the
+    simulator's replay has it happen (:func:`_tick_times`), a swap-out copies the original and
+    its k-th swap-in is the node's k-th swap-in instance. A buffer's retention ends where the plan
+    frees it, or where the compute taking it over starts, if one does (the model counts the two
+    once there; ending at its end, the hint needed more than the model's no-remat capacity). The
+    capacity is what the hint's intervals need (:func:`_capacity_needed`). None when the plan
+    needs more instances or slots than the model has, swaps on slots, swaps out a copy other
+    than the original, swaps a node in more often than the model has swap-in instances of it,
+    swaps in a copy nobody reads (the model holds no swap-in nobody reads), or needs more than
+    the capacity's domain (a plan fitting the budget only with its ``parts`` dying apart).
     """
     p = model.p
     plan = plan.without_unread(p)  # the model holds no recompute nobody reads
@@ -75,8 +77,7 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
         v = ev.node
         if ev.op == "free":
             over = taker >= 0 and model.takes_over[model.inst[taker].node] == v
-            ends[current[v]] = starts[taker] if over and times is not None else \
-                (times[k][1] if times is not None else last_end)
+            ends[current[v]] = starts[taker] if over else (times[k][1] if times is not None else last_end)
             current[v] = -1
             continue
         taker = -1
@@ -149,12 +150,35 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
             values[lit.Index()] = int(c in starts and chosen.get((c, v)) == j)
     for length, x in model.lengths:
         values[length.Index()] = values[x.end.Index()] - values[x.start.Index()]
+    need = max(_capacity_needed(model, values, starts), model.lower(model.cap))
+    if need > model.upper(model.cap):
+        return None
     if model.budget is None:
-        peak = simulate(p, plan).peak_bytes
-        values[model.cap.Index()] = -((-(peak - p.base_bytes)) // model.mem_unit)
+        values[model.cap.Index()] = need
     if model.timed:
         values[model.makespan.Index()] = last_end
     return values
+
+
+def _capacity_needed(model: "RematModel", values: dict[int, int], starts: dict[int, int]) -> int:
+    """The least capacity that holds the hinted instances (``starts``: those present) in the
+    model's own count: the peak of its cumulative over their retentions (size) and computes
+    (scratch), in memory units. Not simulate()'s peak, which counts a node's ``parts`` dying apart
+    where the model holds them as one buffer: hinted that, the capacity fell below what the hint's
+    own intervals need (a random 7-node problem: 27 units, its intervals 33), an infeasible hint."""
+    delta: dict[int, int] = {}
+    for j in starts:
+        x = model.inst[j]
+        s = values[x.start.Index()]
+        for end, demand in ((values[x.end.Index()], int(model.size[x.node])), (s + x.dur, int(model.scratch[x.node]))):
+            if demand and end > s:
+                delta[s] = delta.get(s, 0) + demand
+                delta[end] = delta.get(end, 0) - demand
+    peak = held = 0
+    for t in sorted(delta):
+        held += delta[t]
+        peak = max(peak, held)
+    return peak
 
 
 def _tick_times(model: "RematModel", plan: Plan) -> list[tuple[int, int]]:

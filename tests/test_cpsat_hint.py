@@ -1,0 +1,72 @@
+"""A baseline plan hinted to the CP-SAT model must be a solution of the model itself: with every
+variable fixed to its hinted value the model stays feasible. CP-SAT drops an infeasible hint (its
+search starts without the plan) and 9.15's interleaved search may abort the process on one."""
+from __future__ import annotations
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.baselines import greedy, no_remat
+from planner.cpsat import PlannerOptions, RematModel
+from planner.problem import PlanningProblem
+from planner.simulate import simulate
+from tests.test_cpsat_abort import _random_problem
+
+ONE = PlannerOptions(time_limit=5, workers=1, seed=0)
+
+
+def _feasible_as_hinted(model: RematModel, values: dict[int, int]) -> bool:
+    """Is the model feasible with each hinted variable fixed to its value?"""
+    fixed = model.m.Clone()
+    fixed.ClearHints()
+    fixed.ClearObjective()
+    for idx, value in values.items():
+        fixed.Add(fixed.get_int_var_from_proto_index(idx) == value)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = 5
+    return solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+def test_baseline_hints_on_problems_with_parts_are_solutions_of_the_model():
+    # the capacity was hinted at simulate()'s peak, which counts parts dying apart where the
+    # model holds one buffer per node (27 units hinted, the model's range [31, 33]); retentions
+    # of a buffer taken over ended after the op taking it over on slots, both counted there
+    rng = np.random.default_rng(0)
+    checked = 0
+    while checked < 12:
+        p = _random_problem(rng)
+        if p.parts is None:
+            continue
+        checked += 1
+        budget = (p.memory_floor + p.unplanned_peak) // 2
+        found = greedy(p, budget)
+        for plan in [no_remat(p)] + ([found.plan] if found else []):
+            model = RematModel(p, None, ONE, [plan])
+            values = model.hint_from_plan(plan)
+            assert values is not None and _feasible_as_hinted(model, values), (p, plan)
+
+
+def test_a_plan_that_fits_only_as_parts_is_not_hinted_to_a_budget_it_breaks_in_the_model():
+    # node 0's 3-byte part dies at node 1, its 1-byte part at node 2: simulate() peaks at 5 bytes
+    # (step 1), the model, holding node 0 whole to step 2, at 6
+    p = PlanningProblem.build(size=[4, 1, 1], cost=[1.0, 1.0, 1.0], preds=[[], [0], [0, 1]],
+                              pinned=[False, False, True], parts=[[(3, [1]), (1, [1, 2])], [], []])
+    plan = no_remat(p)
+    assert simulate(p, plan).peak_bytes == 5
+    assert RematModel(p, 5, ONE, [plan]).hint_from_plan(plan) is None
+    model = RematModel(p, 6, ONE, [plan])
+    values = model.hint_from_plan(plan)
+    assert values is not None and _feasible_as_hinted(model, values)
+
+
+def test_a_no_remat_hint_frees_a_buffer_taken_over_where_the_op_taking_it_starts():
+    # 1 writes into 0's buffer: the model (and simulate) count them once, 4 bytes, and so must
+    # the hint; ending 0's retention after 1 counted 8, over the capacity's upper end
+    p = PlanningProblem.build(size=[4, 4, 2], cost=[1.0, 1.0, 1.0], preds=[[], [0], [1]],
+                              pinned=[False, False, True], takes_over=[-1, 0, -1])
+    plan = no_remat(p)
+    model = RematModel(p, None, ONE, [plan])
+    values = model.hint_from_plan(plan)
+    assert values is not None and _feasible_as_hinted(model, values)
+    assert model.bytes_of_capacity(values[model.cap.Index()]) == simulate(p, plan).peak_bytes
