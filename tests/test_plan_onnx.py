@@ -19,7 +19,7 @@ from planner.liveness import analyze
 from planner.lowering import lower
 from planner.simulate import simulate
 from planner.units import format_bytes
-from tests.helpers import memplan
+from tests.helpers import memplan, parse_model
 
 SPEC = "zoo:cnn?batch=16"
 
@@ -1810,3 +1810,33 @@ def test_deterministic_plan_and_emit_agree_across_hash_seeds(tmp_path):
     assert len(computed) > len(set(computed))  # some node recomputed: decisions were made
     assert plan1 == plan2
     assert model1 == model2
+
+
+#: Two LayerNormalizations, the second with its Mean and InvStdDev outputs, and a Split: parts the
+#: CP-SAT model holds as one buffer each (fuzzed --ops multi seed 1).
+PARTS_MODEL = """
+<ir_version: 8, opset_import: ["" : 20]>
+fuzz1 (float[batch,3,8,8] x) => (float[batch,3,8,4] y)
+<float[3,1,1] p = {-0.91, 0.887, 0.228}, float[8] s1 = {1,1,1,1,1,1,1,1}, float[8] b1 = {0,0,0,0,0,0,0,0},
+ float[8] s2 = {1,1,1,1,1,1,1,1}, float[8] b2 = {0,0,0,0,0,0,0,0}>
+{
+   a = Add (x, p)
+   n1 = LayerNormalization <axis = -1, epsilon = 1e-05> (a, s1, b1)
+   n2, mean, invstd = LayerNormalization <axis = -1, epsilon = 1e-05> (n1, s2, b2)
+   sizes = Constant <value = int64[2] {4, 4}> ()
+   h1, h2 = Split <axis = 3> (n2, sizes)
+   y = Mul (h1, h2)
+}
+"""
+
+
+def test_a_phase1_plan_over_the_target_in_the_model_that_fits_as_run_is_kept(tmp_path):
+    """The model counts each node's parts as one buffer: at 16391 bytes phase 1's best plan is
+    16636 there and 15996 as run, and the plan ended with no plan (exit 4); now it is the fallback."""
+    path = tmp_path / "m.onnx"
+    path.write_bytes(parse_model(PARTS_MODEL).SerializeToString())
+    rc, out, err = memplan("plan", path, "--budget", "16391", "--dim", "batch=4", "--add-loss", "mean",
+                           "--time-limit", "3", "--deterministic", "--workers", "1", "--json")
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert plan["peak_bytes"] <= 16391 and plan["recomputed"], plan
