@@ -6,7 +6,9 @@ Memory is accounted in list order (the order a runtime issues allocations and fr
     runs, memory = resident + size[i] + scratch[i] (+ base); afterwards i's output is resident.
     Where i takes over the buffer of its input u (``PlanningProblem.takes_over``) and the frees
     right after it free u, that copy of u is read last here and the runtime writes i into it:
-    size[u] is not counted while i runs;
+    size[u] is not counted from i's compute on, and u's free releases nothing (the runtime
+    releases a node's dead inputs together after it, so where among those frees u's stands
+    does not matter);
   * ``free i`` releases a resident output; ``swap_out i`` releases it and leaves a host copy;
   * ``swap_in i`` needs a host copy and re-allocates size[i];
   * where i's output is buffers that die apart (``PlanningProblem.parts``), each is released
@@ -80,6 +82,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
     over = problem.takes_over
     released, early = ({}, {}) if problem.parts is None else \
         part_releases(problem, [e.op for e in plan.events], [e.node for e in plan.events])
+    handed: dict[int, int] = {}  # free event of a taken-over input -> bytes its taker holds
 
     def fail(k: int, msg: str) -> InvalidPlanError:
         return InvalidPlanError(f"plan {plan.strategy!r}, event {k}: {msg}")
@@ -107,10 +110,13 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
                 out_free = in_free = end
             for u in preds:
                 read_end[u] = max(read_end[u], end)
-            during = mem + int(size[v]) + int(scratch[v])
-            if over is not None and over[v] >= 0 and _freed_next(plan.events, k, int(over[v])):
-                during -= int(size[over[v]])
             mem += int(size[v])
+            if over is not None and over[v] >= 0:
+                j = _free_after(plan.events, k, int(over[v]))
+                if j is not None:  # u's buffer becomes v's here: its free releases nothing
+                    handed[j] = int(size[over[v]]) - early.get(j, 0)
+                    mem -= handed[j]
+            during = mem + int(scratch[v])
             resident[v] = True
             counts[v] += 1
             ready[v] = read_end[v] = end
@@ -122,7 +128,7 @@ def simulate(problem: PlanningProblem, plan: Plan, budget: int | None = None) ->
             if problem.pinned[v]:
                 raise fail(k, f"frees {label}, a graph output that must stay to the end")
             resident[v] = False
-            mem -= int(size[v]) - early.get(k, 0)  # less its parts released before
+            mem -= int(size[v]) - early.get(k, 0) - handed.pop(k, 0)  # less its parts released before
             t_now = max(t_prev, read_end[v])
             memory[k] = mem
         else:
@@ -232,15 +238,16 @@ def part_releases(problem: PlanningProblem, ops: list[str], nodes: list[int],
     return released, early
 
 
-def _freed_next(events, k: int, u: int) -> bool:
-    """Do the frees right after event ``k`` (before any other event) free ``u``?"""
+def _free_after(events, k: int, u: int) -> int | None:
+    """The event among the frees right after event ``k`` (before any other event) that frees
+    ``u``, or None."""
     for j in range(k + 1, len(events)):
         e = events[j]
         if e.op != "free":
-            return False
+            return None
         if e.node == u:
-            return True
-    return False
+            return j
+    return None
 
 
 def _computes_and_frees(problem: PlanningProblem, plan: Plan, budget: int | None) -> Simulation | None:
@@ -300,31 +307,36 @@ def _computes_and_frees(problem: PlanningProblem, plan: Plan, budget: int | None
     after = problem.base_bytes + np.cumsum(delta)
     memory = after.copy()
     memory[c_at] += problem.scratch.astype(np.int64)[c_node]
-    over = problem.takes_over
-    if over is not None:
-        taken = over[c_node] >= 0
-        k, u = c_at[taken], over[c_node[taken]].astype(np.int64)
-        if len(k):
-            # freed among the frees right after the compute: u's next event is a free before
-            # the next compute
-            nxt_compute = np.append(c_at, m)[np.searchsorted(c_at, k, side="right")]
-            nxt = np.searchsorted(key, u * m + k, side="right")
-            ok = nxt < m
-            nxt_c = np.minimum(nxt, m - 1)
-            freed = ok & (s_node[nxt_c] == u) & ~s_comp[nxt_c] & (order[nxt_c] < nxt_compute)
-            memory[k[freed]] -= size[u[freed]]
+    shift = np.zeros(m + 1, dtype=np.int64)  # what each event adds to those from it on
+    early: dict[int, int] = {}
     if problem.parts is not None:
         # each part released after its last reader: less from the next event on, up to its free
         holders = np.flatnonzero([bool(x) for x in problem.parts])
         readers = np.fromiter(problem.part_inputs, dtype=np.int64)
         look = np.flatnonzero(np.isin(node, holders) | (comp & np.isin(node, readers))).tolist()
         released, early = part_releases(problem, ops, node.tolist(), look)
-        shift = np.zeros(m + 1, dtype=np.int64)
         for k, nbytes in released.items():
             shift[k + 1] -= nbytes
         for k, nbytes in early.items():
             shift[k] += nbytes
-        memory += np.cumsum(shift[:m])
+    over = problem.takes_over
+    if over is not None:
+        taken = over[c_node] >= 0
+        k, u = c_at[taken], over[c_node[taken]].astype(np.int64)
+        if len(k):
+            # freed among the frees right after the compute: u's next event is a free before
+            # the next compute; u's bytes are the taker's from the compute to that free
+            nxt_compute = np.append(c_at, m)[np.searchsorted(c_at, k, side="right")]
+            nxt = np.searchsorted(key, u * m + k, side="right")
+            ok = nxt < m
+            nxt_c = np.minimum(nxt, m - 1)
+            freed = ok & (s_node[nxt_c] == u) & ~s_comp[nxt_c] & (order[nxt_c] < nxt_compute)
+            at, handed = order[nxt_c[freed]], size[u[freed]]
+            if early:
+                handed = handed - np.array([early.get(j, 0) for j in at.tolist()], dtype=np.int64)
+            np.subtract.at(shift, k[freed], handed)
+            np.add.at(shift, at, handed)
+    memory += np.cumsum(shift[:m])
     if budget is not None and (memory > budget).any():
         return None
     peak, peak_at = problem.base_bytes, -1
