@@ -69,7 +69,6 @@ def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strat
             events.append(frees[u])
             resident[u] = False
 
-    freeing = _taken_over_first(problem)
     for t in range(n):
         chain = missing_closure(t, preds, resident)  # each recomputed once for this step
         for y in (*chain, t):
@@ -78,24 +77,11 @@ def keep_schedule(problem: PlanningProblem, keep: np.ndarray, window: int, strat
         for x in (*chain, t):
             events.append(computes[x])
             resident[x] = True
-            for p in freeing[x]:
+            for p in preds[x]:
                 pending[p] -= 1
                 free_if_done(p, t)
         free_if_done(t, t)
     return Plan(tuple(events), strategy)
-
-
-def _taken_over_first(problem: PlanningProblem) -> list[list[int]]:
-    """Each node's inputs in the order :func:`keep_schedule` frees them after it: the input it takes
-    over (``PlanningProblem.takes_over``) first. simulate() counts that input and the output written
-    into it as one buffer only from the free on, so another input freed before it counted both:
-    Z = X (5 bytes) + Relu(Y) (10, into Y's buffer) peaked at 20 after X's free, where
-    ``unplanned_peak`` (and the run) holds 15."""
-    preds = problem.pred_lists
-    over = problem.takes_over
-    if over is None:
-        return preds
-    return [sorted(ps, key=lambda p, u=int(over[x]): p != u) for x, ps in enumerate(preds)]
 
 
 def no_remat(problem: PlanningProblem) -> Plan:

@@ -409,18 +409,6 @@ def test_the_unplanned_peak_counts_a_taken_over_input_once():
     assert res.plan is not None and res.added_time == 0
 
 
-def test_no_remat_frees_a_taken_over_input_first():
-    """Z reads X (5 B) and Y (10 B) and is written into Y's buffer: the run holds 15 B at Z. The
-    no-remat plan freed X before Y, and simulate() holds Y and Z apart until Y's free: 20 B."""
-    from planner.baselines import no_remat
-
-    p = PlanningProblem.build(size=[5, 10, 10], cost=[1, 1, 1], preds=[[], [], [0, 1]],
-                              pinned=[False, False, True], takes_over=[-1, -1, 1])
-    plan = no_remat(p)
-    assert plan.events[3:] == (Event("free", 1), Event("free", 0))
-    assert simulate(p, plan).peak_bytes == p.unplanned_peak == 15
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=_with_pairs())
 def test_the_no_remat_plan_peaks_at_the_unplanned_peak(p):
