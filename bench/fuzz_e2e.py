@@ -29,7 +29,8 @@ a failure by hand). Exit status 1 when any case failed.
 last axis, and an embedding lookup of an int64 ``ids`` input), Slice, Where, Expand, Cast (to the
 same type, and a float64 round trip), Pow, Sqrt, Div, Exp, Log, Erf, MaxPool/AveragePool,
 BatchNormalization (training), Dropout (training, with and without a seed), ReduceSum/ReduceMax,
-Squeeze/Unsqueeze, Flatten, MatMul with broadcasting and Einsum (the default, ``base``, draws the
+Squeeze/Unsqueeze, Flatten, MatMul with broadcasting, Einsum, Pad (constant, with negative pads
+too, reflect or edge, of the last one or two axes) and Clip (one bound or both) (the default, ``base``, draws the
 models above, seed for seed). ``--ops multi`` draws the base ops and the multi-output ones, each
 side output read by a later op (added, concatenated, broadcast or averaged into the chain) or left
 unread: Split into 2-3 (uneven) outputs, TopK (its indices into Gather of an embedding, into
@@ -96,7 +97,7 @@ BATCH = "batch"
 UNARY = ("Relu", "Gelu", "Tanh", "Sigmoid")
 #: ``--ops more``: the other ops autodiff differentiates (passes/gradients), drawn on every rank
 MORE_KINDS = ["unary2", "unary2", "div", "pow", "cast", "where", "gather", "slice", "expand", "dropout",
-              "reduce", "squeeze", "flatten", "bmatmul", "einsum"]
+              "reduce", "squeeze", "flatten", "bmatmul", "einsum", "pad", "clip"]
 BINARY = ("Add", "Sub", "Mul")
 #: ``--ops multi``: ops with several outputs, each read by a later op (or left unread), and LogSoftmax
 MULTI_KINDS = ["split_n", "split_n", "topk", "topk", "ln_stats", "ln_stats", "logsoftmax"]
@@ -360,6 +361,11 @@ class Gen:
             w = self.b.normal(self.name("w"), (last, out), 1 / math.sqrt(last))
             lead = "bcs"[: rank - 1]
             return self.op("Einsum", [x, w], shape[:-1] + (out,), equation=f"{lead}d,de->{lead}e")
+        if kind == "pad":
+            return self.pad(x, shape)
+        if kind == "clip":  # one bound (the other an empty input name) or both; unit-normal inputs cross them
+            bounds = self.pick([(-0.5, None), (None, 1.0), (-1.0, 0.5)])
+            return self.op("Clip", [x, *("" if b is None else self.scalar(b) for b in bounds)], shape)
         if kind == "pool":
             h, w_ = shape[2], shape[3]
             op = self.pick(["MaxPool", "AveragePool"])
@@ -371,6 +377,31 @@ class Gen:
             self.use(x)
             return self.add(self.b.batchnorm(x, shape[1], self.name("bn")), shape)
         raise AssertionError(kind)
+
+    def pad(self, x: str, shape: tuple) -> str:
+        """Pad of the last one or two axes in constant mode (negative pads crop; a constant_value input or
+        none), reflect (pads below the axis size) or edge. The pads name every axis, without Pad-18's axes
+        input: ORT 1.31 failed a Pad with axes [-1] of a [batch, 16, 1] tensor followed by a Transpose once
+        its graph optimizations ran ("Gather ... indices element out of data bounds"), and ran it with
+        optimizations off."""
+        rank = len(shape)
+        mode = self.pick(["constant", "constant", "reflect", "edge"])
+        axes = [-1] if rank < 4 or self.rng.random() < 0.5 else [-2, -1]
+        pads, out = [0] * (2 * rank), list(shape)
+        for a in axes:
+            n = shape[a]
+            # constant pads of 2 before a 2x2 pool: ORT's PadFusion (1.31) folds them into the pool's pads
+            # unchecked, and the session fails to load ("Pad should be smaller than kernel")
+            grow = 1 if rank == 4 else 2
+            low, high = {"constant": (-1 if n >= 3 else 0, grow), "reflect": (0, min(2, n - 1)), "edge": (0, 2)}[mode]
+            begin, end = (int(v) for v in self.rng.integers(low, high + 1, size=2))
+            pads[a % rank], pads[a % rank + rank] = begin, end
+            out[a] += begin + end
+        value = ""
+        if mode == "constant" and self.rng.random() < 0.5:
+            value = self.scalar(float(self.pick([0.0, 0.5])))
+        ins = [x, self.b.shape(self.name("pads"), pads)] + [value] * bool(value)
+        return self.op("Pad", ins, tuple(out), mode=mode)
 
     def pend(self, name: str, shape: tuple, is_int: bool = False) -> None:
         """A side output for a later op to read (``absorb``); float ones join the pool too."""
@@ -1139,7 +1170,7 @@ def main() -> None:
     ap.add_argument("--ops", choices=("base", "more", "multi"), default="base",
                     help="more: also Gather (an int64 input too), Slice, Where, Expand, Cast, Pow, Sqrt, Div, Exp, "
                          "Log, Erf, Max/AveragePool, BatchNormalization, Dropout, ReduceSum/Max, Squeeze/Unsqueeze, "
-                         "Flatten, broadcast MatMul, Einsum; multi: the base ops and Split into 2-3 outputs, TopK "
+                         "Flatten, broadcast MatMul, Einsum, Pad, Clip; multi: the base ops and Split into 2-3 outputs, TopK "
                          "(indices into Gather/GatherElements, cast, or unread), MaxPool's Indices, "
                          "LayerNormalization's Mean/InvStdDev, BatchNormalization's running statistics, "
                          "LogSoftmax, two outputs")
