@@ -473,25 +473,11 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
                            f"around them); the outputs are compared, the peaks are not comparable: measure on a device "
                            f"(bench/gpu_check.py)")
             d = info["ort_default_options"]
-            # a pinned model keeps its order and has no memory pattern under ORT's defaults; where it
-            # then holds its plan with the arena off, what is left is the CPU arena's fragmentation
-            # (bench/results/ort_default_options_arena.md). --pin-order is no advice for a pinned model.
-            advice = "run it with passes.verify.planned_session_options()"
-            if not made_with.get("pin_order"):
-                advice += " (or emit it with --pin-order for ORT's default order)"
-            elif d["arena_off_over_predicted"] <= 1.05:
-                # the arena's first region is 1 MiB whatever the run asks: a model under it reads
-                # 3-7x (zoo:cnn?batch=1 at 70%: 1.00 MiB, 5.44 x), none of it fragmentation
-                from planner.arena import FIRST_REGION
-
-                rest = ("the CPU arena's first region (1 MiB, reserved however little the run needs)"
-                        if d["dynamic_peak_bytes"] <= FIRST_REGION else "the CPU arena's fragmentation")
-                advice = (f"the rest is {rest}: SessionOptions.enable_cpu_mem_arena = False, "
-                          "or passes.verify.planned_session_options()")
-            click.echo(f"default ORT  planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} "
-                       f"({d['over_predicted']:.2f} x predicted) under ORT's default session options, arena chunks "
-                       f"kept included; arena off: {format_bytes(d['arena_off_dynamic_peak_bytes'])} "
-                       f"({d['arena_off_over_predicted']:.2f} x); {advice}")
+            if d["error"] is not None:
+                click.echo(f"default ORT  not measured: ONNX Runtime cannot run the planned model under its default "
+                           f"session options ({d['error']}); run it with passes.verify.planned_session_options()")
+            else:
+                click.echo(f"default ORT  {_default_options_line(d, made_with)}")
         click.echo(f"budget       {info['budget']['text']}")
         lim = info["ort_arena_limit_bytes"]
         click.echo(f"arena limit  the least ORT arena limit (gpu_mem_limit, max_mem) each runs under, predicted: "
@@ -517,6 +503,31 @@ def verify(model: str, planned: str, dims: tuple[str, ...], seed: int, rtol: flo
     if failure:
         click.echo(f"memplan: error: {failure}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _default_options_line(d: dict, made_with: dict) -> str:
+    """verify's line on the planned model's peaks under ORT's default session options (``d``, the
+    report's ort_default_options), with the advice that fits them."""
+    from planner.units import format_bytes
+
+    # a pinned model keeps its order and has no memory pattern under ORT's defaults; where it
+    # then holds its plan with the arena off, what is left is the CPU arena's fragmentation
+    # (bench/results/ort_default_options_arena.md). --pin-order is no advice for a pinned model.
+    advice = "run it with passes.verify.planned_session_options()"
+    if not made_with.get("pin_order"):
+        advice += " (or emit it with --pin-order for ORT's default order)"
+    elif d["arena_off_over_predicted"] <= 1.05:
+        # the arena's first region is 1 MiB whatever the run asks: a model under it reads
+        # 3-7x (zoo:cnn?batch=1 at 70%: 1.00 MiB, 5.44 x), none of it fragmentation
+        from planner.arena import FIRST_REGION
+
+        rest = ("the CPU arena's first region (1 MiB, reserved however little the run needs)"
+                if d["dynamic_peak_bytes"] <= FIRST_REGION else "the CPU arena's fragmentation")
+        advice = (f"the rest is {rest}: SessionOptions.enable_cpu_mem_arena = False, "
+                  "or passes.verify.planned_session_options()")
+    return (f"planned dynamic peak {format_bytes(d['dynamic_peak_bytes'])} ({d['over_predicted']:.2f} x predicted) "
+            f"under ORT's default session options, arena chunks kept included; arena off: "
+            f"{format_bytes(d['arena_off_dynamic_peak_bytes'])} ({d['arena_off_over_predicted']:.2f} x); {advice}")
 
 
 def _changed_weights(model: dict, planned: dict) -> list[str]:

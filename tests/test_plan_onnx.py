@@ -779,6 +779,50 @@ def test_an_old_opset_model_is_upgraded_planned_and_verified(tmp_path):
     assert sorted(o["name"] for o in report["outputs"]) == ["B_grad", "F_grad", "W_grad", "loss"]
 
 
+def test_verify_checks_a_file_that_ort_cannot_run_under_its_default_options(tmp_path):
+    """A constant Pad of 2 before a 2x2 AveragePool: ORT's PadFusion (1.31) folds the pads into the
+    pool's unchecked, and a session with ORT's default options fails to load it ("Pad should be
+    smaller than kernel"); verify then failed as a whole with that error (fuzz_e2e --ops more, Pad
+    drawn before a pool). The planned options run it: verify compares and measures, and says that
+    the default options' peaks are not measured (the --json report: null, with ORT's error)."""
+    from helpers import parse_model
+    from onnx import numpy_helper
+
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    padpool (float[2, 1, 4, 4] x) => (float[2, 2, 2, 3] y) <float[2, 1, 1, 1] W, int64[8] pads>
+    {
+        c = Conv(x, W)
+        p = Pad<mode = "constant">(c, pads)
+        y = AveragePool<kernel_shape = [2, 2], strides = [2, 2]>(p)
+    }
+    """)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 1, 1, 1)).astype(np.float32), "W"),
+        numpy_helper.from_array(np.array([0, 0, 0, 2, 0, 0, 0, 1], np.int64), "pads")])
+    src, out = tmp_path / "padpool.onnx", tmp_path / "planned.onnx"
+    onnx.save(model, src)
+    rc, _, err = memplan("plan", str(src), "--budget", "100%", "--add-loss", "mean", "--emit", str(out))
+    assert rc == 0, err
+    rc, stdout, err = memplan("verify", str(src), str(out))
+    assert rc == 0, err
+    assert stdout.startswith("outputs      equal")
+    line = [ln for ln in stdout.splitlines() if ln.startswith("default ORT")]
+    assert len(line) == 1 and "not measured: ONNX Runtime cannot run the planned model" in line[0]
+    assert "Pad should be smaller than kernel" in line[0]
+
+
+def test_verify_json_has_null_default_options_peaks_where_ort_cannot_run_them():
+    from passes.verify import VerifyReport
+
+    report = VerifyReport((), 0, 0, 8, 16, 16, None, None, 16, 1.0, 1.0, default_options_error="why")
+    assert report.as_dict()["ort_default_options"] == {
+        "dynamic_peak_bytes": None, "over_predicted": None, "arena_off_dynamic_peak_bytes": None,
+        "arena_off_over_predicted": None, "error": "why"}
+    measured = VerifyReport((), 0, 0, 8, 16, 16, 32, 16, 16, 1.0, 1.0).as_dict()["ort_default_options"]
+    assert measured["error"] is None and measured["over_predicted"] == 2.0
+
+
 def test_the_held_base_leaves_out_what_import_folds(tmp_path):
     # ConstantOfShape of a constant shape: import folds it into an initializer, ORT computes it in
     # the run (a gradient's zeros); verify's base is what the file holds, as the plan counted it
