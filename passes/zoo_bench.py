@@ -46,12 +46,18 @@ def verify_row(name: str, graph: Graph, ref: onnx.ModelProto, feeds: dict, pct: 
                ratio=rep.planned_peak / max(1, rep.compared_prediction), measured_by=rep.method,
                rss_ratio=rep.planned_rss_peak / max(1, predicted),
                over_budget=(base + rep.planned_peak) / budget, equal=rep.outputs_equal,
-               default_ratio=rep.planned_default_peak / max(1, predicted),
-               no_arena_ratio=rep.planned_default_no_arena_peak / max(1, predicted),
+               default_ratio=_over(rep.planned_default_peak, predicted),
+               no_arena_ratio=_over(rep.planned_default_no_arena_peak, predicted),
                pred_time=rep.predicted_time_overhead,
                meas_time=rep.planned_seconds / rep.reference_seconds - 1,
                seconds=[rep.reference_seconds, rep.planned_seconds])
     return row
+
+
+def _over(peak: int | None, predicted: int) -> float | None:
+    """``peak`` over the prediction; None where verify could not measure it (ORT refused the planned
+    model under its default session options: verify's ``default_options_error``)."""
+    return None if peak is None else peak / max(1, predicted)
 
 
 HEADER = ("model", "budget", "status", "peak/budget", "added % pred", "equal", "meas/pred", "meas/budget",
