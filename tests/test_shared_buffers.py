@@ -464,3 +464,38 @@ def test_the_order_of_the_frees_after_a_compute_does_not_change_the_peak(p, make
         sim, shuffled = simulate(p, plan), simulate(p, Plan(tuple(events), plan.strategy))
     assert shuffled.peak_bytes == sim.peak_bytes
     assert make != "none" or sim.peak_bytes == p.unplanned_peak
+
+
+def _delayed_frees(p: PlanningProblem, rng: np.random.Generator) -> Plan:
+    """Every node once in id order, each non-pinned node freed among the frees after some compute
+    at or after its last reader's (at random), those frees in a random order."""
+    after: list[list[int]] = [[] for _ in range(p.n)]
+    for v in range(p.n):
+        if not p.pinned[v]:
+            last = max([v] + [int(w) for w in p.succ_lists[v]])
+            after[int(rng.integers(last, p.n))].append(v)
+    events = []
+    for k in range(p.n):
+        events.append(Event("compute", k))
+        events += [Event("free", v) for v in rng.permutation(after[k]).tolist()]
+    return Plan(tuple(events), "delayed")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_walk_and_the_array_path_agree_on_taken_over_inputs_and_parts(seed):
+    """simulate()'s two accountings (the event walk, the array path of computes and frees) hold
+    the same bytes at every event, with takes_over, parts, delayed frees and recomputes."""
+    from planner.baselines import chen_sqrt, no_remat
+    from tests.test_cpsat_abort import _random_problem
+
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        p = _random_problem(rng)
+        for plan in (no_remat(p), chen_sqrt(p), _delayed_frees(p, rng)):
+            fast = sim_mod._computes_and_frees(p, plan, None)
+            assert fast is not None
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sim_mod, "_computes_and_frees", lambda *a: None)
+                walk = simulate(p, plan)
+            assert fast.memory.tolist() == walk.memory.tolist()
+            assert (fast.peak_bytes, fast.peak_event) == (walk.peak_bytes, walk.peak_event)
