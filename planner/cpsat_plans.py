@@ -163,14 +163,16 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
 def _capacity_needed(model: "RematModel", values: dict[int, int], starts: dict[int, int]) -> int:
     """The least capacity that holds the hinted instances (``starts``: those present) in the
     model's own count: the peak of its cumulative over their retentions (size) and computes
-    (scratch), in memory units. Not simulate()'s peak, which counts a node's ``parts`` dying apart
-    where the model holds them as one buffer: hinted that, the capacity fell below what the hint's
-    own intervals need (a random 7-node problem: 27 units, its intervals 33), an infeasible hint."""
+    (scratch; a swap-in is a copy, it has none), in memory units. Not simulate()'s peak, which
+    counts a node's ``parts`` dying apart where the model holds them as one buffer: hinted that,
+    the capacity fell below what the hint's own intervals need (a random 7-node problem: 27
+    units, its intervals 33), an infeasible hint."""
     delta: dict[int, int] = {}
     for j in starts:
         x = model.inst[j]
         s = values[x.start.Index()]
-        for end, demand in ((values[x.end.Index()], int(model.size[x.node])), (s + x.dur, int(model.scratch[x.node]))):
+        scratch = 0 if x.kind == SWAP_IN else int(model.scratch[x.node])
+        for end, demand in ((values[x.end.Index()], int(model.size[x.node])), (s + x.dur, scratch)):
             if demand and end > s:
                 delta[s] = delta.get(s, 0) + demand
                 delta[end] = delta.get(end, 0) - demand

@@ -70,3 +70,25 @@ def test_a_no_remat_hint_frees_a_buffer_taken_over_where_the_op_taking_it_starts
     values = model.hint_from_plan(plan)
     assert values is not None and _feasible_as_hinted(model, values)
     assert model.bytes_of_capacity(values[model.cap.Index()]) == simulate(p, plan).peak_bytes
+
+
+def test_a_swap_plan_is_hinted_at_its_peak_with_no_scratch_during_its_swap_in():
+    # A (4 B, 8 B of scratch while computed) is copied out and back for the last step: the plan
+    # peaks at 12 B (A's compute), as the model counts it (a swap-in has no compute interval);
+    # the hint's capacity counted A's scratch again during the swap-in (16 B), over the budget of
+    # 12 B and the capacity's upper end, and the plan was not hinted
+    from planner.plan import Plan
+
+    p = PlanningProblem.build(size=[4, 4, 4, 1], cost=[1, 1, 1, 1], scratch=[8, 0, 0, 0],
+                              preds=[[], [0], [1], [0, 2]], pinned=[False, False, False, True]).with_swap([1, 1, 1, 1])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("swap_out", 0), ("compute", 2), ("free", 1), ("swap_in", 0),
+                    ("compute", 3), ("free", 0), ("free", 2)], "swap A")
+    assert simulate(p, plan).peak_bytes == 12
+    opts = PlannerOptions(time_limit=5, workers=1, seed=0, reorder=False)
+    model = RematModel(p, None, opts, [plan])
+    values = model.hint_from_plan(plan)
+    assert values is not None and _feasible_as_hinted(model, values)
+    assert model.bytes_of_capacity(values[model.cap.Index()]) == 12
+    model = RematModel(p, 12, opts, [plan])
+    values = model.hint_from_plan(plan)
+    assert values is not None and _feasible_as_hinted(model, values)
