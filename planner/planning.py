@@ -1264,7 +1264,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
                 phases.append(moved)
                 if moved.objective < r2.objective:
                     r2 = replace(moved, bound=r2.bound)
-            if r2.status != "OPTIMAL":
+            if r2.status not in ("OPTIMAL", "INFEASIBLE"):  # a proof stands: searching again proves it again
                 more = m2.solve("optimize", left())
                 # a bound proven before holds over every plan of the model: the larger stands
                 bound = _larger(r2.bound, more.bound)
@@ -1387,6 +1387,9 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
             chosen = Candidate(r2.plan, sim)
         else:
             note = f"kept the {fallback.plan.strategy} plan: the solver's plan was not cheaper"
+    elif r2 is not None and r2.status == "INFEASIBLE":  # a plan fitting only as run (parts freed apart)
+        note = (f"the solver's model holds no plan within the budget (it holds a node's outputs as one buffer); "
+                f"kept the {fallback.plan.strategy} plan")
     elif r2 is not None:
         note = f"solver gave no better plan in time; kept the {fallback.plan.strategy} plan"
     if not (r2 is not None and r2.status == "OPTIMAL" and chosen.plan is r2.plan):

@@ -1884,3 +1884,33 @@ def test_a_phase1_plan_over_the_target_in_the_model_that_fits_as_run_is_kept(tmp
     assert rc == 0, err
     plan = json.loads(out)
     assert plan["peak_bytes"] <= 16391 and plan["recomputed"], plan
+
+
+def test_a_phase2_model_proven_to_hold_no_plan_is_not_searched_again_and_the_note_says_so(tmp_path, monkeypatch):
+    """The fallback fits the budget only with parts freed apart, so phase 2's model (one buffer
+    per node) is proven infeasible: searching it again with the time left proved the same, and the
+    note said the solver "gave no better plan in time"."""
+    from click.testing import CliRunner
+
+    import cli
+    from planner.cpsat import RematModel
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(parse_model(PARTS_MODEL).SerializeToString())
+    runs: list[tuple[str, str]] = []
+    solve = RematModel.solve
+
+    def spy(self, name, *args, **kwargs):
+        r = solve(self, name, *args, **kwargs)
+        runs.append((name, r.status))
+        return r
+
+    monkeypatch.setattr(RematModel, "solve", spy)
+    res = CliRunner().invoke(cli.main, ["plan", str(path), "--budget", "16391", "--dim", "batch=4", "--add-loss",
+                                        "mean", "--time-limit", "3", "--deterministic", "--workers", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["peak_bytes"] <= 16391 and ("optimize", "INFEASIBLE") in runs
+    proven = ("optimize", "INFEASIBLE")
+    assert all(a != proven or b != proven for a, b in zip(runs, runs[1:])), runs  # once per order planned
+    assert plan["note"].startswith("the solver's model holds no plan within the budget"), plan["note"]
