@@ -1387,9 +1387,10 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
             chosen = Candidate(r2.plan, sim)
         else:
             note = f"kept the {fallback.plan.strategy} plan: the solver's plan was not cheaper"
-    elif r2 is not None and r2.status == "INFEASIBLE":  # a plan fitting only as run (parts freed apart)
-        note = (f"the solver's model holds no plan within the budget (it holds a node's outputs as one buffer); "
-                f"kept the {fallback.plan.strategy} plan")
+    elif r2 is not None and r2.status == "INFEASIBLE":  # a plan fitting only as run (parts freed apart), or
+        # one computing a node more often than the model holds
+        note = (f"the solver's model holds no plan within the budget (it holds a node's outputs as one buffer "
+                f"and each node computed at most {opt.max_computations} times); kept the {fallback.plan.strategy} plan")
     elif r2 is not None:
         note = f"solver gave no better plan in time; kept the {fallback.plan.strategy} plan"
     if not (r2 is not None and r2.status == "OPTIMAL" and chosen.plan is r2.plan):
