@@ -101,6 +101,20 @@ def test_the_oracle_knows_a_small_case_by_hand():
     assert oracle.cheapest(p, 201, given) == 0
 
 
+def test_the_oracle_counts_takes_over_and_parts_as_simulate_does():
+    """x (10 B) -> r, which writes into x's buffer (takes_over), -> y (1 B): r runs with 10 B,
+    not 20, where x is freed right after it; without that free, or x pinned, it holds both."""
+    over = PlanningProblem.build(size=[10, 10, 1], cost=[1, 1, 1], preds=[[], [0], [1]], takes_over=[-1, 0, -1])
+    assert over.unplanned_peak == oracle.least_peak(over) == 11
+    assert oracle.least_peak(replace(over, takes_over=None)) == 20
+    assert oracle.least_peak(replace(over, pinned=over.pinned | [True, False, False])) == 21
+    # half of x read by r alone, half by y: that half is released after r (an 11-byte y step)
+    apart = PlanningProblem.build(size=[10, 4, 1], cost=[1, 1, 1], preds=[[], [0], [0, 1]],
+                                  parts=[[(5, [1]), (5, [2])], [], []])
+    assert apart.unplanned_peak == oracle.least_peak(apart) == 14 and oracle.cheapest(apart, 14) == 0
+    assert oracle.least_peak(replace(apart, parts=None)) == 15
+
+
 def test_the_models_objective_is_the_decoded_plans_added_time():
     """The recompute-only model's objective is exact (planner/cpsat.py): its value is the added
     time simulate() finds in the plan it decodes to, and never below the oracle's optimum in the
