@@ -258,6 +258,21 @@ def test_closure_bound_counts_each_part_until_its_own_last_reader():
     assert cb is not None and cb.exact and cb.value == 1
 
 
+def test_closure_bound_lets_a_part_be_made_again_after_an_earlier_reader():
+    """x (20 B: 10 read by r, 10 by the last node y) and two steps with 15 B of scratch around
+    r. At 26 B x's copy holds its y half only until made (nothing reads it before the copy is
+    freed after r), and x is made again once, after the second scratch step, for y: +5. The
+    bound made each step over budget want x made again before its own next read of x, so r's
+    read and y's took one each: 10 (bench/claims_fuzz.py seed 1858: bound 10, a plan at +9)."""
+    from tests import oracle
+
+    p = PlanningProblem.build(size=[20, 1, 1, 1, 1], cost=[5, 1, 1, 1, 1], preds=[[], [], [0], [], [0, 1, 2, 3]],
+                              scratch=[0, 15, 0, 15, 0], parts=[[(10, [2]), (10, [4])], [], [], [], []])
+    assert oracle.cheapest(p, 26, list(range(p.n))) == 5
+    cb = closure_bound(p, 26, p.cost.astype(np.int64), time_limit=10)
+    assert cb is not None and cb.value == 5
+
+
 @st.composite
 def _small_problems(draw) -> tuple[PlanningProblem, int]:
     """Random DAGs small enough for the exact search (planner/least.py), some with pinned outputs
