@@ -96,3 +96,19 @@ def spy_plan_graph(monkeypatch, read) -> list:
 
     monkeypatch.setattr(plan_model, "plan_graph", spy)
     return seen
+
+
+def feasible_as_hinted(model, values: dict[int, int], seconds: float = 10) -> bool:
+    """Is the CP-SAT remat ``model`` (planner.cpsat.RematModel) feasible with each variable of
+    ``values`` (by proto index) fixed to its value, i.e. is that hint a solution of the model?"""
+    from ortools.sat.python import cp_model
+
+    fixed = model.m.Clone()
+    fixed.ClearHints()
+    fixed.ClearObjective()
+    for idx, value in values.items():
+        fixed.Add(fixed.get_int_var_from_proto_index(idx) == value)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = seconds
+    return solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)

@@ -4,28 +4,15 @@ search starts without the plan) and 9.15's interleaved search may abort the proc
 from __future__ import annotations
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from planner.baselines import greedy, no_remat
 from planner.cpsat import PlannerOptions, RematModel
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
+from tests.helpers import feasible_as_hinted
 from tests.test_cpsat_abort import _random_problem
 
 ONE = PlannerOptions(time_limit=5, workers=1, seed=0)
-
-
-def _feasible_as_hinted(model: RematModel, values: dict[int, int]) -> bool:
-    """Is the model feasible with each hinted variable fixed to its value?"""
-    fixed = model.m.Clone()
-    fixed.ClearHints()
-    fixed.ClearObjective()
-    for idx, value in values.items():
-        fixed.Add(fixed.get_int_var_from_proto_index(idx) == value)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = 5
-    return solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 
 def test_baseline_hints_on_problems_with_parts_are_solutions_of_the_model():
@@ -44,7 +31,7 @@ def test_baseline_hints_on_problems_with_parts_are_solutions_of_the_model():
         for plan in [no_remat(p)] + ([found.plan] if found else []):
             model = RematModel(p, None, ONE, [plan])
             values = model.hint_from_plan(plan)
-            assert values is not None and _feasible_as_hinted(model, values), (p, plan)
+            assert values is not None and feasible_as_hinted(model, values), (p, plan)
 
 
 def test_a_plan_that_fits_only_as_parts_is_not_hinted_to_a_budget_it_breaks_in_the_model():
@@ -57,7 +44,7 @@ def test_a_plan_that_fits_only_as_parts_is_not_hinted_to_a_budget_it_breaks_in_t
     assert RematModel(p, 5, ONE, [plan]).hint_from_plan(plan) is None
     model = RematModel(p, 6, ONE, [plan])
     values = model.hint_from_plan(plan)
-    assert values is not None and _feasible_as_hinted(model, values)
+    assert values is not None and feasible_as_hinted(model, values)
 
 
 def test_a_no_remat_hint_frees_a_buffer_taken_over_where_the_op_taking_it_starts():
@@ -68,7 +55,7 @@ def test_a_no_remat_hint_frees_a_buffer_taken_over_where_the_op_taking_it_starts
     plan = no_remat(p)
     model = RematModel(p, None, ONE, [plan])
     values = model.hint_from_plan(plan)
-    assert values is not None and _feasible_as_hinted(model, values)
+    assert values is not None and feasible_as_hinted(model, values)
     assert model.bytes_of_capacity(values[model.cap.Index()]) == simulate(p, plan).peak_bytes
 
 
@@ -87,8 +74,8 @@ def test_a_swap_plan_is_hinted_at_its_peak_with_no_scratch_during_its_swap_in():
     opts = PlannerOptions(time_limit=5, workers=1, seed=0, reorder=False)
     model = RematModel(p, None, opts, [plan])
     values = model.hint_from_plan(plan)
-    assert values is not None and _feasible_as_hinted(model, values)
+    assert values is not None and feasible_as_hinted(model, values)
     assert model.bytes_of_capacity(values[model.cap.Index()]) == 12
     model = RematModel(p, 12, opts, [plan])
     values = model.hint_from_plan(plan)
-    assert values is not None and _feasible_as_hinted(model, values)
+    assert values is not None and feasible_as_hinted(model, values)

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from ortools.sat.python import cp_model
 
 from planner import cpsat_plans, interrupt
 from planner.cpsat import PlannerOptions, RematModel
@@ -15,6 +14,7 @@ from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
 from planner.swap_greedy import swap_greedy
+from tests.helpers import feasible_as_hinted
 from tests.test_planner_props import dags
 
 
@@ -116,16 +116,6 @@ def _copies_cross() -> PlanningProblem:
         recomputable=[False] * 10, transfer=[3, 0, 3, 0, 0, 0, 0, 0, 0, 0])
 
 
-def _is_solution(model: RematModel, values: dict[int, int]) -> bool:
-    fixed = model.m.Clone()
-    for idx, value in values.items():
-        fixed.Add(fixed.GetIntVarFromProtoIndex(idx) == value)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = 10
-    return solver.Solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-
-
 def test_the_swap_greedys_plan_hints_the_swap_model_and_decodes_back_to_its_time():
     p, budget = _copies_cross(), 290
     greedy = swap_greedy(p, budget)
@@ -134,7 +124,7 @@ def test_the_swap_greedys_plan_hints_the_swap_model_and_decodes_back_to_its_time
     model = RematModel(p, budget, PlannerOptions(workers=1, seed=0), [greedy])
     model.set_objective_time()
     hint = model.hint_from_plan(greedy)
-    assert hint is not None and _is_solution(model, hint)
+    assert hint is not None and feasible_as_hinted(model, hint)
     # decoded, the copies to host keep their order (the simulator copies in listed order): b's
     # swap-out is listed first though a's residency ends sooner
     back = cpsat_plans.decode(model, _Hinted(model, hint), "hint")
@@ -178,7 +168,7 @@ def test_a_plan_bringing_a_host_copy_back_twice_hints_the_model_only_where_it_ha
     model = RematModel(q, 210, PlannerOptions(workers=1, seed=0, time_resolution=int(q.total_cost)), [twice])
     model.set_objective_time()
     hint = model.hint_from_plan(twice)
-    assert hint is not None and _is_solution(model, hint)
+    assert hint is not None and feasible_as_hinted(model, hint)
     assert model.time_of_objective(hint[model.makespan.Index()] - int(model.dur.sum())) == 15  # one tick per unit
     back = cpsat_plans.decode(model, _Hinted(model, hint), "hint")
     assert [(e.op, e.node) for e in back.events if e.op != "compute"] == \
@@ -227,7 +217,7 @@ def test_a_swap_greedy_plan_that_maps_is_a_solution_of_the_model_and_decodes_to_
     assert (hint is not None) == cpsat_plans.swaps_fit(greedy, q.n, model.opt.max_swap_ins)
     if hint is None:
         return
-    assert _is_solution(model, hint)
+    assert feasible_as_hinted(model, hint)
     want = simulate(q, greedy, budget).added_time
     got = simulate(q, cpsat_plans.decode(model, _Hinted(model, hint), "hint"), budget).added_time
     assert abs(got - want) <= 1e-9 * q.total_cost
