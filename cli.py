@@ -1254,8 +1254,9 @@ def _plan_training_step(step, budget_spec, device_name: str, options,
     """``train --budget``: ``step`` planned to fit the budget (cpsat, recompute only, as ``memplan plan``
     plans it) -> (the step with the planned graph in its place, the plan's figures for the output). No
     plan is plan's one-line error and exit code, and nothing is trained; ``no_plan`` is first given the
-    figures of the solve that failed (status, budget, least_bytes or best_peak_bytes and note where
-    known, as plan.json names them; peak_bytes, added_time_pct and recomputed null)."""
+    figures of the solve that failed (status, budget, least_bytes, best_peak_bytes and note as plan.json
+    names them; peak_bytes, added_time_pct and recomputed null). Every outcome has the same keys, null
+    where they do not apply, as plan.json's (OUTCOME_KEYS)."""
     from dataclasses import replace
 
     from passes.plan_model import added_fraction, plan_graph
@@ -1267,11 +1268,11 @@ def _plan_training_step(step, budget_spec, device_name: str, options,
     pm = plan_graph(step.graph, budget, options=options, node_time=node_time, transfer_time=None, time_unit="s")
     res = pm.result
     figures = {"status": res.status, "budget_bytes": budget, "unplanned_peak_bytes": unplanned,
-               "peak_bytes": None, "added_time_pct": None, "recomputed": None, "device": dev.name}
+               "peak_bytes": None, "added_time_pct": None, "recomputed": None, "device": dev.name,
+               "least_bytes": res.least_bytes, "best_peak_bytes": res.best_bytes, "note": res.note or None}
     if not pm.ok:
         if no_plan is not None:
-            known = {"least_bytes": res.least_bytes, "best_peak_bytes": res.best_bytes, "note": res.note or None}
-            no_plan({**figures, **{k: v for k, v in known.items() if v is not None}})
+            no_plan(figures)
         raise _no_plan_error(res, pm.problem.can_swap, budget, unplanned, None)
     # the names, as plan.json's "recomputed" (this was their count, an int under the same key)
     figures.update(peak_bytes=pm.peak_bytes, added_time_pct=100 * added_fraction(pm),

@@ -322,6 +322,11 @@ def test_train_json_at_an_infeasible_budget_prints_one_object_as_plan_json_does(
     plan = obj["plan"]
     assert plan["budget_bytes"] == 1024 < plan["least_bytes"] <= plan["unplanned_peak_bytes"]
     assert plan["peak_bytes"] is None and plan["recomputed"] is None
+    # the same keys as the plan object of a run that trained (a failure's lacked none of them but a
+    # plan's lacked least_bytes, best_peak_bytes and note; the failure's left out those it had not)
+    rc, out, err = memplan("train", "zoo:mlp", "--steps", "1", "--budget", "100%", "--json")
+    assert rc == 0, err
+    assert set(json.loads(out)["plan"]) == set(plan)
     rc, out, _ = memplan("plan", "zoo:mlp", "--optimizer", "adam", "--budget", "1KiB", "--json")
     assert rc == 1
     planned = json.loads(out)
