@@ -590,11 +590,13 @@ def load_remat_json(path: str | Path) -> PlanningProblem:
     if not isinstance(data, dict):  # [1, 2] or null crashed on data.get (AttributeError, a traceback)
         raise ModelImportError(f"{path}: not a Checkmate/Moccasin node-link graph (its top level is "
                                f"{_JSON_KINDS.get(type(data), 'a number')}, not an object); {expected}")
+    nodes, graph = data.get("nodes"), data.get("graph")
+    if not isinstance(graph, (dict, type(None))) or (isinstance(nodes, list) and
+                                                     not all(isinstance(nd, dict) for nd in nodes)):
+        raise ModelImportError(f"{path}: not a Checkmate/Moccasin node-link graph (a node or its graph entry is "
+                               f"not an object); {expected}")
     try:
         return _problem_from_node_link(data, path.stem)
-    except AttributeError:  # a node or the graph entry that is not an object
-        raise ModelImportError(f"{path}: not a Checkmate/Moccasin node-link graph (a node or its graph entry is "
-                               f"not an object); {expected}") from None
     except (KeyError, TypeError, ValueError) as err:
         raise ModelImportError(
             f"{path}: not a Checkmate/Moccasin node-link graph (missing or bad field {err}); {expected}") from None
