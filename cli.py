@@ -134,18 +134,6 @@ def plan_digest(obj: dict, legacy: bool = False) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-#: plan.json keys that only some outcomes fill: the least peak and lowest plan of a failure, the
-#: recomputed and swapped names of a plan. Each plan object has all of them, null where they do not
-#: apply: a timed-out JSON graph's lacked least_bytes, recomputed and swapped, a plan's least_bytes
-#: and note, so a CI job reading obj["recomputed"] failed with a KeyError on one outcome.
-OUTCOME_KEYS = ("least_bytes", "least_exact", "least_order", "best_peak_bytes", "note", "recomputed", "swapped")
-
-
-def _every_outcome_key(obj: dict) -> None:
-    for key in OUTCOME_KEYS:
-        obj.setdefault(key, None)
-
-
 def emit_json(obj: Any) -> None:
     """Print exactly one JSON object on stdout. A NaN or infinite number (verify's difference of an
     output NaN on one side or of another shape, a diverged train loss) is null, as JSON has no such
@@ -1256,7 +1244,7 @@ def _plan_training_step(step, budget_spec, device_name: str, options,
     plan is plan's one-line error and exit code, and nothing is trained; ``no_plan`` is first given the
     figures of the solve that failed (status, budget, least_bytes, best_peak_bytes and note as plan.json
     names them; peak_bytes, added_time_pct and recomputed null). Every outcome has the same keys, null
-    where they do not apply, as plan.json's (OUTCOME_KEYS)."""
+    where they do not apply, as plan.json's (SolveResult.to_json)."""
     from dataclasses import replace
 
     from passes.plan_model import added_fraction, plan_graph
@@ -1634,7 +1622,6 @@ def plan(model, budget_text, strategy, device_name, swap, costs, dims, forward, 
                                                             costs, ort_arena)
     if explain and result.plan is not None:
         obj["explain"] = explain_plan(problem, result.plan, result.budget_bytes)
-    _every_outcome_key(obj)
     obj["plan_digest"] = plan_digest(obj)  # memplan rewrite refuses an edited plan
     if as_json:
         emit_json(obj)
@@ -1884,7 +1871,6 @@ def _write_max_batch(result, planned_from, spec_at, build, plan_at, made_with, b
     dev = _device_costs(device_name)[0]  # as plan names it (H100, not h100)
     obj, planned = _plan_object(spec, graph, pm, dims, made_with.get("train"), dev.name,
                                 f"device profile {dev.name}", budget, analyze(graph).peak_bytes, options, bfc=bfc)
-    _every_outcome_key(obj)
     obj["plan_digest"] = plan_digest(obj)
     _write_plan_files(emit, output, planned, obj)
     return {"path": emit, "plan": output, "batch": b, "model": spec, "dims": dims, "plan_digest": obj["plan_digest"]}

@@ -165,21 +165,22 @@ class SolveResult:
             "solver": self.solver.to_json(),
             "order": self.order,
         }
-        if self.least_bytes is not None:
-            out["least_bytes"] = self.least_bytes
-            out["least_exact"] = self.least_exact
-            out["least_order"] = self.least_order
-        if self.best_bytes is not None:
-            out["best_peak_bytes"] = self.best_bytes
-        if self.note:
-            out["note"] = self.note
+        # every outcome has every key, null where it does not apply: a timed-out JSON graph's lacked
+        # least_bytes, recomputed and swapped, a plan's least_bytes and note, so a CI job reading
+        # obj["recomputed"] failed with a KeyError on one outcome
+        known = self.least_bytes is not None
+        out["least_bytes"] = self.least_bytes
+        out["least_exact"] = self.least_exact if known else None
+        out["least_order"] = self.least_order if known else None
+        out["best_peak_bytes"] = self.best_bytes
+        out["note"] = self.note or None
+        out["recomputed"] = out["swapped"] = None
+        out["schedule"] = []
         if self.plan is not None:
             counts = self.plan.counts(problem.n)
             out["recomputed"] = [problem.node_ids[i] for i, c in enumerate(counts["compute"]) if c > 1]
             out["swapped"] = [problem.node_ids[i] for i, c in enumerate(counts["swap_in"]) if c > 0]
             out["schedule"] = [e.to_json(problem) for e in self.plan.events]
-        else:
-            out["schedule"] = []
         if extra:
             out.update(extra)
         return out
