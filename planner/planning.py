@@ -1143,7 +1143,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
             named_hint = m1.values_by_name(r1.values)
         elif apart is not None and apart.sim.peak_bytes <= budget:
             if fallback is None or apart.sim.added_time <= fallback.sim.added_time:
-                fallback = Candidate(apart.plan, simulate(problem, apart.plan, budget))
+                fallback = apart  # within the budget: checking it against the budget adds nothing
         elif fallback is None:
             best = m1.bytes_of_capacity(r1.objective) if r1.objective is not None else None
             # What the model proves holds over its plans only (module docstring of planner.least):
