@@ -139,11 +139,14 @@ def lower_bound(buffers: Sequence[Buffer]) -> int:
     """Most bytes live at one time (no arena can be lower)."""
     if not buffers:
         return 0
-    lower = np.array([b.lower for b in buffers], np.int64)
-    upper = np.array([b.upper for b in buffers], np.int64)
-    size = np.array([b.size for b in buffers], np.int64)
-    times = np.concatenate([lower, upper])
-    delta = np.concatenate([size, -size])
+    return most_live([b.lower for b in buffers], [b.upper for b in buffers], [b.size for b in buffers])
+
+
+def most_live(lower: Sequence[int], upper: Sequence[int], size: Sequence[int]) -> int:
+    """Most of ``size`` live at one time over the half-open intervals [lower, upper)."""
+    size_a = np.asarray(size, np.int64)
+    times = np.concatenate([np.asarray(lower, np.int64), np.asarray(upper, np.int64)])
+    delta = np.concatenate([size_a, -size_a])
     order = np.lexsort((delta, times))  # at equal times frees (negative) come first: half-open
     return int(np.cumsum(delta[order]).max(initial=0))
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.alloc import most_live
 from planner.plan import Event, Plan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -167,20 +168,17 @@ def _capacity_needed(model: "RematModel", values: dict[int, int], starts: dict[i
     counts a node's ``parts`` dying apart where the model holds them as one buffer: hinted that,
     the capacity fell below what the hint's own intervals need (a random 7-node problem: 27
     units, its intervals 33), an infeasible hint."""
-    delta: dict[int, int] = {}
+    lower, upper, size = [], [], []
     for j in starts:
         x = model.inst[j]
         s = values[x.start.Index()]
         scratch = 0 if x.kind == SWAP_IN else int(model.scratch[x.node])
         for end, demand in ((values[x.end.Index()], int(model.size[x.node])), (s + x.dur, scratch)):
             if demand and end > s:
-                delta[s] = delta.get(s, 0) + demand
-                delta[end] = delta.get(end, 0) - demand
-    peak = held = 0
-    for t in sorted(delta):
-        held += delta[t]
-        peak = max(peak, held)
-    return peak
+                lower.append(s)
+                upper.append(end)
+                size.append(demand)
+    return most_live(lower, upper, size)
 
 
 def _tick_times(model: "RematModel", plan: Plan) -> list[tuple[int, int]]:
