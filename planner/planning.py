@@ -1230,7 +1230,8 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # The bound often solves in a fraction of its share (zoo:gpt at 80%: 1.6 s of 6): phase 2
         # searches on from its best plan in what is left, unless that plan already meets the bound.
         met = closure is not None and r2.objective is not None and r2.objective <= closure.value
-        if not met and pace.room(left()):
+        # a model proven to hold no plan leaves the later searches nothing to start from or find
+        if not met and r2.status != "INFEASIBLE" and pace.room(left()):
             phases.append(r2)
             guided = _closure_guided(m2, r2, closure, left() * opt.closure_guided_share)
             if guided is not None:

@@ -1913,4 +1913,6 @@ def test_a_phase2_model_proven_to_hold_no_plan_is_not_searched_again_and_the_not
     assert plan["peak_bytes"] <= 16391 and ("optimize", "INFEASIBLE") in runs
     proven = ("optimize", "INFEASIBLE")
     assert all(a != proven or b != proven for a, b in zip(runs, runs[1:])), runs  # once per order planned
+    listed = [(ph["name"], ph["status"]) for ph in plan["solver"]["phases"]]
+    assert listed.count(proven) == 1, listed  # the plan's order's one proof, listed once
     assert plan["note"].startswith("the solver's model holds no plan within the budget"), plan["note"]
