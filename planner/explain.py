@@ -120,7 +120,7 @@ def _frees(size: int, gaps: int, crowded: int) -> str:
     if size == 0:
         return "it holds 0 B, so this frees nothing"
     if gaps == 0:
-        return "held through its own live interval, so this frees nothing there"
+        return "held whenever a step of its live interval runs, so this frees nothing there"
     if crowded == 0:
         return f"frees {format_bytes(size)} for {gaps} step(s) of its live interval, none over budget unplanned"
     return f"frees {format_bytes(size)} across {_steps(crowded)}"

@@ -586,7 +586,7 @@ def test_explain_does_not_say_a_buffer_held_through_its_interval_frees_memory():
     (s,) = [e for e in explain(p, plan, 5) if e["name"] == "s"]
     assert s["resident"][0] == [0, 1] and s["live"] == [0, 1]
     assert s["why"] == ("freed after its reads and recomputed 1x at cost 1 to feed the recompute of a: "
-                        "held through its own live interval, so this frees nothing there")
+                        "held whenever a step of its live interval runs, so this frees nothing there")
 
 
 def test_explain_counts_a_buffer_freed_only_while_the_next_steps_recomputes_run():
@@ -602,6 +602,21 @@ def test_explain_counts_a_buffer_freed_only_while_the_next_steps_recomputes_run(
     (y,) = [e for e in explain(p, plan, 90) if e["name"] == "y"]
     assert y["resident"] == [[1, 2], [3, 3]]
     assert y["why"] == "freed after its reads and recomputed 1x at cost 1 for later reads: frees 40 B across 1 step(s) over budget unplanned"
+
+
+def test_explain_says_a_swap_no_step_runs_without_frees_nothing():
+    # a goes to host after b and comes back before c: no computation runs while it is away
+    # (RL100 --swap-bandwidth 50 at 50%, node 69), yet its reason said "frees 10 B across 3
+    # over-budget step(s)"
+    p = PlanningProblem.build(size=[10, 10, 10, 1], cost=[1, 1, 1, 1], preds=[[], [0], [1], [1, 2]],
+                              names=["x", "a", "b", "c"]).with_swap([1, 1, 1, 1])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("swap_out", 1), ("swap_in", 1),
+                    ("compute", 3), ("free", 1), ("free", 2), ("free", 3)], "hand")
+    assert simulate(p, plan).swap_ins == 1
+    (a,) = [e for e in explain(p, plan, 5) if e["name"] == "a"]
+    assert a["decision"] == "swap"
+    assert a["why"] == ("moved to host and back 1x: held whenever a step of its live interval runs, so this frees "
+                        "nothing there; transfer 1 each way vs recompute 1")
 
 
 def test_explain_says_a_zero_byte_recompute_frees_nothing():
