@@ -67,6 +67,26 @@ def recompute_readers(problem: PlanningProblem, plan: Plan) -> list[list[tuple[s
     return copies
 
 
+def freed_unread(problem: PlanningProblem, plan: Plan) -> np.ndarray:
+    """Per node: whether its first copy was freed before any computation read it (computed at its
+    step, then dropped and recomputed for its readers: zoo:gpt?batch=64 --swap at 35%, a 128 KiB
+    gradient freed while the next step's recomputes run, and zoo:cnn's 0-byte Reshapes)."""
+    state = np.zeros(problem.n, dtype=np.int8)  # 0: not computed yet, 1: first copy unread so far, 2: past that
+    unread = np.zeros(problem.n, dtype=bool)
+    for ev in plan.events:
+        v = ev.node
+        if ev.op == "compute":
+            for u in problem.pred_lists[v]:
+                if state[u] == 1:
+                    state[u] = 2
+            if state[v] == 0:
+                state[v] = 1
+        elif state[v] == 1:  # a free or swap-out ends the first copy
+            unread[v] = ev.op == "free"
+            state[v] = 2
+    return unread
+
+
 def _names(problem: PlanningProblem, nodes: set[int], most: int = 3) -> str:
     shown = [problem.names[w] for w in sorted(nodes)[:most]]
     more = len(nodes) - len(shown)
@@ -127,14 +147,12 @@ def _frees(size: int, gaps: int, crowded: int) -> str:
 
 
 def _recompute_reason(problem: PlanningProblem, v: int, copies: list[tuple[set[int], set[int]]],
-                      gaps: int, crowded: int) -> str:
+                      unread: bool, gaps: int, crowded: int) -> str:
     extra = len(copies)
     cost, size = float(problem.cost[v]), int(problem.size[v])
     feeding = [c for c in copies if not c[0]]
     fed = set().union(*(c[1] for c in feeding)) if feeding else set()
-    # a 0-byte copy's first read may come after the free (zoo:cnn's Reshapes: compute, free,
-    # compute), so "freed after its reads" is said of buffers only
-    head = ("freed after its reads and " if size else "") + f"recomputed {extra}x at cost {cost * extra:g}"
+    head = f"freed {'unread' if unread else 'after its reads'} and recomputed {extra}x at cost {cost * extra:g}"
     if not feeding:
         why = "for later reads"
     elif len(feeding) == extra:
@@ -160,6 +178,7 @@ def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str,
     copies = recompute_readers(problem, plan)
     over = problem.unplanned_memory > budget
     freed = freed_steps(problem, plan, over)
+    unread = freed_unread(problem, plan)
     out = []
     for v in range(problem.n):
         size, cost = int(problem.size[v]), float(problem.cost[v])
@@ -176,7 +195,7 @@ def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str,
                 why += f"; also recomputed {extra}x at cost {cost * extra:g}"
         elif extra > 0:
             decision = f"recompute x{extra}"
-            why = _recompute_reason(problem, v, copies[v], gaps, freed_over)
+            why = _recompute_reason(problem, v, copies[v], bool(unread[v]), gaps, freed_over)
         else:
             decision = "keep"
             why = _keep_reason(problem, v, crowded)

@@ -601,7 +601,8 @@ def test_explain_counts_a_buffer_freed_only_while_the_next_steps_recomputes_run(
     assert (p.unplanned_memory > 90).nonzero()[0].tolist() == [2, 3]
     (y,) = [e for e in explain(p, plan, 90) if e["name"] == "y"]
     assert y["resident"] == [[1, 2], [3, 3]]
-    assert y["why"] == "freed after its reads and recomputed 1x at cost 1 for later reads: frees 40 B across 1 step(s) over budget unplanned"
+    # its first copy was never read: out, its only reader, reads the recompute
+    assert y["why"] == "freed unread and recomputed 1x at cost 1 for later reads: frees 40 B across 1 step(s) over budget unplanned"
 
 
 def test_explain_says_a_swap_no_step_runs_without_frees_nothing():
@@ -630,7 +631,7 @@ def test_explain_says_a_zero_byte_recompute_frees_nothing():
     simulate(p, plan)
     (z,) = [e for e in explain(p, plan, 5) if e["name"] == "z"]
     assert z["decision"] == "recompute x1"
-    assert z["why"] == "recomputed 1x at cost 0 for later reads: it holds 0 B, so this frees nothing"
+    assert z["why"] == "freed unread and recomputed 1x at cost 0 for later reads: it holds 0 B, so this frees nothing"
     plan = Plan.of([("compute", 0), ("compute", 1), ("compute", 2), ("free", 0), ("compute", 3), ("free", 1),
                     ("free", 2), ("free", 3)], "hand")
     (z,) = [e for e in explain(p, plan, 5) if e["name"] == "z"]  # kept, it was "freeing others was cheaper"
