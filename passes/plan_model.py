@@ -395,12 +395,13 @@ def _halfway(low: int, high: int, budget: int) -> int | None:
 
 def _at_target(result: SolveResult, budget: int, why: str) -> SolveResult:
     """``result`` of a solve at a target tighter than the user's ``budget``, with a note saying
-    so: its status, bound and gap, and --explain's over-budget steps, are for that target (zoo:cnn
-    at 85% --ort-arena: solved at 492603 of 660270 bytes, 'feasible, gap 9.13%' with nothing said)."""
+    so: its status, bound and gap, and --explain's steps over budget unplanned, are for that
+    target (zoo:cnn at 85% --ort-arena: solved at 492603 of 660270 bytes, 'feasible, gap 9.13%'
+    with nothing said)."""
     if result.budget_bytes >= budget:
         return result
     said = (f"solved at a target of {result.budget_bytes} bytes, under the budget of {budget}, so that {why}: "
-            f"status, bound and gap (and --explain's over-budget steps) are for that target")
+            f"status, bound and gap (and --explain's steps over budget unplanned) are for that target")
     return replace(result, note=f"{result.note}; {said}" if result.note else said)
 
 

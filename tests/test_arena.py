@@ -660,6 +660,7 @@ def test_a_plan_solved_at_a_tighter_target_says_its_status_and_gap_are_for_that_
     assert pm.ok and target < budget
     assert f"solved at a target of {target} bytes, under the budget of {budget}" in pm.result.note
     assert "are for that target" in pm.result.note
+    assert "--explain's steps over budget unplanned" in pm.result.note  # the table's own words for them
 
 
 class _OverByOneArena:
