@@ -282,6 +282,38 @@ def test_below_the_given_orders_floor_the_walks_path_is_searched_beside_the_memo
     assert res.added_time <= walked.added_time < 0.6 * p.total_cost / 100  # before: +0.983%
 
 
+def test_a_larger_budget_costs_no_more_where_the_walks_order_is_searched():
+    """zoo:cnn (H100 costs) at 66% and 68% of its unplanned peak lies between the order-free floor
+    (489540 bytes) and the given order's floor (535428): no plan in the orders the solve searches
+    fits, and the reverse walk's plan hints CP-SAT in that plan's node order. At 68% the walk
+    spends the room on fewer recomputes, in an order where CP-SAT found a dearer plan than in the
+    66% walk's order (``--time-limit 10 --deterministic``: +29.38% against +25.72%); the walk
+    within the budget halfway down to the floor finds the 66% walk's order, now searched too."""
+    import math
+
+    import cli
+    from planner import clock
+    from planner.liveness import analyze
+    from planner.lowering import lower
+    from planner.units import share_of
+
+    graph, _ = cli._graph_to_plan("zoo:cnn", {}, False)
+    _, node_time, _, _ = cli._graph_costs(graph, "H100", "device")
+    p, _ = lower(graph, node_time=node_time, time_unit="s")
+    opt = PlannerOptions(time_limit=6, workers=1, seed=0, work_limit=True)
+    added = []
+    for share in (0.66, 0.68):
+        budget = share_of(analyze(graph).peak_bytes, share)
+        assert p.order_free_floor <= budget < p.memory_floor  # premise: no plan in the given order fits
+        with clock.work_clock(math.inf):  # the last resort of a solve without a plan, its limit ending with it
+            bare = planning._empty(p, budget, "cpsat", status="timeout", note="")
+            rescued = planning._rescue(p, bare, opt, True, clock.now() + 0.25 * opt.time_limit)
+        assert rescued is not None and rescued.order == "reverse-walk"
+        assert simulate(p, rescued.plan, budget).peak_bytes == rescued.peak_bytes <= budget
+        added.append(rescued.added_time)
+    assert added[1] <= added[0]  # before: +42.9% at 68%, +25.7% at 66%
+
+
 def test_a_rescue_after_the_solves_limit_leaves_its_cp_sat_search_time(seed_58):
     """bench/fuzz_e2e.py's seed 58 (83 nodes) at 90637 bytes, below the given order's floor
     (99320) and above every order's (85048): the memory-aware order's search spent the whole
