@@ -337,7 +337,7 @@ class RematModel:
     uncapped, building charges nothing and never stops."""
 
     def __init__(self, problem: PlanningProblem, budget: int | None, options: PlannerOptions, hints: Sequence[Plan] = (),
-                 deadline: float = math.inf):
+                 deadline: float = math.inf, parts: bool = False):
         self.deadline = deadline
         self.p = problem
         self.budget = budget
@@ -350,6 +350,7 @@ class RematModel:
         # (a forward Split/Tanh model: 655360 bytes at least, against the model's 524352)
         self.takes_over = problem.takes_over if problem.takes_over is not None \
             else np.full(problem.n, -1, dtype=np.int64)
+        self.parted = self._parted() if parts else {}
         self._set_scales()
         self._set_axis(hints)
         self.build()
@@ -370,9 +371,23 @@ class RematModel:
         readers = np.array([int(counts[list(p.succ_lists[v])].sum()) for v in range(p.n)], dtype=int)
         self.swap_ins = np.where(self.swappable, np.minimum(self.opt.max_swap_ins, readers), 0).astype(int)
 
+    def _parted(self) -> dict[int, tuple[int, ...]]:
+        """The parts-aware model (``parts=True``): per node whose ``problem.parts`` it holds as
+        buffers of their own, their bytes. A node swapped out, or taking over a buffer or taken
+        over, stays one buffer (the swap-out moves every part, and a buffer taken over is counted
+        once with its taker's): only over-counts. The one-buffer model (the default) over-counts
+        such nodes too, and misses plans fitting only as the run frees parts apart (bench/
+        claims_fuzz.py: ~30% of its budgets where the oracle fits ended "timeout"); it stays the
+        default as the larger model searched slower on zoo:gpt at 70%."""
+        p = self.p
+        taken = set(int(u) for u in self.takes_over if u >= 0)
+        return {v: tuple(int(b) for b, _ in node_parts) for v, node_parts in enumerate(p.parts or ())
+                if node_parts and not self.swappable[v] and self.takes_over[v] < 0 and v not in taken}
+
     def _set_scales(self) -> None:
         p = self.p
-        self.mem_unit = gcd_of([s for s in p.size if s] + [s for s in p.scratch if s])
+        self.mem_unit = gcd_of([s for s in p.size if s] + [s for s in p.scratch if s]
+                               + [b for sizes in self.parted.values() for b in sizes if b])
         self.size = (p.size // self.mem_unit).astype(int)
         self.scratch = (p.scratch // self.mem_unit).astype(int)
         cost = p.cost
@@ -458,6 +473,7 @@ class RematModel:
         p, m = self.p, self.m
         self.inst: list[_Instance] = []
         self.of_node: list[list[int]] = [[] for _ in range(p.n)]
+        self.part_end: dict[int, list[cp_model.IntVar]] = {}  # parted instance -> its parts' ends
         H = self.horizon
         until = self.until
         for v in range(p.n):
@@ -476,7 +492,7 @@ class RematModel:
             else:
                 e = m.NewIntVar(lo_s + d, H, f"E{v}")
                 m.Add(e >= s + d)
-            self._register(_Instance(v, ORIGINAL, s, e, 1, d))
+            self._add_part_ends(self._register(_Instance(v, ORIGINAL, s, e, 1, d)), lo_s + d)
             last = int(until[v])
             lo = (lo_s + d) if self.timed else int(self.pos[v]) + 1
             hi = (int(self.hi[last]) - d) if self.timed else int(self.pos[last])
@@ -486,7 +502,21 @@ class RematModel:
                 e = m.NewIntVar(lo + d, H, f"E{v}_{k}")
                 m.Add(e >= s + d)
                 m.Add(s == lo).OnlyEnforceIf(lit.Not())  # absent: pinned, no symmetry
-                self._register(_Instance(v, RECOMPUTE, s, e, lit, d))
+                self._add_part_ends(self._register(_Instance(v, RECOMPUTE, s, e, lit, d)), lo + d)
+
+    def _add_part_ends(self, j: int, lo: int) -> None:
+        """E_{j,k} per part k of a parted instance j: S_j + own compute <= E_{j,k} <= E_j, raised
+        by the reads of part k only (:meth:`_add_reads`); E_j stays the copy's free."""
+        x = self.inst[j]
+        if x.node not in self.parted:
+            return
+        ends = []
+        for k in range(len(self.parted[x.node])):
+            e = self.m.NewIntVar(lo, self.horizon, f"E{j}p{k}")
+            self.m.Add(e >= x.start + x.dur)
+            self.m.Add(e <= x.end)
+            ends.append(e)
+        self.part_end[j] = ends
 
     def _needed_until(self) -> np.ndarray:
         """Last step that may read v: its last reader, or later where a recomputed reader
@@ -517,6 +547,11 @@ class RematModel:
             for i in ids[1:]:
                 x = self.inst[i]
                 m.Add(x.start >= prev.start + prev.dur).OnlyEnforceIf(x.present)
+                if v in self.parted:
+                    # decode merges overlapping copies, holding the first's parts to the second's
+                    # reads, which the part ends would not count: copies of a parted node never
+                    # overlap (no plan is lost: a compute needs its output not resident)
+                    m.Add(x.start >= prev.end).OnlyEnforceIf(x.present)
                 if prev.kind == RECOMPUTE:
                     m.AddImplication(x.present, prev.present)
                 iv = m.NewOptionalFixedSizeIntervalVar(x.start, x.dur, x.present, f"C{v}_{i}")
@@ -600,9 +635,11 @@ class RematModel:
         # phase 1: 22.2 s -> 17.4 s here, the same model)
         add, new_bool, implies = m.add, m.new_bool_var, m.add_implication
         reads, inst, of_node, timed, swap_out = self.reads.append, self.inst, self.of_node, self.timed, self.swap_out
+        part_end = self.part_end
         for w in range(p.n):
             self._check_clock(w)
             took = int(over[w])
+            read_parts = dict(p.part_inputs.get(w, ())) if part_end else {}
             for c in of_node[w]:
                 cons = inst[c]
                 if cons.kind == SWAP_IN:
@@ -615,9 +652,10 @@ class RematModel:
                     need = cons.start if took == v else done
                     ids = of_node[v]
                     if len(ids) == 1:
-                        ct = add(inst[ids[0]].end >= need)
-                        if not original:
-                            ct.only_enforce_if(cons.present)
+                        for e in [inst[ids[0]].end] + self._read_ends(ids[0], read_parts.get(v, ())):
+                            ct = add(e >= need)
+                            if not original:
+                                ct.only_enforce_if(cons.present)
                         reads((c, v, ids[0], 1 if original else cons.present))
                         continue
                     lits = []
@@ -630,7 +668,8 @@ class RematModel:
                             implies(x, prov.present)
                             add(prov.start + ready <= cons.start).only_enforce_if(x)
                             used_by.setdefault(j, []).append(x)
-                        add(prov.end >= need).only_enforce_if(x)
+                        for e in [prov.end] + self._read_ends(j, read_parts.get(v, ())):
+                            add(e >= need).only_enforce_if(x)
                         if took == v and prov.kind == ORIGINAL and v in swap_out:
                             # an original copied to host is still read by the copy: the op writes
                             # its output elsewhere, and the two are held together (decode swaps it
@@ -649,6 +688,11 @@ class RematModel:
                 else:
                     add(one.present == 0)
 
+    def _read_ends(self, j: int, ks: Sequence[int]) -> list:
+        """The ends of the parts ``ks`` of instance j, where j is parted (else none)."""
+        ends = self.part_end.get(j)
+        return [ends[k] for k in ks] if ends else []
+
     def _add_memory(self) -> None:
         """cumulative(retention intervals: size; compute intervals: scratch) <= capacity."""
         m, p = self.m, self.p
@@ -660,21 +704,25 @@ class RematModel:
         else:
             self.cap = m.NewConstant(max(0, (self.budget - base) // self.mem_unit))
         ivs, demands = [], []
-        self.lengths: list[tuple[cp_model.IntVar, _Instance]] = []
+        self.lengths: list[tuple[cp_model.IntVar, cp_model.IntVar, _Instance]] = []  # (length, end, instance)
         for j, x in enumerate(self.inst):
             self._check_clock(j)
-            size = int(self.size[x.node])
-            if size == 0:
-                continue
-            length = m.NewIntVar(0, self.horizon, f"L{j}")
-            m.Add(length == x.end - x.start)
-            self.lengths.append((length, x))
-            if x.kind == ORIGINAL:
-                iv = m.NewIntervalVar(x.start, length, x.end, f"R{j}")
-            else:
-                iv = m.NewOptionalIntervalVar(x.start, length, x.end, x.present, f"R{j}")
-            ivs.append(iv)
-            demands.append(size)
+            # a parted instance: one interval per part, to the part's end
+            spans = [(int(self.size[x.node]), x.end, f"{j}")] if j not in self.part_end else \
+                [(b // self.mem_unit, e, f"{j}p{k}") for k, (b, e) in enumerate(zip(self.parted[x.node],
+                                                                                   self.part_end[j]))]
+            for size, end, name in spans:
+                if size == 0:
+                    continue
+                length = m.NewIntVar(0, self.horizon, f"L{name}")
+                m.Add(length == end - x.start)
+                self.lengths.append((length, end, x))
+                if x.kind == ORIGINAL:
+                    iv = m.NewIntervalVar(x.start, length, end, f"R{name}")
+                else:
+                    iv = m.NewOptionalIntervalVar(x.start, length, end, x.present, f"R{name}")
+                ivs.append(iv)
+                demands.append(size)
         for iv, v in self.compute_iv:
             if self.scratch[v]:
                 ivs.append(iv)
@@ -695,7 +743,7 @@ class RematModel:
         plus what t itself needs, fit the capacity (module docstring)."""
         m, p = self.m, self.p
         credit = np.where(self.takes_over >= 0, p.credit, 0)
-        need = (p.step_need - credit - p.base_bytes) / self.mem_unit
+        need = (p.step_need - credit - p.base_bytes - self._unread_parts()) / self.mem_unit
         last = p.last_use
         self.n_cuts = 0
         live: set[int] = set()
@@ -709,11 +757,12 @@ class RematModel:
             reads = set(p.pred_lists[t])
             # pinned buffers made before t are in need[t] already (step_need): not twice
             across = [v for v in sorted(live) if v not in reads and not p.pinned[v]]
-            const = sum(int(self.size[v]) for v in across) + math.ceil(need[t])
+            held = {v: self._held_across(v, t) for v in across}
+            const = sum(held.values()) + math.ceil(need[t])
             terms = []
             for v in across:
                 for lit in self._droppable_literals(v):
-                    terms.append(int(self.size[v]) * lit)
+                    terms.append(held[v] * lit)
             if self.budget is not None:
                 cap_val = max(0, (self.budget - p.base_bytes) // self.mem_unit)
                 if const <= cap_val:
@@ -728,6 +777,24 @@ class RematModel:
                 m.Add(self.cap >= const)
             if last[t] > t:
                 live.add(t)
+
+    def _held_across(self, v: int, t: int) -> int:
+        """Units of v's original held across step t where kept (v < t < last_use(v)): all of
+        it, or where parted, the parts a reader after t reads (the others may be freed by then)."""
+        if v not in self.parted:
+            return int(self.size[v])
+        return sum(b for b, (_, readers) in zip(self.parted[v], self.p.parts[v]) if readers and readers[-1] > t) \
+            // self.mem_unit
+
+    def _unread_parts(self) -> np.ndarray:
+        """Per step, the bytes of its parted inputs' parts it does not read: ``step_need`` counts
+        every input whole, and a copy made for the step alone holds only what it reads."""
+        out = np.zeros(self.p.n, dtype=np.int64)
+        for w, inputs in self.p.part_inputs.items() if self.parted else ():
+            for v, ks in inputs:
+                if v in self.parted:
+                    out[w] += sum(b for k, b in enumerate(self.parted[v]) if k not in ks)
+        return out
 
     def _add_objective(self) -> None:
         m = self.m

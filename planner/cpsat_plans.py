@@ -149,8 +149,9 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
     for c, v, j, lit in model.reads:
         if not isinstance(lit, int):
             values[lit.Index()] = int(c in starts and chosen.get((c, v)) == j)
-    for length, x in model.lengths:
-        values[length.Index()] = values[x.end.Index()] - values[x.start.Index()]
+    _hint_part_ends(model, values, starts, chosen)
+    for length, end, x in model.lengths:
+        values[length.Index()] = values[end.Index()] - values[x.start.Index()]
     need = max(_capacity_needed(model, values, starts), model.lower(model.cap))
     if need > model.upper(model.cap):
         return None
@@ -159,6 +160,26 @@ def hint_values(model: "RematModel", plan: Plan) -> dict[int, int] | None:
     if model.timed:
         values[model.makespan.Index()] = last_end
     return values
+
+
+def _hint_part_ends(model: "RematModel", values: dict[int, int], starts: dict[int, int],
+                    chosen: dict[tuple[int, int], int]) -> None:
+    """Each part of a parted instance (the parts-aware model) ends where the last compute reading
+    it from that copy ends, or its own compute where none does: where simulate() releases it."""
+    if not model.part_end:
+        return
+    ends = {}
+    for j, part_ends in model.part_end.items():
+        s = values[model.inst[j].start.Index()]
+        ends[j] = [s + model.inst[j].dur] * len(part_ends)
+    inputs = model.p.part_inputs
+    for (c, u), j in chosen.items():
+        if j in ends:
+            for k in dict(inputs.get(model.inst[c].node, ())).get(u, ()):
+                ends[j][k] = max(ends[j][k], starts[c] + model.inst[c].dur)
+    for j, part_ends in model.part_end.items():
+        for e, value in zip(part_ends, ends[j]):
+            values[e.Index()] = value
 
 
 def _capacity_needed(model: "RematModel", values: dict[int, int], starts: dict[int, int]) -> int:
@@ -173,7 +194,9 @@ def _capacity_needed(model: "RematModel", values: dict[int, int], starts: dict[i
         x = model.inst[j]
         s = values[x.start.Index()]
         scratch = 0 if x.kind == SWAP_IN else int(model.scratch[x.node])
-        for end, demand in ((values[x.end.Index()], int(model.size[x.node])), (s + x.dur, scratch)):
+        held = [(values[x.end.Index()], int(model.size[x.node]))] if j not in model.part_end else \
+            [(values[e.Index()], b // model.mem_unit) for e, b in zip(model.part_end[j], model.parted[x.node])]
+        for end, demand in held + [(s + x.dur, scratch)]:
             if demand and end > s:
                 lower.append(s)
                 upper.append(end)

@@ -1101,6 +1101,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     hints = [c.plan for c in usable + heavy]
     phases: list[PhaseResult] = []
     named_hint: dict[str, int] | None = None
+    parts_model = False  # phase 2 in the parts-aware model: only there does phase 1's plan fit
     phase1: Candidate | None = None
     fallback: Candidate | None = fitting[0] if fitting else None
 
@@ -1168,6 +1169,18 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # there, may fit the budget as the run frees them apart (fuzzed --ops multi seed 1 at 16391
         # bytes: 16636 in the model, 15996 run; the search ended "no plan"); a fallback, not a hint
         apart = None if found or r1.plan is None else Candidate(r1.plan, simulate(problem, r1.plan))
+        if not found and problem.parts is not None:
+            # the rest of the solve in the parts-aware model, where it holds a part apart (the
+            # one-buffer model is searched first: larger, it searched slower on zoo:gpt at 70%)
+            parted = None if apart is not None and apart.sim.peak_bytes <= budget else \
+                _parts_phase1(problem, budget, opt, hints, [x for x in (r1.plan, low.plan) if x is not None],
+                              deadline, phases, pace, clock.now() + opt.feasibility_share * left())
+            by_parts = parted is not None and parted[1].plan is not None
+            if by_parts:
+                m1, r1 = parted
+                found = True
+                apart = None
+            parts_model = by_parts or apart is not None and apart.sim.peak_bytes <= budget
         if found:
             phase1 = Candidate(r1.plan, simulate(problem, r1.plan, budget))
             if fallback is None or phase1.sim.added_time <= fallback.sim.added_time:
@@ -1218,13 +1231,14 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         return kept()
     since = clock.now()
     try:
-        m2 = RematModel(problem, budget, opt, hints, deadline=deadline)
+        m2 = RematModel(problem, budget, opt, hints, deadline=deadline, parts=parts_model)
         m2.set_objective_time()
         source = next((c for c in fitting if hintable(c)), None)
         if named_hint and (source is None or phase1.sim.added_time <= source.sim.added_time):
             hint = m2.hint_by_name(named_hint)  # m1 and m2 share hints, so the same slots
         else:  # the cheapest fitting plan the model holds (a swap plan's timing may not map)
-            hint = next((h for c in fitting if hintable(c) and (h := m2.hint_from_plan(c.plan))), None)
+            hint = next((h for c in fitting + ([fallback] if parts_model else []) if hintable(c)
+                         and (h := m2.hint_from_plan(c.plan))), None)
         if hint:
             m2.apply_hint(hint, deadline)
     except OutOfTime:
@@ -1240,12 +1254,24 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     # Reported only: as a constraint it changed the search (RL100 at 60%: +31.33% against
     # +23.68%), and a callback stopping phase 2 on reaching it aborts CP-SAT 9.15 with 2
     # interleaved workers (VGG16 at 90%).
-    closing = _closure_applies(problem, opt)
+    # the closure bound and the exact search count each output as one buffer: not claimed over
+    # the parts-aware model's plans (_chosen)
+    closing = _closure_applies(problem, opt) and not m2.parted
     span = left()
     if closing and fallback is not None and (proof := _fallback_proven(problem, budget, opt, m2, fallback, known,
                                                                         span)) is not None:
         return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, None, proof)
     r2 = m2.solve("optimize", span * (opt.phase2_share if closing else 1))
+    if r2.status == "INFEASIBLE" and problem.parts is not None and not m2.parted and pace.room(left()):
+        # the fallback fits only as the run frees parts apart: phase 2 again, in the model holding them so
+        try:
+            m2p = _parts_phase2(problem, budget, opt, hints, fallback, deadline)
+        except OutOfTime:
+            m2p = None
+        if m2p is not None:
+            phases.append(r2)
+            m2, span, closing = m2p, left(), False
+            r2 = m2.solve("optimize", span)
     closure = None
     if closing and r2.status != "OPTIMAL":
         reserve = opt.closure_bound_share * span
@@ -1308,6 +1334,47 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     phases.append(r2)
     log.info("cpsat %s: model %s, %s", problem.name, m2.model_size(), r2.status)
     return _chosen(problem, budget, opt, t0, phases, fallback, "", m2, r2, closure)
+
+
+def _parts_phase1(problem: PlanningProblem, budget: int, opt: PlannerOptions, hints: list[Plan], starts: list[Plan],
+                  deadline: float, phases: list[PhaseResult], pace: _Pace,
+                  end: float) -> tuple[RematModel, PhaseResult] | None:
+    """Phase 1 in the parts-aware model (``RematModel(parts=True)``) until ``end``, hinted with
+    the first of ``starts`` it holds, where the one-buffer model found no plan within the budget:
+    (the model, its result), or None where it holds no part apart or no time is left."""
+    if not pace.room(max(0.0, deadline - clock.now())):
+        return None
+    since = clock.now()
+    try:
+        m1 = RematModel(problem, None, opt, hints, deadline=deadline, parts=True)
+        if not m1.parted:
+            return None
+        m1.set_objective_peak()
+        h = next((h for plan in starts if (h := m1.hint_from_plan(plan)) is not None), None)
+        if h is not None:
+            m1.apply_hint(h, deadline)
+    except OutOfTime:
+        return None
+    finally:
+        pace.built(since)
+    target = (budget - problem.base_bytes) // m1.mem_unit
+    r1 = _feasibility(m1, target, lambda: max(0.0, end - clock.now()), phases)
+    fits = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
+    return m1, (r1 if fits else replace(r1, plan=None))
+
+
+def _parts_phase2(problem: PlanningProblem, budget: int, opt: PlannerOptions, hints: list[Plan],
+                  fallback: Candidate, deadline: float) -> RematModel | None:
+    """Phase 2's model again, parts-aware, hinted with ``fallback``; None where it holds no part
+    apart. Raises OutOfTime as the build does."""
+    m2 = RematModel(problem, budget, opt, hints, deadline=deadline, parts=True)
+    if not m2.parted:
+        return None
+    m2.set_objective_time()
+    h = m2.hint_from_plan(fallback.plan)
+    if h is not None:
+        m2.apply_hint(h, deadline)
+    return m2
 
 
 def _fallback_proven(problem: PlanningProblem, budget: int, opt: PlannerOptions, m2: RematModel,
@@ -1435,12 +1502,16 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
             chosen = better
             note = f"{note}; dropped the recomputes the budget does not need (planner/polish.py)".lstrip("; ")
     # The bound holds over the model's plans (fixed order, <= C computations per node); a
-    # baseline outside the model can beat it, and then no bound is claimed.
-    bound = m2.time_of_bound(r2.bound) if r2 is not None else None
+    # baseline outside the model can beat it, and then no bound is claimed. The parts-aware
+    # model's claims none: on small problems the exact search (one buffer per output) backs a
+    # bound, and cannot there (bench/claims_fuzz.py seed 10 at 64 bytes: "optimal" at +30, a
+    # plan computing a node four times +21)
+    claims = r2 is not None and not m2.parted
+    bound = m2.time_of_bound(r2.bound) if claims else None
     if bound is not None:
         bound = max(0.0, bound)
     added = chosen.sim.added_time
-    optimal = r2 is not None and r2.status == "OPTIMAL" and chosen.plan is r2.plan
+    optimal = claims and r2.status == "OPTIMAL" and chosen.plan is r2.plan
     if closure is not None:
         in_time = m2.time_of_objective(closure.value)
         # compared in the model's units: in time units, rounding may put the bound a hair off

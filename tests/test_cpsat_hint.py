@@ -34,6 +34,36 @@ def test_baseline_hints_on_problems_with_parts_are_solutions_of_the_model():
             assert values is not None and feasible_as_hinted(model, values), (p, plan)
 
 
+def test_the_parts_aware_model_counts_a_hinted_plan_as_simulate_does():
+    # each part ends at its own last read (RematModel(parts=True)): the model holding every
+    # variable at the hint is feasible, at simulate()'s peak where it holds every node's parts
+    # apart, above it only where it keeps one buffer (a node taking over a buffer or taken over)
+    rng = np.random.default_rng(0)
+    checked = exact = 0
+    while checked < 12:
+        p = _random_problem(rng)
+        if p.parts is None:
+            continue
+        checked += 1
+        found = greedy(p, (p.memory_floor + p.unplanned_peak) // 2)
+        for plan in [no_remat(p)] + ([found.plan] if found else []):
+            model = RematModel(p, None, ONE, [plan], parts=True)
+            values = model.hint_from_plan(plan)
+            assert values is not None and feasible_as_hinted(model, values), (p, plan)
+            held = model.bytes_of_capacity(values[model.cap.Index()])
+            peak = simulate(p, plan).peak_bytes
+            if len(model.parted) < sum(1 for x in p.parts if x):
+                assert held >= peak, (p, plan)
+                continue
+            assert held == peak, (p, plan)
+            # and the model of a budget at that peak holds it
+            at_peak = RematModel(p, peak, ONE, [plan], parts=True)
+            values = at_peak.hint_from_plan(plan)
+            assert values is not None and feasible_as_hinted(at_peak, values), (p, plan)
+            exact += 1
+    assert exact >= 12
+
+
 def test_a_plan_that_fits_only_as_parts_is_not_hinted_to_a_budget_it_breaks_in_the_model():
     # node 0's 3-byte part dies at node 1, its 1-byte part at node 2: simulate() peaks at 5 bytes
     # (step 1), the model, holding node 0 whole to step 2, at 6

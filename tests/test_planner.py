@@ -807,7 +807,8 @@ def test_a_model_bound_above_the_kept_plans_cost_is_not_claimed(monkeypatch):
     monkeypatch.setattr(planning, "_exact_cheapest", lambda *a: None)  # as on a large problem
     monkeypatch.setattr(planning, "polished", lambda problem, plan, sim, *a, **k: (plan, sim))
     added = fallback.sim.added_time
-    m2 = SimpleNamespace(time_of_objective=lambda objective: objective, time_of_bound=lambda objective: objective)
+    m2 = SimpleNamespace(time_of_objective=lambda objective: objective, time_of_bound=lambda objective: objective,
+                         parted={})
     for bound, status, gap in ((added + 5.0, "feasible", None), (added / 2, "feasible", 0.5), (added, "optimal", 0.0)):
         r2 = PhaseResult("refine", "FEASIBLE", 0.1, None, bound, None, None)
         res = planning._chosen(p, budget, PlannerOptions(time_limit=1, workers=1), clock.now(), [r2], fallback,

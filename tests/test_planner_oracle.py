@@ -118,6 +118,22 @@ def test_parts_read_apart_lower_the_floor_to_a_plan_that_fits():
     assert res.status == "optimal" and res.added_time == 0 and res.peak_bytes == 21, res.note
 
 
+def test_a_budget_fitting_only_with_parts_apart_gets_a_plan():
+    """bench/claims_fuzz.py seed 293 at 52 bytes: node 1's 21-byte part is read by node 4 only,
+    its 2-byte one by nodes 2 and 3, and a plan fits only where the 21 bytes go at node 4 while
+    the 2 stay. The one-buffer model holds no plan within 52 (timeout); the parts-aware model,
+    searched where it found none, holds the oracle's least."""
+    p = PlanningProblem.build(size=[2, 23, 17, 17, 29, 17, 7], cost=[7, 3, 4, 2, 3, 5, 7],
+                              preds=[[], [0], [1], [1], [0, 1], [3], [5]],
+                              recomputable=[True, True, False, True, True, True, True],
+                              takes_over=[-1, -1, -1, -1, -1, 3, -1],
+                              parts=[[], [(2, [2, 3]), (21, [4])], [], [], [], [], []])
+    assert oracle.least_peak(p) == 52
+    res = solve(p, 52, "cpsat", OPTS)
+    assert res.status in ("optimal", "feasible") and res.peak_bytes <= 52, res.note
+    assert simulate(p, res.plan, 52).peak_bytes == res.peak_bytes
+
+
 def test_the_oracle_knows_a_small_case_by_hand():
     """x -> a (100 B) -> a2, x -> b (100 B) -> b2, a2 + b2 -> y. In the given order both big
     buffers are resident when b runs (201 B), unless a is freed before b and computed again for
