@@ -1886,10 +1886,11 @@ def test_a_phase1_plan_over_the_target_in_the_model_that_fits_as_run_is_kept(tmp
     assert plan["peak_bytes"] <= 16391 and plan["recomputed"], plan
 
 
-def test_a_phase2_model_proven_to_hold_no_plan_is_not_searched_again_and_the_note_says_so(tmp_path, monkeypatch):
-    """The fallback fits the budget only with parts freed apart, so phase 2's model (one buffer
-    per node) is proven infeasible: searching it again with the time left proved the same, and the
-    note said the solver "gave no better plan in time"."""
+def test_a_fallback_fitting_only_with_parts_apart_is_searched_on_in_the_parts_aware_model(tmp_path, monkeypatch):
+    """The fallback fits the budget only with parts freed apart, so phase 2's model with one buffer
+    per node held no plan (proven infeasible, searched again with the time left, and the note said
+    so: +21.05%): phase 2 searches the parts-aware model instead, from that plan (+13.16%, claiming
+    no bound: the exact search backing small problems' bounds holds one buffer per output)."""
     from click.testing import CliRunner
 
     import cli
@@ -1910,9 +1911,5 @@ def test_a_phase2_model_proven_to_hold_no_plan_is_not_searched_again_and_the_not
                                         "mean", "--time-limit", "3", "--deterministic", "--workers", "1", "--json"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
-    assert plan["peak_bytes"] <= 16391 and ("optimize", "INFEASIBLE") in runs
-    proven = ("optimize", "INFEASIBLE")
-    assert all(a != proven or b != proven for a, b in zip(runs, runs[1:])), runs  # once per order planned
-    listed = [(ph["name"], ph["status"]) for ph in plan["solver"]["phases"]]
-    assert listed.count(proven) == 1, listed  # the plan's order's one proof, listed once
-    assert plan["note"].startswith("the solver's model holds no plan within the budget"), plan["note"]
+    assert plan["peak_bytes"] <= 16391 and ("optimize", "INFEASIBLE") not in runs, runs
+    assert plan["added_time_pct"] < 21 and not plan["note"].startswith("the solver's model holds no plan"), plan
