@@ -203,7 +203,9 @@ def test_computations_read_only_by_dropped_ones_are_not_emitted():
     outputs = set(new.outputs)
     dangling = [t.name for t in new.tensors
                 if t.kind.name == "ACTIVATION" and not new.consumers[t.id] and t.id not in outputs]
-    assert dangling == ["y__rc1__sink"]  # the 8-byte Size that frees the unread required output
+    # the 1-element Slice that frees the unread required output is read in turn by the next
+    # computation's ordering edge (_read_sink_tail), so nothing is left unread
+    assert dangling == [] and "y__rc1__sink" in [t.name for t in new.tensors]
     assert [n.op_type for n in new.nodes].count("MaxPool") == 2  # the unread recompute is gone
     first = next(n for n in new.nodes if n.name == "P")
     assert first.outputs[1] == -1  # its Indices are read from the later copy only
@@ -491,7 +493,8 @@ def test_recompute_sinks_do_not_add_up_over_the_plan():
     each sink's own 1-element output stayed to the end of the run, unseen by the planning problem:
     24 of them were 1536 of the 1672 bytes the rewritten graph peaked over its plan. Each sink now
     reads the one before it, so the rewritten graph's excess over the problem's peak does not grow
-    with the number of copies, and one sink output is left unread."""
+    with the number of copies, and the next computation reads the last (``_read_sink_tail``): no sink
+    output is left unread."""
     def excess(copies):
         def same(new, g):
             x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
@@ -500,12 +503,12 @@ def test_recompute_sinks_do_not_add_up_over_the_plan():
         return _copies_and_excess(norm_read_for_its_statistics(copies), "ln", copies, same)
 
     (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
-    assert sinks2 == sinks5 == 1
-    # and the rewritten graph holds no more than the plan (new constants aside) but the ordering edge's
-    # and the sink's 1-element outputs (64 bytes each) beside the copy's Y, until its sink frees it; that Y
+    assert sinks2 == sinks5 == 0
+    # and the rewritten graph holds no more than the plan (new constants aside) but one of the ordering
+    # edge's or the sink's 1-element outputs (64 bytes) beside the copy's Y, until its sink frees it; that Y
     # the plan holds only while the copy runs (PlanningProblem.parts: it was held with the statistics
     # until after P, one buffer, which hid these 128 bytes)
-    assert over5 == over2 <= 2 * 64
+    assert over5 == over2 <= 64
 
 
 def split_read_for_its_second_half(copies):
@@ -543,7 +546,8 @@ def test_sinks_without_starts_to_gate_do_not_add_up_either(make):
     the previous sink through their starts, so none was chained: each stayed to the end of the run
     (the opset-9 Split: 3 unread sinks at 2 copies, 6 at 5; the quantizer: 4 and 10, its rewritten
     peak 256 then 640 bytes over the plan's). They now read their tensor through a view gated on the
-    previous sink: one sink is left unread, and the excess does not grow with the copies."""
+    previous sink: none is left unread (the next computation reads the last), and the excess does not
+    grow with the copies."""
     def excess(copies):
         def same(new, g):
             x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
@@ -553,8 +557,49 @@ def test_sinks_without_starts_to_gate_do_not_add_up_either(make):
         return _copies_and_excess(make(copies), "head", copies, same)
 
     (sinks2, over2), (sinks5, over5) = excess(2), excess(5)
-    assert sinks2 == sinks5 == 1
+    assert sinks2 == sinks5 == 0
     assert over5 == over2
+
+
+SPLIT_RECOMPUTED_FOR_ITS_SECOND_HALF = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[8, 16] x) => (float[8, 24] y)
+{
+    a, b = Split<axis: int = 1, num_outputs: int = 2>(x)
+    m = Mul(a, b)
+    t = Exp(m)
+    late = Add(t, b)
+    y = Concat<axis: int = 1>(late, late, late)
+}
+"""
+
+
+def test_the_last_recompute_sink_is_not_held_through_a_later_peak():
+    """Regression (fuzz seed 8, --add-loss mean, at 1300 and 1272 bytes): a Split recomputed for its
+    second half got a sink for its first, and that sink's 64-byte output, the last, was read by
+    nobody: ORT held it to the end of the run, through a later peak the planning problem counts
+    without it (planned 1272 bytes, rewritten 1336; every re-solve tighter found nothing). The next
+    computation now reads it through an ordering edge, and the rewritten graph peaks at the plan's
+    peak (1088 dynamic bytes against the plan's 1024 before)."""
+    from passes.onnx_import import import_model
+    from planner.lowering import lower
+    from planner.plan import Plan
+    from planner.simulate import simulate
+    from tests.helpers import parse_model
+
+    g = import_model(parse_model(SPLIT_RECOMPUTED_FOR_ITS_SECOND_HALF))
+    problem, low = lower(g)
+    at = {name: j for j, name in enumerate(problem.names)}
+    split, mul, exp, add, concat = (at[n] for n in ("Split_0", "Mul_1", "Exp_2", "Add_3", "Concat_4"))
+    plan = Plan.of([("compute", split), ("compute", mul), ("free", split), ("compute", exp), ("free", mul),
+                    ("compute", split), ("compute", add), ("free", split), ("free", exp), ("compute", concat),
+                    ("free", add)], "hand")
+    new = apply_schedule(g, low.onnx_schedule(plan))
+    assert "a__rc1__sink" in [t.name for t in new.tensors]  # the copy's unread first half got a sink
+    lv = analyze(new)
+    assert lv.peak_bytes - lv.base_bytes == simulate(problem, plan).peak_bytes - problem.base_bytes == 1024
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    np.testing.assert_array_equal(run(export_model(new), {"x": x})[0], run(export_model(g), {"x": x})[0])
 
 
 def _order_helpers_held(new):

@@ -140,6 +140,8 @@ class _Reference(rewrite._Rewriter):
     def _compute(self, node: Node, read: set[int] | frozenset[int] = frozenset()) -> None:
         k = self.computed.get(node.id, 0)
         inputs = [NO_TENSOR if t == NO_TENSOR else self._read(t, node) for t in node.inputs]
+        if self.sink_tail is not None:  # as the rewriter since the last sink's output is read on
+            inputs = self._read_sink_tail(node, inputs)
         if k == 0:
             name, suffix = node.name, ""
             key = self._cse_key(node.id, inputs)
