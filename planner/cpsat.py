@@ -788,12 +788,15 @@ class RematModel:
 
     def _unread_parts(self) -> np.ndarray:
         """Per step, the bytes of its parted inputs' parts it does not read: ``step_need`` counts
-        every input whole, and a copy made for the step alone holds only what it reads."""
+        every input whole, and a copy made for the step alone holds only what it reads; a step
+        reading none of an input's parts holds none of it (``part_inputs`` lists it not: counted
+        whole, the cut at such a step cut off the no-remat plan, tests/test_cpsat_parts.py)."""
         out = np.zeros(self.p.n, dtype=np.int64)
-        for w, inputs in self.p.part_inputs.items() if self.parted else ():
-            for v, ks in inputs:
-                if v in self.parted:
-                    out[w] += sum(b for k, b in enumerate(self.parted[v]) if k not in ks)
+        inputs = self.p.part_inputs
+        for v, sizes in self.parted.items():
+            for w in self.p.succ_lists[v]:
+                ks = dict(inputs.get(int(w), ())).get(v, ())
+                out[w] += sum(b for k, b in enumerate(sizes) if k not in ks)
         return out
 
     def _add_objective(self) -> None:

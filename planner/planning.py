@@ -1488,8 +1488,10 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
         else:
             note = f"kept the {fallback.plan.strategy} plan: the solver's plan was not cheaper"
     elif r2 is not None and r2.status == "INFEASIBLE":  # a plan fitting only as run (parts freed apart), or
-        # one computing a node more often than the model holds
-        note = (f"the solver's model holds no plan within the budget (it holds a node's outputs as one buffer "
+        # one computing a node more often than the model holds; the parts-aware model holds parts
+        # apart but for a swappable or in-place node's (RematModel._parted)
+        whole = "a swappable or in-place node's outputs" if m2.parted else "a node's outputs"
+        note = (f"the solver's model holds no plan within the budget (it holds {whole} as one buffer "
                 f"and each node computed at most {opt.max_computations} times); kept the {fallback.plan.strategy} plan")
     elif r2 is not None:
         note = f"solver gave no better plan in time; kept the {fallback.plan.strategy} plan"
