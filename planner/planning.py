@@ -14,7 +14,11 @@ where a baseline fits in the given order and none in that one, only the given or
 Where no order is that much lower, the other order is the given one with its weight gradients
 made late (planner.reorder.sinks_late).
 Below the given order's floor, a plan in the memory-aware order is compared with the last resort of
-a solve without one (:func:`_walked_beside`), which a slightly lower budget takes.
+a solve without one (:func:`_walked_beside`), which a slightly lower budget takes. Where that
+order's floor is over the budget too, the given order with a few weight gradients made later
+(planner.reorder.repaired_order) is searched instead, in ``REPAIR_SHARE`` of the time, and the
+last resort gets the rest (zoo:cnn at 68%, ``--time-limit 10 --deterministic``: +25.72% in the
+walk's order -> +14.71%, proven the least in the repaired order).
 Budgets near the least peak any order may reach (``early_walk_within``) get the depth-first walk
 over every order and the beams first (planner/pebble.py): their polished plan stands unless the
 solve finds a cheaper one, and where the walk visits every state without one the solve is
@@ -54,7 +58,7 @@ from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
 from planner.problem import PlanningProblem
 from planner.reorder import first_compute_order, memory_order, permute, plan_in_order, plan_in_original, \
-    sinks_late
+    repaired_order, sinks_late
 from planner.simulate import Simulation, simulate
 from planner.swap_greedy import swap_greedy
 from planner.tight_greedy import long_run
@@ -186,11 +190,21 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
         if found is None and problem.order_free_floor <= budget < problem.memory_floor:
             # no plan in the given order fits; another order's may, however little lower its peak
             found = memory_order(problem, -math.inf, budget, work)
+            if start is None and (found is None or permute(problem, found[0]).memory_floor > budget) and \
+                    (repaired := repaired_order(problem, budget)) is not None:
+                # nor in that one: the given order with the pinned outputs over the budget made later.
+                # Not in a re-solve after an overshoot: the repaired order's plans peak lower than the
+                # walk's and narrow the arena's bisection (zoo:cnn at 85% --ort-arena same-as-requested:
+                # a +14.71% plan overshot the arena and no plan was returned, where the walk's +26.93% fit)
+                found = (repaired, "repaired")
         if found is None and (late := sinks_late(problem)) is not None:
             # no lower order: the given one with its weight gradients made late (same unplanned
             # peak, but plans may then recompute what the given order held as pinned bytes)
             found = (late, "sinks-late")
-    res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint, label=label) if found is not None
+    repaired = found is not None and found[1] == "repaired"
+    # the repaired order gets a share of the time: the walk's path after it the rest (_walked_beside)
+    within = replace(options, time_limit=REPAIR_SHARE * options.time_limit) if repaired else options
+    res = (_solve_reordered(problem, budget, within, t0, *found, hint=hint, label=label) if found is not None
            else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
     walked = Candidate(*early.found) if early is not None else None
     if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
@@ -205,11 +219,16 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
             res = replace(res, least_order="given")
     elif res.plan is not None and res.added_time > 0 and not problem.can_swap and \
             problem.order_free_floor <= budget < problem.memory_floor:
-        res = _walked_beside(problem, res, options)
+        res = _walked_beside(problem, res, options, t0 + options.time_limit if repaired else -math.inf)
     else:
         res = _any_order(problem, res, options, t0 + options.time_limit)
     # the whole solve's time, last resorts included
     return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
+
+
+#: The share of the time limit the repaired order (planner.reorder.repaired_order) is searched in,
+#: before the reverse walk's path gets the rest.
+REPAIR_SHARE = 0.25
 
 
 def _recompute_first(problem: PlanningProblem, budget: int, options: PlannerOptions) -> bool:
@@ -778,17 +797,20 @@ def _exact_found(problem: PlanningProblem, res: SolveResult, least: Candidate, f
     return _in_plan_order(problem, out, least, options, end)
 
 
-def _walked_beside(problem: PlanningProblem, res: SolveResult, options: PlannerOptions) -> SolveResult:
+def _walked_beside(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
+                   end: float = -math.inf) -> SolveResult:
     """``res`` (a plan in the memory-aware order, at a budget below the given order's floor) or,
     where cheaper, the plan the last resort of a solve without one finds (:func:`_rescue`: the
     reverse walk over every node order, then CP-SAT in its plan's order), in the quarter of the
     time limit that last resort gets. A little lower, where the memory-aware order holds no plan,
     that path is taken; skipped here, a larger budget cost more: zoo:cnn with adam,
     ``--time-limit 5 --deterministic``: +6.41% at 70% (the walk's order), +11.81% at 75% (the
-    memory-aware order), where the walk's path gives +4.45%."""
+    memory-aware order), where the walk's path gives +4.45%. ``end``: the solve's own limit, where
+    ``res`` was found in a share of it (the repaired order): the walk's path then searches until
+    then, as where that order held no plan (:func:`_any_order`)."""
     # its bound is for the memory-aware order's plans: none is claimed for the walk's
     bare = replace(res, status="timeout", plan=None, note="", solver=replace(res.solver, bound=None, gap=None))
-    walked = _rescue(problem, bare, options, True)
+    walked = _rescue(problem, bare, options, True, end)
     if walked is None or walked.plan is None or walked.added_time >= res.added_time:
         return res
     how = f"the plan in the {res.order} order was dearer (+{res.added_time:.6g} added time)"

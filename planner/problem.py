@@ -552,6 +552,15 @@ class PlanningProblem:
         part of :attr:`runtime_need` that depends on the order)."""
         return np.concatenate([[0], np.cumsum(self._pinned_kept)[:-1]])
 
+    def runtime_need_in(self, order: Sequence[int]) -> np.ndarray:
+        """:attr:`runtime_need` of each node (indexed as here) were the nodes run in ``order`` (a
+        topological order): of a step's need, only the pinned outputs made before it depend on
+        the order (planner.reorder.repaired_order moves them)."""
+        at = np.asarray(order, dtype=np.int64)
+        made = np.empty(self.n, dtype=np.int64)
+        made[at] = np.cumsum(self._pinned_kept[at]) - self._pinned_kept[at]
+        return self.runtime_need - self._pinned_before + made
+
     @cached_property
     def order_free_floor(self) -> int:
         """:attr:`memory_floor` over plans in every node order: :attr:`order_free_need`, and the
