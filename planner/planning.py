@@ -190,22 +190,15 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
         if found is None and problem.order_free_floor <= budget < problem.memory_floor:
             # no plan in the given order fits; another order's may, however little lower its peak
             found = memory_order(problem, -math.inf, budget, work)
-            if start is None and (found is None or permute(problem, found[0]).memory_floor > budget) and \
-                    (repaired := repaired_order(problem, budget)) is not None:
-                # nor in that one: the given order with the pinned outputs over the budget made later.
-                # Not in a re-solve after an overshoot: the repaired order's plans peak lower than the
-                # walk's and narrow the arena's bisection (zoo:cnn at 85% --ort-arena same-as-requested:
-                # a +14.71% plan overshot the arena and no plan was returned, where the walk's +26.93% fit)
-                found = (repaired, "repaired")
         if found is None and (late := sinks_late(problem)) is not None:
             # no lower order: the given one with its weight gradients made late (same unplanned
             # peak, but plans may then recompute what the given order held as pinned bytes)
             found = (late, "sinks-late")
-    repaired = found is not None and found[1] == "repaired"
-    # the repaired order gets a share of the time: the walk's path after it the rest (_walked_beside)
-    within = replace(options, time_limit=REPAIR_SHARE * options.time_limit) if repaired else options
-    res = (_solve_reordered(problem, budget, within, t0, *found, hint=hint, label=label) if found is not None
-           else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
+    res = _repaired(problem, budget, options, t0, found) if seed is None and start is None else None
+    repaired = res is not None
+    if res is None:
+        res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint, label=label) if found is not None
+               else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
     walked = Candidate(*early.found) if early is not None else None
     if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
         # what the solve left of its limit (it ends early where it proves its orders hold no plan)
@@ -229,6 +222,29 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
 #: The share of the time limit the repaired order (planner.reorder.repaired_order) is searched in,
 #: before the reverse walk's path gets the rest.
 REPAIR_SHARE = 0.25
+
+
+def _repaired(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
+              found: tuple[list[int], str] | None) -> SolveResult | None:
+    """For :func:`_solve_from`: the plan in the given order with the weight gradients that put
+    steps over the budget made later (planner.reorder.repaired_order), searched in
+    ``REPAIR_SHARE`` of the time, where the budget lies under the given order's floor and over
+    the order-free one, and the floor of ``found`` (the other order the solve would search) is
+    over it too; None where it does not apply or that search finds no plan (the solve then goes
+    on as without it: its claims are those orders'). Not in a re-solve after an overshoot
+    (:func:`solve`'s ``start``), nor from a recompute-only plan: the repaired order's plans peak lower than the walk's and narrowed the arena's
+    bisection (zoo:cnn at 85% --ort-arena same-as-requested: a +14.71% plan overshot the arena
+    and no plan was returned, where the walk's +26.93% fit)."""
+    if not options.reorder or problem.n > options.coarsen_above or \
+            not problem.order_free_floor <= budget < problem.memory_floor or \
+            (found is not None and permute(problem, found[0]).memory_floor <= budget):
+        return None
+    order = repaired_order(problem, budget)
+    if order is None:
+        return None
+    res = _solve_reordered(problem, budget, replace(options, time_limit=REPAIR_SHARE * options.time_limit), t0,
+                           order, "repaired")
+    return res if res.plan is not None else None
 
 
 def _recompute_first(problem: PlanningProblem, budget: int, options: PlannerOptions) -> bool:

@@ -105,6 +105,7 @@ def test_the_any_order_search_finds_the_least_over_every_order(p):
 def test_where_the_orders_searched_hold_no_plan_the_exact_search_gives_one(monkeypatch):
     p = gradient_first()
     monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)  # no other order searched
+    monkeypatch.setattr(planning, "repaired_order", lambda *a, **k: None)
     res = solve(p, 150, "cpsat", ONE)
     # optimal in the order of the exact search's plan (a, b, c, g): CP-SAT searched it next
     assert res.status == "optimal" and res.order == "exact-search" and res.solver.gap == 0
@@ -126,6 +127,7 @@ def _no_search_over_orders(monkeypatch) -> None:
 def test_a_budget_only_the_orders_not_searched_may_fit_gets_no_infeasible_claim(monkeypatch):
     p = gradient_first()
     monkeypatch.setattr(planning, "memory_order", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "repaired_order", lambda *a, **k: None)
     monkeypatch.setattr(planning, "least_plan_any_order", lambda *a, **k: None)  # as past 20 nodes
     walked = solve(p, 150, "cpsat", ONE)  # the reverse walk over every order finds the plan
     assert walked.status == "optimal" and walked.order == "reverse-walk"  # (in that plan's order)
