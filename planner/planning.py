@@ -226,15 +226,16 @@ REPAIR_SHARE = 0.25
 
 def _repaired(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
               found: tuple[list[int], str] | None) -> SolveResult | None:
-    """For :func:`_solve_from`: the plan in the given order with the weight gradients that put
+    """For :func:`_solve_from`: a plan in the given order with the weight gradients that put
     steps over the budget made later (planner.reorder.repaired_order), searched in
     ``REPAIR_SHARE`` of the time, where the budget lies under the given order's floor and over
     the order-free one, and the floor of ``found`` (the other order the solve would search) is
     over it too; None where it does not apply or that search finds no plan (the solve then goes
-    on as without it: its claims are those orders'). Not in a re-solve after an overshoot
-    (:func:`solve`'s ``start``), nor from a recompute-only plan: the repaired order's plans peak lower than the walk's and narrowed the arena's
-    bisection (zoo:cnn at 85% --ort-arena same-as-requested: a +14.71% plan overshot the arena
-    and no plan was returned, where the walk's +26.93% fit)."""
+    on as without it: its claims are those orders'). The caller leaves it out of re-solves after
+    an overshoot (:func:`solve`'s ``start``) and of solves from a recompute-only plan: there the
+    repaired order's plans, lower than the walk's, narrowed the arena's bisection (zoo:cnn at 85%
+    --ort-arena same-as-requested: a +14.71% plan overshot the arena and no plan was returned,
+    where the walk's +26.93% fit)."""
     if not options.reorder or problem.n > options.coarsen_above or \
             not problem.order_free_floor <= budget < problem.memory_floor or \
             (found is not None and permute(problem, found[0]).memory_floor <= budget):
