@@ -366,9 +366,14 @@ def test_a_re_solve_after_a_rewrite_overshoot_starts_from_the_plan_that_overshot
     monkeypatch.setattr(plan_model, "solve", spy)
     pm = plan_model.plan_graph(graph, budget, node_time=node_time, time_unit="s",
                                options=PlannerOptions(time_limit=3, workers=workers, seed=0, work_limit=True))
-    assert len(targets) == 2 and targets[1] < budget  # premise: the first plan overshot once rewritten
+    if workers == 2:
+        assert len(targets) == 2 and targets[1] < budget  # premise: the first plan overshot once rewritten
+    else:  # with one worker the first solve's plan (20856 bytes, +44.0%, in the walk's order) now
+        # fits once rewritten, since the next computation frees the rewrite's last recompute sink
+        # (passes/rewrite.py): no re-solve (before that: re-solved at 20771 bytes)
+        assert targets == [budget]
     assert pm.ok and pm.peak_bytes <= budget
-    assert simulate(pm.problem, pm.result.plan, targets[1]).peak_bytes == pm.result.peak_bytes
+    assert simulate(pm.problem, pm.result.plan, targets[-1]).peak_bytes == pm.result.peak_bytes
     assert pm.result.added_time < 0.5 * pm.problem.total_cost  # before: 2.85 times the step's compute time
 
 
