@@ -38,6 +38,26 @@ def draw_dag(draw, n_max: int, size_max: int) -> tuple[list[list[int]], list[int
     return preds, size, cost
 
 
+def random_dag(rng, n_max: int, takes) -> tuple[list[list[int]], list[int], list[list[int]], list[bool], list[int]]:
+    """A random small DAG for planner property tests, drawn from ``rng`` (numpy): 3..``n_max``
+    nodes, each after the first reading 1-2 earlier ones, sizes 1-11, the last node pinned and
+    others at random where nobody reads them; a node writes into the buffer of an input only it
+    reads (``takes_over``, its size then that input's) where ``takes(rng)`` says so.
+    (preds, size, readers, pinned, takes_over)."""
+    n = int(rng.integers(3, n_max + 1))
+    preds = [[]] + [sorted({int(x) for x in rng.integers(0, i, size=int(rng.integers(1, 3)))}) for i in range(1, n)]
+    size = [int(x) for x in rng.integers(1, 12, size=n)]
+    readers = [[w for w in range(n) if v in preds[w]] for v in range(n)]
+    pinned = [i == n - 1 or (not readers[i] and bool(rng.integers(2))) for i in range(n)]
+    over = [-1] * n
+    for w in range(n):
+        alone = [v for v in preds[w] if readers[v] == [w] and not pinned[v] and v not in over]
+        if alone and takes(rng):
+            over[w] = alone[0]
+            size[w] = size[alone[0]]
+    return preds, size, readers, pinned, over
+
+
 def parse_model(text: str, ir_version: int = 8) -> onnx.ModelProto:
     """Parse ONNX textual syntax (onnx.parser) into a ModelProto ORT can load."""
     model = onnx.parser.parse_model(text)

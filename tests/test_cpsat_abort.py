@@ -17,6 +17,7 @@ from planner.cpsat import PlannerOptions, RematModel
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
+from tests.helpers import random_dag
 
 ROOT = Path(__file__).resolve().parent.parent
 # workers=2 and deterministic (the default): interleaved workers, where the abort happens
@@ -27,17 +28,8 @@ def _random_problem(rng: np.random.Generator) -> PlanningProblem:
     """3..7 nodes, the last pinned and others at random where nobody reads them; some nodes write
     into the buffer of an input only they read (takes_over); a node read twice may have its
     output in two buffers that die apart (parts)."""
-    n = int(rng.integers(3, 8))
-    preds = [[]] + [sorted({int(x) for x in rng.integers(0, i, size=int(rng.integers(1, 3)))}) for i in range(1, n)]
-    size = [int(x) for x in rng.integers(1, 12, size=n)]
-    readers = [[w for w in range(n) if v in preds[w]] for v in range(n)]
-    pinned = [i == n - 1 or (not readers[i] and bool(rng.integers(2))) for i in range(n)]
-    over = [-1] * n
-    for w in range(n):
-        alone = [v for v in preds[w] if readers[v] == [w] and not pinned[v] and v not in over]
-        if alone and rng.integers(2):
-            over[w] = alone[0]
-            size[w] = size[alone[0]]
+    preds, size, readers, pinned, over = random_dag(rng, 7, lambda r: bool(r.integers(2)))
+    n = len(preds)
     parts: list[list[tuple[int, list[int]]]] = [[] for _ in range(n)]
     for v in range(n):
         if len(readers[v]) >= 2 and not pinned[v] and size[v] >= 2 and rng.integers(2):

@@ -13,7 +13,7 @@ from planner.cpsat import PlannerOptions, RematModel
 from planner.planning import _chosen
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
-from tests.helpers import feasible_as_hinted
+from tests.helpers import feasible_as_hinted, random_dag
 
 ONE = PlannerOptions(time_limit=1, workers=1, seed=0)
 
@@ -29,17 +29,8 @@ def _parts(rng: np.random.Generator, size: int, readers: list[int]) -> list[tupl
 def _random_problem(rng: np.random.Generator, swaps: bool) -> PlanningProblem:
     """3..8 nodes, the last pinned; parts on unpinned nodes that are read and take over no buffer
     nor are taken over (simulate() and the unplanned peak disagree there, a matter of its own)."""
-    n = int(rng.integers(3, 9))
-    preds = [[]] + [sorted({int(x) for x in rng.integers(0, i, size=int(rng.integers(1, 3)))}) for i in range(1, n)]
-    size = [int(x) for x in rng.integers(1, 12, size=n)]
-    readers = [[w for w in range(n) if v in preds[w]] for v in range(n)]
-    pinned = [i == n - 1 or (not readers[i] and bool(rng.integers(2))) for i in range(n)]
-    over = [-1] * n
-    for w in range(n):
-        alone = [v for v in preds[w] if readers[v] == [w] and not pinned[v] and v not in over]
-        if alone and rng.integers(3) == 0:
-            over[w] = alone[0]
-            size[w] = size[alone[0]]
+    preds, size, readers, pinned, over = random_dag(rng, 8, lambda r: r.integers(3) == 0)
+    n = len(preds)
     parts = [_parts(rng, size[v], readers[v]) if readers[v] and not pinned[v] and size[v] >= 2 and v not in over
              and over[v] < 0 and rng.integers(3) else [] for v in range(n)]
     extra = {}
