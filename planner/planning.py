@@ -1203,7 +1203,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # took 76% of the time (the resnet fixture at 60%: 43 s of 55, phase 2 got 13)
         end = window if window is not None else clock.now() + opt.feasibility_share * left()
         r1 = _feasibility(m1, target, lambda: max(0.0, end - clock.now()), phases)
-        found = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
+        found = _within_target(m1, r1, target)
         # the model holds a node's parts (problem.parts) as one buffer: its best plan, over the target
         # there, may fit the budget as the run frees them apart (fuzzed --ops multi seed 1 at 16391
         # bytes: 16636 in the model, 15996 run; the search ended "no plan"); a fallback, not a hint
@@ -1304,7 +1304,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
     if r2.status == "INFEASIBLE" and problem.parts is not None and not m2.parted and pace.room(left()):
         # the fallback fits only as the run frees parts apart: phase 2 again, in the model holding them so
         try:
-            m2p = _parts_phase2(problem, budget, opt, hints, fallback, deadline)
+            m2p = _parts_model(problem, budget, opt, hints, [fallback.plan], deadline)
         except OutOfTime:
             m2p = None
         if m2p is not None:
@@ -1385,35 +1385,40 @@ def _parts_phase1(problem: PlanningProblem, budget: int, opt: PlannerOptions, hi
         return None
     since = clock.now()
     try:
-        m1 = RematModel(problem, None, opt, hints, deadline=deadline, parts=True)
-        if not m1.parted:
-            return None
-        m1.set_objective_peak()
-        h = next((h for plan in starts if (h := m1.hint_from_plan(plan)) is not None), None)
-        if h is not None:
-            m1.apply_hint(h, deadline)
+        m1 = _parts_model(problem, None, opt, hints, starts, deadline)
     except OutOfTime:
         return None
     finally:
         pace.built(since)
+    if m1 is None:
+        return None
     target = (budget - problem.base_bytes) // m1.mem_unit
     r1 = _feasibility(m1, target, lambda: max(0.0, end - clock.now()), phases)
-    fits = r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
-    return m1, (r1 if fits else replace(r1, plan=None))
+    return m1, (r1 if _within_target(m1, r1, target) else replace(r1, plan=None))
 
 
-def _parts_phase2(problem: PlanningProblem, budget: int, opt: PlannerOptions, hints: list[Plan],
-                  fallback: Candidate, deadline: float) -> RematModel | None:
-    """Phase 2's model again, parts-aware, hinted with ``fallback``; None where it holds no part
-    apart. Raises OutOfTime as the build does."""
-    m2 = RematModel(problem, budget, opt, hints, deadline=deadline, parts=True)
-    if not m2.parted:
+def _parts_model(problem: PlanningProblem, budget: int | None, opt: PlannerOptions, hints: list[Plan],
+                 starts: list[Plan], deadline: float) -> RematModel | None:
+    """The parts-aware model (``RematModel(parts=True)``): phase 1's (``budget`` None: the least
+    peak) or phase 2's (the least time within ``budget``), hinted with the first of ``starts`` it
+    holds; None where it holds no part apart. Raises OutOfTime as the build does."""
+    m = RematModel(problem, budget, opt, hints, deadline=deadline, parts=True)
+    if not m.parted:
         return None
-    m2.set_objective_time()
-    h = m2.hint_from_plan(fallback.plan)
+    if budget is None:
+        m.set_objective_peak()
+    else:
+        m.set_objective_time()
+    h = next((h for plan in starts if (h := m.hint_from_plan(plan)) is not None), None)
     if h is not None:
-        m2.apply_hint(h, deadline)
-    return m2
+        m.apply_hint(h, deadline)
+    return m
+
+
+def _within_target(m1: RematModel, r1: PhaseResult, target: int) -> bool:
+    """Did phase 1's run ``r1`` of ``m1`` find a plan whose capacity is within ``target`` (in the
+    model's units)?"""
+    return r1.plan is not None and r1.values is not None and r1.values.get(m1.cap.Index(), target + 1) <= target
 
 
 def _fallback_proven(problem: PlanningProblem, budget: int, opt: PlannerOptions, m2: RematModel,
