@@ -62,7 +62,7 @@ def problem(seed: int) -> PlanningProblem:
     parts: list[list[tuple[int, list[int]]]] = [[] for _ in range(n)]
     taken = {u for u in over if u >= 0}
     for u in range(n):
-        if pinned[u] or u in taken or size[u] < 2 or rng.random() < 0.4:
+        if pinned[u] or u in taken or over[u] >= 0 or size[u] < 2 or rng.random() < 0.4:
             continue
         readers = succ[u]
         if len(readers) >= 2:

@@ -208,6 +208,13 @@ class PlanningProblem:
         ptr.setflags(write=False)
         idx.setflags(write=False)
         parts_t = None if parts is None else _checked_parts(parts, size_a, pinned_a, flat, ptr)
+        if parts_t is not None and over_a is not None:
+            # one buffer on both sides, as lowering makes them: simulate() and unplanned_memory
+            # would count a part-wise takeover differently
+            for i in np.flatnonzero(over_a >= 0).tolist():
+                if parts_t[i] or parts_t[int(over_a[i])]:
+                    raise GraphError(f"takes_over: node {i} and node {int(over_a[i])} must each be one buffer, "
+                                     "not parts")
         if parts_t is not None:
             read_a = _read_of_parts(parts_t, size_a if read_a is None else read_a, flat, ptr)
         names_t = tuple(str(x) for x in (names if names is not None else range(n)))

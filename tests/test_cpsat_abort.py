@@ -26,13 +26,13 @@ OPTS = PlannerOptions(time_limit=2, workers=2, seed=0)
 
 def _random_problem(rng: np.random.Generator) -> PlanningProblem:
     """3..7 nodes, the last pinned and others at random where nobody reads them; some nodes write
-    into the buffer of an input only they read (takes_over); a node read twice may have its
-    output in two buffers that die apart (parts)."""
+    into the buffer of an input only they read (takes_over); a node read twice that takes over
+    no buffer may have its output in two buffers that die apart (parts)."""
     preds, size, readers, pinned, over = random_dag(rng, 7, lambda r: bool(r.integers(2)))
     n = len(preds)
     parts: list[list[tuple[int, list[int]]]] = [[] for _ in range(n)]
     for v in range(n):
-        if len(readers[v]) >= 2 and not pinned[v] and size[v] >= 2 and rng.integers(2):
+        if len(readers[v]) >= 2 and not pinned[v] and size[v] >= 2 and rng.integers(2) and over[v] < 0:
             a = int(rng.integers(1, size[v]))
             parts[v] = [(a, readers[v][:1]), (size[v] - a, readers[v])]
     return PlanningProblem.build(size=size, cost=[float(x) for x in rng.integers(1, 4, size=n)], preds=preds,

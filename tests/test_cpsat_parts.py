@@ -28,7 +28,7 @@ def _parts(rng: np.random.Generator, size: int, readers: list[int]) -> list[tupl
 
 def _random_problem(rng: np.random.Generator, swaps: bool) -> PlanningProblem:
     """3..8 nodes, the last pinned; parts on unpinned nodes that are read and take over no buffer
-    nor are taken over (simulate() and the unplanned peak disagree there, a matter of its own)."""
+    nor are taken over (PlanningProblem refuses those: lowering makes them one buffer)."""
     preds, size, readers, pinned, over = random_dag(rng, 8, lambda r: r.integers(3) == 0)
     n = len(preds)
     parts = [_parts(rng, size[v], readers[v]) if readers[v] and not pinned[v] and size[v] >= 2 and v not in over

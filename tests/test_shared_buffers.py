@@ -60,6 +60,18 @@ def test_takes_over_must_name_an_input_of_the_same_size():
         _chain([-1, -1, -1, 2, -1])  # C (10 B) cannot hold B (100 B)
 
 
+@pytest.mark.parametrize("parts", [[[(1, []), (7, [1])], [], []], [[], [(1, []), (7, [2])], []]],
+                         ids=["taken", "taker"])
+def test_a_takeover_refuses_parts_on_either_side(parts):
+    # a part-wise takeover: simulate() replayed the no-remat plan at 15 bytes where the unplanned
+    # peak said 9 (lowering never makes one: both sides of a takeover are one buffer)
+    from planner.errors import GraphError
+
+    with pytest.raises(GraphError, match="takes_over: node 1 and node 0 must each be one buffer"):
+        PlanningProblem.build(size=[8, 8, 1], cost=[1, 1, 1], preds=[[], [0], [1]], takes_over=[-1, 0, -1],
+                              parts=parts, pinned=[False, False, True])
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_cpsat_plans_with_the_shared_buffer(workers):
     # at 120 B the plan counted apart must drop X (1000 units to make again); shared, nothing
