@@ -341,20 +341,22 @@ def plan_graph(
             failed = replace(failed, note=failed.note.replace(
                 m[0], f"none of those goes below the model as it is, which peaks at {as_is} bytes", 1))
     elif arena_over is not None:
-        # best_bytes: none (the last tighter solve's figure fit the budget: zoo:cnn at 95%, 536148 bytes)
-        try_ = ("some ran out of time; try a longer --time-limit (a tighter solve's plan may fit) or a larger budget"
-                if timed_out else "try a larger budget")
-        found = (f"the plans found fit the budget but not ORT's arena under it: the least arena any needed was "
-                 f"{arena_over} bytes ({ort_arena.label})")
+        # not a proof: the arena refused the plans found, and a plan the search did not reach may need
+        # less, so a timeout (exit 4), not over_budget (exit 1), which said a larger budget was the
+        # only way (zoo:gpt at 80% --ort-arena next-power-of-two: 'the least arena any needed was
+        # 307860 bytes', exit 1, with 'some ran out of time' in the same line)
+        found = (f"the plans found fit the budget but not ORT's arena under it: the least arena need of the "
+                 f"plans found was {arena_over} bytes ({ort_arena.label}), not a bound on the plans not found")
         if out_of_reach:
-            note = (f"{found}, at least {ratio:.2f}x their peak, and no plan peaks under {floor} bytes: at that "
-                    f"ratio (an estimate) any needs about {int(floor * ratio)} bytes, and a tighter solve found no "
-                    f"plan, so memplan stopped re-solving; try a budget of about that"
-                    + (" (some solves ran out of time: a longer --time-limit may find a plan)" if timed_out else ""))
+            found = (f"{found}, at least {ratio:.2f}x their peak, and no plan peaks under {floor} bytes: at that "
+                     f"ratio (an estimate) any needs about {int(floor * ratio)} bytes, and a tighter solve found no "
+                     f"plan, so memplan stopped re-solving (a budget of about that may fit)")
         else:
-            note = f"{found}, and tighter solves fit no better; {try_}"
-        failed = replace(result, budget_bytes=budget, plan=None, status="over_budget", least_bytes=None,
-                         best_bytes=None, note=note)
+            found = f"{found}, and tighter solves fit no better"
+        ran_out = "; some solves ran out of time" if timed_out else ""
+        # best_bytes: none (the last tighter solve's figure fit the budget: zoo:cnn at 95%, 536148 bytes)
+        failed = replace(result, budget_bytes=budget, plan=None, status="timeout", least_bytes=None,
+                         best_bytes=None, note=f"{TIMED_OUT} {options.time_limit:.3g} s): {found}{ran_out}")
     else:  # plans existed, but rewritten they overshoot; tighter budgets gave none
         # best: the lowest rewritten plan's peak, not the last tighter solve's (a plan of the
         # problem's, 4456 bytes under a 4464-byte budget, where the note said 4480)

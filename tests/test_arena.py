@@ -362,7 +362,7 @@ def test_plan_graph_tightens_until_the_arena_fits_and_keeps_the_cheapest_fitting
     hopeless = _ScaledArena(10.0)
     failed = plan_graph(g, budget, strategy="greedy", ort_arena=hopeless)
     assert not failed.ok and "not ORT's arena" in failed.result.note
-    assert f"the least arena any needed was {min(hopeless.needs)} bytes" in failed.result.note
+    assert f"the least arena need of the plans found was {min(hopeless.needs)} bytes" in failed.result.note
 
 
 def test_plan_graph_stops_bisecting_when_a_re_solve_finds_a_dearer_plan_than_the_fitting_one(monkeypatch):
@@ -393,6 +393,54 @@ def test_plan_graph_stops_bisecting_when_a_re_solve_finds_a_dearer_plan_than_the
     pm = plan_model.plan_graph(g, budget, strategy="greedy", ort_arena=arena)
     assert pm.ok and pm.arena_need is not None and pm.arena_need <= budget
     assert calls.count(True) == 1  # one bisecting re-solve, not one per halving
+
+
+def test_no_plan_the_arena_runs_is_a_timeout_not_a_proof_of_infeasibility():
+    """zoo:gpt at 80% --ort-arena next-power-of-two --time-limit 10 --deterministic: 'the least arena
+    any needed was 307860 bytes', exit 1 (over_budget, 'try a larger budget'), though that is only the
+    least of the plans found, and the same line said some solves ran out of time. The arena refusing
+    the plans found proves nothing of the others: exit 4 (timeout), and the message says it is no bound."""
+    import math
+
+    import cli
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+    from passes.plan_model import plan_graph
+    from planner.errors import SolverTimeoutError
+
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    budget = math.ceil(analyze(g).peak_bytes * 0.8)
+    arena = _ScaledArena(10.0)
+    failed = plan_graph(g, budget, strategy="greedy", ort_arena=arena)
+    assert not failed.ok and failed.result.status == "timeout" and failed.arena_least == min(arena.needs)
+    err = cli._no_plan_error(failed.result, False, budget, failed.unplanned_peak, "--swap")
+    assert isinstance(err, SolverTimeoutError) and cli._exit_code(err) == cli.EXIT_TIMEOUT
+    assert f"the least arena need of the plans found was {min(arena.needs)} bytes (scaled), not a bound on the " \
+           "plans not found" in str(err)
+    assert "try a longer --time-limit or a larger --budget" in str(err)
+
+
+def test_check_judges_the_least_arena_need_of_the_plans_found_where_none_fits(monkeypatch):
+    """Where the arena refuses every plan found (now a timeout, not over_budget), memplan check still
+    judges the least arena need found ('best arena' in its table), not a timeout with no figure."""
+    import math
+
+    import cli
+    from passes.autodiff import training_graph
+    from passes.onnx_import import load_graph
+    from passes.plan_model import OrtArena
+
+    needs = []
+
+    def need(self, planned):
+        needs.append(10 * analyze(planned).peak_bytes)
+        return needs[-1]
+
+    monkeypatch.setattr(OrtArena, "need", need)
+    g = training_graph(load_graph("zoo:gpt?batch=8"))
+    budget = math.ceil(analyze(g).peak_bytes * 0.8)
+    out = cli.check_plan_fn(g, budget, "H100", 0.5, ort_arena="next-power-of-two")
+    assert not out.fits and out.status == "timeout" and out.arena_bytes == min(needs)
 
 
 class _ThresholdArena:
@@ -428,7 +476,7 @@ def test_plan_graph_bisects_up_when_the_arena_scaled_target_holds_no_plan():
     assert pm.peak_bytes <= fits and pm.arena_need == pm.peak_bytes <= budget
     # where none fits, the plan JSON names no best peak: the last solve's fit the budget, not the arena
     failed = plan_graph(g, budget, strategy="greedy", ort_arena=_ThresholdArena(1))
-    assert not failed.ok and failed.result.status == "over_budget" and failed.result.best_bytes is None
+    assert not failed.ok and failed.result.status == "timeout" and failed.result.best_bytes is None
 
 
 def test_max_batch_counts_the_arena_for_the_step_as_is_and_never_plans_below_it():
@@ -895,10 +943,10 @@ def test_plan_graph_stops_re_solving_where_even_the_least_peak_plan_would_oversh
     floor = pm_mod.lower_graph(g)[0].order_free_floor
     arena = _ScaledArena(10.0)
     failed = pm_mod.plan_graph(g, budget, strategy="greedy", ort_arena=arena)
-    assert not failed.ok and failed.result.status == "over_budget"
+    assert not failed.ok and failed.result.status == "timeout"
     assert min(targets) >= floor, (targets, floor)
-    assert failed.result.note.startswith(f"the plans found fit the budget but not ORT's arena under it: the least "
-                                         f"arena any needed was {min(arena.needs)} bytes")
+    assert f"the plans found fit the budget but not ORT's arena under it: the least arena need of the plans found " \
+           f"was {min(arena.needs)} bytes" in failed.result.note
     assert f"at least 10.00x their peak, and no plan peaks under {floor} bytes: at that ratio (an estimate) any " \
            f"needs about {floor * 10} bytes, and a tighter solve found no plan, so memplan stopped re-solving" \
            in failed.result.note
