@@ -579,7 +579,7 @@ def test_a_timed_out_plan_counts_the_lowest_plan_found_for_headroom(monkeypatch)
     result = SimpleNamespace(status="timeout", note="no plan; the lowest plan found peaks at 1500 bytes",
                              best_bytes=1500, least_bytes=None)
     monkeypatch.setattr(passes.plan_model, "plan_graph",
-                        lambda *a, **k: SimpleNamespace(ok=False, result=result, unplanned_peak=2048))
+                        lambda *a, **k: SimpleNamespace(ok=False, result=result, unplanned_peak=2048, arena_least=None))
     with pytest.raises(SolverTimeoutError) as err:
         cli.check_plan_fn(_tiny_graph(), 1024, "h100", 1.0)
     assert err.value.best_bytes == 1500
