@@ -10,13 +10,15 @@ peak (or its bound) is no bound on what every plan reaches. The sound bound for 
 by search over every plan.
 
 Search: a plan runs the originals in order and may, between them, free any buffer and compute
-again any recomputable node whose inputs are resident. A state is (next original, resident set);
+again any recomputable node whose inputs are resident. A node's ``parts`` (buffers that die apart)
+are buffers of their own there: each may be dropped while the node stays resident, and no later
+compute reads it from that copy, as simulate() releases a part after its last reader. A state is (next original, resident set);
 its cost is the highest memory on the way there, and the least cost of reaching "every original
 run, only graph outputs resident" is the least peak (a bottleneck shortest path: Dijkstra on the
 running maximum; a state is ordered by the most any step still to run needs, A*-like). The cheapest
 plan is the shortest path on the recomputes' costs through states within the budget. Buffers no
-later step can need are freed at once. The resident set only holds nodes computed already, so
-there are at most about 2^(n+1) states; the search gives up past ``max_states``.
+later step can need are freed at once. The resident set only holds nodes (and parts) computed already, so
+there are at most about 2^(n+1) states (more with parts); the search gives up past ``max_states``.
 """
 from __future__ import annotations
 
@@ -62,24 +64,38 @@ def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
     n = p.n
     if n > max_nodes or p.can_swap:
         return None
-    size = [int(x) for x in p.size]
+    nbytes, reads, own, readers = _buffers(p)
+    # v that takes over input u's buffer (``takes_over``) writes into it where u is freed with
+    # v's compute: size[u] not counted while v runs, as simulate() counts it (a node taking over
+    # has no parts, nor does its input)
+    taken = [-1] * n if p.takes_over is None else [int(u) for u in p.takes_over]
+    over = [u if u >= 0 and not p.pinned[u] else -1 for u in taken]
+    credit = [nbytes[u] if u >= 0 else 0 for u in over]
     need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
     redo = [float(x) for x in p.cost]
-    preds = [sum(1 << int(u) for u in p.pred_lists[v]) for v in range(n)]
     again = [bool(p.recomputable[v]) for v in range(n)]
     pinned = [bool(x) for x in p.pinned]
     done_mask = sum(1 << v for v in range(n) if pinned[v])
     base = p.base_bytes
     # dead[t]: buffers no step from t on can need (no descendant at t or later): freed at once,
-    # since holding them only costs memory; the search then never branches on freeing them
+    # since holding them only costs memory; the search then never branches on freeing them. A
+    # part is dead once its readers are (one nobody reads: once made)
     last = list(range(n))  # the last node that depends on v (v itself if none does)
     for v in range(n - 1, -1, -1):
         for w in p.succ_lists[v]:
             last[v] = max(last[v], last[int(w)])
-    dead = [sum(1 << v for v in range(n) if last[v] < t and not pinned[v]) for t in range(n + 1)]
+    dead = [sum(1 << v | own[v] for v in range(n) if last[v] < t and not pinned[v])
+            | sum(1 << b for b, rs in readers.items() if all(last[r] < t for r in rs)) for t in range(n + 1)]
     # every step from t on still runs: no completion peaks below tail[t] (the least-peak search
-    # orders states by it, A*-like, the later step first among equals)
-    tail = [int(x) for x in np.maximum.accumulate(np.asarray(p.step_need)[::-1])[::-1]] + [base]
+    # orders states by it, A*-like, the later step first among equals); a step holds its output,
+    # scratch, the parts of its inputs it reads and every pinned output made before it
+    made = 0
+    low = []
+    for v in range(n):
+        held = reads[v] | made
+        low.append(base + need[v] + sum(nbytes[b] for b in range(len(nbytes)) if held >> b & 1) - credit[v])
+        made |= (1 << v) if pinned[v] else 0
+    tail = [int(x) for x in np.maximum.accumulate(np.asarray(low, dtype=np.int64)[::-1])[::-1]] + [base]
     if budget is not None and tail[0] > budget:
         return None
 
@@ -93,27 +109,54 @@ def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
     for cost, (t, mask) in _settled(heap, best):
         if t == n and mask == done_mask:
             return cost, Plan(_events(parent, (t, mask)), "exact")
-        held = sum(size[v] for v in range(n) if mask >> v & 1)
+        held = sum(nbytes[b] for b in range(len(nbytes)) if mask >> b & 1)
+        # a part dropped while its node stays resident (simulate() releases it after its last
+        # reader): no event, and no later compute may read it from this copy
+        moves = [((t, mask & ~(1 << b)), cost, ()) for b in readers if mask >> b & 1]
         for v in range(min(t + 1, n)):
             if mask >> v & 1:
                 if pinned[v]:
                     continue
-                nxt, new, ev = (t, mask & ~(1 << v)), cost, (Event("free", v),)
-            elif (v == t or again[v]) and preds[v] & mask == preds[v]:
-                at = base + held + need[v]
+                moves.append(((t, mask & ~(1 << v | own[v])), cost, (Event("free", v),)))
+            elif (v == t or again[v]) and reads[v] & mask == reads[v]:
                 t2 = t + 1 if v == t else t
-                if budget is not None and (at > budget or tail[t2] > budget):
-                    continue
-                after = mask | 1 << v
-                gone = after & dead[t2]
-                nxt = (t2, after & ~gone)
-                new = max(cost, at) if budget is None else cost + (0.0 if v == t else redo[v])
-                ev = (Event("compute", v), *(Event("free", u) for u in range(n) if gone >> u & 1))
-            else:
-                continue
+                new = cost if budget is None else cost + (0.0 if v == t else redo[v])
+                # computed with its input's buffer kept, or written into it (``over``)
+                for into in (-1, over[v]) if over[v] >= 0 else (-1,):
+                    at = base + held + need[v] - (credit[v] if into >= 0 else 0)
+                    if budget is not None and (at > budget or tail[t2] > budget):
+                        continue
+                    after = (mask | 1 << v | own[v]) & ~(1 << into if into >= 0 else 0)
+                    gone = after & dead[t2]
+                    moves.append(((t2, after & ~gone), max(new, at) if budget is None else new,
+                                  (Event("compute", v), *((Event("free", into),) if into >= 0 else ()),
+                                   *(Event("free", u) for u in range(n) if gone >> u & 1))))
+        for nxt, new, ev in moves:
             if not _reach(best, parent, heap, nxt, new, ((t, mask), ev), (key(new, nxt[0]), -nxt[0]), max_states):
                 return None
     return None  # nothing within the budget (without one, running everything once is a plan)
+
+
+def _buffers(p: PlanningProblem) -> tuple[list[int], list[int], list[int], dict[int, tuple[int, ...]]]:
+    """The buffers :func:`_search` holds, as bits of its resident masks: bit v for node v's
+    output, and for a node with ``parts`` one more bit per part, which then carries the bytes (the
+    node's own bit none), so that parts die apart as simulate() counts them (bench/claims_fuzz.py:
+    81 of 116 budgets without a plan fitted only so). (bytes per bit, per node the bits its
+    compute reads, per node the bits of its parts, per part bit its readers)."""
+    n = p.n
+    nbytes = [0 if p.parts is not None and p.parts[v] else int(p.size[v]) for v in range(n)]
+    reads = [sum(1 << int(u) for u in p.pred_lists[v]) for v in range(n)]
+    own = [0] * n
+    readers: dict[int, tuple[int, ...]] = {}
+    for u, node_parts in enumerate(p.parts or ()):
+        for b, rs in node_parts:
+            bit = len(nbytes)
+            nbytes.append(int(b))
+            own[u] |= 1 << bit
+            readers[bit] = rs
+            for r in rs:
+                reads[r] |= 1 << bit
+    return nbytes, reads, own, readers
 
 
 def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,

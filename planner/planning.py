@@ -1549,9 +1549,9 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
             note = f"{note}; dropped the recomputes the budget does not need (planner/polish.py)".lstrip("; ")
     # The bound holds over the model's plans (fixed order, <= C computations per node); a
     # baseline outside the model can beat it, and then no bound is claimed. The parts-aware
-    # model's claims none: on small problems the exact search (one buffer per output) backs a
-    # bound, and cannot there (bench/claims_fuzz.py seed 10 at 64 bytes: "optimal" at +30, a
-    # plan computing a node four times +21)
+    # model's claims none (bench/claims_fuzz.py seed 10 at 64 bytes: "optimal" at +30, a plan
+    # computing a node four times +21); on small problems the exact search, which frees parts
+    # apart as simulate() does, backs one in either model
     claims = r2 is not None and not m2.parted
     bound = m2.time_of_bound(r2.bound) if claims else None
     if bound is not None:

@@ -134,6 +134,22 @@ def test_a_budget_fitting_only_with_parts_apart_gets_a_plan():
     assert simulate(p, res.plan, 52).peak_bytes == res.peak_bytes
 
 
+def test_a_small_budget_fitting_with_parts_apart_and_a_takeover_gets_the_cheapest_plan():
+    """bench/claims_fuzz.py seed 72 at 42 bytes: node 0's 6-byte part and node 1's 2-byte one are
+    read by node 3 only, which writes into node 2's buffer (takes_over). Neither model holds a plan
+    within 42, and the exact search counted each output as one buffer and node 3's step with node
+    2 apart: the solve ended "timeout" (its least "with every output in a buffer of its own" 73 bytes),
+    where a plan at +7 fits. Searched as simulate() counts, it is the oracle's cheapest."""
+    p = PlanningProblem.build(size=[13, 5, 21, 21], cost=[7, 3, 5, 9], preds=[[], [0], [0, 1], [0, 1, 2]],
+                              base_bytes=5, scratch=[0, 0, 3, 8], recomputable=[True, True, True, False],
+                              takes_over=[-1, -1, -1, 2],
+                              parts=[[(7, [1, 2]), (6, [3])], [(3, [2]), (2, [3])], [], []])
+    assert oracle.cheapest(p, 42, [0, 1, 2, 3]) == 7
+    res = solve(p, 42, "cpsat", OPTS)
+    assert res.status == "optimal" and res.added_time == 7, res.note
+    assert simulate(p, res.plan, 42).added_time == 7
+
+
 def test_the_oracle_knows_a_small_case_by_hand():
     """x -> a (100 B) -> a2, x -> b (100 B) -> b2, a2 + b2 -> y. In the given order both big
     buffers are resident when b runs (201 B), unless a is freed before b and computed again for
