@@ -182,16 +182,21 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
     if n > max_nodes or p.can_swap:
         return None
     # bytes of a resident buffer, and of a step beyond those resident (output, scratch)
+    # in the problem's accounting, parts die apart and a taken-over input freed with its taker's
+    # compute is not counted while it runs, as in :func:`_search`
+    over = [-1] * n
     if runtime:
         read = p.size if p.read_bytes is None else p.read_bytes
-        size = [int(p._pinned_kept[v]) if p.pinned[v] else int(read[v]) for v in range(n)]
+        nbytes = [int(p._pinned_kept[v]) if p.pinned[v] else int(read[v]) for v in range(n)]
+        reads, own, readers = [sum(1 << int(u) for u in p.pred_lists[v]) for v in range(n)], [0] * n, {}
         need = [int(p.size[v]) + int(p.scratch[v]) - int(p.shared_bytes[v]) for v in range(n)]
         base = p.base_bytes - p.late_base_bytes
     else:
-        size = [int(x) for x in p.size]
+        nbytes, reads, own, readers = _buffers(p)
         need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
         base = p.base_bytes
-    preds = [sum(1 << int(u) for u in p.pred_lists[v]) for v in range(n)]
+        if p.takes_over is not None:
+            over = [int(u) if u >= 0 and not p.pinned[u] else -1 for u in p.takes_over]
     again = [bool(p.recomputable[v]) for v in range(n)]
     pinned = sum(1 << v for v in range(n) if p.pinned[v])
     everything = (1 << n) - 1
@@ -204,6 +209,9 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
     # the end) runs right after its node's first compute, as the runtime makes them, never apart
     companion = [bool(x) for x in p.companion] if p.companion is not None else [False] * n
     glued = p.companion_of
+
+    def bytes_of(mask: int) -> int:
+        return sum(nbytes[b] for b in range(len(nbytes)) if mask >> b & 1)
 
     def still(done: int) -> int:
         """The most a node still to run needs, in every order."""
@@ -219,30 +227,38 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
             clock.charge(1024 * STATE_SECONDS)
             if clock.now() > deadline:
                 return None
-        held = sum(size[v] for v in range(n) if mask >> v & 1)
+        held = bytes_of(mask)
+        # a part dropped while its node stays resident (as in _search): no event
+        moves = [((done, mask & ~(1 << b)), peak, ()) for b in readers if mask >> b & 1]
         for v in range(n):
             if mask >> v & 1:
                 if pinned >> v & 1:
                     continue
-                nxt, new, ev = (done, mask & ~(1 << v)), peak, (Event("free", v),)
+                moves.append(((done, mask & ~(1 << v | own[v])), peak, (Event("free", v),)))
             elif companion[v]:
                 continue  # made with its node's first compute below
-            elif (not done >> v & 1 or again[v]) and preds[v] & mask == preds[v]:
+            elif (not done >> v & 1 or again[v]) and reads[v] & mask == reads[v]:
                 ran = done | 1 << v
-                after = mask | 1 << v
+                after = mask | 1 << v | own[v]
                 top = base + held + need[v]
                 computes = [v]
                 if glued[v] >= 0 and not done >> glued[v] & 1:  # v's first compute: its companion now
                     c = glued[v]
-                    top = max(top, base + held + size[v] + need[c])
-                    ran, after = ran | 1 << c, after | 1 << c
+                    top = max(top, base + held + bytes_of(1 << v | own[v]) + need[c])
+                    ran, after = ran | 1 << c, after | 1 << c | own[c]
                     computes.append(c)
-                gone = sum(1 << u for u in range(n) if after >> u & 1 and not pinned >> u & 1
-                           and later[u] & ~ran == 0)
-                nxt, new = (ran, after & ~gone), max(peak, top)
-                ev = (*(Event("compute", u) for u in computes), *(Event("free", u) for u in range(n) if gone >> u & 1))
-            else:
-                continue
+                gone = sum(1 << u | own[u] for u in range(n) if after >> u & 1 and not pinned >> u & 1
+                           and later[u] & ~ran == 0) | sum(1 << b for b, rs in readers.items() if all(
+                               (later[r] | 1 << r) & ~ran == 0 for r in rs))
+                # computed with its input's buffer kept, or written into it (``over``)
+                for into in (-1, over[v]) if over[v] >= 0 and len(computes) == 1 else (-1,):
+                    kept = after & ~(1 << into if into >= 0 else 0)
+                    at = top - (bytes_of(1 << into) if into >= 0 else 0)
+                    moves.append(((ran, kept & ~gone), max(peak, at),
+                                  (*(Event("compute", u) for u in computes),
+                                   *((Event("free", into),) if into >= 0 else ()),
+                                   *(Event("free", u) for u in range(n) if (gone & kept) >> u & 1))))
+        for nxt, new, ev in moves:
             order = (max(new, still(nxt[0])), -bin(nxt[0]).count("1"))
             if not _reach(best, parent, heap, nxt, new, ((done, mask), ev), order, max_states):
                 return None

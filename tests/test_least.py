@@ -65,11 +65,11 @@ def test_the_exact_search_finds_the_least_peak_and_a_plan_at_it(p):
 def test_the_exact_search_frees_parts_apart_as_simulate_does():
     """Node 0's halves are read one by node 1, the other by node 2: the run frees the first after
     node 1, so node 2 runs with 12 bytes and the no-remat plan peaks at 21 (node 1's step). The
-    search counted node 0 as one buffer to node 2 (22 bytes) and said no plan fits 21."""
+    searches counted node 0 as one buffer to node 2 (22 bytes) and said no plan fits 21."""
     p = PlanningProblem.build(size=[20, 1, 1], cost=[1, 1, 1], preds=[[], [0], [0, 1]],
                               parts=[[(10, [1]), (10, [2])], [], []])
-    peak, plan = least_plan(p)
-    assert peak == simulate(p, plan).peak_bytes == oracle.least_peak(p, [0, 1, 2]) == 21
+    for peak, plan in (least_plan(p), least_plan_any_order(p)):
+        assert peak == simulate(p, plan).peak_bytes == oracle.least_peak(p) == 21
     assert cheapest_plan(p, 21)[0] == 0
 
 
@@ -77,8 +77,8 @@ def test_the_exact_search_counts_a_taken_over_input_once():
     """Node 1 writes into node 0's buffer (takes_over): its step holds 10 bytes, not 20, as
     simulate() counts it where node 0 is freed with node 1's compute."""
     p = PlanningProblem.build(size=[10, 10, 1], cost=[1, 1, 1], preds=[[], [0], [1]], takes_over=[-1, 0, -1])
-    peak, plan = least_plan(p)
-    assert peak == simulate(p, plan).peak_bytes == oracle.least_peak(p, [0, 1, 2]) == 11
+    for peak, plan in (least_plan(p), least_plan_any_order(p)):
+        assert peak == simulate(p, plan).peak_bytes == oracle.least_peak(p) == 11
     assert cheapest_plan(p, 11)[0] == 0
 
 
