@@ -177,10 +177,12 @@ class DepthFirstPlan:
     """:func:`depth_first_plan`'s answer: its plan and simulation, or None; ``exhausted``: the
     walk visited every state without finding one. On a problem that cannot swap and whose
     accounting is the runtime's (``PlanningProblem.runtime_exact``) that proves no plan, in any
-    node order and with any recomputes, fits the budget."""
+    node order and with any recomputes, fits the budget. ``search``: the walk its deadline cut
+    short, to go on with (None once it has ended)."""
 
     found: tuple[Plan, Simulation] | None
     exhausted: bool
+    search: "DepthFirstSearch | None" = None
 
 
 def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = math.inf,
@@ -188,6 +190,7 @@ def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = ma
     """The backward walk of :func:`reverse_walk` in any order, depth first with every state it
     has been to remembered: complete, where the beams drop states and end in dead ends. Gives up
     at ``deadline`` or past ``max_states`` states (by default, as many as :data:`DFS_BYTES` holds).
+    :class:`DepthFirstSearch` is the walk, which a later call may resume.
 
     *Moves.* From each state, the moves that go back over a node for the last time (its first
     compute: no node left in the state needs it) come first, then the recomputes; within each,
@@ -206,79 +209,98 @@ def depth_first_walk(problem: PlanningProblem, budget: int, deadline: float = ma
     a visited state or to a superset of one, and copying any walk from the start to a plan that
     way would end in the empty state, which the walk would have reached. (RL250 at 60%: 205 k of
     354 k new states skipped; ``beams_dead_end`` at 108 bytes exhausted in 4,677 states, not 57,092.)"""
-    p = problem
-    n = p.n
-    if max_states is None:
-        max_states = DFS_BYTES // (n // 8 + 100)
-    size = [int(x) for x in p.size]
-    scratch = [int(x) for x in p.scratch]
-    redo = [bool(x) for x in p.recomputable]
-    limit = budget - p.base_bytes
-    anc = _ancestors(p.pred_lists)
-    pred_mask, pinned, owed0, mem0 = _walk_start(p, size)
-    if mem0 > limit:
-        return DepthFirst(None, True, 0)
+    return DepthFirstSearch(problem, budget, max_states).run(deadline)
 
-    def moves(demand: int, owed: int) -> list[int]:
+
+class DepthFirstSearch:
+    """:func:`depth_first_walk`, run until a deadline; :meth:`run` again goes on where the last
+    run stopped, through the same states in the same order as one longer run (the walk before a
+    solve and the one after it: RL250 at 60%, ``--time-limit 60 --deterministic``, needs 16.1 of
+    the 15 counted seconds each had, and the one after started again from scratch: no plan)."""
+
+    def __init__(self, problem: PlanningProblem, budget: int, max_states: int | None = None):
+        p = problem
+        n = p.n
+        self.problem, self.budget = problem, budget
+        self.max_states = DFS_BYTES // (n // 8 + 100) if max_states is None else max_states
+        self._n = n
+        self._size = [int(x) for x in p.size]
+        self._scratch = [int(x) for x in p.scratch]
+        self._redo = [bool(x) for x in p.recomputable]
+        self._limit = budget - p.base_bytes
+        self._anc = _ancestors(p.pred_lists)
+        self._pred_mask, pinned, owed0, mem0 = _walk_start(p, self._size)
+        self.ended: DepthFirst | None = DepthFirst(None, True, 0) if mem0 > self._limit else None
+        self._seen = {pinned | (owed0 << n)}
+        self._bytes_of: dict[int, int] = {0: 0}  # bytes of a set of buffers (the same sets come back often)
+        # a frame per state on the path: (demand, owed, bytes demanded, its moves, the next to try)
+        self._stack = [] if self.ended else [[pinned, owed0, mem0, self._moves(pinned, owed0), 0]]
+        self._states = self._tried = 0
+
+    def _moves(self, demand: int, owed: int) -> list[int]:
         """The nodes a walk may go back over from a state: first computes, then recomputes
         (of nodes that may be recomputed), each highest first (an owed output is in no one's
         inputs, so never in ``demand`` too)."""
         members = list(_bits(demand | owed))
-        needed = _ancestors_of(members, anc)
+        needed = _ancestors_of(members, self._anc)
         first = [t for t in reversed(members) if not (needed >> t) & 1]
-        again = [t for t in reversed(members) if (needed >> t) & 1 and redo[t]]
+        again = [t for t in reversed(members) if (needed >> t) & 1 and self._redo[t]]
         clock.charge(len(members) * MOVE_SECONDS)
         return first + again
 
-    def subsumed(key: int) -> bool:
+    def _subsumed(self, key: int) -> bool:
         """Has a state one member short of ``key`` been visited?"""
         rest = key
         while rest:
             low = rest & -rest
-            if (key ^ low) in seen:
+            if (key ^ low) in self._seen:
                 return True
             rest ^= low
         return False
 
-    seen = {pinned | (owed0 << n)}
-    bytes_of: dict[int, int] = {0: 0}  # bytes of a set of buffers (the same sets come back often)
-    # a frame per state on the path: (demand, owed, bytes demanded, its moves, the next to try)
-    stack = [[pinned, owed0, mem0, moves(pinned, owed0), 0]]
-    states = tried = 0
-    while stack:
-        frame = stack[-1]
-        demand, owed, mem, nodes, k = frame
-        if k == len(nodes):
-            stack.pop()  # a dead end: every move from here fits no budget or leads to a visited state
-            continue
-        frame[4] = k + 1
-        tried += 1
-        if tried & 4095 == 0 and clock.now() > deadline:
-            return DepthFirst(None, False, states)
-        t = nodes[k]
-        missing = pred_mask[t] & ~demand  # t's inputs not demanded yet
-        grow = bytes_of.get(missing)
-        if grow is None:
-            if len(bytes_of) > BYTES_MEMO:
-                bytes_of.clear()
-            grow = bytes_of[missing] = sum(size[u] for u in _bits(missing))
-        own = not (demand >> t) & 1  # an owed output: its bytes come and go with this compute
-        if mem + grow + (size[t] if own else 0) + scratch[t] > limit:
-            continue
-        d2 = (demand & ~(1 << t)) | pred_mask[t]
-        o2 = owed & ~(1 << t)
-        if not d2 and not o2:  # back at the start: t is the schedule's first compute
-            return DepthFirst([t] + [f[3][f[4] - 1] for f in reversed(stack[:-1])], False, states)
-        key = d2 | (o2 << n)
-        if key in seen or subsumed(key):
-            continue
-        states += 1
-        if states > max_states:
-            return DepthFirst(None, False, states)
-        seen.add(key)
-        m2 = mem + grow - (0 if own else size[t])
-        stack.append([d2, o2, m2, moves(d2, o2), 0])
-    return DepthFirst(None, True, states)
+    def run(self, deadline: float = math.inf) -> DepthFirst:
+        """The walk until it ends or ``deadline`` passes (then :attr:`ended` stays None)."""
+        if self.ended is not None:
+            return self.ended
+        n, size, stack, seen, bytes_of = self._n, self._size, self._stack, self._seen, self._bytes_of
+        while stack:
+            frame = stack[-1]
+            demand, owed, mem, nodes, k = frame
+            if k == len(nodes):
+                stack.pop()  # a dead end: every move from here fits no budget or leads to a visited state
+                continue
+            # checked before the move is taken, so that a later run tries it
+            if (self._tried + 1) & 4095 == 0 and clock.now() > deadline:
+                return DepthFirst(None, False, self._states)
+            frame[4] = k + 1
+            self._tried += 1
+            t = nodes[k]
+            missing = self._pred_mask[t] & ~demand  # t's inputs not demanded yet
+            grow = bytes_of.get(missing)
+            if grow is None:
+                if len(bytes_of) > BYTES_MEMO:
+                    bytes_of.clear()
+                grow = bytes_of[missing] = sum(size[u] for u in _bits(missing))
+            own = not (demand >> t) & 1  # an owed output: its bytes come and go with this compute
+            if mem + grow + (size[t] if own else 0) + self._scratch[t] > self._limit:
+                continue
+            d2 = (demand & ~(1 << t)) | self._pred_mask[t]
+            o2 = owed & ~(1 << t)
+            if not d2 and not o2:  # back at the start: t is the schedule's first compute
+                self.ended = DepthFirst([t] + [f[3][f[4] - 1] for f in reversed(stack[:-1])], False, self._states)
+                return self.ended
+            key = d2 | (o2 << n)
+            if key in seen or self._subsumed(key):
+                continue
+            self._states += 1
+            if self._states > self.max_states:
+                self.ended = DepthFirst(None, False, self._states)
+                return self.ended
+            seen.add(key)
+            m2 = mem + grow - (0 if own else size[t])
+            stack.append([d2, o2, m2, self._moves(d2, o2), 0])
+        self.ended = DepthFirst(None, True, self._states)
+        return self.ended
 
 
 def plan_of(problem: PlanningProblem, order: Sequence[int], strategy: str = "reverse") -> Plan:
@@ -348,14 +370,18 @@ def reverse_pebble(problem: PlanningProblem, budget: int, deadline: float = math
     return best
 
 
-def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf) -> DepthFirstPlan:
+def depth_first_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf,
+                     search: DepthFirstSearch | None = None) -> DepthFirstPlan:
     """The plan of :func:`depth_first_walk` within ``budget``, simulated (None when the walk
-    finds none before ``deadline``), and whether that walk went through every state."""
+    finds none before ``deadline``), and whether that walk went through every state; ``search``:
+    a walk within ``budget`` an earlier call's deadline cut short, gone on with."""
+    if search is None or search.problem is not problem or search.budget != budget:
+        search = DepthFirstSearch(problem, budget)
     if clock.now() >= deadline:
-        return DepthFirstPlan(None, False)
-    walked = depth_first_walk(problem, budget, deadline)
+        return DepthFirstPlan(None, False, search)
+    walked = search.run(deadline)
     if walked.order is None:
-        return DepthFirstPlan(None, walked.exhausted)
+        return DepthFirstPlan(None, walked.exhausted, search if search.ended is None else None)
     plan = plan_of(problem, walked.order)
     sim = fitting(problem, plan, budget, "depth-first walk")
     return DepthFirstPlan(None if sim is None else (plan, sim), False)

@@ -53,7 +53,7 @@ from planner.least import MAX_NODES, MAX_STATES, cheapest_plan, least_plan, leas
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
                                  larger_bound)
-from planner.pebble import DepthFirstPlan, depth_first_plan, reverse_pebble
+from planner.pebble import DepthFirstPlan, DepthFirstSearch, depth_first_plan, reverse_pebble
 from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
 from planner.problem import PlanningProblem
@@ -161,7 +161,7 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
                 return res
             # the fused problem over-counts a little; what it cannot fit, the real one may
     early = _early_walk(problem, budget, options) if options.reorder else None
-    if early is not None and early.found is None:  # every state visited: no plan fits
+    if early is not None and early.exhausted:  # every state visited: no plan fits
         stats = SolverStats(seed=options.seed, workers=options.workers, clock=_clock_name(options))
         res = _walked_through(problem, _empty(problem, budget, "cpsat", status="timeout", solver=stats),
                               depth_first_plan(problem, budget + 1, clock.now() + _early_window(options)).found)
@@ -199,7 +199,7 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
     if res is None:
         res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint, label=label) if found is not None
                else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
-    walked = Candidate(*early.found) if early is not None else None
+    walked = Candidate(*early.found) if early is not None and early.found is not None else None
     if walked is not None and (res.plan is None or walked.sim.added_time < res.added_time):
         # what the solve left of its limit (it ends early where it proves its orders hold no plan)
         res = _in_plan_order(problem, _walked_first(problem, res, walked, options), walked, options,
@@ -214,7 +214,8 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
             problem.order_free_floor <= budget < problem.memory_floor:
         res = _walked_beside(problem, res, options, t0 + options.time_limit if repaired else -math.inf)
     else:
-        res = _any_order(problem, res, options, t0 + options.time_limit)
+        res = _any_order(problem, res, options, t0 + options.time_limit,
+                         early.search if early is not None else None)
     # the whole solve's time, last resorts included
     return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
 
@@ -329,7 +330,8 @@ def _wall_capped(res: SolveResult) -> SolveResult:
                    solver=replace(res.solver, wall_capped=True))
 
 
-def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, end: float) -> SolveResult:
+def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, end: float,
+               search: DepthFirstSearch | None = None) -> SolveResult:
     """``res`` with an infeasible claim lowered to what plans in every node order may reach
     (:attr:`PlanningProblem.order_free_floor`): the solve searched the given order and perhaps
     one memory-aware order, and its least holds over those orders' plans only. Small problems
@@ -337,10 +339,11 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     the solve has no plan and no proof: "timeout", with a note that says so. Before that, the
     reverse walk over every order (planner/pebble.py) looks for a plan within the budget; and
     where the claim is that floor, for a plan at it (then the floor is the exact least). ``end``:
-    when the solve's own time limit runs out (:func:`_rescue`)."""
+    when the solve's own time limit runs out (:func:`_rescue`, which goes on with ``search``, the
+    early depth-first walk its window cut short)."""
     low = problem.order_free_floor
     if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and \
-            (plan := _rescue(problem, res, options, True, end)):
+            (plan := _rescue(problem, res, options, True, end, search)):
         return plan
     if res.plan is None and res.status == "timeout" and low <= res.budget_bytes:
         # the walk counts each output as one buffer; the exact search over every order's plans
@@ -368,7 +371,7 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
         counted = _runtime_least(problem, res, options, end, deadline)
         if counted is not None:
             return counted
-    if exact is None and low <= res.budget_bytes and (plan := _rescue(problem, res, options, True, end)):
+    if exact is None and low <= res.budget_bytes and (plan := _rescue(problem, res, options, True, end, search)):
         return plan  # past the exact search: the walk only (the solver's claim rules the long run out)
     if exact is None and searching and res.budget_bytes < low:
         at_floor = _walk(problem, low, options, first=True)
@@ -680,7 +683,7 @@ def _found_elsewhere(res: SolveResult, found: Candidate, order: str, note: str) 
 
 
 def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, walk: bool,
-            end: float = -math.inf) -> SolveResult | None:
+            end: float = -math.inf, search: DepthFirstSearch | None = None) -> SolveResult | None:
     """A plan within ``res``'s budget for a solve that ended without one, or None: the cheaper of
     the reverse walk over every node order, with ``walk`` (planner/pebble.py; the caller checked
     the order-free floor allows one), and the tight greedy's long run in the given order
@@ -718,7 +721,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
         found.append((Candidate(*long), "given", "the tight greedy's long run found a plan in the given node order "
                                                   "(planner/tight_greedy.py"))
     if walk and not found:
-        deep = depth_first_plan(problem, budget, deadline)
+        deep = depth_first_plan(problem, budget, deadline, search)  # on from where the early walk stopped
         if deep.found is not None:
             found.append((Candidate(*deep.found), "reverse-walk", "the depth-first walk over every node order found "
                                                                   "a plan (planner/pebble.py"))
@@ -887,9 +890,10 @@ def _early_walk(problem: PlanningProblem, budget: int, options: PlannerOptions) 
     for a budget near the least peak any order may reach (``PlannerOptions.early_walk_within``),
     before the solve: there the model's plans (each node computed a few times, in one order)
     rarely fit, and the walk finds one in seconds (RL250 at 60%). None where the budget is not
-    that near, the problem may swap or is large enough to be fused first, or the walk found
-    nothing in its window; an exhausted walk (``found`` None) proves no plan fits, where the
-    problem's accounting is the runtime's."""
+    that near, the problem may swap or is large enough to be fused first, or the walk visited
+    every state without a plan where that proves nothing; an exhausted walk proves no plan fits,
+    where the problem's accounting is the runtime's. A walk its window cut short gives no plan and
+    its ``search``, which the rescue after the solve goes on with (:func:`_rescue`)."""
     peak = problem.unplanned_peak
     if problem.can_swap or problem.n > options.coarsen_above or budget >= peak:
         return None  # (before the floor: most solves stop here)
@@ -898,8 +902,8 @@ def _early_walk(problem: PlanningProblem, budget: int, options: PlannerOptions) 
         return None
     end = clock.now() + _early_window(options)
     deep = depth_first_plan(problem, budget, end)
-    if deep.found is None:
-        return deep if deep.exhausted and problem.runtime_exact else None
+    if deep.found is None:  # cut short: its search goes on after the solve (:func:`_rescue`)
+        return deep if deep.exhausted and problem.runtime_exact or deep.search is not None else None
     # the beams in what is left of the window: they get through more often than not when the walk
     # does, and their plans polish better (RL100 at 55%: +64.2% against the walk's +77.7%; on
     # RL250 at 60% they end in dead ends in 0.4 s)

@@ -18,9 +18,9 @@ from planner.chain_greedy import checkpoint_greedy
 from planner.cpsat import PlannerOptions
 from planner.greedy import evict_greedy, split_greedy
 from planner.least import cheapest_plan, least_plan, least_plan_any_order
-from planner.pebble import WALKS, Walk, depth_first_walk, plan_of, reverse_pebble, reverse_walk
+from planner.pebble import WALKS, DepthFirstSearch, Walk, depth_first_walk, plan_of, reverse_pebble, reverse_walk
 from planner.plan import SolveResult
-from planner import planning
+from planner import clock, planning
 from planner.planning import solve
 from planner.problem import PlanningProblem
 from planner.reorder import first_compute_order, permute
@@ -432,3 +432,45 @@ def test_below_the_given_orders_floor_its_least_is_not_searched(seed_58, monkeyp
     res = _reordered_below_the_floor(p, budget)
     assert res.plan is None and res.status == "timeout"
     assert searched == []
+
+
+def test_a_depth_first_walk_cut_short_goes_on_where_it_stopped():
+    # at 108 bytes the walk visits 4677 states without a plan; cut short by a deadline already
+    # passed (it reads the clock every 4096 moves), then run on, it ends as one run does
+    p = beams_dead_end()
+    whole = depth_first_walk(p, 108)
+    with clock.work_clock():
+        search = DepthFirstSearch(p, 108)
+        cut = search.run(clock.now())
+        assert cut.order is None and not cut.exhausted and cut.states < whole.states and search.ended is None
+        again = search.run()
+    assert again == whole and again.exhausted
+    assert search.run() is again  # an ended walk stays ended
+
+
+def _walk_needs_two_windows() -> PlanningProblem:
+    """56 nodes (a random DAG, found by search) where the depth-first walk at 99 bytes, one over the
+    least peak any order may reach, visits 9112 states: 0.27 counted seconds."""
+    preds = [[], [0], [1], [0, 2], [1, 3], [0, 1], [5], [0, 6], [3], [2, 4], [8, 9], [2, 7], [2], [1, 8], [12], [13],
+             [3, 4], [3, 12], [2], [7, 13], [8], [1, 14], [3], [7, 12], [8, 14, 17], [4, 5], [0, 7, 17], [8, 13, 16],
+             [1], [1], [27], [12, 15, 27], [7, 20], [8, 10], [2, 7, 30], [2, 19], [8, 26, 34], [13, 26], [20], [0, 33],
+             [30], [1], [34], [32], [37, 43], [0, 4, 41], [21], [18, 32, 35], [7], [0, 12, 26], [9, 15, 32],
+             [11, 33, 34], [9, 11, 14], [14, 24, 39], [10, 26], [51]]
+    size = [12, 25, 16, 23, 19, 29, 3, 28, 28, 17, 22, 21, 22, 11, 20, 17, 23, 28, 4, 16, 2, 13, 2, 20, 13, 14, 25, 3,
+            17, 12, 10, 5, 4, 28, 4, 23, 10, 14, 20, 3, 7, 4, 1, 8, 11, 16, 14, 4, 10, 11, 6, 6, 12, 4, 3, 4]
+    return PlanningProblem.build(size=size, cost=[1.0] * 56, preds=preds, name="walk_needs_two_windows")
+
+
+def test_the_rescue_goes_on_with_the_early_walk_its_window_cut_short():
+    # RL250 at 60%, --time-limit 60 --deterministic: the walk needs 16.1 counted seconds, the early
+    # window and the rescue's each gave 15, and the rescue started again from scratch: no plan
+    p = _walk_needs_two_windows()
+    opts = PlannerOptions(time_limit=0.9, workers=1, seed=0, work_limit=True)
+    assert p.order_free_floor == 98 and (99 - 98) <= opts.early_walk_within * (p.unplanned_peak - 98)
+    with clock.work_clock():
+        t0 = clock.now()
+        assert depth_first_walk(p, 99).order is not None
+        assert clock.now() - t0 > opts.early_walk_share * opts.time_limit  # premise: more than the early window
+    res = solve(p, 99, "cpsat", opts)
+    assert res.status == "feasible" and res.order == "reverse-walk", res.note
+    assert simulate(p, res.plan, 99).peak_bytes == res.peak_bytes <= 99
