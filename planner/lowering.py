@@ -182,6 +182,7 @@ def lower(
             continue
         size[j] += int(lv.buffer_size[b])
         buffers[j].append(int(root))
+    owner = {int(lv.buffer_of[r]): j for j, bs in enumerate(buffers) for r in bs}  # buffer -> its node
     step_of = {nid: s for s, nid in enumerate(lv.order)}
     for j, members in enumerate(groups):
         for nid in members:
@@ -192,16 +193,19 @@ def lower(
                 recomputable[j] = False
             for t in node.inputs:
                 if t != NO_TENSOR and graph.tensors[t].kind is TensorKind.ACTIVATION:
-                    p = int(group_of[graph.tensors[t].producer])
-                    if p != j:
-                        preds[j].add(p)
+                    # a view that is a node of its own (its shape computed: a planned file's ordering
+                    # edge) shares its source's buffer, which ORT holds for the view's readers: they
+                    # read that node too (replanning fuzz_e2e --ops multi seed 401's file, a TopK's
+                    # values read so, was refused as parts read by a node not reading it)
+                    for p in (int(group_of[graph.tensors[t].producer]), owner.get(int(lv.buffer_of[t]), j)):
+                        if p != j:
+                            preds[j].add(p)
     # ORT holds an output nobody reads to the end of the run, that of every run of its node: a
     # recompute would make another such copy (a Split recomputed for its read half held the other
     # half twice: the rewritten model overshot its budget, stop 48's fuzzing)
     recomputable &= unread == 0
     # per group, the least bytes of its buffers any reader in another group reads
     read = size.copy()
-    counted = {int(lv.buffer_of[t]) for bs in buffers for t in bs}
     buffer_readers: dict[int, set[int]] = {}  # buffer -> the groups reading it (not its own)
     for node in graph.nodes:
         c = int(group_of[node.id])
@@ -209,8 +213,9 @@ def lower(
         for t in node.inputs:
             if t == NO_TENSOR or graph.tensors[t].kind is not TensorKind.ACTIVATION:
                 continue
-            j, b = int(group_of[graph.tensors[t].producer]), int(lv.buffer_of[t])
-            if j != c and b in counted:
+            b = int(lv.buffer_of[t])
+            j = owner.get(b, -1)
+            if j not in (c, -1):
                 by_group.setdefault(j, set()).add(b)
                 buffer_readers.setdefault(b, set()).add(c)
         for j, bs in by_group.items():

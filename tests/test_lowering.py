@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from passes import alloc_counter
@@ -200,3 +201,39 @@ def test_the_cnns_problem_peaks_at_the_models_own_peak():
     problem, _ = lower(graph)
     assert problem.unplanned_peak == simulate(problem, no_remat(problem)).peak_bytes == lv.peak_bytes == 776324
     assert problem.one_buffer_peak == 792708
+
+
+# the Reshape shares the MaxPool's Y (a view) but is a problem node of its own, its shape computed
+# (a planned file's ordering edge, passes/ordering.py, read as ORT runs it); the Neg reads Y through it
+VIEW_OF_A_PART = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 16, 16] x) => (float[1, 4, 8, 8] y2, int64[1, 4, 8, 8] i2)
+<int64[4] zeros = {0, 0, 0, 0}>
+{
+  y, i = MaxPool<kernel_shape = [2, 2], strides = [2, 2]>(x)
+  n = Size(y)
+  s = Mul(n, zeros)
+  r = Reshape(y, s)
+  z = Exp(x)
+  w = Neg(z)
+  y2 = Neg(r)
+  i2 = Mul(i, i)
+}
+"""
+
+
+def test_a_reader_through_a_view_of_its_own_reads_the_buffer_it_shares():
+    """ORT holds the MaxPool's Y until the Neg reading it through the Reshape. The Neg was named a
+    reader of Y's part without reading the MaxPool in the problem, and build() refused the problem
+    (replanning fuzz_e2e --ops multi seed 401's emitted model: "parts of node 41: ... readers must
+    read node 41"); the MaxPool is the Neg's input too, and the problem peaks at the model's peak."""
+    model = parse_model(VIEW_OF_A_PART)
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [1, 4, 8, 8]))
+    graph = import_model(model, fold=False)
+    lv = analyze(graph)
+    problem, lowering = lower(graph)
+    assert problem.unplanned_peak == lv.peak_bytes
+    ops = [[graph.nodes[n].op_type for n in grp] for grp in lowering.groups]
+    pool, neg = ops.index(["MaxPool"]), ops.index(["Neg"], ops.index(["Neg"]) + 1)
+    assert pool in problem.pred_lists[neg]
+    assert (1024, (ops.index(["Size"]), ops.index(["Reshape"]), neg)) in problem.parts[pool]
