@@ -342,6 +342,8 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     when the solve's own time limit runs out (:func:`_rescue`, which goes on with ``search``, the
     early depth-first walk its window cut short)."""
     low = problem.order_free_floor
+    # the last resorts' quarter of the limit past its end, the walk's and the exact search's together
+    late = max(end, clock.now() + 0.25 * options.time_limit)
     if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and \
             (plan := _rescue(problem, res, options, True, end, search)):
         return plan
@@ -349,7 +351,7 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
         # the walk counts each output as one buffer; the exact search over every order's plans
         # frees parts apart as the run does (bench/claims_fuzz.py: 27 of 854 budgets a plan
         # fits, each only so and only in another order, ended here without one)
-        exact = least_plan_any_order(problem, deadline=max(end, clock.now() + 0.25 * options.time_limit))
+        exact = least_plan_any_order(problem, deadline=late)
         if exact is not None and exact[0] <= res.budget_bytes:
             least = Candidate(exact[1], simulate(problem, exact[1], res.budget_bytes))
             return _exact_found(problem, res, least, f"the least peak, {exact[0]} bytes", options, end)

@@ -5,6 +5,7 @@ bound on every plan: a buffer read by many far-apart readers is best recomputed 
 On such a graph the model's least peak is 72 bytes, and a plan at 61 exists."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -383,6 +384,34 @@ def test_the_exact_search_over_every_order_stops_at_its_deadline():
     problem = _floating_companion()
     assert least_plan_any_order(problem, deadline=clock.now() - 1) is None
     assert least_plan_any_order(problem, deadline=clock.now() + 60)[0] == 210
+
+
+def test_after_a_timeout_the_walk_and_the_exact_search_share_one_quarter_of_the_limit(monkeypatch):
+    """A small problem's solve that ends "timeout" without a plan gets the walk (planner.planning's
+    _rescue: a quarter of --time-limit past the solve's end) and then the exact search over every
+    order. The search's deadline was a quarter more from where the walk stopped: half the limit
+    on top, where the README says a quarter. Here the walk spends its whole quarter."""
+    from planner import clock
+
+    problem = far_readers(2)
+    options = PlannerOptions(time_limit=4, workers=1, seed=0)
+    seen = []
+
+    def walk(*args, **kw):
+        clock.charge(0.25 * options.time_limit)
+        return None
+
+    def exact(p, deadline=math.inf, **kw):
+        seen.append(deadline - clock.now())
+        return None
+
+    monkeypatch.setattr(planning, "_rescue", walk)
+    monkeypatch.setattr(planning, "least_plan_any_order", exact)
+    with clock.work_clock():
+        end = clock.now()
+        res = planning._empty(problem, problem.order_free_floor, "cpsat", status="timeout")
+        assert planning._any_order(problem, res, options, end).plan is None
+    assert seen and seen[0] <= 0  # the quarter is spent: nothing left for the exact search
 
 
 def test_the_exact_search_over_every_order_charges_the_work_clock_and_stops_there():
