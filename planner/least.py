@@ -23,6 +23,7 @@ there are at most about 2^(n+1) states (more with parts); the search gives up pa
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -58,12 +59,36 @@ def cheapest_plan(problem: PlanningProblem, budget: int, max_nodes: int = MAX_NO
     return _search(problem, budget, max_nodes, max_states)
 
 
+#: States the search with a node's ``parts`` apart gets before it counts each output as one buffer
+#: instead: their bits multiply its states and moves (16-node problems with parts passed MAX_STATES
+#: in 4-4.5 s each, four searches a solve: 7-10 s of a 1 s limit, where the one-buffer search took
+#: 0.03-0.08 s); bench/claims_fuzz.py's 4-8 node problems need at most 2528 (seeds 0-299). The
+#: one-buffer count holds more than simulate() does, so its plans still fit.
+PARTS_STATES = 5_000
+#: :func:`_search_once` passed its cap, or the problem is not one it searches.
+_GAVE_UP = object()
+
+
 def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
             max_states: int) -> tuple[float, Plan] | None:
-    """Least peak (``budget`` None) or least added time within ``budget`` (module docstring)."""
+    """Least peak (``budget`` None) or least added time within ``budget`` (module docstring):
+    with parts apart where that search stays within :data:`PARTS_STATES`, else with each output
+    one buffer."""
+    if p.parts is not None:
+        found = _search_once(p, budget, max_nodes, min(max_states, PARTS_STATES))
+        if found is not _GAVE_UP:
+            return found
+        p = replace(p, parts=None)
+    found = _search_once(p, budget, max_nodes, max_states)
+    return None if found is _GAVE_UP else found
+
+
+def _search_once(p: PlanningProblem, budget: int | None, max_nodes: int, max_states: int):
+    """:func:`_search` in ``p``'s own accounting: the result, None where no plan fits, or
+    :data:`_GAVE_UP`."""
     n = p.n
     if n > max_nodes or p.can_swap:
-        return None
+        return _GAVE_UP
     nbytes, reads, own, readers = _buffers(p)
     # v that takes over input u's buffer (``takes_over``) writes into it where u is freed with
     # v's compute: size[u] not counted while v runs, as simulate() counts it (a node taking over
@@ -133,7 +158,7 @@ def _search(p: PlanningProblem, budget: int | None, max_nodes: int,
                                    *(Event("free", u) for u in range(n) if gone >> u & 1))))
         for nxt, new, ev in moves:
             if not _reach(best, parent, heap, nxt, new, ((t, mask), ev), (key(new, nxt[0]), -nxt[0]), max_states):
-                return None
+                return _GAVE_UP
     return None  # nothing within the budget (without one, running everything once is a plan)
 
 

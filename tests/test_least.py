@@ -74,6 +74,20 @@ def test_the_exact_search_frees_parts_apart_as_simulate_does():
     assert cheapest_plan(p, 21)[0] == 0
 
 
+def test_a_search_with_parts_past_its_cap_counts_each_output_as_one_buffer(monkeypatch):
+    """With parts apart the search's states multiply (16-node problems: 4 s each, none within
+    MAX_STATES); past PARTS_STATES it searches the outputs as one buffer each, as before parts were
+    counted: a least of 22 where 21 is reached, and a plan that still replays within it."""
+    import planner.least as least
+
+    p = PlanningProblem.build(size=[20, 1, 1], cost=[1, 1, 1], preds=[[], [0], [0, 1]],
+                              parts=[[(10, [1]), (10, [2])], [], []])
+    monkeypatch.setattr(least, "PARTS_STATES", 1)
+    peak, plan = least_plan(p)
+    assert peak == 22 and simulate(p, plan).peak_bytes == 21
+    assert cheapest_plan(p, 21) is None and cheapest_plan(p, 22)[0] == 0
+
+
 def test_the_exact_search_counts_a_taken_over_input_once():
     """Node 1 writes into node 0's buffer (takes_over): its step holds 10 bytes, not 20, as
     simulate() counts it where node 0 is freed with node 1's compute."""
