@@ -23,8 +23,8 @@ there are at most about 2^(n+1) states (more with parts); the search gives up pa
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -90,11 +90,7 @@ def _search_once(p: PlanningProblem, budget: int | None, max_nodes: int, max_sta
     if n > max_nodes or p.can_swap:
         return _GAVE_UP
     nbytes, reads, own, readers = _buffers(p)
-    # v that takes over input u's buffer (``takes_over``) writes into it where u is freed with
-    # v's compute: size[u] not counted while v runs, as simulate() counts it (a node taking over
-    # has no parts, nor does its input)
-    taken = [-1] * n if p.takes_over is None else [int(u) for u in p.takes_over]
-    over = [u if u >= 0 and not p.pinned[u] else -1 for u in taken]
+    over = _takeovers(p)
     credit = [nbytes[u] if u >= 0 else 0 for u in over]
     need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
     redo = [float(x) for x in p.cost]
@@ -118,7 +114,7 @@ def _search_once(p: PlanningProblem, budget: int | None, max_nodes: int, max_sta
     low = []
     for v in range(n):
         held = reads[v] | made
-        low.append(base + need[v] + sum(nbytes[b] for b in range(len(nbytes)) if held >> b & 1) - credit[v])
+        low.append(base + need[v] + _bytes_in(nbytes, held) - credit[v])
         made |= (1 << v) if pinned[v] else 0
     tail = [int(x) for x in np.maximum.accumulate(np.asarray(low, dtype=np.int64)[::-1])[::-1]] + [base]
     if budget is not None and tail[0] > budget:
@@ -134,7 +130,7 @@ def _search_once(p: PlanningProblem, budget: int | None, max_nodes: int, max_sta
     for cost, (t, mask) in _settled(heap, best):
         if t == n and mask == done_mask:
             return cost, Plan(_events(parent, (t, mask)), "exact")
-        held = sum(nbytes[b] for b in range(len(nbytes)) if mask >> b & 1)
+        held = _bytes_in(nbytes, mask)
         # a part dropped while its node stays resident (simulate() releases it after its last
         # reader): no event, and no later compute may read it from this copy
         moves = [((t, mask & ~(1 << b)), cost, ()) for b in readers if mask >> b & 1]
@@ -184,6 +180,20 @@ def _buffers(p: PlanningProblem) -> tuple[list[int], list[int], list[int], dict[
     return nbytes, reads, own, readers
 
 
+def _takeovers(p: PlanningProblem) -> list[int]:
+    """Per node v, the input u whose buffer v writes into (``takes_over``), or -1: u is freed with
+    v's compute, so its bytes are not counted while v runs, as simulate() counts them (where u is
+    not pinned; a node taking over has no parts, nor does its input)."""
+    if p.takes_over is None:
+        return [-1] * p.n
+    return [int(u) if u >= 0 and not p.pinned[u] else -1 for u in p.takes_over]
+
+
+def _bytes_in(nbytes: list[int], mask: int) -> int:
+    """The bytes of the buffers whose bits ``mask`` sets (:func:`_buffers`)."""
+    return sum(nbytes[b] for b in range(len(nbytes)) if mask >> b & 1)
+
+
 def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
                          max_states: int = MAX_STATES, deadline: float = math.inf,
                          runtime: bool = False) -> tuple[int, Plan] | None:
@@ -220,8 +230,7 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
         nbytes, reads, own, readers = _buffers(p)
         need = [int(p.size[v]) + int(p.scratch[v]) for v in range(n)]
         base = p.base_bytes
-        if p.takes_over is not None:
-            over = [int(u) if u >= 0 and not p.pinned[u] else -1 for u in p.takes_over]
+        over = _takeovers(p)
     again = [bool(p.recomputable[v]) for v in range(n)]
     pinned = sum(1 << v for v in range(n) if p.pinned[v])
     everything = (1 << n) - 1
@@ -234,9 +243,6 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
     # the end) runs right after its node's first compute, as the runtime makes them, never apart
     companion = [bool(x) for x in p.companion] if p.companion is not None else [False] * n
     glued = p.companion_of
-
-    def bytes_of(mask: int) -> int:
-        return sum(nbytes[b] for b in range(len(nbytes)) if mask >> b & 1)
 
     def still(done: int) -> int:
         """The most a node still to run needs, in every order."""
@@ -252,7 +258,7 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
             clock.charge(1024 * STATE_SECONDS)
             if clock.now() > deadline:
                 return None
-        held = bytes_of(mask)
+        held = _bytes_in(nbytes, mask)
         # a part dropped while its node stays resident (as in _search): no event
         moves = [((done, mask & ~(1 << b)), peak, ()) for b in readers if mask >> b & 1]
         for v in range(n):
@@ -269,7 +275,7 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
                 computes = [v]
                 if glued[v] >= 0 and not done >> glued[v] & 1:  # v's first compute: its companion now
                     c = glued[v]
-                    top = max(top, base + held + bytes_of(1 << v | own[v]) + need[c])
+                    top = max(top, base + held + _bytes_in(nbytes, 1 << v | own[v]) + need[c])
                     ran, after = ran | 1 << c, after | 1 << c | own[c]
                     computes.append(c)
                 gone = sum(1 << u | own[u] for u in range(n) if after >> u & 1 and not pinned >> u & 1
@@ -278,7 +284,7 @@ def least_plan_any_order(problem: PlanningProblem, max_nodes: int = MAX_NODES,
                 # computed with its input's buffer kept, or written into it (``over``)
                 for into in (-1, over[v]) if over[v] >= 0 and len(computes) == 1 else (-1,):
                     kept = after & ~(1 << into if into >= 0 else 0)
-                    at = top - (bytes_of(1 << into) if into >= 0 else 0)
+                    at = top - (_bytes_in(nbytes, 1 << into) if into >= 0 else 0)
                     moves.append(((ran, kept & ~gone), max(peak, at),
                                   (*(Event("compute", u) for u in computes),
                                    *((Event("free", into),) if into >= 0 else ()),

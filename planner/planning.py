@@ -344,10 +344,9 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     low = problem.order_free_floor
     # the last resorts' quarter of the limit past its end, the walk's and the exact search's together
     late = max(end, clock.now() + 0.25 * options.time_limit)
-    if res.plan is None and res.status == "timeout" and low <= res.budget_bytes and \
-            (plan := _rescue(problem, res, options, True, end, search)):
-        return plan
     if res.plan is None and res.status == "timeout" and low <= res.budget_bytes:
+        if plan := _rescue(problem, res, options, True, end, search):
+            return plan
         # the walk counts each output as one buffer; the exact search over every order's plans
         # frees parts apart as the run does (bench/claims_fuzz.py: 27 of 854 budgets a plan
         # fits, each only so and only in another order, ended here without one)
@@ -1566,7 +1565,7 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
     # baseline outside the model can beat it, and then no bound is claimed. The parts-aware
     # model's claims none (bench/claims_fuzz.py seed 10 at 64 bytes: "optimal" at +30, a plan
     # computing a node four times +21); on small problems the exact search, which frees parts
-    # apart as simulate() does, backs one in either model
+    # apart as simulate() does (within planner.least.PARTS_STATES), backs one in either model
     claims = r2 is not None and not m2.parted
     bound = m2.time_of_bound(r2.bound) if claims else None
     if bound is not None:
