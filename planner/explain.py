@@ -15,6 +15,7 @@ import numpy as np
 
 from planner.plan import Plan
 from planner.problem import PlanningProblem
+from planner.simulate import part_spans
 from planner.units import format_bytes
 
 
@@ -102,54 +103,79 @@ def _steps(k: int) -> str:
     return f"{k} step(s) over budget unplanned"
 
 
-def freed_steps(problem: PlanningProblem, plan: Plan, over: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: the steps of its live interval at which some computation or swap-in runs while
-    the plan does not hold its output (all of them, and those over budget unplanned); steps as
-    :func:`residency` counts them. Only these are what dropping it saved: counting the whole
-    interval said a buffer held through it (zoo:cnn's block1.conv at 68%, recomputed later to
-    feed others' recomputes) freed 64 KiB across 8 steps, and step-wide residency missed one
-    freed only while the next step's recomputes ran (zoo:gpt?batch=64 --swap at 35%)."""
+def freed_steps(problem: PlanningProblem, plan: Plan, over: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """Per node, per buffer of its output (one, or each of its ``parts``): (its bytes, the steps of
+    its live interval at which some computation or swap-in runs while the plan does not hold it,
+    those of them over budget unplanned); steps as :func:`residency` counts them. Only these are
+    what dropping it saved: counting the whole interval said a buffer held through it (zoo:cnn's
+    block1.conv at 68%, recomputed later to feed others' recomputes) freed 64 KiB across 8 steps,
+    and step-wide residency missed one freed only while the next step's recomputes ran
+    (zoo:gpt?batch=64 --swap at 35%). A part lives to its own last reader and is released after
+    the last read of each copy, as simulate() counts it: zoo:cnn's block1.pool (MaxPool: 16 KiB
+    values, 32 KiB indices) at 68% was said to free 48 KiB across 30 steps, where its values
+    alone are dropped, across 46."""
     n = problem.n
-    live0, live1 = np.arange(n), problem.last_use
-    resident = np.zeros(n, dtype=bool)
-    seen = np.zeros(n, dtype=bool)
-    last = np.full(n, -1)  # the last step counted per node (steps only grow along the events)
-    gaps = np.zeros(n, dtype=np.int64)
-    crowded = np.zeros(n, dtype=np.int64)
+    parts = problem.parts or ((),) * n
+    owner, nbytes, live1 = [], [], []
+    first = [0] * (n + 1)  # node v's buffers: first[v] to first[v + 1]
+    for v in range(n):
+        first[v] = len(owner)
+        bufs = [(b, max(rs, default=v)) for b, rs in parts[v]] or [(int(problem.size[v]), int(problem.last_use[v]))]
+        for b, end in bufs:
+            owner.append(v), nbytes.append(b), live1.append(end)
+    first[n] = len(owner)
+    live0, live1 = np.array(owner), np.array(live1)
+    released: dict[int, list[int]] = {}  # event -> the parts released right after it
+    for j, _, v, i in part_spans(problem, [e.op for e in plan.events], [e.node for e in plan.events]):
+        released.setdefault(j, []).append(first[v] + i)
+    resident = np.zeros(len(owner), dtype=bool)
+    seen = np.zeros(len(owner), dtype=bool)
+    last = np.full(len(owner), -1)  # the last step counted per buffer (steps only grow along the events)
+    gaps = np.zeros(len(owner), dtype=np.int64)
+    crowded = np.zeros(len(owner), dtype=np.int64)
     cur = -1
-    for ev in plan.events:
+    for k, ev in enumerate(plan.events):
         v = ev.node
+        mine = slice(first[v], first[v + 1])
         if ev.op in ("free", "swap_out"):
-            resident[v] = False
+            resident[mine] = False
             continue
-        step = v if ev.op == "compute" and not seen[v] else cur + 1
+        new = ev.op == "compute" and not seen[first[v]]
+        step = v if new else cur + 1
         if step < n:
             gap = seen & ~resident & (live0 <= step) & (step <= live1) & (last != step)
-            gap[v] = False
+            gap[mine] = False
             gaps += gap
             crowded += gap & bool(over[step])
             last[gap] = step
-        if ev.op == "compute" and not seen[v]:
-            seen[v], cur = True, v
-        resident[v] = True
-    return gaps, crowded
+        if new:
+            seen[mine], cur = True, v
+        resident[mine] = True
+        resident[released.get(k, [])] = False
+    return [list(zip(nbytes[first[v]:first[v + 1]], gaps[first[v]:first[v + 1]].tolist(),
+                     crowded[first[v]:first[v + 1]].tolist())) for v in range(n)]
 
 
-def _frees(size: int, gaps: int, crowded: int) -> str:
-    """What holding the buffer less often bought, as the plan's residency shows it."""
-    if size == 0:
+def _frees(buffers: list[tuple[int, int, int]]) -> str:
+    """What holding the buffers (bytes, gaps, crowded: :func:`freed_steps`) less often bought, as
+    the plan's residency shows it."""
+    if sum(b for b, _, _ in buffers) == 0:
         return "it holds 0 B, so this frees nothing"
-    if gaps == 0:
+    dropped = [(b, g, c) for b, g, c in buffers if g and b]
+    if not dropped:
         return "held whenever a step of its live interval runs, so this frees nothing there"
-    if crowded == 0:
-        return f"frees {format_bytes(size)} for {gaps} step(s) of its live interval, none over budget unplanned"
-    return f"frees {format_bytes(size)} across {_steps(crowded)}"
+    crowded = [(b, c) for b, _, c in dropped if c]
+    if not crowded:
+        return "frees " + " and ".join(f"{format_bytes(b)} for {g}" for b, g, _ in dropped) + \
+            " step(s) of its live interval, none over budget unplanned"
+    return "frees " + " and ".join(f"{format_bytes(b)} across {c}" for b, c in crowded) + \
+        " step(s) over budget unplanned"
 
 
 def _recompute_reason(problem: PlanningProblem, v: int, copies: list[tuple[set[int], set[int]]],
-                      unread: bool, gaps: int, crowded: int) -> str:
+                      unread: bool, buffers: list[tuple[int, int, int]]) -> str:
     extra = len(copies)
-    cost, size = float(problem.cost[v]), int(problem.size[v])
+    cost = float(problem.cost[v])
     feeding = [c for c in copies if not c[0]]
     fed = set().union(*(c[1] for c in feeding)) if feeding else set()
     head = f"freed {'unread' if unread else 'after its reads'} and recomputed {extra}x at cost {cost * extra:g}"
@@ -159,7 +185,7 @@ def _recompute_reason(problem: PlanningProblem, v: int, copies: list[tuple[set[i
         why = f"to feed the recompute of {_names(problem, fed)}"
     else:
         why = f"({extra - len(feeding)}x for later reads, {len(feeding)}x to feed the recompute of {_names(problem, fed)})"
-    return f"{head} {why}: {_frees(size, gaps, crowded)}"
+    return f"{head} {why}: {_frees(buffers)}"
 
 
 def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str, Any]]:
@@ -186,16 +212,15 @@ def explain(problem: PlanningProblem, plan: Plan, budget: int) -> list[dict[str,
         extra = counts["compute"][v] - 1
         swaps = counts["swap_in"][v]
         crowded = int(over[live[0] : live[1] + 1].sum())
-        gaps, freed_over = int(freed[0][v]), int(freed[1][v])
         if swaps:
             decision = "swap" + (f" + recompute x{extra}" if extra > 0 else "")
-            why = (f"moved to host and back {swaps}x: {_frees(size, gaps, freed_over)}; "
+            why = (f"moved to host and back {swaps}x: {_frees(freed[v])}; "
                    f"transfer {problem.transfer[v]:g} each way vs recompute {cost:g}")
             if extra > 0:  # both in one plan: the recomputes cost time too (they were left unsaid)
                 why += f"; also recomputed {extra}x at cost {cost * extra:g}"
         elif extra > 0:
             decision = f"recompute x{extra}"
-            why = _recompute_reason(problem, v, copies[v], bool(unread[v]), gaps, freed_over)
+            why = _recompute_reason(problem, v, copies[v], bool(unread[v]), freed[v])
         else:
             decision = "keep"
             why = _keep_reason(problem, v, crowded)

@@ -32,6 +32,7 @@ that starts each copy where it is listed may take longer.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -214,9 +215,20 @@ def part_releases(problem: PlanningProblem, ops: list[str], nodes: list[int],
     break the plan are skipped (simulate() says where)."""
     released: dict[int, int] = {}
     early: dict[int, int] = {}
+    for j, k, v, i in part_spans(problem, ops, nodes, at):
+        nbytes = problem.parts[v][i][0]
+        released[j] = released.get(j, 0) + nbytes
+        early[k] = early.get(k, 0) + nbytes
+    return released, early
+
+
+def part_spans(problem: PlanningProblem, ops: list[str], nodes: list[int],
+               at: list[int] | None = None) -> Iterator[tuple[int, int, int, int]]:
+    """Per part released early (:func:`part_releases`): (the event it is released right after,
+    the free event of its copy, its node, the part's index in ``problem.parts[node]``)."""
     parts, inputs = problem.parts, problem.part_inputs
     if parts is None:
-        return released, early
+        return
     last: dict[int, list[int]] = {}  # resident node with parts -> per part, the event reading it last
     for k in range(len(ops)) if at is None else at:
         op, v = ops[k], nodes[k]
@@ -230,12 +242,10 @@ def part_releases(problem: PlanningProblem, ops: list[str], nodes: list[int],
         if op in ("compute", "swap_in") and parts[v]:
             last[v] = [k] * len(parts[v])
         elif op == "free" and v in last:
-            for (nbytes, _), j in zip(parts[v], last.pop(v)):
-                released[j] = released.get(j, 0) + nbytes
-                early[k] = early.get(k, 0) + nbytes
+            for i, j in enumerate(last.pop(v)):
+                yield j, k, v, i
         elif op == "swap_out":
             last.pop(v, None)
-    return released, early
 
 
 def _free_after(events, k: int, u: int) -> int | None:

@@ -605,6 +605,24 @@ def test_explain_counts_a_buffer_freed_only_while_the_next_steps_recomputes_run(
     assert y["why"] == "freed unread and recomputed 1x at cost 1 for later reads: frees 40 B across 1 step(s) over budget unplanned"
 
 
+def test_explain_counts_each_part_of_an_output_apart():
+    # t's output is two buffers that die apart (MaxPool's values and indices): 10 B read by r and
+    # by l at step 5, 30 B read by r alone. Dropping t after r and recomputing it for l frees its
+    # values across steps 3 and 4; its indices are released after r with or without the plan. The
+    # reason said "frees 40 B across 2" (zoo:cnn's block1.pool at 68%: "48 KiB across 30", where
+    # its 16 KiB values alone are dropped, across 46)
+    p = PlanningProblem.build(size=[1, 40, 1, 100, 1, 1], cost=[1] * 6, preds=[[], [0], [1], [2], [3], [1, 4]],
+                              names=["x", "t", "r", "big", "s", "l"],
+                              parts=[[], [(10, [2, 5]), (30, [2])], [], [], [], []])
+    plan = Plan.of([("compute", 0), ("compute", 1), ("compute", 2), ("free", 1), ("compute", 3), ("free", 2),
+                    ("compute", 4), ("free", 3), ("compute", 1), ("free", 0), ("compute", 5), ("free", 1),
+                    ("free", 4), ("free", 5)], "hand")
+    assert simulate(p, plan, 105).peak_bytes == 102
+    assert (p.unplanned_memory > 105).nonzero()[0].tolist() == [3, 4]
+    (t,) = [e for e in explain(p, plan, 105) if e["name"] == "t"]
+    assert t["why"] == "freed after its reads and recomputed 1x at cost 1 for later reads: frees 10 B across 2 step(s) over budget unplanned"
+
+
 def test_explain_says_a_swap_no_step_runs_without_frees_nothing():
     # a goes to host after b and comes back before c: no computation runs while it is away
     # (RL100 --swap-bandwidth 50 at 50%, node 69), yet its reason said "frees 10 B across 3
