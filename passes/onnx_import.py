@@ -212,7 +212,9 @@ def load_header(spec: str | os.PathLike) -> onnx.ModelProto:
     """MODEL's top-level fields without its graph (opsets, metadata): a file is read field by field,
     its graph skipped unread (a 1 GB model's whole parse took 2.7 s); a zoo spec is built."""
     text = str(spec)
-    if text.startswith("zoo:"):
+    # not a regular file: load_proto says what it is (opened here, a named pipe nobody writes to
+    # blocked check, plan, inspect and train-graph for good)
+    if text.startswith("zoo:") or not os.path.isfile(text):
         model, _, _ = load_proto(text, weights=False)
         return model
     import mmap

@@ -1290,3 +1290,21 @@ def test_a_model_path_that_names_no_file_says_so(model, says):
     result = CliRunner().invoke(cli.main, ["inspect", model])
     assert result.exit_code == 3 and result.stdout == "", result.output
     assert says in one_line(result.stderr)
+
+
+@pytest.mark.parametrize("command", [["check", "{model}", "--budget", "1GiB"], ["plan", "{model}", "--budget", "1GiB"],
+                                     ["inspect", "{model}"]])
+def test_a_model_that_is_a_named_pipe_is_refused_not_waited_on(tmp_path, command):
+    """A named pipe nobody writes to, given as MODEL, blocked check, plan and inspect for good (the
+    header read opened it before anything asked whether it is a file); now refused at once, exit 3."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    args = [a.format(model=fifo) for a in command]
+    proc = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert one_line(proc.stderr) == (f"memplan: error: {fifo}: not a regular file (a device, pipe or socket); "
+                                     "save the model to a file and give its path")
