@@ -96,7 +96,9 @@ def verdict_dict(v: Verdict) -> dict[str, Any]:
         "plan": None if p is None else {
             "status": p.status, "fits": p.fits, "peak_bytes": p.peak_bytes or None, "arena_bytes": p.arena_bytes,
             # null unless the plan fits: a plan that does not meet the budget has no cost to report
-            "added_time_fraction": p.added_time_fraction if p.fits else None, **({"note": p.note} if p.note else {}),
+            "added_time_fraction": p.added_time_fraction if p.fits else None,
+            # every plan object has the same keys: null where the planner said nothing
+            "note": p.note or None,
         },
         "peak_bytes": v.peak,
         # an infeasible budget: the least memory any plan reaches (also the top-level peak_bytes, which

@@ -136,7 +136,7 @@ def test_fits_with_plan_exit_0(mlp, monkeypatch):
     (r,) = json.loads(out)["results"]
     assert r["fits_as_is"] is False and r["fits_with_plan"] is True
     assert r["plan"] == {"status": "optimal", "fits": True, "peak_bytes": int(MLP_PEAK * 0.7),
-                         "arena_bytes": None, "added_time_fraction": 0.2}
+                         "arena_bytes": None, "added_time_fraction": 0.2, "note": None}
     # headroom counts against the planned peak, not the unplanned one
     assert r["headroom_bytes"] == 64 * KiB - int(MLP_PEAK * 0.7)
     assert "planning for 64.00 KiB" in err  # the progress line
@@ -556,6 +556,15 @@ def test_planner_answers_and_bugs():
     assert "m @ 1KiB: no plan in 1 s" in to_table([v]) and "no plan in 1 s" in to_markdown([v])
     assert to_json([v])["results"][0]["plan"]["note"] == "no plan in 1 s"
     assert "planner: no plan in 1 s" in to_junit([v])
+    # a plan object has the same keys whatever the planner said: "note" was there only on a
+    # timeout, so a CI script reading results[i]["plan"]["note"] raised KeyError on other rows
+    def infeasible(*_):
+        raise BudgetInfeasibleError("cannot reach the budget", least_bytes=2048)
+
+    (fit,) = run_checks([item], lambda _: _tiny_graph(), lambda *_: PlanOutcome(True, 1024, 0.1, "optimal"))
+    (none,) = run_checks([item], lambda _: _tiny_graph(), infeasible)
+    plans = [r["plan"] for r in to_json([v, fit, none])["results"]]
+    assert set(plans[0]) == set(plans[1]) == set(plans[2]) and plans[1]["note"] is None is plans[2]["note"]
     with pytest.raises(GraphError, match="planner bug"):
         run_checks([item], lambda _: _tiny_graph(), lambda *_: PlanOutcome(True, 4096, 0.1, "optimal"))
 
