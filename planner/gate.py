@@ -301,12 +301,12 @@ def run_checks(
             peak = analyze(graph).peak_bytes
             need = arena(graph, item) if item.ort_arena else None
         except ModelImportError as err:
-            loaded.append((item, None, None, None, str(err), time.perf_counter() - start))
+            loaded.append((item, None, None, None, _named(item, err), time.perf_counter() - start))
             continue
-        except UsageError as err:  # name the model: with several, the message may name only its graph
+        except UsageError as err:
             if item.model in str(err):  # the loader named it (--dim bacth ... of zoo:mlp): not twice
                 raise
-            raise UsageError(f"{item.label or item.model}: {err}") from None
+            raise UsageError(_named(item, err)) from None
         loaded.append((item, graph, peak, need, None, time.perf_counter() - start))
     if after_load is not None:
         after_load([item for item, *_, error, _ in loaded if error is not None])
@@ -335,6 +335,13 @@ def run_checks(
                                     unplanned_arena=need))
             start = time.perf_counter()
     return verdicts
+
+
+def _named(item: CheckItem, err: Exception) -> str:
+    """``err``'s message led by the model it is about, where it does not name it: with several
+    models, a message naming only the graph ("'torch-jit-export' has no scalar float output", the
+    graph name of every torch export in onnx's backend test data) did not say which file to fix."""
+    return str(err) if item.model in str(err) else f"{item.label or item.model}: {err}"
 
 
 def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> PlanOutcome:
