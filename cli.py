@@ -86,6 +86,11 @@ class OneLineErrors(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
+        if hasattr(sys.stdout, "reconfigure"):
+            # a character stdout's encoding lacks is escaped, as Python does on stderr, not a traceback
+            # (exit 1, nothing printed): check --markdown -'s "✅ pass", or a model path in check's table,
+            # under PYTHONIOENCODING=latin-1 or cp1252
+            sys.stdout.reconfigure(errors="backslashreplace")
         try:
             code = super().main(*args, **kwargs)
         except _NO_ARGS as err:  # bare `memplan`: the help, as click prints it

@@ -244,6 +244,20 @@ def test_markdown_table(mlp, wide, tmp_path, monkeypatch):
     assert rc == 1 and out.startswith("### memplan check: 0 of 1 passed") and "❌ fail" in out
 
 
+def test_markdown_on_a_stdout_that_cannot_encode_its_marks_is_escaped_not_a_traceback(mlp):
+    """--markdown - under a latin-1 or cp1252 stdout (PYTHONIOENCODING, a Windows runner): "✅ pass"
+    raised UnicodeEncodeError, a traceback and exit 1 with nothing printed; a model path the
+    encoding lacks did the same to the table. Now escaped as Python escapes stderr."""
+    odd = mlp.with_name("mlp\u00e9\u0436.onnx")
+    odd.write_bytes(mlp.read_bytes())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "latin-1"}
+    for args, said in ((["--markdown", "-"], "| \\u2705 pass |"), ([], "mlp\xe9\\u0436.onnx [batch=32]")):
+        proc = subprocess.run([sys.executable, "-m", "cli", "check", str(odd), "--dim", "batch=32", "--budget", "1GiB",
+                               *args], cwd=ROOT, env=env, capture_output=True)
+        assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+        assert said.encode("latin-1") in proc.stdout, proc.stdout
+
+
 def test_markdown_code_spans_keep_backslashes_pipes_and_backticks():
     # a code span shows backslashes as they are: doubled, C:\nets\mlp.onnx read C:\\nets\\mlp.onnx
     from planner.gate_report import to_markdown
