@@ -78,11 +78,12 @@ def summary_line(verdicts: Sequence[Verdict]) -> str:
 
 
 # ---- JSON ---------------------------------------------------------------------------------------
-def verdict_dict(v: Verdict) -> dict[str, Any]:
+def verdict_dict(v: Verdict, name: str | None = None) -> dict[str, Any]:
+    """One result; ``name`` as row_names gives it (the JUnit testcase's, less its budget)."""
     p = v.plan
     return {
         "model": v.item.label or v.item.model,
-        "name": v.item.name,
+        "name": name or v.item.name,
         "budget": v.budget,
         "budget_bytes": v.budget_bytes,
         "train": v.item.train,
@@ -121,7 +122,7 @@ def to_json(verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "ok": code == 0,
         "exit_code": code,
         **counts(verdicts),
-        "results": [verdict_dict(v) for v in verdicts],
+        "results": [verdict_dict(v, n) for v, n in zip(verdicts, row_names(verdicts))],
     }
 
 

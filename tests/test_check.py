@@ -931,6 +931,9 @@ def test_junit_names_entries_apart_that_differ_only_in_options(mlp, tmp_path):
     assert not any("wall-clock" in n or "deterministic" in n for n in names), names
     assert len(set(out.splitlines()[1:8])) == 7, out  # the table's rows too
     assert all(f"`{n.rsplit(' @ ', 1)[0]}`" in md.read_text() for n in names)
+    # the JSON names its results as JUnit does: entries 1 and 5 were both "mlp.onnx [batch=32]" @ 1MiB
+    rc, out, err = run(["--config", cfg, "--json"])
+    assert rc == 0 and [f"{r['name']} @ {r['budget']}" for r in json.loads(out)["results"]] == names, err
 
 
 @pytest.mark.parametrize("models", [["zoo:mlp", "M"], ["M"]])
