@@ -802,8 +802,10 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
             for data in _external_files(p) if onnx_inputs else ():
                 taken[data] = f"the data file {p} reads its weights from"
     for option, path in outputs.items():
-        if not path or (path == "-" and option in stdout):
+        if path is None or (path == "-" and option in stdout):
             continue
+        if not path:  # `--junit "$REPORT"` with REPORT unset wrote no report, and check said nothing
+            raise UsageError(f"{option} is empty (an unset variable?); give a file name")
         if path == "-":
             raise UsageError(f"{option} - would write a file named '-' ({option} does not print to stdout); "
                              "give a file name")

@@ -665,6 +665,17 @@ def test_ctrl_c_during_a_solve_stops_memplan_and_writes_nothing(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args", [["check", "zoo:mlp", "--budget", "1MiB", "--junit"],
+                                  ["check", "zoo:mlp", "--budget", "1MiB", "--markdown"],
+                                  ["plan", "zoo:mlp", "--budget", "100%", "--emit"], ["inspect", "zoo:mlp", "--plot"]])
+def test_an_empty_output_path_is_refused_not_skipped(args):
+    """`memplan check ... --junit "$REPORT"` with REPORT unset: the empty path read as "not given",
+    so the gate passed (exit 0) with no report written and no word said. Now a usage error."""
+    result = CliRunner().invoke(cli.main, [*args, ""])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert one_line(result.stderr) == f"memplan: error: {args[-1]} is empty (an unset variable?); give a file name"
+
+
 def test_an_output_that_is_a_pipe_or_device_is_refused(tmp_path):
     """-o /dev/null as root renamed the plan over /dev/null itself (a regular file after it);
     every output that is a device, pipe or socket is now refused before any work, exit 2."""
