@@ -820,7 +820,10 @@ def _output_paths_ok(outputs: dict[str, str | None], inputs: list[str], models: 
         except RuntimeError:  # Python < 3.13: "Symlink loop from ..."
             raise UsageError(f"{option} {path} is a symbolic link that loops; give a file name") from None
         if not target.parent.is_dir():  # the folder as given: resolved, it named the machine's cwd in CI logs
-            raise UsageError(f"{option} {path}: folder {os.path.dirname(path) or '.'} does not exist; create it first")
+            folder = os.path.dirname(path) or "."
+            if target.parent.exists():  # it was "does not exist" for a folder that is a file
+                raise UsageError(f"{option} {path}: {folder} is a file, not a folder; give a path in a folder")
+            raise UsageError(f"{option} {path}: folder {folder} does not exist; create it first")
         if target.is_dir():
             raise UsageError(f"{option} {path} is a folder; give a file name")
         if target.exists() and not target.is_file():  # renamed over, as root: /dev/null became the plan

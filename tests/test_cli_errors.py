@@ -676,6 +676,17 @@ def test_an_empty_output_path_is_refused_not_skipped(args):
     assert one_line(result.stderr) == f"memplan: error: {args[-1]} is empty (an unset variable?); give a file name"
 
 
+def test_an_output_in_a_folder_that_is_a_file_says_so(tmp_path):
+    """--junit m.onnx/r.xml, where m.onnx is a file: the error said "folder m.onnx does not exist; create it
+    first", which it cannot be while the file is there."""
+    model = tmp_path / "m.onnx"
+    model.write_text("")
+    result = CliRunner().invoke(cli.main, ["check", "zoo:mlp", "--budget", "1MiB", "--junit", f"{model}/r.xml"])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert one_line(result.stderr) == (f"memplan: error: --junit {model}/r.xml: {model} is a file, not a folder; "
+                                       "give a path in a folder")
+
+
 def test_an_output_that_is_a_pipe_or_device_is_refused(tmp_path):
     """-o /dev/null as root renamed the plan over /dev/null itself (a regular file after it);
     every output that is a device, pipe or socket is now refused before any work, exit 2."""
