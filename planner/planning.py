@@ -864,8 +864,13 @@ def _in_plan_order(problem: PlanningProblem, res: SolveResult, walked: Candidate
     hint = plan_in_order(walked.plan, order)
     t0 = clock.now()
     cands = _baselines(q, res.budget_bytes, t0 + options.baseline_share * (until - t0))
-    cands["walk"] = Candidate(hint, simulate(q, hint, res.budget_bytes))
-    there = _solve_cpsat(q, res.budget_bytes, replace(options, time_limit=until - t0), t0, cands)
+    walk = cands["walk"] = Candidate(hint, simulate(q, hint, res.budget_bytes))
+    opt = replace(options, time_limit=until - t0)
+    if not any(c.sim.peak_bytes <= res.budget_bytes for n, c in cands.items() if n != "walk"):
+        # the walk's plan is the only one that fits: too heavy to hint, phase 2 had nothing to
+        # start from and the search never began from it (RL250 at 60%: a node computed 13 times)
+        opt = replace(opt, heavy_hint_computations=max(opt.heavy_hint_computations, _max_computations(walk)))
+    there = _solve_cpsat(q, res.budget_bytes, opt, t0, cands)
     # a dearer plan (or none): the last resort's stands; an as-cheap one replaces it, for the bound
     # and status it comes with
     if there.plan is None or there.added_time > walked.sim.added_time:
