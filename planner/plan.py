@@ -140,7 +140,8 @@ class SolveResult:
     # "exact-search": the order of planner.least.least_plan_any_order's least-peak plan (a small
     # problem whose searched orders hold no plan within the budget); "reverse-walk": the order a
     # last resort's walk over every order took (planner/pebble.py; bound and gap, where given, are
-    # for that order: planning._in_plan_order)
+    # for that order: planning._in_plan_order); "kept-set": the order of planner/kept_set.py's
+    # plan (a last resort after the walks found none)
     order: str = "given"
 
     @property

@@ -49,11 +49,12 @@ from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.errors import UsageError
+from planner.kept_set import kept_set_plan
 from planner.least import MAX_NODES, MAX_STATES, cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
                                  larger_bound)
-from planner.pebble import DepthFirstPlan, DepthFirstSearch, depth_first_plan, reverse_pebble
+from planner.pebble import DepthFirstPlan, DepthFirstSearch, depth_first_plan, fitting, reverse_pebble
 from planner.plan import Plan, SolveResult, SolverStats
 from planner.polish import polished
 from planner.problem import PlanningProblem
@@ -73,6 +74,10 @@ TIMED_OUT = "no plan within the budget found (time limit"
 # Share of the time limit the last resorts' plans get polished in (planner/polish.py), where their
 # search leaves less of its window.
 POLISH_SHARE = 0.05
+# Share of the time limit the kept-set search (planner/kept_set.py) gets where every other last
+# resort found no plan and less of their window is left (RL1000 at 50%: found in 7,400-7,700 flips,
+# 7-17 wall s on the 2-core machine at load 7).
+KEPT_SHARE = 0.25
 # Least seconds of search worth building a CP-SAT model for, beyond its build time.
 MIN_SEARCH_S = 0.5
 # Where the CP-SAT model, grown as far as it goes, holds no plan within the budget, the exact search
@@ -696,8 +701,11 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     walk's beams and the long run find none, the depth-first walk (complete, but its plans
     recompute without measure) gets what is left of the quarter (all of it after the beams,
     where the long run does not run); where it visits every state without a plan, the solve is
-    infeasible (:func:`_walked_through`). The plans found are polished (planner/polish.py: the
-    recomputes the budget does not need dropped; RL250 at 60%, the depth-first walk's plan:
+    infeasible (:func:`_walked_through`). Where it finds none either, the kept-set search
+    (planner/kept_set.py) gets what is left of the quarter, or :data:`KEPT_SHARE` of the time
+    limit where less is left (RL1000 at 50%: only it finds a plan). The plans found are polished
+    (planner/polish.py: the recomputes the budget does not need dropped; RL250 at 60%, the
+    depth-first walk's plan:
     +2195% -> +207.8%) in what is left of the quarter, or :data:`POLISH_SHARE` of the time limit
     where less is left. A walk's plan then hints CP-SAT in its own node order
     (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the quarter's end, whichever
@@ -729,6 +737,11 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
         elif deep.exhausted and problem.runtime_exact and not problem.can_swap:
             # none fits; one byte more may (then that is the least), as the time left allows
             return _walked_through(problem, res, depth_first_plan(problem, budget + 1, deadline).found)
+    if walk and not found:  # RL1000 at 50%: none of the above finds a plan
+        kept = kept_set_plan(problem, budget, max(deadline, clock.now() + KEPT_SHARE * options.time_limit),
+                             options.seed)
+        if kept is not None and (sim := fitting(problem, kept, budget, "kept-set plan")) is not None:
+            found.append((Candidate(kept, sim), "kept-set", "the kept-set search found a plan (planner/kept_set.py"))
     if not found:
         return None
     # their plans recompute far more than memory requires: polished, in what is left of the

@@ -1,0 +1,213 @@
+"""Kept-set plans: a set K of nodes kept from their compute to their last read; every other node
+recomputed, depth-first, for each kept node that reads it.
+
+Given K (holding every node without readers, every pinned and every non-recomputable node), the
+plan walks the kept nodes in node order. Before kept node t it computes each input of t outside
+K, and recursively theirs: a node's inputs outside K one after another, each held until the node
+is made, the ones needing most memory less their own bytes first (Sethi-Ullman). A node made
+there is freed once every node holding it on the recursion has been made. A kept node u stays
+resident from its compute to the last kept step that reads it through nodes outside K,
+``reach[u]`` (a pinned node to the end). So at kept step t memory holds
+
+    base + bytes of kept u < t with reach[u] >= t + need(t),
+
+need(t) the recursion's bytes (a tree count, an upper bound: where the recursion finds a node
+resident it reads that copy). The search (:func:`kept_set_plan`) starts from K = every node (the
+plan without recomputes) and flips one random node in or out of K at a time, keeping a flip
+unless it raises (computes over ``max_computes``, bytes over the budget summed over kept steps,
+highest step), until :data:`STALL_FLIPS` per node in a row lower nothing; each flip updates
+reach, need and the alive bytes only where they change. The tree count of computes grows with
+the depth of the recursion, so ``max_computes`` bounds the plan's length.
+
+RL1000 at 50% of its peak (304,310 bytes): no other planner here finds a plan (every walk and
+greedy of bench/results/rl1000_50_stop59.md); this search finds one in a few thousand flips.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from planner import clock
+from planner.plan import Event, Plan
+from planner.problem import PlanningProblem
+
+#: What one basic step of the search (a node whose reach or need is recomputed) charges the work
+#: clock (planner/clock.py), in deterministic seconds: about its wall time, the flip's copies and
+#: score included (RL1000 at 50%: 343 k steps in 7.3 s on the 2-core machine at load 7).
+STEP_SECONDS = 2e-5
+
+
+#: Flips per node the search makes without lowering its score before it gives up: RL1000 at 50%
+#: finds its plan after 7,400-7,700 flips in all; a problem whose score stays put (no set fits)
+#: ends at once instead of at its deadline.
+STALL_FLIPS = 50
+
+
+class _Kept:
+    """K with reach, need, tree count and alive bytes, kept up to date flip by flip."""
+
+    def __init__(self, problem: PlanningProblem, kept: np.ndarray) -> None:
+        p = problem
+        self.p, self.n = p, p.n
+        self.size = p.size.astype(np.float64)
+        self.need_at = self.size + p.scratch  # a node's own bytes while it is made
+        self.preds, self.succ = p.pred_lists, p.succ_lists
+        self.kept = kept.copy()
+        self.reach = np.zeros(self.n, dtype=np.int64)
+        self.need = np.zeros(self.n)
+        self.count = np.zeros(self.n)
+        self.steps = 2 * self.n  # basic steps so far: the build below, then each flip's
+        for x in range(self.n - 1, -1, -1):
+            self.reach[x] = self._reach(x)
+        for x in range(self.n):
+            self.need[x], self.count[x] = self._need(x)
+        self.alive = np.zeros(self.n + 1)
+        for u in np.nonzero(self.kept)[0]:
+            self._span(int(u), self.reach[u], 1.0)
+
+    def _reach(self, x: int) -> int:
+        if self.p.pinned[x]:  # resident to the end
+            return self.n - 1
+        return max([x] + [w if self.kept[w] else int(self.reach[w]) for w in self.succ[x]])
+
+    def _need(self, x: int) -> tuple[float, float]:
+        kids = sorted((u for u in self.preds[x] if not self.kept[u]), key=lambda u: (self.size[u] - self.need[u], u))
+        held = most = 0.0
+        for u in kids:
+            most = max(most, held + self.need[u])
+            held += self.size[u]
+        return max(most, held + self.need_at[x]), 1.0 + sum(self.count[u] for u in kids)
+
+    def _span(self, u: int, reach: int, sign: float) -> None:
+        if reach > u:
+            self.alive[u + 1:reach + 1] += sign * self.size[u]
+
+    def flip(self, v: int) -> None:
+        """Move v in or out of K, updating what depends on it."""
+        if self.kept[v]:
+            self._span(v, self.reach[v], -1.0)
+        self.kept[v] = not self.kept[v]
+        if self.kept[v]:
+            self._span(v, self.reach[v], 1.0)
+        # reach: v's inputs, and on up through nodes outside K, highest first
+        todo = [-u for u in set(self.preds[v])]
+        heapq.heapify(todo)
+        seen = set(todo)
+        while todo:
+            x = -heapq.heappop(todo)
+            self.steps += 1
+            r = self._reach(x)
+            if r == self.reach[x]:
+                continue
+            if self.kept[x]:
+                self._span(x, self.reach[x], -1.0)
+                self._span(x, r, 1.0)
+            self.reach[x] = r
+            if not self.kept[x]:
+                for u in self.preds[x]:
+                    if -u not in seen:
+                        seen.add(-u)
+                        heapq.heappush(todo, -u)
+        # need: v's readers, and on down through nodes outside K, lowest first
+        todo = sorted(set(self.succ[v]))
+        seen = set(todo)
+        while todo:
+            x = heapq.heappop(todo)
+            self.steps += 1
+            nc = self._need(x)
+            if nc == (self.need[x], self.count[x]):
+                continue
+            self.need[x], self.count[x] = nc
+            if not self.kept[x]:
+                for w in self.succ[x]:
+                    if w not in seen:
+                        seen.add(w)
+                        heapq.heappush(todo, w)
+
+    def profile(self) -> np.ndarray:
+        """Bytes at each kept step (0 elsewhere)."""
+        return np.where(self.kept, self.p.base_bytes + self.alive[:self.n] + self.need, 0.0)
+
+    def score(self, budget: int, max_computes: float) -> tuple[float, float, float]:
+        prof = self.profile()
+        computes = float(self.count[self.kept].sum())
+        return max(0.0, computes - max_computes), float(np.maximum(prof - budget, 0).sum()), float(prof.max())
+
+
+def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf, seed: int = 0,
+                  max_computes: float | None = None) -> Plan | None:
+    """A plan from the search of the module docstring whose estimate fits ``budget``, or None where
+    none is found by ``deadline`` (planner.clock.now() seconds). The caller simulates it."""
+    p = problem
+    if not p.runtime_exact or p.can_swap or p.n == 0:
+        return None
+    fixed = p.pinned | ~p.recomputable | np.array([not s for s in p.succ_lists])
+    free = np.nonzero(~fixed)[0]
+    if not len(free):
+        return None
+    cap = 200.0 * p.n if max_computes is None else max_computes
+    rng = np.random.default_rng(seed)
+    state = _Kept(p, np.ones(p.n, dtype=bool))
+    best = state.score(budget, cap)
+    charged = stalled = 0
+    while best[:2] != (0.0, 0.0):
+        clock.charge((state.steps - charged) * STEP_SECONDS)
+        charged = state.steps
+        if clock.now() > deadline or stalled > STALL_FLIPS * p.n:
+            return None
+        v = int(free[rng.integers(len(free))])
+        saved = (state.reach.copy(), state.need.copy(), state.count.copy(), state.alive.copy())
+        state.flip(v)
+        score = state.score(budget, cap)
+        if score <= best:
+            stalled = 0 if score < best else stalled + 1
+            best = score
+        else:
+            stalled += 1
+            state.kept[v] = not state.kept[v]
+            state.reach, state.need, state.count, state.alive = saved
+    return _plan(state)
+
+
+def _plan(state: _Kept) -> Plan:
+    """The events of K's plan (module docstring)."""
+    kept, preds, n = state.kept, state.preds, state.n
+    resident = np.zeros(n, dtype=bool)
+    holders = np.zeros(n, dtype=np.int64)
+    events: list[Event] = []
+    drops: dict[int, list[int]] = {}
+    for u in np.nonzero(kept)[0]:
+        drops.setdefault(int(state.reach[u]), []).append(int(u))
+
+    def kids(x: int) -> list[int]:
+        return sorted((u for u in preds[x] if not kept[u]), key=lambda u: (state.size[u] - state.need[u], u))
+
+    for t in np.nonzero(kept)[0]:
+        stack = [(int(t), kids(int(t)), [0])]
+        while stack:
+            x, ks, at = stack[-1]
+            if at[0] < len(ks):
+                u = ks[at[0]]
+                at[0] += 1
+                if resident[u]:
+                    holders[u] += 1
+                else:
+                    stack.append((u, kids(u), [0]))
+                continue
+            stack.pop()
+            events.append(Event("compute", x))
+            resident[x] = True
+            for u in ks:
+                holders[u] -= 1
+                if holders[u] == 0:
+                    events.append(Event("free", u))
+                    resident[u] = False
+            if stack:
+                holders[x] += 1
+        for u in drops.get(int(t), ()):
+            if not state.p.pinned[u]:
+                events.append(Event("free", u))
+                resident[u] = False
+    return Plan(tuple(events), "kept-set")
