@@ -78,3 +78,24 @@ def test_a_rescue_whose_other_last_resorts_find_nothing_returns_the_kept_set_pla
     assert simulate(p, rescued.plan, budget).peak_bytes == rescued.peak_bytes <= budget
     # given the order only (walk=False), it does not search other orders
     assert planning._rescue(p, bare, PlannerOptions(time_limit=4, workers=1, seed=0), False) is None
+
+
+def test_where_the_model_and_the_other_last_resorts_find_nothing_the_solve_gets_the_kept_set_plan(monkeypatch):
+    """tests/test_least.py's far_readers(8) at 65 B: its node a must be computed 9 times, the
+    model (not grown) allows 3, and with the greedies, the walks and the long run finding nothing
+    the solve ended "timeout" without a plan; the kept-set search finds one at 62 B."""
+    from dataclasses import replace
+
+    from planner.least import MAX_NODES
+    from planner.planning import solve
+    from tests.test_least import ONE, far_readers, no_greedy
+
+    p = far_readers(8)
+    no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)  # nor the exact search (26 nodes)
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))
+    assert res.status == "feasible" and res.order == "kept-set"
+    assert simulate(p, res.plan, 65).peak_bytes == res.peak_bytes <= 65

@@ -49,10 +49,12 @@ def no_greedy(monkeypatch) -> None:
 
 def no_walk(monkeypatch) -> None:
     """The last resorts find nothing either: the reverse walk (planner/pebble.py: the beams and
-    the depth-first walk) and the tight greedy's long run (planner/tight_greedy.long_run)."""
+    the depth-first walk), the tight greedy's long run (planner/tight_greedy.long_run) and the
+    kept-set search (planner/kept_set.py)."""
     monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
     monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "kept_set_plan", lambda *a, **k: None)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
