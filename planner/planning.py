@@ -1140,6 +1140,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         moved = swap_greedy(problem, budget)
         if moved is not None:
             cands["swap-greedy"] = Candidate(moved, simulate(problem, moved))
+    # fitting plans too heavy to hint, polished to hint the model and phase 2 (phase 1's share below)
+    lightened = {name: _lightened(problem, budget, c, opt) for name, c in cands.items()}
+    polished_ones = [c for name, c in lightened.items() if c is not cands[name]]
+    cands = lightened
     fitting = sorted(
         (c for c in cands.values() if c.sim.peak_bytes <= budget),
         key=lambda c: (c.sim.added_time, c.plan.strategy),
@@ -1200,7 +1204,10 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         # greedy's +337% plan computes a node 32 times, and phase 1 cut to the share ended without
         # a plan 1 s short of the one it finds, phase 2 found none and +337% was returned; with
         # the full share +21.36%)
-        short = fallback is not None and hintable(fallback)
+        # (a fallback hintable only once polished, still dear, leaves phase 1 its full share: RL100 at
+        # 60%, 2.6 deterministic s, one worker: cut to the share, phase 1 ended without its plan and
+        # the polished greedy's +196% stood, where its own plan gives +33%)
+        short = fallback is not None and hintable(fallback) and all(fallback is not c for c in polished_ones)
         window = clock.now() + opt.fallback_feasibility_share * left() if short else None
         previous = cands.get("previous")
         if previous is not None and light(previous):
@@ -1613,6 +1620,17 @@ def _chosen(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0: floa
         plan=replace(chosen.plan, strategy="cpsat"), peak_bytes=chosen.sim.peak_bytes, added_time=added,
         solver=_stats(opt, t0, bound, gap, phases), note=note,
     )
+
+
+def _lightened(problem: PlanningProblem, budget: int, c: Candidate, opt: PlannerOptions) -> Candidate:
+    """``c``, a fitting plan too heavy to hint the model (a node computed more often than
+    ``heavy_hint_computations``), polished (planner/polish.py) where that makes it light enough;
+    else ``c``."""
+    if c.sim.peak_bytes > budget or _max_computations(c) <= opt.heavy_hint_computations:
+        return c
+    better = Candidate(*polished(problem, c.plan, c.sim, budget, clock.now() + POLISH_SHARE * opt.time_limit,
+                                 keep_firsts=True))
+    return better if _max_computations(better) <= opt.heavy_hint_computations else c
 
 
 def _exact_cheapest(problem: PlanningProblem, budget: int, max_nodes: int = MAX_NODES,

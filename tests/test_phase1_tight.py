@@ -73,7 +73,10 @@ def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, request, heavy_h
     +105.9%). Where it may not (12, the default), phase 2 would have nothing to start from, and
     phase 1 keeps ``feasibility_share``: RL100 at 60% (the greedy's plan +337%, a node computed 32
     times) returned +337% with the short share, phase 1 cut off before its plan; +21.36% with the
-    full share (60 s, 2 workers). The default's solve is the one :func:`one_worker_solve` made."""
+    full share (60 s, 2 workers). Polished (+56.9%, 8 times) it hints phase 2 at 12 too, and phase 1
+    still keeps its share: still dear, that plan alone left RL100 at 60% at +196% where phase 1's
+    own gives +33% (test_one_worker_phase_1_leaves_lns_its_turns). The default's solve is the one
+    :func:`one_worker_solve` made."""
     p, budget = rl100
     g = baseline(p, "greedy", budget)
     assert g is not None and g.sim.peak_bytes <= budget and g.sim.added_time > 0.5 * p.total_cost  # premise
@@ -88,6 +91,34 @@ def test_a_dear_fitting_fallback_leaves_phase_2_its_time(rl100, request, heavy_h
     names = [ph["name"] for ph in res.solver.phases]
     assert names[0] == "feasibility" and "optimize" in names  # phase 2 ran after phase 1
     assert res.added_time < g.sim.added_time
+
+
+def test_a_dear_fallback_polished_light_enough_hints_the_model(rl100, monkeypatch):
+    """The tight greedy's plan computes a node 16 times, over ``heavy_hint_computations`` (12);
+    polished (planner/polish.py) it computes none more than 8 times, and hints the models of both
+    phases, whose computation counts and slots it shapes. RL100 at 60%, where the greedy's plan
+    computes a node 32 times and its polished one 11: +22.39% -> +20.84% (--time-limit 20
+    --deterministic, 2 workers)."""
+    import planner.planning as planning
+
+    p, budget = rl100
+    opt = replace(one_worker(), work_limit=True, time_limit=2)
+    g = baseline(p, "greedy", budget)
+    assert g.sim.peak_bytes <= budget and g.sim.compute_counts.max() > opt.heavy_hint_computations  # premise
+    hinted = []
+    real = planning.RematModel
+
+    def spy(problem, b, o, hints=(), *args, **kwargs):
+        hinted.append(list(hints))
+        return real(problem, b, o, hints, *args, **kwargs)
+
+    monkeypatch.setattr(planning, "RematModel", spy)
+    res = solve(p, budget, "cpsat", opt)
+    assert res.solver.phases[0]["name"] == "feasibility" and hinted
+    for hints in hinted:
+        sims = [simulate(p, h) for h in hints]
+        assert any(opt.hint_computations < s.compute_counts.max() <= opt.heavy_hint_computations
+                   and s.peak_bytes <= budget and s.added_time < g.sim.added_time for s in sims)
 
 
 def test_one_worker_phase_1_finds_a_plan_within_budget(one_worker_solve):
@@ -111,11 +142,16 @@ def test_one_worker_phase_1_is_deterministic(rl100):
     assert a.solver.phases[0]["name"] == "feasibility"  # phase 1 ran, as the test is about
 
 
-def test_single_thread_search_alone_does_not_reach_it(one_worker_solve):
+def test_single_thread_search_alone_does_not_reach_it(rl100):
     """Why phase1_lns exists: the same work without LNS finds no plan of its own (the result is
-    the greedy fallback or none), where the interleaved search finds one far cheaper."""
-    p, budget, lns, _ = one_worker_solve
-    alone = solve(p, budget, "cpsat", replace(one_worker(), phase1_lns=False, phase1_ignore_subsolvers=()))
+    the greedy fallback or none), where the interleaved search finds one far cheaper. Phase 1's
+    plans only: the polished greedy (a node computed 8 times) may not hint phase 2 here, where
+    phase 2 improves that plan with or without LNS (+16.0% against +8.6%, measured with phase 1
+    cut to the short share)."""
+    p, budget = rl100
+    opt = one_worker(heavy_hint_computations=7)
+    lns = solve(p, budget, "cpsat", opt)
+    alone = solve(p, budget, "cpsat", replace(opt, phase1_lns=False, phase1_ignore_subsolvers=()))
     assert lns.plan is not None
     assert alone.plan is None or alone.added_time > 2 * lns.added_time
 
