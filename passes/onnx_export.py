@@ -24,7 +24,7 @@ import onnx.inliner
 from onnx import helper, numpy_helper, shape_inference
 
 from passes.mem_pattern import mark_mem_pattern_off
-from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE,
+from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, MAPPABLE, ONNX_TO_DTYPE, ORT_ONLY_OPS,
                                 RAW_DATA_FIELD, SHAPES_KEY, field_head, is_stub)
 from planner.errors import GraphError, ModelImportError, first_line
 from planner.fileio import atomic_write, write_mode, write_target
@@ -33,8 +33,6 @@ from planner.units import format_bytes
 
 log = logging.getLogger(__name__)
 
-#: ORT's own ops that onnx.checker does not know (see DESIGN.md, swap nodes).
-ORT_ONLY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 #: Protobuf's hard limit; above it weights go to external data.
 PROTO_LIMIT = 2**31 - 1
 #: The most one TensorProto can hold in memory (protobuf's message limit; a 2.2 GB weight raised a

@@ -179,6 +179,43 @@ def _known_versions(model: onnx.ModelProto, text: str) -> None:
                                    "with an older opset, or upgrade onnxruntime")
 
 
+#: ORT's own ops, written in the default domain, that onnx does not know: memplan's swaps (see
+#: DESIGN.md, swap nodes; passes/rewrite.py writes them, a planned file holds them).
+ORT_ONLY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
+
+
+def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
+    """Refuse a default-domain node whose op onnx defines at no opset, not yet at the model's, or
+    only as a deprecated stub there: ONNX Runtime refuses the model when it loads it ("No Op registered for
+    NotAnOp with domain_version of 17"), where shape inference (strict_mode=False) passed it by, and
+    a declared output shape let it be planned."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type in ORT_ONLY_OPS:
+            continue
+        what = f"{display}: node {node.name or '(unnamed)'!r} is {node.op_type}"
+        if not onnx.defs.has(node.op_type, ""):
+            raise ModelImportError(
+                f"{what}, which is no ONNX operator (onnx {onnx.__version__} knows none of that name at any opset; the "
+                f"model's is {opset}) and ONNX Runtime does not load: replace it with ONNX ops, or give a custom op its own domain and ONNX Runtime its kernel")
+        if opset is None:
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            first = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                        if s.name == node.op_type and s.domain == "")
+            raise ModelImportError(
+                f"{what}, which ONNX defines from opset {first} on; at the model's opset {opset} ONNX Runtime does not "
+                f"load it: export the model with opset {first} or newer, or with ops of opset {opset}") from None
+        # ORT 1.31 refuses Upsample-10 and Scatter-11, deprecated stubs, and runs GroupNormalization-18,
+        # deprecated with a function body it inlines
+        if schema.deprecated and not (schema.has_function or schema.has_context_dependent_function):
+            raise ModelImportError(
+                f"{what}, deprecated since opset {schema.since_version} (the model's opset is {opset}); ONNX Runtime "
+                "does not load it there: export the model again with the op that replaces it (or an older opset)")
+
+
 #: The oldest ONNX Runtime memplan supports (1.20, pyproject.toml) loads opsets up to 21 (IR version 10);
 #: a newer opset is asked of the installed one.
 _ORT_FLOOR_OPSET = 21
@@ -739,6 +776,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         flags = " ".join(f"--dim {d}=N" for d in unbound)
         word = "dims" if len(unbound) > 1 else "dim"
         raise ModelImportError(f"{display}: unbound symbolic {word} {what}; bind with {flags}")
+    _refuse_unknown_ops(model, display)
     # Shape inference walks nodes in file order: sort first (this also rejects cycles).
     ordered = _topo_order(g, init_names | {i.name for i in g.input}, display)
     del g.node[:]

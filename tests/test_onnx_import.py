@@ -765,3 +765,40 @@ def test_an_operator_version_without_shape_inference_is_named_not_the_dims(tmp_p
         assert rc == 3 and f"is {op} version 1" in stderr and len(stderr.strip().splitlines()) == 1, (out, stderr)
     converted = version_converter.convert_version(model, 13)
     assert [n.op_type for n in import_model(converted).nodes][-1] == op
+
+
+@pytest.mark.parametrize("op, opset, says", [
+    ("NotAnOp", 17, "no ONNX operator"),  # in no opset
+    ("Gelu", 17, "ONNX defines from opset 20 on; at the model's opset 17"),  # not yet at 17
+    ("Upsample", 13, "deprecated since opset 10 (the model's opset is 13)"),  # gone by 13
+])
+def test_an_op_onnx_runtime_has_no_kernel_for_at_the_models_opset_is_refused(op, opset, says):
+    """Shape inference (strict_mode=False) passes such a node by and the declared h[2, 3] sized it:
+    memplan planned models ORT refuses at load ("No Op registered for NotAnOp with domain_version
+    of 17"; Gelu-20 at opset 17; Upsample, deprecated at opset 10)."""
+    model = parse_model(f"""
+<ir_version: 8, opset_import: ["" : {opset}]>
+g (float[2, 3] x, float[4] s) => (float[2, 3] y) <float[2, 3] h>
+{{
+    h = {op}(x, s)
+    y = Relu(h)
+}}
+""")
+    model.graph.node[0].name = "odd"
+    with pytest.raises(ModelImportError) as err:
+        import_model(model)
+    message = str(err.value)
+    assert "\n" not in message and f"node 'odd' is {op}" in message and says in message
+    assert f"opset {opset}" in message or f"opset is {opset}" in message or f"model's is {opset}" in message
+
+
+def test_memplans_own_swap_copies_in_the_default_domain_still_import():
+    """MemcpyToHost/FromHost (ORT's, unknown to onnx) are written in the default domain by a plan
+    that swaps; replanning that file reads them."""
+    from passes.rewrite import apply_schedule
+    from tests.test_rewrite import SWAP_A, long_skip
+
+    model = export_model(apply_schedule(long_skip(16), SWAP_A))
+    assert {(n.op_type, n.domain) for n in model.graph.node} >= {("MemcpyToHost", ""), ("MemcpyFromHost", "")}
+    ops = [n.op_type for n in import_model(model).nodes]
+    assert ops.count("MemcpyToHost") == 1 and ops.count("MemcpyFromHost") == 1
