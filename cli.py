@@ -17,6 +17,7 @@ from typing import Any, Callable
 import click
 
 from planner.errors import (
+    OUT_OF_MEMORY,
     BudgetInfeasibleError,
     ModelImportError,
     PlannerError,
@@ -67,7 +68,7 @@ def handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(EXIT_BROKEN_PIPE)
         except MemoryError:
-            click.echo("memplan: error: out of host memory; try a smaller model size or batch", err=True)
+            click.echo(f"memplan: error: {OUT_OF_MEMORY}", err=True)
             sys.exit(EXIT_FAILED)
         except OSError as err:  # a folder given as a file, a file that cannot be written, a full disk
             where = f"{err.filename}: " if err.filename else ""

@@ -5,6 +5,10 @@ BudgetInfeasibleError -> 1, SolverTimeoutError -> 4.
 """
 
 
+#: The one line said for a MemoryError, which carries no message of its own.
+OUT_OF_MEMORY = "out of host memory; try a smaller model size or batch"
+
+
 class PlannerError(Exception):
     """Base class of every error memplan raises on purpose."""
 

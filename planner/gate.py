@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from planner.devices import device as device_profile
-from planner.errors import BudgetInfeasibleError, GraphError, ModelImportError, SolverTimeoutError, UsageError
+from planner.errors import (OUT_OF_MEMORY, BudgetInfeasibleError, GraphError, ModelImportError, PlannerError,
+                            SolverTimeoutError, UsageError)
 from planner.graph import Graph
 from planner.liveness import analyze
 from planner.units import Budget, format_bytes, parse_budget
@@ -195,7 +196,7 @@ class Verdict:
     budget_bytes: int | None  # resolved; None when the model could not be loaded
     unplanned_peak: int | None  # liveness peak of the graph as given; None on error
     plan: PlanOutcome | None  # None when no plan was attempted (fits as is, --no-plan, error)
-    error: str | None = None  # why the model could not be loaded
+    error: str | None = None  # why the model could not be loaded or judged (a GraphError, a MemoryError)
     wall_s: float = 0.0  # seconds spent on this verdict (load + liveness + plan)
     unplanned_arena: int | None = None  # with ort_arena: the least arena limit the graph as is runs under
 
@@ -281,7 +282,7 @@ def run_checks(
 
     ``load`` turns an item into the graph to judge (forward or training step) and raises
     ModelImportError for a bad model; such an item yields error verdicts and the others still
-    run. Every item is loaded before the first plan, so a UsageError ``load`` raises (named
+    run, as does a GraphError or MemoryError in its load or in a plan (for that budget). Every item is loaded before the first plan, so a UsageError ``load`` raises (named
     after its model) ends the run before any planning. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
     item)``: the least limit ORT's arena runs ``graph`` under, for items with ``ort_arena``.
     ``after_load(failed)`` runs once every model was tried, before the first plan, with the items
@@ -300,13 +301,13 @@ def run_checks(
             graph = load(item)
             peak = analyze(graph).peak_bytes
             need = arena(graph, item) if item.ort_arena else None
-        except ModelImportError as err:
-            loaded.append((item, None, None, None, _named(item, err), time.perf_counter() - start))
+        except (ModelImportError, GraphError, MemoryError) as err:
+            loaded.append((item, None, None, None, _error_line(item, err), time.perf_counter() - start))
             continue
         except UsageError as err:
             if item.model in str(err):  # the loader named it (--dim bacth ... of zoo:mlp): not twice
                 raise
-            raise UsageError(_named(item, err)) from None
+            raise UsageError(_error_line(item, err)) from None
         loaded.append((item, graph, peak, need, None, time.perf_counter() - start))
     if after_load is not None:
         after_load([item for item, *_, error, _ in loaded if error is not None])
@@ -330,18 +331,29 @@ def run_checks(
                         f"{format_bytes(budget_bytes)} (limit {item.time_limit:g}"
                         f"{' deterministic' if item.deterministic else ''} s)"
                     )
-                plan = _plan(plan_fn, graph, budget_bytes, item)
+                try:
+                    plan = _plan(plan_fn, graph, budget_bytes, item)
+                except (GraphError, MemoryError) as err:
+                    # memplan failed, not the budget: an error verdict (exit 3, the JSON object
+                    # still printed), where the CLI's handler said exit 1, "over budget", and no JSON
+                    verdicts.append(Verdict(item, text, budget_bytes, peak, None, error=_error_line(item, err),
+                                            wall_s=time.perf_counter() - start, unplanned_arena=need))
+                    start = time.perf_counter()
+                    continue
             verdicts.append(Verdict(item, text, budget_bytes, peak, plan, wall_s=time.perf_counter() - start,
                                     unplanned_arena=need))
             start = time.perf_counter()
     return verdicts
 
 
-def _named(item: CheckItem, err: Exception) -> str:
-    """``err``'s message led by the model it is about, where it does not name it: with several
-    models, a message naming only the graph ("'torch-jit-export' has no scalar float output", the
-    graph name of every torch export in onnx's backend test data) did not say which file to fix."""
-    return str(err) if item.model in str(err) else f"{item.label or item.model}: {err}"
+def _error_line(item: CheckItem, err: Exception) -> str:
+    """Why ``item`` could not be judged (a ModelImportError, a GraphError: an IR invariant memplan
+    broke, a MemoryError), led by the model it is about where the line does not name it: with
+    several models, a message naming only the graph ("'torch-jit-export' has no scalar float
+    output", the graph name of every torch export in onnx's backend test data) did not say which
+    file to fix."""
+    text = str(err) if isinstance(err, PlannerError) else OUT_OF_MEMORY
+    return text if item.model in text else f"{item.label or item.model}: {text}"
 
 
 def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> PlanOutcome:
@@ -368,7 +380,7 @@ def _plan(plan_fn: PlanFn, graph: Graph, budget_bytes: int, item: CheckItem) -> 
 
 
 def exit_code(verdicts: Iterable[Verdict]) -> int:
-    """3 if any model could not be loaded, else 1 if any budget is not met, else 0."""
+    """3 if any model could not be loaded or judged, else 1 if any budget is not met, else 0."""
     outcomes = {v.outcome for v in verdicts}
     if "error" in outcomes:
         return EXIT_BAD_MODEL

@@ -579,8 +579,39 @@ def test_planner_answers_and_bugs():
     (none,) = run_checks([item], lambda _: _tiny_graph(), infeasible)
     plans = [r["plan"] for r in to_json([v, fit, none])["results"]]
     assert set(plans[0]) == set(plans[1]) == set(plans[2]) and plans[1]["note"] is None is plans[2]["note"]
-    with pytest.raises(GraphError, match="planner bug"):
-        run_checks([item], lambda _: _tiny_graph(), lambda *_: PlanOutcome(True, 4096, 0.1, "optimal"))
+    (v,) = run_checks([item], lambda _: _tiny_graph(), lambda *_: PlanOutcome(True, 4096, 0.1, "optimal"))
+    assert v.outcome == "error" and "planner bug" in v.error and v.plan is None
+
+
+@pytest.mark.parametrize("failure, says", [
+    (GraphError("tensor 'h' has two producers"), "mlp.onnx: tensor 'h' has two producers"),
+    (MemoryError(), "mlp.onnx: out of host memory"),
+])
+@pytest.mark.parametrize("where", ["plan", "load"])
+def test_an_internal_failure_is_an_error_not_over_budget(mlp, wide, monkeypatch, failure, says, where):
+    """A GraphError or MemoryError while planning (or loading) a model exited 1, which CI reads as
+    "over budget", and --json printed nothing: it is that model's error (exit 3), the JSON object
+    still printed and the other model still judged."""
+    def planner(graph, *args, **kw):
+        if where == "plan" and any(n.op_type == "Relu" for n in graph.nodes):  # the MLP (wide's is a Tanh)
+            raise failure
+        return FakePlanner()(graph, *args, **kw)
+
+    load = cli._load_for_check
+
+    def failing_load(item, *args):
+        if where == "load" and item.model == str(mlp):
+            raise failure
+        return load(item, *args)
+
+    monkeypatch.setattr(cli, "_load_for_check", failing_load)
+    rc, out, err = run([mlp, wide, "--budget", "1KiB", "--dim", "batch=32", "--json"], monkeypatch, planner)
+    assert rc == 3 and "Traceback" not in err
+    info = json.loads(out)
+    assert info["status"] == "model_error" and info["exit_code"] == 3 and info["errors"] == 1
+    bad, other = info["results"]
+    assert bad["result"] == "error" and says in bad["error"] and other["result"] in ("pass", "fail")
+    assert any(line.startswith("memplan: error: ") and says in line for line in err.splitlines())
 
 
 def test_a_timed_out_plan_counts_the_lowest_plan_found_for_headroom(monkeypatch):
@@ -710,8 +741,8 @@ def test_a_plan_reported_to_fit_over_its_arena_is_a_planner_bug():
     def liar(graph, budget, device, time_limit, **kw):
         return PlanOutcome(True, 90, 0.1, "optimal", arena_bytes=120)
 
-    with pytest.raises(GraphError, match="120 bytes of arena, over the budget of 100"):
-        run_checks([item], lambda _: g, liar, arena=lambda graph, item: 400)
+    (v,) = run_checks([item], lambda _: g, liar, arena=lambda graph, item: 400)
+    assert v.outcome == "error" and "120 bytes of arena, over the budget of 100" in v.error
     with pytest.raises(UsageError, match="arena replay"):
         run_checks([item], lambda _: g, liar)
 
