@@ -784,6 +784,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     # Symbolic intermediate shapes would fight the bound dims; shape inference recomputes them.
     # Static ones stay: they carry shapes through ops ONNX cannot infer (MemcpyToHost/FromHost).
     static = [vi for vi in g.value_info if _is_static(vi)]
+    declared = {vi.name for vi in static} | {out.name for out in g.output if _is_static(out)}
     del g.value_info[:]
     g.value_info.extend(static)
     g.value_info.extend(_recorded_shapes(model, {vi.name for vi in static}, display))
@@ -801,8 +802,60 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         if not new:
             break
         folded |= new
+    _refuse_declared_misfits(model, declared, display)
     drop_cast_round_trips(model.graph)
     return model, folded
+
+
+def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display: str) -> None:
+    """Refuse a default-domain node whose output shape the file declares where the node's own
+    shape inference fails on its inputs (a MatMul of [2, 3] by [2, 3]) or gives another shape:
+    onnx's inference (strict_mode=False) skips the node and keeps the declared shape, so memplan
+    planned a model ORT refuses at session creation ("Incompatible dimensions for matrix
+    multiplication"), or sizes ORT does not make (h declared [5, 5] for a [2, 3] by [3, 4] MatMul:
+    ORT 1.31 loads it and makes [2, 4]). Checked node by node, only where an output is declared: strict_mode=True on
+    the whole model refused models ORT runs (GroupNormalization-18, MeanVarianceNormalization without
+    axes: errors inside their function bodies) and memplan's own more precise errors (a Reshape's
+    size)."""
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or not declared:
+        return
+    types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    for init in g.initializer:
+        types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    for node in g.node:
+        if node.domain not in ("", "ai.onnx") or declared.isdisjoint(node.output) \
+                or any(x and x not in types for x in node.input):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            continue  # memplan's own MemcpyToHost/FromHost
+        if not schema.has_type_and_shape_inference_function:
+            continue
+        shapes = ", ".join(_shape_text(types[x]) for x in node.input if x)
+        what = f"{display}: node {node.name or '(unnamed)'!r} ({node.op_type}, opset {opset}) with inputs of shape {shapes}"
+        try:
+            inferred = shape_inference.infer_node_outputs(schema, node, {x: types[x] for x in node.input if x},
+                                                          opset_imports=list(model.opset_import))
+        except shape_inference.InferenceError as err:
+            raise ModelImportError(f"{what}: {first_line(err)}; the file declares its output shape, which hid this "
+                                   "from shape inference, and ONNX Runtime refuses the model: fix or re-export it") from None
+        for name, out in inferred.items():
+            if name not in declared or not out.tensor_type.HasField("shape"):
+                continue
+            mine = [d.dim_value if d.HasField("dim_value") else None for d in out.tensor_type.shape.dim]
+            theirs = [d.dim_value for d in types[name].tensor_type.shape.dim]
+            if len(mine) != len(theirs) or any(m is not None and m != t for m, t in zip(mine, theirs)):
+                raise ModelImportError(
+                    f"{what} makes {name!r} of shape {_shape_text(out)}; the file declares {_shape_text(types[name])}, "
+                    "which memplan would plan (ONNX Runtime makes the node's own shape): fix or drop the file's "
+                    "value_info for it")
+
+
+def _shape_text(t: onnx.TypeProto) -> str:
+    return str([d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.tensor_type.shape.dim])
 
 
 #: Metadata key of a file memplan wrote without static shapes (a --pin-order model): name ->

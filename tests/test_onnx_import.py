@@ -802,3 +802,25 @@ def test_memplans_own_swap_copies_in_the_default_domain_still_import():
     assert {(n.op_type, n.domain) for n in model.graph.node} >= {("MemcpyToHost", ""), ("MemcpyFromHost", "")}
     ops = [n.op_type for n in import_model(model).nodes]
     assert ops.count("MemcpyToHost") == 1 and ops.count("MemcpyFromHost") == 1
+
+
+@pytest.mark.parametrize("w, h, says", [
+    ("2, 3", "2, 3", "with inputs of shape [2, 3], [2, 3]: [ShapeInferenceError] Incompatible dimensions"),
+    ("3, 4", "5, 5", "with inputs of shape [2, 3], [3, 4] makes 'h' of shape [2, 4]; the file declares [5, 5]"),
+])
+def test_a_declared_output_shape_does_not_hide_a_node_that_does_not_fit_it(w, h, says):
+    """onnx's inference (strict_mode=False) skipped the MatMul and kept the declared h: memplan planned
+    a [2, 3] by [2, 3] MatMul ORT refuses at load, and a 5x5 h where ORT makes 2x4."""
+    model = parse_model(f"""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 3] x, float[{w}] w) => (float[{h}] y) <float[{h}] h>
+{{
+    h = MatMul(x, w)
+    y = Relu(h)
+}}
+""")
+    model.graph.node[0].name = "mm"
+    with pytest.raises(ModelImportError) as err:
+        import_model(model)
+    message = str(err.value)
+    assert "\n" not in message and "node 'mm' (MatMul, opset 17) " + says in message
