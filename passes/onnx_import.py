@@ -839,7 +839,7 @@ def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display
         try:
             inferred = shape_inference.infer_node_outputs(schema, node, {x: types[x] for x in node.input if x},
                                                           opset_imports=list(model.opset_import))
-        except shape_inference.InferenceError as err:
+        except (shape_inference.InferenceError, onnx.checker.ValidationError) as err:  # shapes; types
             raise ModelImportError(f"{what}: {first_line(err)}; the file declares its output shape, which hid this "
                                    "from shape inference, and ONNX Runtime refuses the model: fix or re-export it") from None
         for name, out in inferred.items():

@@ -824,3 +824,19 @@ g (float[2, 3] x, float[{w}] w) => (float[{h}] y) <float[{h}] h>
         import_model(model)
     message = str(err.value)
     assert "\n" not in message and "node 'mm' (MatMul, opset 17) " + says in message
+
+
+def test_a_declared_output_does_not_hide_inputs_of_two_types():
+    """t (double) + u (float) into an Add whose output the file declares: ORT refuses it ("Type
+    parameter (T) of Optype (Add) bound to different types"); the check raised onnx's
+    ValidationError as a traceback."""
+    model = parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (double[2] t, float[2] u) => (double[2] y)
+{
+    y = Add(t, u)
+}
+""")
+    with pytest.raises(ModelImportError) as err:
+        import_model(model)
+    assert "\n" not in str(err.value) and "(Add, opset 17)" in str(err.value) and "inconsistent type" in str(err.value)
