@@ -705,11 +705,10 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     (planner/kept_set.py) gets what is left of the quarter, or :data:`KEPT_SHARE` of the time
     limit where less is left (RL1000 at 50%: only it finds a plan). The plans found are polished
     (planner/polish.py: the recomputes the budget does not need dropped; RL250 at 60%, the
-    depth-first walk's plan:
-    +2195% -> +207.8%) in what is left of the quarter, or :data:`POLISH_SHARE` of the time limit
-    where less is left. A walk's plan then hints CP-SAT in its own node order
-    (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the quarter's end, whichever
-    is later; where the walk within a budget halfway down to the least peak any order may reach
+    depth-first walk's plan: +2195% -> +207.8%) in what is left of the quarter, or
+    :data:`POLISH_SHARE` of the time limit where less is left. A walk's plan then hints CP-SAT in
+    its own node order (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the
+    quarter's end, whichever is later; where the walk within a budget halfway down to the least peak any order may reach
     finds a plan in another order (:func:`_tighter_walk`), that order is searched first, in half
     that time, and the cheaper plan wins. Where ``end`` has passed, that search has only what the
     walk leaves of the quarter, so the beams stop at their first plan and no tighter walk runs:
