@@ -155,11 +155,16 @@ def load_proto(spec: str | os.PathLike | onnx.ModelProto, weights: bool | str = 
     return model, folder, text
 
 
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's opset of the default (ai.onnx) domain, None where it imports none."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
 def _known_versions(model: onnx.ModelProto, text: str) -> None:
     """Refuse a model from an ONNX newer than the installed one: its operators' meaning at that
     opset is unknown here, and ONNX Runtime would refuse it later, after the planning."""
     newest = onnx.defs.onnx_opset_version()
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = _default_opset(model)
     if opset is not None and opset > newest:
         raise ModelImportError(f"{text}: uses ONNX opset {opset}; the installed onnx {onnx.__version__} knows opsets up "
                                f"to {newest}: export the model with opset {newest} or lower, or upgrade onnx")
@@ -189,7 +194,7 @@ def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
     only as a deprecated stub there: ONNX Runtime refuses the model when it loads it ("No Op registered for
     NotAnOp with domain_version of 17"), where shape inference (strict_mode=False) passed it by, and
     a declared output shape let it be planned."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = _default_opset(model)
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type in ORT_ONLY_OPS:
             continue
@@ -818,7 +823,7 @@ def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display
     axes: errors inside their function bodies) and memplan's own more precise errors (a Reshape's
     size)."""
     g = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = _default_opset(model)
     if opset is None or not declared:
         return
     types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
@@ -1618,7 +1623,7 @@ def _refuse_uninferred_version(node: onnx.NodeProto, opsets: Mapping[str, int], 
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
     except onnx.defs.SchemaError:
-        return  # an op onnx does not know: its own error says so
+        return  # memplan's own Memcpy ops (_refuse_unknown_ops refused the others onnx does not know)
     if schema.has_type_and_shape_inference_function or schema.has_function or schema.has_context_dependent_function:
         return  # a function op (GreaterOrEqual-12, GroupNormalization-21) is inferred through its body
     raise ModelImportError(

@@ -121,8 +121,9 @@ def freed_steps(problem: PlanningProblem, plan: Plan, over: np.ndarray) -> list[
     for v in range(n):
         first[v] = len(owner)
         bufs = [(b, max(rs, default=v)) for b, rs in parts[v]] or [(int(problem.size[v]), int(problem.last_use[v]))]
-        for b, end in bufs:
-            owner.append(v), nbytes.append(b), live1.append(end)
+        owner += [v] * len(bufs)
+        nbytes += [b for b, _ in bufs]
+        live1 += [end for _, end in bufs]
     first[n] = len(owner)
     live0, live1 = np.array(owner), np.array(live1)
     released: dict[int, list[int]] = {}  # event -> the parts released right after it

@@ -282,8 +282,9 @@ def run_checks(
 
     ``load`` turns an item into the graph to judge (forward or training step) and raises
     ModelImportError for a bad model; such an item yields error verdicts and the others still
-    run, as does a GraphError or MemoryError in its load or in a plan (for that budget). Every item is loaded before the first plan, so a UsageError ``load`` raises (named
-    after its model) ends the run before any planning. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
+    run, as does a GraphError or MemoryError in its load or in a plan (for that budget). Every item
+    is loaded before the first plan, so a UsageError ``load`` raises (named after its model) ends
+    the run before any planning. ``progress`` hears one line before each plan (plans are the slow part). ``arena(graph,
     item)``: the least limit ORT's arena runs ``graph`` under, for items with ``ort_arena``.
     ``after_load(failed)`` runs once every model was tried, before the first plan, with the items
     whose model could not be loaded; a UsageError it raises ends the run there (a usage error wins
@@ -323,7 +324,7 @@ def run_checks(
         start = time.perf_counter() - load_s  # the first budget's time includes the load
         for text, budget in item.budgets:
             budget_bytes = budget.resolve(peak)  # a share is of the liveness peak, with ort_arena too
-            plan = None
+            plan = failed = None
             if (need if item.ort_arena else peak) > budget_bytes and item.plan:
                 if progress is not None:
                     progress(
@@ -336,12 +337,9 @@ def run_checks(
                 except (GraphError, MemoryError) as err:
                     # memplan failed, not the budget: an error verdict (exit 3, the JSON object
                     # still printed), where the CLI's handler said exit 1, "over budget", and no JSON
-                    verdicts.append(Verdict(item, text, budget_bytes, peak, None, error=_error_line(item, err),
-                                            wall_s=time.perf_counter() - start, unplanned_arena=need))
-                    start = time.perf_counter()
-                    continue
-            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, wall_s=time.perf_counter() - start,
-                                    unplanned_arena=need))
+                    failed = _error_line(item, err)
+            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, error=failed,
+                                    wall_s=time.perf_counter() - start, unplanned_arena=need))
             start = time.perf_counter()
     return verdicts
 
