@@ -184,6 +184,16 @@ def _known_versions(model: onnx.ModelProto, text: str) -> None:
                                    "with an older opset, or upgrade onnxruntime")
 
 
+def _schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
+    """onnx's schema of ``op_type`` at the model's ``opset`` of ``domain``: the one lookup the checks
+    of an op's version share. None where onnx defines none there (no such op, one newer than
+    ``opset``, memplan's own MemcpyToHost/FromHost)."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
 #: ORT's own ops, written in the default domain, that onnx does not know: memplan's swaps (see
 #: DESIGN.md, swap nodes; passes/rewrite.py writes them, a planned file holds them).
 ORT_ONLY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
@@ -205,14 +215,13 @@ def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
                 f"model's is {opset}) and ONNX Runtime does not load: replace it with ONNX ops, or give a custom op its own domain and ONNX Runtime its kernel")
         if opset is None:
             continue
-        try:
-            schema = onnx.defs.get_schema(node.op_type, opset, "")
-        except onnx.defs.SchemaError:
+        schema = _schema(node.op_type, opset)
+        if schema is None:
             first = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
                         if s.name == node.op_type and s.domain == "")
             raise ModelImportError(
                 f"{what}, which ONNX defines from opset {first} on; at the model's opset {opset} ONNX Runtime does not "
-                f"load it: export the model with opset {first} or newer, or with ops of opset {opset}") from None
+                f"load it: export the model with opset {first} or newer, or with ops of opset {opset}")
         # ORT 1.31 refuses Upsample-10 and Scatter-11, deprecated stubs, and runs GroupNormalization-18,
         # deprecated with a function body it inlines
         if schema.deprecated and not (schema.has_function or schema.has_context_dependent_function):
@@ -833,12 +842,9 @@ def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display
         if node.domain not in ("", "ai.onnx") or declared.isdisjoint(node.output) \
                 or any(x and x not in types for x in node.input):
             continue
-        try:
-            schema = onnx.defs.get_schema(node.op_type, opset, "")
-        except onnx.defs.SchemaError:
-            continue  # memplan's own MemcpyToHost/FromHost
-        if not schema.has_type_and_shape_inference_function:
-            continue
+        schema = _schema(node.op_type, opset)
+        if schema is None or not schema.has_type_and_shape_inference_function:
+            continue  # None: memplan's own MemcpyToHost/FromHost
         shapes = ", ".join(_shape_text(types[x]) for x in node.input if x)
         what = f"{display}: node {node.name or '(unnamed)'!r} ({node.op_type}, opset {opset}) with inputs of shape {shapes}"
         try:
@@ -1502,9 +1508,8 @@ def _batchnorm_statistics_output(node: onnx.NodeProto, k: int, opsets: Mapping[s
 def _optional_output(node: onnx.NodeProto, k: int, opsets: Mapping[str, int]) -> bool:
     """Output ``k`` of ``node`` is optional in its operator's schema at the model's opset."""
     domain = node.domain if node.domain != "ai.onnx" else ""
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
-    except onnx.defs.SchemaError:
+    schema = _schema(node.op_type, opsets.get(domain, 1), domain)
+    if schema is None:
         return False
     outputs = schema.outputs
     return k < len(outputs) and outputs[k].option == onnx.defs.OpSchema.FormalParameterOption.Optional
@@ -1620,9 +1625,8 @@ def _refuse_uninferred_version(node: onnx.NodeProto, opsets: Mapping[str, int], 
     if node.domain not in ("", "ai.onnx"):
         return
     opset = opsets.get("", 1)
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opset, "")
-    except onnx.defs.SchemaError:
+    schema = _schema(node.op_type, opset)
+    if schema is None:
         return  # memplan's own Memcpy ops (_refuse_unknown_ops refused the others onnx does not know)
     if schema.has_type_and_shape_inference_function or schema.has_function or schema.has_context_dependent_function:
         return  # a function op (GreaterOrEqual-12, GroupNormalization-21) is inferred through its body
