@@ -201,18 +201,31 @@ ORT_ONLY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 
 def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
     """Refuse a default-domain node whose op onnx defines at no opset, not yet at the model's, or
-    only as a deprecated stub there: ONNX Runtime refuses the model when it loads it ("No Op registered for
-    NotAnOp with domain_version of 17"), where shape inference (strict_mode=False) passed it by, and
-    a declared output shape let it be planned."""
+    only as a deprecated stub there, and a node of another domain (ai.onnx.ml, a custom one) whose
+    op the installed ONNX Runtime does not define: ORT refuses the model when it loads it ("No Op
+    registered for NotAnOp with domain_version of 17", "my.ops:Foo(-1) is not a registered
+    function/op"), where shape inference (strict_mode=False) passed it by, and a declared output
+    shape let it be planned. Model-local functions are inlined before this check."""
     opset = _default_opset(model)
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type in ORT_ONLY_OPS:
-            continue
         what = f"{display}: node {node.name or '(unnamed)'!r} is {node.op_type}"
+        if node.domain not in ("", "ai.onnx"):
+            if (node.op_type, node.domain) not in _ort_ops():
+                import onnxruntime
+
+                raise ModelImportError(
+                    f"{what} of domain {node.domain}, an op ONNX Runtime {onnxruntime.__version__} does not define, so "
+                    "it does not load the model (memplan loads no custom op library): replace the node with ONNX ops, "
+                    f"or define {node.op_type} in the model as a local function of domain {node.domain}, which "
+                    "memplan inlines")
+            continue
+        if node.op_type in ORT_ONLY_OPS:
+            continue
         if not onnx.defs.has(node.op_type, ""):
             raise ModelImportError(
                 f"{what}, which is no ONNX operator (onnx {onnx.__version__} knows none of that name at any opset; the "
-                f"model's is {opset}) and ONNX Runtime does not load: replace it with ONNX ops, or give a custom op its own domain and ONNX Runtime its kernel")
+                f"model's is {opset}) and ONNX Runtime does not load: replace it with ONNX ops, or define it in the "
+                "model as a local function of a domain of its own, which memplan inlines")
         if opset is None:
             continue
         schema = _schema(node.op_type, opset)
@@ -228,6 +241,15 @@ def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
             raise ModelImportError(
                 f"{what}, deprecated since opset {schema.since_version} (the model's opset is {opset}); ONNX Runtime "
                 "does not load it there: export the model again with the op that replaces it (or an older opset)")
+
+
+@functools.lru_cache(maxsize=None)
+def _ort_ops() -> frozenset[tuple[str, str]]:
+    """(op, domain) of every operator the installed ONNX Runtime defines: the ONNX ones and its own
+    (com.microsoft's FusedMatMul, the ai.onnx.ml ops it runs)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    return frozenset((s.name, s.domain) for s in ort_state.get_all_operator_schema())
 
 
 #: The oldest ONNX Runtime memplan supports (1.20, pyproject.toml) loads opsets up to 21 (IR version 10);

@@ -792,6 +792,36 @@ g (float[2, 3] x, float[4] s) => (float[2, 3] y) <float[2, 3] h>
     assert f"opset {opset}" in message or f"opset is {opset}" in message or f"model's is {opset}" in message
 
 
+@pytest.mark.parametrize("domain, op, imported", [
+    ("my.ops", "Foo", False),  # a custom op: ORT loads it only with a kernel library memplan cannot give
+    ("ai.onnx.ml", "NotAnMlOp", False),  # no such op in ai.onnx.ml
+    ("com.microsoft", "Gelu", True),  # ORT's own: it loads and runs it
+])
+def test_an_op_of_another_domain_onnx_runtime_does_not_define_is_refused(tmp_path, domain, op, imported):
+    """With its output shape declared, such a node imported and was planned (plan --forward --emit:
+    exit 0), and only verify found that ORT refuses the model ("my.ops:Foo(-1) is not a registered
+    function/op"): it is refused at import, in one line naming node, op and domain (exit 3)."""
+    from tests.helpers import memplan
+
+    model = parse_model(f"""
+<ir_version: 8, opset_import: ["" : 17, "{domain}" : 1]>
+g (float[2, 3] x) => (float[2, 3] y) <float[2, 3] h>
+{{
+    h = {domain}.{op}(x)
+    y = Relu(h)
+}}
+""")
+    model.graph.node[0].name = "odd"
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    rc, out, err = memplan("inspect", path)
+    if imported:
+        assert rc == 0 and op in out, err
+        return
+    assert rc == 3 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert f"node 'odd' is {op} of domain {domain}" in err and "local function" in err
+
+
 def test_memplans_own_swap_copies_in_the_default_domain_still_import():
     """MemcpyToHost/FromHost (ORT's, unknown to onnx) are written in the default domain by a plan
     that swaps; replanning that file reads them."""
