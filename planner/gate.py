@@ -197,6 +197,8 @@ class Verdict:
     unplanned_peak: int | None  # liveness peak of the graph as given; None on error
     plan: PlanOutcome | None  # None when no plan was attempted (fits as is, --no-plan, error)
     error: str | None = None  # why the model could not be loaded or judged (a GraphError, a MemoryError)
+    # the error's kind, as JUnit's error type: ModelImportError, GraphError (a planner bug), MemoryError
+    error_type: str | None = None
     wall_s: float = 0.0  # seconds spent on this verdict (load + liveness + plan)
     unplanned_arena: int | None = None  # with ort_arena: the least arena limit the graph as is runs under
 
@@ -303,7 +305,8 @@ def run_checks(
             peak = analyze(graph).peak_bytes
             need = arena(graph, item) if item.ort_arena else None
         except (ModelImportError, GraphError, MemoryError) as err:
-            loaded.append((item, None, None, None, _error_line(item, err), time.perf_counter() - start))
+            loaded.append((item, None, None, None, (_error_line(item, err), type(err).__name__),
+                           time.perf_counter() - start))
             continue
         except UsageError as err:
             if item.model in str(err):  # the loader named it (--dim bacth ... of zoo:mlp): not twice
@@ -316,15 +319,15 @@ def run_checks(
     total = sum(len(item.budgets) for item in items)
     for item, graph, peak, need, error, load_s in loaded:
         if error is not None:
-            verdicts.extend(
-                Verdict(item, text, None, None, None, error=error, wall_s=load_s) for text, _ in item.budgets
-            )
+            line, kind = error
+            verdicts.extend(Verdict(item, text, None, None, None, error=line, error_type=kind, wall_s=load_s)
+                            for text, _ in item.budgets)
             continue
         log.info("%s: unplanned peak %s", item.name, format_bytes(peak))
         start = time.perf_counter() - load_s  # the first budget's time includes the load
         for text, budget in item.budgets:
             budget_bytes = budget.resolve(peak)  # a share is of the liveness peak, with ort_arena too
-            plan = failed = None
+            plan = failed = kind = None
             if (need if item.ort_arena else peak) > budget_bytes and item.plan:
                 if progress is not None:
                     progress(
@@ -337,8 +340,8 @@ def run_checks(
                 except (GraphError, MemoryError) as err:
                     # memplan failed, not the budget: an error verdict (exit 3, the JSON object
                     # still printed), where the CLI's handler said exit 1, "over budget", and no JSON
-                    failed = _error_line(item, err)
-            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, error=failed,
+                    failed, kind = _error_line(item, err), type(err).__name__
+            verdicts.append(Verdict(item, text, budget_bytes, peak, plan, error=failed, error_type=kind,
                                     wall_s=time.perf_counter() - start, unplanned_arena=need))
             start = time.perf_counter()
     return verdicts

@@ -240,7 +240,7 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
             "classname": "memplan.check", "name": _xml(f"{name} @ {v.budget}"), "time": f"{v.wall_s:.3f}",
         })
         if v.outcome == "error":
-            ET.SubElement(case, "error", {"type": "ModelImportError", "message": _xml(v.error or "")}).text = _xml(v.error)
+            ET.SubElement(case, "error", {"type": v.error_type or "Error", "message": _xml(v.error or "")}).text = _xml(v.error)
         elif v.outcome == "fail":
             ET.SubElement(case, "failure", {"type": "MemoryBudgetExceeded", "message": _xml(_failure_message(v))}).text = (
                 _xml(_details(v))

@@ -583,15 +583,17 @@ def test_planner_answers_and_bugs():
     assert v.outcome == "error" and "planner bug" in v.error and v.plan is None
 
 
-@pytest.mark.parametrize("failure, says", [
-    (GraphError("tensor 'h' has two producers"), "mlp.onnx: tensor 'h' has two producers"),
-    (MemoryError(), "mlp.onnx: out of host memory"),
+@pytest.mark.parametrize("where, failure, says", [
+    (where, GraphError("tensor 'h' has two producers"), "mlp.onnx: tensor 'h' has two producers")
+    for where in ("plan", "load")] + [
+    (where, MemoryError(), "mlp.onnx: out of host memory") for where in ("plan", "load")] + [
+    ("load", ModelImportError("mlp.onnx: node 'x' is Foo"), "mlp.onnx: node 'x' is Foo"),
 ])
-@pytest.mark.parametrize("where", ["plan", "load"])
-def test_an_internal_failure_is_an_error_not_over_budget(mlp, wide, monkeypatch, failure, says, where):
+def test_an_internal_failure_is_an_error_not_over_budget(mlp, wide, monkeypatch, tmp_path, failure, says, where):
     """A GraphError or MemoryError while planning (or loading) a model exited 1, which CI reads as
     "over budget", and --json printed nothing: it is that model's error (exit 3), the JSON object
-    still printed and the other model still judged."""
+    still printed and the other model still judged. --junit's error type is the error's kind: it
+    said ModelImportError for each."""
     def planner(graph, *args, **kw):
         if where == "plan" and any(n.op_type == "Relu" for n in graph.nodes):  # the MLP (wide's is a Tanh)
             raise failure
@@ -605,13 +607,17 @@ def test_an_internal_failure_is_an_error_not_over_budget(mlp, wide, monkeypatch,
         return load(item, *args)
 
     monkeypatch.setattr(cli, "_load_for_check", failing_load)
-    rc, out, err = run([mlp, wide, "--budget", "1KiB", "--dim", "batch=32", "--json"], monkeypatch, planner)
+    junit = tmp_path / "j.xml"
+    rc, out, err = run([mlp, wide, "--budget", "1KiB", "--dim", "batch=32", "--json", "--junit", junit],
+                       monkeypatch, planner)
     assert rc == 3 and "Traceback" not in err
     info = json.loads(out)
     assert info["status"] == "model_error" and info["exit_code"] == 3 and info["errors"] == 1
     bad, other = info["results"]
     assert bad["result"] == "error" and says in bad["error"] and other["result"] in ("pass", "fail")
     assert any(line.startswith("memplan: error: ") and says in line for line in err.splitlines())
+    (error,) = ET.parse(junit).getroot().iter("error")
+    assert error.get("type") == type(failure).__name__ and says in error.get("message")
 
 
 def test_a_timed_out_plan_counts_the_lowest_plan_found_for_headroom(monkeypatch):
