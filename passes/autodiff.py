@@ -143,7 +143,7 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
             + (f" (frozen: {', '.join(options.freeze)})" if options.freeze else "")
             + "; there is nothing to train, so the model has no training step"
             + (f" (name another scalar output as the loss with --loss: {', '.join(others)})" if others else "")
-            + "; plan or check its forward run instead (plan --forward; check and inspect without --train)"
+            + f"; plan or check its forward run instead ({FORWARD_RUN})"
         )
     step = _Builder(forward, loss, params, active, on_path, options).run()
     # Batch statistics in primitive ops: ORT's CUDA provider refuses training-mode BatchNormalization.
@@ -166,6 +166,10 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     return step
 
 
+#: The flags that plan a model's forward run, where it has no training step to plan.
+FORWARD_RUN = "plan --forward; check and inspect without --train"
+
+
 # ---- analysis ---------------------------------------------------------------------------------
 def _pick_loss(graph: Graph, name: str | None) -> int:
     if name is not None:
@@ -178,10 +182,13 @@ def _pick_loss(graph: Graph, name: str | None) -> int:
                    and int(np.prod(graph.tensors[t].shape)) == 1]
         if not scalars:
             outs = ", ".join(f"{graph.tensors[t].name}{list(graph.tensors[t].shape)}" for t in graph.outputs)
-            raise ModelImportError(
+            # a forward model as exported for inference: the flags below fix it (exit 2), as a bad
+            # --add-loss is; it said exit 3, a bad model
+            raise UsageError(
                 f"{graph.name!r} has no scalar float output to use as the loss (outputs: {outs}); "
                 "add one with --add-loss cross-entropy, mse or mean (e.g. --add-loss cross-entropy:logits), "
-                "or in the model (e.g. SoftmaxCrossEntropyLoss or ReduceMean of a squared error)"
+                "or in the model (e.g. SoftmaxCrossEntropyLoss or ReduceMean of a squared error); or plan its "
+                f"forward run instead ({FORWARD_RUN})"
             )
         tid = scalars[0]
         if len(scalars) > 1:

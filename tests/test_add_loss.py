@@ -216,10 +216,16 @@ def test_plan_refuses_contradictions_before_writing_anything(logits_file, tmp_pa
     assert not out.exists()
 
 
-def test_without_a_loss_the_error_points_at_the_flag(logits_file):
-    res = CliRunner().invoke(cli.main, ["plan", str(logits_file), "--budget", "80%"])
-    assert res.exit_code == 3
+def test_without_a_loss_the_error_points_at_the_flag(logits_file, tmp_path):
+    """A usage error (exit 2), as a bad --add-loss is: --add-loss or --forward fixes it (it said
+    exit 3, a bad model)."""
+    out = tmp_path / "p.onnx"
+    res = CliRunner().invoke(cli.main, ["plan", str(logits_file), "--budget", "80%", "--emit", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output and not out.exists()
     assert "has no scalar float output to use as the loss" in res.output and "--add-loss cross-entropy" in res.output
+    assert "plan --forward" in res.output
+    res = CliRunner().invoke(cli.main, ["inspect", str(logits_file), "--train"])
+    assert res.exit_code == 2 and "without --train" in res.output
 
 
 @pytest.mark.parametrize("opset", [17, 11])
