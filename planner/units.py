@@ -15,6 +15,8 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
 }
+#: The units of a byte size, as messages list them (``_UNITS`` also takes k, m, g, t).
+_UNIT_NAMES = "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
 _RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*|%)\s*$")
 
 
@@ -91,7 +93,7 @@ def parse_bytes(text: str, what: str = "size") -> int:
     unit = m.group(2).lower()
     if unit not in _UNITS:
         raise UsageError(
-            f"{what} {text!r} has unknown unit {m.group(2)!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            f"{what} {text!r} has unknown unit {m.group(2)!r}; use {_UNIT_NAMES}"
         )
     value = float(m.group(1)) * _UNITS[unit]
     if value > MAX_BYTES:
@@ -119,6 +121,11 @@ def parse_budget(text: str) -> Budget:
             raise UsageError(f"budget {text!r} has no unit; write {100 * float(t):g}% for that fraction of the "
                              f"unplanned peak (or {t}% if you meant {t} percent)")
         raise UsageError(f"budget {text!r} has no unit; write {t}% for a share of the unplanned peak{also}")
+    if not m or m.group(2).lower() not in _UNITS:
+        # "60 percent", "60pct": the byte-size message listed byte units only, not the 60% that was meant
+        what = f"has unknown unit {m.group(2)!r}" if m else "is not a byte size or a percentage"
+        raise UsageError(f"budget {text!r} {what}; write a percentage of the unplanned peak "
+                         f"({m.group(1) if m else 60}%) or a byte size (4096, 512MiB, 1.5GiB; units {_UNIT_NAMES})")
     return Budget(bytes=parse_bytes(text, "budget"))
 
 

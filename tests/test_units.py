@@ -22,6 +22,17 @@ def test_percentages_resolve_against_the_unplanned_peak():
     assert str(parse_budget("60%")) == "60%" and str(parse_budget("2MiB")) == "2.00 MiB"
 
 
+@pytest.mark.parametrize("text, percent", [("60 percent", "60%"), ("60pct", "60%"), ("2.5 pc", "2.5%"), ("abc", "60%")])
+def test_a_budget_of_an_unknown_form_names_the_forms_it_takes(text, percent):
+    """A percentage spelled out ("60 percent") was told to use a byte unit, B ... TiB, only."""
+    with pytest.raises(UsageError) as err:
+        parse_budget(text)
+    message = str(err.value)
+    assert repr(text) in message and f"percentage of the unplanned peak ({percent})" in message
+    assert "512MiB" in message and "GiB" in message and "4096" in message and "\n" not in message
+    assert parse_budget("60 %").fraction == 0.6 and parse_budget("1.5 GiB").bytes == 3 << 29
+
+
 @pytest.mark.parametrize("text, says", [
     ("abc", "is not a byte size"), ("0", "must be at least 1 byte"), ("12XB", "unknown unit 'XB'"),
     ("0.4", "write 40% for that fraction of the unplanned peak (or 0.4% if you meant 0.4 percent)"),
