@@ -241,6 +241,31 @@ def test_the_greedies_charge_their_work_and_stop_at_a_work_clock_deadline(benchm
             assert clock.now() < spent
 
 
+def test_the_eviction_greedy_stops_at_its_deadline_within_a_step(benchmarks_dir, monkeypatch):
+    """One step's recomputes may weigh millions of buffers (RL1000 at 50% in a memory-aware order:
+    29 s past a deadline 18 s away, read only between steps): the deadline ends a step too."""
+    from planner import greedy
+
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.8)
+    charge, at = clock.charge, []
+
+    def logged(seconds: float) -> None:
+        charge(seconds)
+        at.append(clock.now())
+
+    monkeypatch.setattr(clock, "charge", logged)
+    monkeypatch.setattr(greedy, "WEIGHED_PER_CHECK", 10**12, raising=False)  # charged between steps only
+    with clock.work_clock():
+        assert greedy.evict_greedy(p, budget) is not None
+    start, length = max(((a, b - a) for a, b in zip(at, at[1:])), key=lambda s: s[1])  # the longest step
+    monkeypatch.setattr(greedy, "WEIGHED_PER_CHECK", 100)
+    with clock.work_clock():
+        deadline = start + 0.5 * length
+        assert greedy.evict_greedy(p, budget, deadline=deadline) is None
+        assert clock.now() - deadline < 0.25 * length  # not at the step's end
+
+
 def test_the_ladder_stops_once_its_charged_work_passes_its_deadline(benchmarks_dir, monkeypatch):
     # planner.planning._lowest_greedy bisects the budget greedy's budget, each rung running every
     # greedy; on the work clock a deadline that the first greedy's work passes ends the ladder there
