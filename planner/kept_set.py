@@ -15,9 +15,12 @@ need(t) the recursion's bytes (a tree count, an upper bound: where the recursion
 resident it reads that copy). The search (:func:`kept_set_plan`) starts from K = every node (the
 plan without recomputes) and flips one random node in or out of K at a time, keeping a flip
 unless it raises (computes over ``max_computes``, bytes over the budget summed over kept steps,
-highest step), until :data:`STALL_FLIPS` per node in a row lower nothing; each flip updates
-reach, need and the alive bytes only where they change. The tree count of computes grows with
-the depth of the recursion, so ``max_computes`` bounds the plan's length.
+highest step), until K fits or :data:`STALL_FLIPS` per node in a row lower nothing; each flip
+updates reach, need and the alive bytes only where they change. The tree count of computes grows
+with the depth of the recursion, so ``max_computes`` bounds the plan's length. Once K fits, the
+same search, from the last K that fits, asks for ever less estimated time until its deadline
+(:data:`LADDER_STEP`): the plan is the last K that fits, or the first where the deadline comes
+before any other.
 
 RL1000 at 50% of its peak (304,310 bytes): no other planner here finds a plan (every walk and
 greedy of bench/results/rl1000_50_stop59.md); this search finds one in a few thousand flips.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,6 +48,19 @@ STEP_SECONDS = 2e-5
 #: ends at once instead of at its deadline.
 STALL_FLIPS = 50
 
+#: Once K fits, the rest of the time goes down a ladder: each rung asks the same search, from the
+#: last K that fits, for one whose estimated time (:meth:`_Kept.estimated_time`, the added time
+#: being the objective) is this share less; a rung that finds none within
+#: :data:`RUNG_STALL_FLIPS` halves the step, one that does doubles it (up to this), and a step of
+#: an eighth of this ends the ladder (or the deadline does). RL1000 at 50%, a 30 s deadline,
+#: seeds 0/1, raw added time: the first plan +18,360/+16,212%; steps 0.05 +4,458/+3,793%,
+#: 0.03 +2,885/+2,530%, 0.02 +3,508/+3,805% (bench/results/rl1000_50_stop70.md).
+LADDER_STEP = 0.03
+
+#: Flips per node a rung makes without lowering its score before it gives up: 2 ended RL1000's
+#: rungs sooner than 3 or 5, for as cheap a plan or cheaper.
+RUNG_STALL_FLIPS = 2
+
 
 class _Kept:
     """K with reach, need, tree count and alive bytes, kept up to date flip by flip."""
@@ -53,16 +70,19 @@ class _Kept:
         self.p, self.n = p, p.n
         self.size = p.size.astype(np.float64)
         self.need_at = self.size + p.scratch  # a node's own bytes while it is made
+        self.cost = p.cost
         self.preds, self.succ = p.pred_lists, p.succ_lists
         self.kept = kept.copy()
         self.reach = np.zeros(self.n, dtype=np.int64)
         self.need = np.zeros(self.n)
         self.count = np.zeros(self.n)
+        self.work = np.zeros(self.n)  # the tree count with each compute at its cost: the recursion's time
         self.steps = 2 * self.n  # basic steps so far: the build below, then each flip's
+        self.charged = 0  # of those, the ones charged to the work clock
         for x in range(self.n - 1, -1, -1):
             self.reach[x] = self._reach(x)
         for x in range(self.n):
-            self.need[x], self.count[x] = self._need(x)
+            self.need[x], self.count[x], self.work[x] = self._need(x)
         self.alive = np.zeros(self.n + 1)
         for u in np.nonzero(self.kept)[0]:
             self._span(int(u), self.reach[u], 1.0)
@@ -72,13 +92,14 @@ class _Kept:
             return self.n - 1
         return max([x] + [w if self.kept[w] else int(self.reach[w]) for w in self.succ[x]])
 
-    def _need(self, x: int) -> tuple[float, float]:
+    def _need(self, x: int) -> tuple[float, float, float]:
         kids = sorted((u for u in self.preds[x] if not self.kept[u]), key=lambda u: (self.size[u] - self.need[u], u))
         held = most = 0.0
         for u in kids:
             most = max(most, held + self.need[u])
             held += self.size[u]
-        return max(most, held + self.need_at[x]), 1.0 + sum(self.count[u] for u in kids)
+        return (max(most, held + self.need_at[x]), 1.0 + sum(self.count[u] for u in kids),
+                self.cost[x] + sum(self.work[u] for u in kids))
 
     def _span(self, u: int, reach: int, sign: float) -> None:
         if reach > u:
@@ -117,9 +138,9 @@ class _Kept:
             x = heapq.heappop(todo)
             self.steps += 1
             nc = self._need(x)
-            if nc == (self.need[x], self.count[x]):
+            if nc == (self.need[x], self.count[x], self.work[x]):
                 continue
-            self.need[x], self.count[x] = nc
+            self.need[x], self.count[x], self.work[x] = nc
             if not self.kept[x]:
                 for w in self.succ[x]:
                     if w not in seen:
@@ -130,10 +151,28 @@ class _Kept:
         """Bytes at each kept step (0 elsewhere)."""
         return np.where(self.kept, self.p.base_bytes + self.alive[:self.n] + self.need, 0.0)
 
-    def score(self, budget: int, max_computes: float) -> tuple[float, float, float]:
+    def estimated_time(self) -> float:
+        """The plan's time by the tree counts, each compute at its cost (an upper bound, as need)."""
+        return float(self.work[self.kept].sum())
+
+    def score(self, budget: int, max_computes: float, max_time: float = math.inf) -> tuple[float, ...]:
+        """Computes over the cap, estimated time over ``max_time``, bytes over the budget summed
+        over kept steps, the highest step: K fits where the first three are 0."""
         prof = self.profile()
         computes = float(self.count[self.kept].sum())
-        return max(0.0, computes - max_computes), float(np.maximum(prof - budget, 0).sum()), float(prof.max())
+        return (max(0.0, computes - max_computes), max(0.0, self.estimated_time() - max_time),
+                float(np.maximum(prof - budget, 0).sum()), float(prof.max()))
+
+    def snapshot(self) -> tuple[np.ndarray, ...]:
+        return tuple(a.copy() for a in (self.kept, self.reach, self.need, self.count, self.work, self.alive))
+
+    def restore(self, snap: tuple[np.ndarray, ...]) -> None:
+        self.kept, self.reach, self.need, self.count, self.work, self.alive = (a.copy() for a in snap)
+
+    def charge(self) -> None:
+        """Charge the work clock for the basic steps taken since the last charge."""
+        clock.charge((self.steps - self.charged) * STEP_SECONDS)
+        self.charged = self.steps
 
 
 def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf, seed: int = 0,
@@ -150,25 +189,40 @@ def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.
     cap = 200.0 * p.n if max_computes is None else max_computes
     rng = np.random.default_rng(seed)
     state = _Kept(p, np.ones(p.n, dtype=bool))
-    best = state.score(budget, cap)
-    charged = stalled = 0
-    while best[:2] != (0.0, 0.0):
-        clock.charge((state.steps - charged) * STEP_SECONDS)
-        charged = state.steps
-        if clock.now() > deadline or stalled > STALL_FLIPS * p.n:
-            return None
+    if not _descend(state, free, rng, lambda: state.score(budget, cap), deadline, STALL_FLIPS):
+        return None
+    best, step = state.snapshot(), LADDER_STEP
+    while clock.now() <= deadline and step > LADDER_STEP / 8:
+        target = (1.0 - step) * state.estimated_time()
+        if _descend(state, free, rng, lambda: state.score(budget, cap, target), deadline, RUNG_STALL_FLIPS):
+            best, step = state.snapshot(), min(2 * step, LADDER_STEP)
+        else:  # back to the last set that fits
+            state.restore(best)
+            step /= 2
+    return _plan(state)
+
+
+def _descend(state: _Kept, free: np.ndarray, rng: np.random.Generator, score: Callable[[], tuple[float, ...]],
+             deadline: float, stall_flips: float) -> bool:
+    """Flip random nodes of ``free``, keeping each flip that does not raise ``score()``, until K
+    fits (True), or the deadline or ``stall_flips`` per node in a row that lower nothing (False)."""
+    best = score()
+    stalled = 0
+    while best[:3] != (0.0, 0.0, 0.0):
+        state.charge()
+        if clock.now() > deadline or stalled > stall_flips * state.n:
+            return False
         v = int(free[rng.integers(len(free))])
-        saved = (state.reach.copy(), state.need.copy(), state.count.copy(), state.alive.copy())
+        saved = state.snapshot()
         state.flip(v)
-        score = state.score(budget, cap)
-        if score <= best:
-            stalled = 0 if score < best else stalled + 1
-            best = score
+        new = score()
+        if new <= best:
+            stalled = 0 if new < best else stalled + 1
+            best = new
         else:
             stalled += 1
-            state.kept[v] = not state.kept[v]
-            state.reach, state.need, state.count, state.alive = saved
-    return _plan(state)
+            state.restore(saved)
+    return True
 
 
 def _plan(state: _Kept) -> Plan:
