@@ -121,3 +121,83 @@ def test_where_the_model_and_the_other_last_resorts_find_nothing_the_solve_gets_
     res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))
     assert res.status == "feasible" and res.order == "kept-set"
     assert simulate(p, res.plan, 65).peak_bytes == res.peak_bytes <= 65
+
+
+def _no_rescue(*a, **k):
+    raise AssertionError("the rescue after the solve ran: the last resorts were to run first")
+
+
+def test_on_problems_above_the_size_the_last_resorts_run_first_and_their_plan_is_the_fallback(monkeypatch):
+    """far_readers(8) at 65 B as above, its 26 nodes over ``resorts_first_above``: the kept-set
+    search runs before the solve (the long run finding nothing), inside the limit, its plan the
+    fallback; the rescue after the solve never runs. Its first computes leave the given order,
+    and the order says so."""
+    from dataclasses import replace
+
+    from planner.least import MAX_NODES
+    from planner.planning import solve
+    from planner.reorder import first_compute_order
+    from tests.test_least import ONE, far_readers, no_greedy
+
+    p = far_readers(8)
+    no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "_rescue", _no_rescue)
+    opt = replace(ONE, grown_computations=3, resorts_first_above=20)
+    res = solve(p, 65, "cpsat", opt)
+    assert res.status == "feasible" and res.order == "kept-set"
+    assert first_compute_order(res.plan) != list(range(p.n))
+    assert simulate(p, res.plan, 65).peak_bytes == res.peak_bytes <= 65
+    # in the given order only, the kept-set search does not run (its plans leave that order);
+    # nor, at or under the size, before the solve ends without a plan
+    monkeypatch.setattr(planning, "kept_set_plan", _no_rescue)
+    monkeypatch.setattr(planning, "_rescue", lambda *a, **k: None)
+    assert solve(p, 65, "cpsat", replace(opt, reorder=False)).plan is None
+    assert solve(p, 65, "cpsat", replace(opt, resorts_first_above=p.n)).plan is None
+
+
+def test_the_long_runs_plan_found_first_is_the_solves_fallback_in_the_given_order(monkeypatch):
+    """As above, where the kept-set search finds nothing and the long run (a greedy in the given
+    order) finds a plan: the solve's plan, no dearer than the long run's, is in the given order;
+    the rescue after the solve never runs."""
+    from dataclasses import replace
+
+    from planner.least import MAX_NODES
+    from planner.planning import solve
+    from planner.tight_greedy import long_run
+    from tests.test_least import ONE, far_readers, no_greedy
+
+    p = far_readers(8)
+    found = long_run(p, 65)
+    assert found is not None  # the tight greedy's long run gets through far_readers(8) at 65 B
+    no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    monkeypatch.setattr(planning, "kept_set_plan", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "_rescue", _no_rescue)
+    res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3, resorts_first_above=20))
+    assert res.status in ("feasible", "optimal") and res.order == "given"
+    assert simulate(p, res.plan, 65).peak_bytes == res.peak_bytes <= 65
+    assert res.added_time <= found[1].added_time
+
+
+def test_a_heavy_fallback_polished_but_still_heavy_keeps_its_polish(benchmarks_dir):
+    """RL100's kept-set plan at 70%, too heavy to hint even once polished: the polished plan,
+    cheaper, is the fallback (the polish was dropped, and the search's end began it again)."""
+    from dataclasses import replace
+
+    from planner.baselines import Candidate
+
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.7)
+    plan = kept_set_plan(p, budget)
+    c = Candidate(plan, simulate(p, plan, budget))
+    opt = replace(PlannerOptions(time_limit=4, workers=1, seed=0), heavy_hint_computations=1)
+    out = planning._lightened(p, budget, c, opt)
+    assert planning._max_computations(out) > opt.heavy_hint_computations  # still too heavy to hint
+    assert out.sim.added_time < c.sim.added_time
+    assert simulate(p, out.plan, budget).peak_bytes <= budget
