@@ -227,13 +227,15 @@ class PlannerOptions:
     # walk goes through every state without a plan, no recompute plan fits: infeasible at once.
     early_walk_within: float = 0.05
     early_walk_share: float = 0.25
-    # Problems of more nodes than this where no baseline fits in the given order run two of the
-    # last resorts of a solve without a plan (planning._rescue) first, inside the limit, in
-    # ``resorts_first_share`` of it: the tight greedy's long run, then (where it finds none and
-    # other orders are allowed) the kept-set search; a plan found is the solve's fallback. RL1000
-    # at 50%, ``--time-limit 120``: the plan came after the solve, its rescue's quarter, the
-    # search and a polish (163 s wall); RL1000 and RL500 are the benchmark's graphs above 400.
+    # Problems of more nodes than this where no baseline fits in the given order, or each that
+    # fits adds more than ``resorts_first_added`` of the compute time, run two of the last
+    # resorts of a solve without a plan (planning._rescue) first, inside the limit, in
+    # ``resorts_first_share`` of it: the kept-set search (where other orders are allowed), then
+    # where it finds none the tight greedy's long run; a plan found is the solve's fallback.
+    # RL1000 at 50%, ``--time-limit 120``: the plan came after the solve, its rescue's quarter,
+    # the search and a polish (163 s wall); RL1000 and RL500 are the benchmark's graphs above 400.
     resorts_first_above: int = 400
+    resorts_first_added: float = 0.5
     resorts_first_share: float = 0.25
     # The order search's local moves may evaluate this many node positions per second of the
     # time limit (a count, so the same order on any machine; 40-50 ns each here, so at most a

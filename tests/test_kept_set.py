@@ -201,3 +201,25 @@ def test_a_heavy_fallback_polished_but_still_heavy_keeps_its_polish(benchmarks_d
     assert planning._max_computations(out) > opt.heavy_hint_computations  # still too heavy to hint
     assert out.sim.added_time < c.sim.added_time
     assert simulate(p, out.plan, budget).peak_bytes <= budget
+
+
+def test_a_dear_fitting_baseline_lets_the_last_resorts_run_first(monkeypatch):
+    """Where the given order's baselines fit but each adds more than resorts_first_added of the
+    compute time (RL1000 at 60%: the greedy's +225%), the kept-set search runs first as where
+    none fits; a baseline within it leaves the baselines as they are."""
+    from dataclasses import replace
+
+    from planner.baselines import Candidate
+    from planner.tight_greedy import long_run
+    from tests.test_least import ONE, far_readers
+
+    p = far_readers(8)
+    dear = Candidate(*long_run(p, 65))
+    share = dear.sim.added_time / p.total_cost
+    assert share > 0
+    cands = planning._Found(greedy=dear)
+    opt = replace(ONE, resorts_first_above=20)
+    first = planning._resorts_first(p, 65, replace(opt, resorts_first_added=0.5 * share), cands)
+    assert "kept-set" in first and simulate(p, first["kept-set"].plan, 65).peak_bytes <= 65
+    monkeypatch.setattr(planning, "kept_set_plan", _no_rescue)
+    assert planning._resorts_first(p, 65, replace(opt, resorts_first_added=share), cands) is cands
