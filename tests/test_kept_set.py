@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from planner import clock, kept_set, planning
 from planner.cpsat import PlannerOptions
-from planner.kept_set import _Kept, _plan, kept_set_plan
+from planner.kept_set import CAP_GROWTH, _Kept, _plan, kept_set_plan
 from planner.pebble import DepthFirstPlan
 from planner.problem import PlanningProblem
 from planner.simulate import simulate
@@ -223,3 +223,16 @@ def test_a_dear_fitting_baseline_lets_the_last_resorts_run_first(monkeypatch):
     assert "kept-set" in first and simulate(p, first["kept-set"].plan, 65).peak_bytes <= 65
     monkeypatch.setattr(planning, "kept_set_plan", _no_rescue)
     assert planning._resorts_first(p, 65, replace(opt, resorts_first_added=share), cands) is cands
+
+
+def test_where_no_set_within_the_cap_fits_the_search_goes_on_with_a_larger_cap():
+    """far_readers(8) at 65 B needs over 30 computes; with a cap of 10 the search stalled and
+    gave nothing (RL500 at 55%: stalled at 200 per node, fits at 1000)."""
+    from tests.test_least import far_readers
+
+    p = far_readers(8)
+    plan = kept_set_plan(p, 65, max_computes=10)
+    assert plan is not None
+    sim = simulate(p, plan, 65)
+    assert 10 < sim.compute_counts.sum() <= CAP_GROWTH * 10
+    assert kept_set_plan(p, 65, max_computes=10 / CAP_GROWTH / CAP_GROWTH) is None  # nor within 5 times its cap
