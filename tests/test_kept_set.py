@@ -102,21 +102,29 @@ def test_a_rescue_whose_other_last_resorts_find_nothing_returns_the_kept_set_pla
     assert planning._rescue(p, bare, PlannerOptions(time_limit=4, workers=1, seed=0), False) is None
 
 
+def _far_readers_alone(monkeypatch):
+    """tests/test_least.py's far_readers(8), with the greedies, the exact search (26 nodes), the
+    walks' beams and the depth-first walk finding nothing."""
+    from planner.least import MAX_NODES
+    from tests.test_least import far_readers, no_greedy
+
+    no_greedy(monkeypatch)
+    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)
+    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
+    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    return far_readers(8)
+
+
 def test_where_the_model_and_the_other_last_resorts_find_nothing_the_solve_gets_the_kept_set_plan(monkeypatch):
     """tests/test_least.py's far_readers(8) at 65 B: its node a must be computed 9 times, the
     model (not grown) allows 3, and with the greedies, the walks and the long run finding nothing
     the solve ended "timeout" without a plan; the kept-set search finds one at 62 B."""
     from dataclasses import replace
 
-    from planner.least import MAX_NODES
     from planner.planning import solve
-    from tests.test_least import ONE, far_readers, no_greedy
+    from tests.test_least import ONE
 
-    p = far_readers(8)
-    no_greedy(monkeypatch)
-    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)  # nor the exact search (26 nodes)
-    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    p = _far_readers_alone(monkeypatch)
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
     res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3))
     assert res.status == "feasible" and res.order == "kept-set"
@@ -134,16 +142,11 @@ def test_on_problems_above_the_size_the_last_resorts_run_first_and_their_plan_is
     and the order says so."""
     from dataclasses import replace
 
-    from planner.least import MAX_NODES
     from planner.planning import solve
     from planner.reorder import first_compute_order
-    from tests.test_least import ONE, far_readers, no_greedy
+    from tests.test_least import ONE
 
-    p = far_readers(8)
-    no_greedy(monkeypatch)
-    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)
-    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
+    p = _far_readers_alone(monkeypatch)
     monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
     monkeypatch.setattr(planning, "_rescue", _no_rescue)
     opt = replace(ONE, grown_computations=3, resorts_first_above=20)
@@ -165,18 +168,13 @@ def test_the_long_runs_plan_found_first_is_the_solves_fallback_in_the_given_orde
     the rescue after the solve never runs."""
     from dataclasses import replace
 
-    from planner.least import MAX_NODES
     from planner.planning import solve
     from planner.tight_greedy import long_run
-    from tests.test_least import ONE, far_readers, no_greedy
+    from tests.test_least import ONE
 
-    p = far_readers(8)
+    p = _far_readers_alone(monkeypatch)
     found = long_run(p, 65)
     assert found is not None  # the tight greedy's long run gets through far_readers(8) at 65 B
-    no_greedy(monkeypatch)
-    monkeypatch.setattr(planning, "NO_FIT_EXACT_NODES", MAX_NODES)
-    monkeypatch.setattr(planning, "reverse_pebble", lambda *a, **k: None)
-    monkeypatch.setattr(planning, "depth_first_plan", lambda *a, **k: DepthFirstPlan(None, False))
     monkeypatch.setattr(planning, "kept_set_plan", lambda *a, **k: None)
     monkeypatch.setattr(planning, "_rescue", _no_rescue)
     res = solve(p, 65, "cpsat", replace(ONE, grown_computations=3, resorts_first_above=20))
