@@ -1054,9 +1054,9 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     (:func:`_rescue`); run first, the plan is the solve's fallback inside its limit, and where it
     is light enough, its hint. ``--time-limit 120``, 2 workers, solver seconds: RL1000 at 50%,
     +12,628% in 163 s before (the rescue's quarter after the solve, then the kept-set search and
-    a polish) -> +275.77% in 118 s; at 55% +8,733% in 157 s -> +96.24% in 116 s; RL500 at 60%
-    +21,068% in 158 s -> +197.02% in 115 s. Run first, the long run found neither plan in half
-    the share (15 s)."""
+    a polish) -> +251.46% in 117 s (+326.27% in another run: the search stops at a wall deadline);
+    at 55% +8,733% in 157 s -> +92.24% in 116 s; RL500 at 60% +21,068% in 158 s -> +197.02% in
+    115 s. The long run first, in half the share (15 s), found neither RL1000 plan."""
     if problem.n <= options.resorts_first_above or problem.can_swap or not problem.runtime_exact or \
             budget < problem.memory_floor or _cheap_fit(problem, cands, budget, options.resorts_first_added):
         return cands
