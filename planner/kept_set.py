@@ -98,8 +98,13 @@ class _Kept:
             return self.n - 1
         return max([x] + [w if self.kept[w] else int(self.reach[w]) for w in self.succ[x]])
 
+    def kids(self, x: int) -> list[int]:
+        """x's inputs outside K in the order the recursion makes them: those needing most memory
+        less their own bytes first (Sethi-Ullman)."""
+        return sorted((u for u in self.preds[x] if not self.kept[u]), key=lambda u: (self.size[u] - self.need[u], u))
+
     def _need(self, x: int) -> tuple[float, float, float]:
-        kids = sorted((u for u in self.preds[x] if not self.kept[u]), key=lambda u: (self.size[u] - self.need[u], u))
+        kids = self.kids(x)
         held = most = 0.0
         for u in kids:
             most = max(most, held + self.need[u])
@@ -238,7 +243,7 @@ def _descend(state: _Kept, free: np.ndarray, rng: np.random.Generator, score: Ca
 
 def _plan(state: _Kept) -> Plan:
     """The events of K's plan (module docstring)."""
-    kept, preds, n = state.kept, state.preds, state.n
+    kept, n = state.kept, state.n
     resident = np.zeros(n, dtype=bool)
     holders = np.zeros(n, dtype=np.int64)
     events: list[Event] = []
@@ -246,9 +251,7 @@ def _plan(state: _Kept) -> Plan:
     for u in np.nonzero(kept)[0]:
         drops.setdefault(int(state.reach[u]), []).append(int(u))
 
-    def kids(x: int) -> list[int]:
-        return sorted((u for u in preds[x] if not kept[u]), key=lambda u: (state.size[u] - state.need[u], u))
-
+    kids = state.kids
     for t in np.nonzero(kept)[0]:
         stack = [(int(t), kids(int(t)), [0])]
         while stack:

@@ -739,10 +739,9 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
             # none fits; one byte more may (then that is the least), as the time left allows
             return _walked_through(problem, res, depth_first_plan(problem, budget + 1, deadline).found)
     if walk and not found:  # RL1000 at 50%: none of the above finds a plan
-        kept = kept_set_plan(problem, budget, max(deadline, clock.now() + KEPT_SHARE * options.time_limit),
-                             options.seed)
-        if kept is not None and (sim := fitting(problem, kept, budget, "kept-set plan")) is not None:
-            found.append((Candidate(kept, sim), "kept-set", "the kept-set search found a plan (planner/kept_set.py"))
+        kept = _kept_set(problem, budget, max(deadline, clock.now() + KEPT_SHARE * options.time_limit), options.seed)
+        if kept is not None:
+            found.append((kept, "kept-set", "the kept-set search found a plan (planner/kept_set.py"))
     if not found:
         return None
     # their plans recompute far more than memory requires: polished, in what is left of the
@@ -1062,19 +1061,24 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
         return cands
     share = options.resorts_first_share * options.time_limit
     end = clock.now() + share
-    found = None
-    if options.reorder:
-        plan, name = kept_set_plan(problem, budget, end, options.seed), "kept-set"
-        sim = None if plan is None else fitting(problem, plan, budget, "kept-set plan")
-        found = None if sim is None else (plan, sim)
+    found = _kept_set(problem, budget, end, options.seed) if options.reorder else None
+    name = "kept-set"
     if found is None:
-        found, name = long_run(problem, budget, max(end, clock.now() + 0.25 * share)), "long-run"
+        long = long_run(problem, budget, max(end, clock.now() + 0.25 * share))
+        found, name = None if long is None else Candidate(*long), "long-run"
     if found is None:
         return cands
     out = _Found(cands)
     out.complete = cands.complete
-    out[name] = Candidate(replace(found[0], strategy=name), found[1])  # (one of RESORTS)
+    out[name] = Candidate(replace(found.plan, strategy=name), found.sim)  # (one of RESORTS)
     return out
+
+
+def _kept_set(problem: PlanningProblem, budget: int, deadline: float, seed: int) -> Candidate | None:
+    """The kept-set search's plan (planner/kept_set.py) within ``budget``, simulated, or None."""
+    plan = kept_set_plan(problem, budget, deadline, seed)
+    sim = None if plan is None else fitting(problem, plan, budget, "kept-set plan")
+    return None if sim is None else Candidate(plan, sim)
 
 
 def _told_kept_set(problem: PlanningProblem, res: SolveResult) -> SolveResult:
