@@ -100,6 +100,9 @@ class _Pace:
 
     def __init__(self) -> None:
         self.model_s = 0.0
+        # the last resorts ran before the solve and found no plan (:func:`_resorts_first`), so the
+        # rescue after it does not run them again (:func:`_rescue`)
+        self.resorts_ran = False
 
     def built(self, since: float) -> None:
         self.model_s = max(self.model_s, clock.now() - since)
@@ -202,7 +205,8 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
     res = _repaired(problem, budget, options, t0, found) if seed is None and start is None else None
     repaired = res is not None
     if res is None:
-        res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint, label=label) if found is not None
+        res = (_solve_reordered(problem, budget, options, t0, *found, hint=hint, label=label, pace=pace)
+               if found is not None
                else _solve_cpsat(problem, budget, options, t0, pace=pace, hint=hint))
     res = _told_kept_set(problem, res)
     walked = Candidate(*early.found) if early is not None and early.found is not None else None
@@ -212,7 +216,7 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
                              t0 + options.time_limit)
     elif not options.reorder:  # its claims cover the given order only, and say so
         if res.plan is None and res.status == "timeout" and \
-                (rescued := _rescue(problem, res, options, False, t0 + options.time_limit)):
+                (rescued := _rescue(problem, res, options, False, t0 + options.time_limit, pace=pace)):
             res = rescued
         elif res.least_bytes is not None:
             res = replace(res, least_order="given")
@@ -221,7 +225,7 @@ def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, 
         res = _walked_beside(problem, res, options, t0 + options.time_limit if repaired else -math.inf)
     else:
         res = _any_order(problem, res, options, t0 + options.time_limit,
-                         early.search if early is not None else None)
+                         early.search if early is not None else None, pace)
     # the whole solve's time, last resorts included
     return replace(res, solver=replace(res.solver, wall_s=clock.wall_since(t0)))
 
@@ -337,7 +341,7 @@ def _wall_capped(res: SolveResult) -> SolveResult:
 
 
 def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, end: float,
-               search: DepthFirstSearch | None = None) -> SolveResult:
+               search: DepthFirstSearch | None = None, pace: _Pace | None = None) -> SolveResult:
     """``res`` with an infeasible claim lowered to what plans in every node order may reach
     (:attr:`PlanningProblem.order_free_floor`): the solve searched the given order and perhaps
     one memory-aware order, and its least holds over those orders' plans only. Small problems
@@ -346,12 +350,12 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
     reverse walk over every order (planner/pebble.py) looks for a plan within the budget; and
     where the claim is that floor, for a plan at it (then the floor is the exact least). ``end``:
     when the solve's own time limit runs out (:func:`_rescue`, which goes on with ``search``, the
-    early depth-first walk its window cut short)."""
+    early depth-first walk its window cut short, and ``pace``, the solve's)."""
     low = problem.order_free_floor
     # the last resorts' quarter of the limit past its end, the walk's and the exact search's together
     late = max(end, clock.now() + 0.25 * options.time_limit)
     if res.plan is None and res.status == "timeout" and low <= res.budget_bytes:
-        if plan := _rescue(problem, res, options, True, end, search):
+        if plan := _rescue(problem, res, options, True, end, search, pace):
             return plan
         # the walk counts each output as one buffer; the exact search over every order's plans
         # frees parts apart as the run does (bench/claims_fuzz.py: 27 of 854 budgets a plan
@@ -378,7 +382,7 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
         counted = _runtime_least(problem, res, options, end, deadline)
         if counted is not None:
             return counted
-    if exact is None and low <= res.budget_bytes and (plan := _rescue(problem, res, options, True, end, search)):
+    if exact is None and low <= res.budget_bytes and (plan := _rescue(problem, res, options, True, end, search, pace)):
         return plan  # past the exact search: the walk only (the solver's claim rules the long run out)
     if exact is None and searching and res.budget_bytes < low:
         at_floor = _walk(problem, low, options, first=True)
@@ -407,7 +411,8 @@ def _any_order(problem: PlanningProblem, res: SolveResult, options: PlannerOptio
 
 
 def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
-                     order: list[int], rule: str, hint: Plan | None = None, label: str | None = None) -> SolveResult:
+                     order: list[int], rule: str, hint: Plan | None = None, label: str | None = None,
+                     pace: _Pace | None = None) -> SolveResult:
     """Solve in ``order`` with a share of the time, then in the given order with the rest; the
     cheaper plan wins. When the given order's closure bound shows that no plan in it is cheaper
     than the one phase 2 found in ``order``, ``order`` keeps the whole time (RL250 at 70%: the
@@ -421,7 +426,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     fixture at 60%: its bound and the given order's infeasible solve took 14 of the 60 s).
     ``hint``: a recompute-only plan of ``problem`` (:func:`_solve_cpsat`), offered to both solves
     (it hints the one whose order it computes nodes first in). ``label``: where ``order`` is that
-    of a plan of an earlier solve (:func:`solve`'s ``start``), the order that solve said it took."""
+    of a plan of an earlier solve (:func:`solve`'s ``start``), the order that solve said it took.
+    ``pace``: the caller's (:class:`_Pace`)."""
     q = permute(problem, order)
     q_hint = plan_in_order(hint, order) if hint is not None else None
     # The given order's baselines only where they decide something before its own solve (on
@@ -440,14 +446,14 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
 
     # Neither below the floor: no baseline fits there, and the solves below say infeasible at once.
     plannable = budget >= problem.memory_floor
-    pace = _Pace()
+    pace = pace or _Pace()
     q_cands = _baselines(q, budget, clock.now() + options.baseline_share * options.reorder_share * left(),
                          options.baseline_work_floor) \
         if plannable else None
     if plannable and not problem.can_swap and not _fits(q_cands, budget):
         spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
         cands = _resorts_first(problem, budget, options,
-                               _baselines(problem, budget, clock.now() + spend, options.baseline_work_floor))
+                               _baselines(problem, budget, clock.now() + spend, options.baseline_work_floor), pace)
         if _fits(cands, budget):
             # A baseline fits in the given order and none in the memory-aware one: that order is
             # the harder one here, and its share of the time only delays the given order's search.
@@ -691,7 +697,8 @@ def _found_elsewhere(res: SolveResult, found: Candidate, order: str, note: str) 
 
 
 def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions, walk: bool,
-            end: float = -math.inf, search: DepthFirstSearch | None = None) -> SolveResult | None:
+            end: float = -math.inf, search: DepthFirstSearch | None = None,
+            pace: _Pace | None = None) -> SolveResult | None:
     """A plan within ``res``'s budget for a solve that ended without one, or None: the cheaper of
     the reverse walk over every node order, with ``walk`` (planner/pebble.py; the caller checked
     the order-free floor allows one), and the tight greedy's long run in the given order
@@ -719,7 +726,10 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     rest, +16.48%; a tighter walk there left it too little too)."""
     budget = res.budget_bytes
     deadline = clock.now() + 0.25 * options.time_limit
-    greedy = res.status == "timeout" and budget >= problem.memory_floor
+    # the long run and the kept-set search not again where they ran before the solve (``pace``,
+    # :func:`_resorts_first`): RL500 at 50%, --time-limit 60: 30 s past the limit, 18.7 of it theirs
+    again = pace is None or not pace.resorts_ran
+    greedy = again and res.status == "timeout" and budget >= problem.memory_floor
     found: list[tuple[Candidate, str, str]] = []
     half = 0.125 * options.time_limit if greedy else 0.0
     first = clock.now() >= end  # the search in the walk's order gets the rest of the quarter only
@@ -738,7 +748,7 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
         elif deep.exhausted and problem.runtime_exact and not problem.can_swap:
             # none fits; one byte more may (then that is the least), as the time left allows
             return _walked_through(problem, res, depth_first_plan(problem, budget + 1, deadline).found)
-    if walk and not found:  # RL1000 at 50%: none of the above finds a plan
+    if walk and again and not found:  # RL1000 at 50%: none of the above finds a plan
         kept = _kept_set(problem, budget, max(deadline, clock.now() + KEPT_SHARE * options.time_limit), options.seed)
         if kept is not None:
             found.append((kept, "kept-set", "the kept-set search found a plan (planner/kept_set.py"))
@@ -1041,7 +1051,8 @@ def _cheap_fit(problem: PlanningProblem, cands: dict[str, Candidate], budget: in
     return any(c.sim.peak_bytes <= budget and c.sim.added_time <= added * problem.total_cost for c in cands.values())
 
 
-def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOptions, cands: _Found) -> _Found:
+def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOptions, cands: _Found,
+                   pace: _Pace | None = None) -> _Found:
     """``cands``, the given order's baselines, with the plan of a last resort where none of them
     fits ``budget``, or each that fits adds more than ``options.resorts_first_added`` of the
     compute time (RL1000 at 60%: the greedy's +225.11%, polished +147.56% -> the kept-set plan's
@@ -1055,7 +1066,8 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     +12,628% in 163 s before (the rescue's quarter after the solve, then the kept-set search and
     a polish) -> +251.46% in 117 s (+326.27% in another run: the search stops at a wall deadline);
     at 55% +8,733% in 157 s -> +92.24% in 116 s; RL500 at 60% +21,068% in 158 s -> +197.02% in
-    115 s. The long run first, in half the share (15 s), found neither RL1000 plan."""
+    115 s. The long run first, in half the share (15 s), found neither RL1000 plan. ``pace``, the
+    solve's, is told where they ran (:func:`_rescue`)."""
     if problem.n <= options.resorts_first_above or problem.can_swap or not problem.runtime_exact or \
             budget < problem.memory_floor or _cheap_fit(problem, cands, budget, options.resorts_first_added):
         return cands
@@ -1066,6 +1078,8 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     if found is None:
         long = long_run(problem, budget, max(end, clock.now() + 0.25 * share))
         found, name = None if long is None else Candidate(*long), "long-run"
+    if pace is not None:
+        pace.resorts_ran = True
     if found is None:
         return cands
     out = _Found(cands)
@@ -1178,7 +1192,7 @@ def _solve_cpsat(problem: PlanningProblem, budget: int, opt: PlannerOptions, t0:
         return _infeasible(problem, budget, opt, t0, phases=[])
     if cands is None:
         cands = _resorts_first(problem, budget, opt, _baselines(problem, budget, clock.now() + opt.baseline_share * left(),
-                                                                 opt.baseline_work_floor))
+                                                                 opt.baseline_work_floor), pace)
     if any(name in cands for name in RESORTS):
         # a last resort's plan the fallback (:func:`_resorts_first`): its polish after the search
         # (:func:`_chosen`) within the limit too
