@@ -13,12 +13,13 @@ resident from its compute to the last kept step that reads it through nodes outs
 
 need(t) the recursion's bytes (a tree count, an upper bound: where the recursion finds a node
 resident it reads that copy). The search (:func:`kept_set_plan`) starts from K = every node (the
-plan without recomputes) and flips one random node in or out of K at a time, keeping a flip
-unless it raises (computes over ``max_computes``, bytes over the budget summed over kept steps,
-highest step), until K fits or :data:`STALL_FLIPS` per node in a row lower nothing; each flip
-updates reach, need and the alive bytes only where they change. The tree count of computes grows
-with the depth of the recursion, so ``max_computes`` bounds the plan's length. Once K fits, the
-same search, from the last K that fits, asks for ever less estimated time until its deadline
+plan without recomputes) and flips one random node in or out of K at a time (half of them drawn
+among the nodes bearing on a kept step over the budget), keeping a flip unless it raises
+(computes over ``max_computes``, bytes over the budget summed over kept steps, highest step),
+until K fits or :data:`STALL_FLIPS` per node in a row lower nothing; each flip updates reach,
+need and the alive bytes only where they change. The tree count of computes grows with the depth
+of the recursion, so ``max_computes`` bounds the plan's length. Once K fits, the same search,
+from the last K that fits, asks for ever less estimated time until its deadline
 (:data:`LADDER_STEP`): the plan is the last K that fits, or the first where the deadline comes
 before any other.
 
@@ -45,14 +46,23 @@ STEP_SECONDS = 2e-5
 
 #: Flips per node the search makes without lowering its score before it gives up: RL1000 at 50%
 #: finds its plan after 7,400-7,700 flips in all; a problem whose score stays put (no set fits)
-#: ends at once instead of at its deadline.
-STALL_FLIPS = 50
+#: ends at once instead of at its deadline. 50 before the aimed draws (:data:`AIMED_SHARE`): RL500
+#: at 50%'s first cap then stalled after 16 wall s, past the 15 s that ``--time-limit 60`` gives
+#: the search; with 10, after 4 s, and the second cap fits by 5.3 s (bench/results/rl500_50_stop71.md).
+STALL_FLIPS = 10
 
 #: Where no K within the cap on computes fits, the search goes on from where it stalled with
 #: this many times the cap: RL500 at 55% stalled at 200 computes per node (48,457 bytes over the
 #: budget, summed over kept steps) and fits at 1000 (422,787 computes, 14.6 s in all; polished
 #: +36,699%, where no other planner here finds a plan).
 CAP_GROWTH = 5.0
+
+#: Share of the flips drawn among the nodes bearing on a kept step over the budget (:func:`_draw`)
+#: rather than among all: near a fit few steps are over (RL500 at 50%: 8 of 199 kept steps), and
+#: a flip drawn among all nodes rarely bears on them. RL500 at 50%, seed 0, caps 200 and 1000
+#: computes per node: drawn among all, the search stalled 163,120 and 74,162 bytes over the budget
+#: (summed over kept steps); with half aimed, 196,519 bytes over, then a fit.
+AIMED_SHARE = 0.5
 
 #: Once K fits, the rest of the time goes down a ladder: each rung asks the same search, from the
 #: last K that fits, for one whose estimated time (:meth:`_Kept.estimated_time`, the added time
@@ -158,6 +168,12 @@ class _Kept:
                         seen.add(w)
                         heapq.heappush(todo, w)
 
+    def bearing(self, t: int) -> np.ndarray:
+        """The nodes whose flip bears on kept step t's bytes: the kept nodes alive there (out of
+        K, each lowers the kept bytes there) and t's inputs outside K (into K, each lowers need(t))."""
+        alive = np.nonzero(self.kept[:t] & (self.reach[:t] >= t))[0]
+        return np.concatenate([alive, [u for u in self.preds[t] if not self.kept[u]]]).astype(np.int64)
+
     def profile(self) -> np.ndarray:
         """Bytes at each kept step (0 elsewhere)."""
         return np.where(self.kept, self.p.base_bytes + self.alive[:self.n] + self.need, 0.0)
@@ -201,7 +217,7 @@ def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.
     rng = np.random.default_rng(seed)
     state = _Kept(p, np.ones(p.n, dtype=bool))
     for cap in (first, CAP_GROWTH * first):  # the second from where the first stalled
-        if _descend(state, free, rng, lambda: state.score(budget, cap), deadline, STALL_FLIPS):
+        if _descend(state, free, rng, lambda: state.score(budget, cap), deadline, STALL_FLIPS, budget):
             break
         if clock.now() > deadline:
             return None
@@ -210,7 +226,7 @@ def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.
     best, step = state.snapshot(), LADDER_STEP
     while clock.now() <= deadline and step > LADDER_STEP / 8:
         target = (1.0 - step) * state.estimated_time()
-        if _descend(state, free, rng, lambda: state.score(budget, cap, target), deadline, RUNG_STALL_FLIPS):
+        if _descend(state, free, rng, lambda: state.score(budget, cap, target), deadline, RUNG_STALL_FLIPS, budget):
             best, step = state.snapshot(), min(2 * step, LADDER_STEP)
         else:  # back to the last set that fits
             state.restore(best)
@@ -219,16 +235,19 @@ def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.
 
 
 def _descend(state: _Kept, free: np.ndarray, rng: np.random.Generator, score: Callable[[], tuple[float, ...]],
-             deadline: float, stall_flips: float) -> bool:
-    """Flip random nodes of ``free``, keeping each flip that does not raise ``score()``, until K
-    fits (True), or the deadline or ``stall_flips`` per node in a row that lower nothing (False)."""
+             deadline: float, stall_flips: float, budget: int) -> bool:
+    """Flip random nodes of ``free`` (:func:`_draw`), keeping each flip that does not raise
+    ``score()``, until K fits (True), or the deadline or ``stall_flips`` per node in a row that
+    lower nothing (False)."""
     best = score()
     stalled = 0
+    is_free = np.zeros(state.n, dtype=bool)
+    is_free[free] = True
     while best[:3] != (0.0, 0.0, 0.0):
         state.charge()
         if clock.now() > deadline or stalled > stall_flips * state.n:
             return False
-        v = int(free[rng.integers(len(free))])
+        v = _draw(state, free, is_free, rng, budget)
         saved = state.snapshot()
         state.flip(v)
         new = score()
@@ -239,6 +258,19 @@ def _descend(state: _Kept, free: np.ndarray, rng: np.random.Generator, score: Ca
             stalled += 1
             state.restore(saved)
     return True
+
+
+def _draw(state: _Kept, free: np.ndarray, is_free: np.ndarray, rng: np.random.Generator, budget: int) -> int:
+    """A node of ``free`` to flip: :data:`AIMED_SHARE` of the time one bearing on a kept step over
+    ``budget`` drawn at random (:meth:`_Kept.bearing`), else (or where none is over) any."""
+    if rng.random() < AIMED_SHARE:
+        over = np.nonzero(state.profile() > budget)[0]
+        if len(over):
+            aimed = state.bearing(int(over[rng.integers(len(over))]))
+            aimed = aimed[is_free[aimed]]
+            if len(aimed):
+                return int(aimed[rng.integers(len(aimed))])
+    return int(free[rng.integers(len(free))])
 
 
 def _plan(state: _Kept) -> Plan:

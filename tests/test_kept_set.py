@@ -263,3 +263,18 @@ def test_where_no_set_within_the_cap_fits_the_search_goes_on_with_a_larger_cap()
     sim = simulate(p, plan, 65)
     assert 10 < sim.compute_counts.sum() <= CAP_GROWTH * 10
     assert kept_set_plan(p, 65, max_computes=10 / CAP_GROWTH / CAP_GROWTH) is None  # nor within 5 times its cap
+
+
+def test_flips_drawn_where_steps_are_over_the_budget_find_a_set_uniform_draws_stall_before(
+        benchmarks_dir, monkeypatch):
+    """RL250 at 70% of its peak, seed 0, first fit only: with every flip drawn among all free
+    nodes (before) the search stalled without a set that fits; with a share drawn among the nodes
+    bearing on a kept step over the budget (kept_set._draw) it finds one (RL500 at 50%:
+    bench/results/rl500_50_stop71.md)."""
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.7)
+    monkeypatch.setattr(kept_set, "LADDER_STEP", 0.0)
+    with clock.work_clock():
+        plan = kept_set_plan(p, budget)
+        assert plan is not None
+        simulate(p, plan, budget)  # raises if invalid or over the budget
