@@ -278,3 +278,20 @@ def test_flips_drawn_where_steps_are_over_the_budget_find_a_set_uniform_draws_st
         plan = kept_set_plan(p, budget)
         assert plan is not None
         simulate(p, plan, budget)  # raises if invalid or over the budget
+
+
+def test_a_search_that_stalls_starts_again_and_finds_a_set(benchmarks_dir, monkeypatch):
+    """RL250 at 72% of its peak, seed 2, first fit only: one search from K = every node stalls
+    under both caps without a set that fits; the next start, the random stream going on, finds
+    one."""
+    p = random_layered(benchmarks_dir, 250)
+    budget = p.budget_for(0.72)
+    monkeypatch.setattr(kept_set, "LADDER_STEP", 0.0)
+    with clock.work_clock():
+        monkeypatch.setattr(kept_set, "STARTS", 1)
+        assert kept_set_plan(p, budget, seed=2) is None
+        monkeypatch.undo()
+        monkeypatch.setattr(kept_set, "LADDER_STEP", 0.0)
+        plan = kept_set_plan(p, budget, seed=2)
+        assert plan is not None
+        assert simulate(p, plan, budget).peak_bytes <= budget
