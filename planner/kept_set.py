@@ -17,11 +17,10 @@ plan without recomputes) and flips one random node in or out of K at a time (hal
 among the nodes bearing on a kept step over the budget), keeping a flip unless it raises
 (computes over ``max_computes``, bytes over the budget summed over kept steps, highest step),
 until K fits or :data:`STALL_FLIPS` per node in a row lower nothing (then again from K = every
-node, up to :data:`STARTS` searches in all); each flip updates reach,
-need and the alive bytes only where they change. The tree count of computes grows with the depth
-of the recursion, so ``max_computes`` bounds the plan's length. Once K fits, the same search,
-from the last K that fits, asks for ever less estimated time until its deadline
-(:data:`LADDER_STEP`): the plan is the last K that fits, or the first where the deadline comes
+node, up to :data:`STARTS` searches in all); each flip updates reach, need and the alive bytes
+only where they change. The tree count of computes grows with the depth of the recursion, so
+``max_computes`` bounds the plan's length. Once K fits, the same search, from the last K that
+fits, asks for ever less estimated time until its deadline (:data:`LADDER_STEP`): the plan is the last K that fits, or the first where the deadline comes
 before any other.
 
 RL1000 at 50% of its peak (304,310 bytes): no other planner here finds a plan (every walk and
