@@ -96,12 +96,12 @@ class _Pace:
     """How long building (and hinting) a CP-SAT model took in this solve, so that no model is
     built when the time left would not cover building it and searching it for a while. Before,
     `--time-limit 20` on RL1000 with a host link took 25 s: four models were built for searches
-    of 0.01-0.05 s each."""
+    of 0.01-0.05 s each. Also whether the last resorts ran before the solve (``resorts_ran``)."""
 
     def __init__(self) -> None:
         self.model_s = 0.0
-        # the last resorts ran before the solve and found no plan (:func:`_resorts_first`), so the
-        # rescue after it does not run them again (:func:`_rescue`)
+        # the last resorts ran before the solve (:func:`_resorts_first`): where the solve still
+        # ends without a plan, the rescue after it does not run them again (:func:`_rescue`)
         self.resorts_ran = False
 
     def built(self, since: float) -> None:
