@@ -237,6 +237,11 @@ class PlannerOptions:
     resorts_first_above: int = 400
     resorts_first_added: float = 0.5
     resorts_first_share: float = 0.25
+    # ... and where no baseline fits at all, this share: the solve there rarely finds a plan of
+    # its own, and the kept-set search often needs a second start (RL500 at 50%, ``--time-limit
+    # 60``, seed 1: no plan in a quarter; +46,974% in half). RL1000 at 50% (120 s): +179.74% in a
+    # quarter, +161.08% in half; at 55% +100.53% / +106.78% (wall clock, seed 0).
+    resorts_first_unfit_share: float = 0.5
     # The order search's local moves may evaluate this many node positions per second of the
     # time limit (a count, so the same order on any machine; 40-50 ns each here, so at most a
     # quarter of the limit): uncapped, efficientnet's step (1794 nodes, batch 2) took 16 s of a

@@ -1058,7 +1058,8 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     compute time (RL1000 at 60%: the greedy's +225.11%, polished +147.56% -> the kept-set plan's
     +48.43%), on a problem of more than ``options.resorts_first_above`` nodes: the kept-set
     search (planner/kept_set.py; only where other node orders are allowed, its plans' first
-    computes leave the given order) in ``resorts_first_share`` of the time limit, and where it
+    computes leave the given order) in ``resorts_first_share`` of the time limit
+    (``resorts_first_unfit_share`` where no baseline fits), and where it
     finds none, the tight greedy's long run (planner.tight_greedy.long_run) in what is left of
     that share, or a quarter of it. They run after a solve without a plan anyway
     (:func:`_rescue`); run first, the plan is the solve's fallback inside its limit, and where it
@@ -1071,7 +1072,8 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     if problem.n <= options.resorts_first_above or problem.can_swap or not problem.runtime_exact or \
             budget < problem.memory_floor or _cheap_fit(problem, cands, budget, options.resorts_first_added):
         return cands
-    share = options.resorts_first_share * options.time_limit
+    share = (options.resorts_first_share if _fits(cands, budget) else options.resorts_first_unfit_share) \
+        * options.time_limit
     end = clock.now() + share
     found = _kept_set(problem, budget, end, options.seed) if options.reorder else None
     name = "kept-set"

@@ -252,6 +252,34 @@ def test_a_dear_fitting_baseline_lets_the_last_resorts_run_first(monkeypatch):
     assert planning._resorts_first(p, 65, replace(opt, resorts_first_added=share), cands) is cands
 
 
+def test_where_no_baseline_fits_the_kept_set_search_first_gets_the_larger_share(monkeypatch):
+    """The kept-set search run first gets ``resorts_first_unfit_share`` of the limit where no
+    baseline fits (RL500 at 50%, --time-limit 60, seed 1: no plan in a quarter, one in half),
+    ``resorts_first_share`` where a dear one fits."""
+    from dataclasses import replace
+
+    from planner.baselines import Candidate
+    from planner.tight_greedy import long_run
+    from tests.test_least import ONE, far_readers
+
+    p = far_readers(8)
+    dear = Candidate(*long_run(p, 65))
+    given = []
+
+    def window(problem, budget, deadline, seed):
+        given.append(deadline - clock.now())
+        return None
+
+    monkeypatch.setattr(planning, "_kept_set", window)
+    monkeypatch.setattr(planning, "long_run", lambda *a, **k: None)
+    opt = replace(ONE, time_limit=4.0, resorts_first_above=20, resorts_first_added=0.0)
+    with clock.work_clock():
+        planning._resorts_first(p, 65, opt, planning._Found())
+        planning._resorts_first(p, 65, opt, planning._Found(greedy=dear))
+    assert given == [opt.resorts_first_unfit_share * 4.0, opt.resorts_first_share * 4.0]
+    assert opt.resorts_first_unfit_share > opt.resorts_first_share
+
+
 def test_where_no_set_within_the_cap_fits_the_search_goes_on_with_a_larger_cap():
     """far_readers(8) at 65 B needs over 30 computes; with a cap of 10 the search stalled and
     gave nothing (RL500 at 55%: stalled at 200 per node, fits at 1000)."""
