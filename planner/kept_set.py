@@ -20,8 +20,8 @@ until K fits or :data:`STALL_FLIPS` per node in a row lower nothing (then again 
 node, up to :data:`STARTS` searches in all); each flip updates reach, need and the alive bytes
 only where they change. The tree count of computes grows with the depth of the recursion, so
 ``max_computes`` bounds the plan's length. Once K fits, the same search, from the last K that
-fits, asks for ever less estimated time until its deadline (:data:`LADDER_STEP`): the plan is the last K that fits, or the first where the deadline comes
-before any other.
+fits, asks for ever less estimated time until its deadline (:data:`LADDER_STEP`): the plan is the
+last K that fits, or the first where the deadline comes before any other.
 
 RL1000 at 50% of its peak (304,310 bytes): no other planner here finds a plan (every walk and
 greedy of bench/results/rl1000_50_stop59.md); this search finds one in a few thousand flips.
