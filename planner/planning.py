@@ -453,7 +453,8 @@ def _solve_reordered(problem: PlanningProblem, budget: int, options: PlannerOpti
     if plannable and not problem.can_swap and not _fits(q_cands, budget):
         spend = options.baseline_share * (1 - options.reorder_share) * options.time_limit
         cands = _resorts_first(problem, budget, options,
-                               _baselines(problem, budget, clock.now() + spend, options.baseline_work_floor), pace)
+                               _baselines(problem, budget, clock.now() + spend, options.baseline_work_floor), pace,
+                               order)
         if _fits(cands, budget):
             # A baseline fits in the given order and none in the memory-aware one: that order is
             # the harder one here, and its share of the time only delays the given order's search.
@@ -1052,7 +1053,7 @@ def _cheap_fit(problem: PlanningProblem, cands: dict[str, Candidate], budget: in
 
 
 def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOptions, cands: _Found,
-                   pace: _Pace | None = None) -> _Found:
+                   pace: _Pace | None = None, order: list[int] | None = None) -> _Found:
     """``cands``, the given order's baselines, with the plan of a last resort where none of them
     fits ``budget``, or each that fits adds more than ``options.resorts_first_added`` of the
     compute time (RL1000 at 60%: the greedy's +225.11%, polished +147.56% -> the kept-set plan's
@@ -1068,14 +1069,15 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     a polish) -> +251.46% in 117 s (+326.27% in another run: the search stops at a wall deadline);
     at 55% +8,733% in 157 s -> +92.24% in 116 s; RL500 at 60% +21,068% in 158 s -> +197.02% in
     115 s. The long run first, in half the share (15 s), found neither RL1000 plan. ``pace``, the
-    solve's, is told where they ran (:func:`_rescue`)."""
+    solve's, is told where they ran (:func:`_rescue`). ``order``: a memory-aware node order the
+    kept-set search runs in (:func:`_kept_set`)."""
     if problem.n <= options.resorts_first_above or problem.can_swap or not problem.runtime_exact or \
             budget < problem.memory_floor or _cheap_fit(problem, cands, budget, options.resorts_first_added):
         return cands
     share = (options.resorts_first_share if _fits(cands, budget) else options.resorts_first_unfit_share) \
         * options.time_limit
     end = clock.now() + share
-    found = _kept_set(problem, budget, end, options.seed) if options.reorder else None
+    found = _kept_set(problem, budget, end, options.seed, order) if options.reorder else None
     name = "kept-set"
     if found is None:
         long = long_run(problem, budget, max(end, clock.now() + 0.25 * share))
@@ -1090,9 +1092,16 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     return out
 
 
-def _kept_set(problem: PlanningProblem, budget: int, deadline: float, seed: int) -> Candidate | None:
-    """The kept-set search's plan (planner/kept_set.py) within ``budget``, simulated, or None."""
-    plan = kept_set_plan(problem, budget, deadline, seed)
+def _kept_set(problem: PlanningProblem, budget: int, deadline: float, seed: int,
+              order: list[int] | None = None) -> Candidate | None:
+    """The kept-set search's plan (planner/kept_set.py) within ``budget``, simulated, or None.
+    ``order``: a node order to search in (its kept nodes visited in that order), the plan mapped
+    back. RL500 in its memory-aware order (unplanned peak 263,169 bytes of 284,439), 60 s, polished:
+    at 50% +755/+811% -> +423/+309% (seeds 0/1), at 55% +490% -> +122%
+    (bench/results/rl500_cost_stop72.md)."""
+    plan = kept_set_plan(problem if order is None else permute(problem, order), budget, deadline, seed)
+    if plan is not None and order is not None:
+        plan = plan_in_original(plan, order)
     sim = None if plan is None else fitting(problem, plan, budget, "kept-set plan")
     return None if sim is None else Candidate(plan, sim)
 
