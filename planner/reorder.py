@@ -27,6 +27,7 @@ past them, the rest of the order as given.
 """
 from __future__ import annotations
 
+import heapq
 from typing import Callable
 
 import numpy as np
@@ -136,6 +137,28 @@ def first_compute_order(plan: Plan) -> list[int]:
     """The nodes in the order ``plan`` computes each for the first time (the order a plan found
     outside the solver's own orders plans in)."""
     return list(dict.fromkeys(e.node for e in plan.events if e.op == "compute"))
+
+
+def last_compute_order(problem: PlanningProblem, plan: Plan) -> list[int]:
+    """The nodes of ``problem`` in a topological order that follows the order ``plan`` computes
+    each for the last time (of the nodes whose inputs come before, the one completed first), so
+    that a node completed early comes early: the order a bottleneck's inputs are completed in is
+    what a tight plan's recomputes hang on (planning._rewalked). Nodes ``plan`` never computes
+    come last, by number."""
+    last = {e.node: k for k, e in enumerate(plan.events) if e.op == "compute"}
+    key = [last.get(v, len(plan.events) + v) for v in range(problem.n)]
+    waiting = [len(ps) for ps in problem.pred_lists]
+    ready = [(key[v], v) for v in range(problem.n) if waiting[v] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, v = heapq.heappop(ready)
+        order.append(v)
+        for w in problem.succ_lists[v]:
+            waiting[w] -= 1
+            if waiting[w] == 0:
+                heapq.heappush(ready, (key[w], w))
+    return order
 
 
 class _Profile:
