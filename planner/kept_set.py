@@ -82,6 +82,15 @@ LADDER_STEP = 0.03
 #: rungs sooner than 3 or 5, for as cheap a plan or cheaper.
 RUNG_STALL_FLIPS = 2
 
+#: The search plans in another node order (planner.planning._kept_set) only where the plan without
+#: recomputes (K = every node, where it starts) holds at most this share of the given order's bytes
+#: over the budget, summed over steps (:func:`excess`). Polished plans of a 60 s search (work
+#: clock), given -> memory-aware order: RL500 (0.74-0.82 of the excess there) at 50% +755/+1,146% ->
+#: +395/+312% (seeds 0/1), at 55% +490/+363% -> +122/+92%, at 60% +213/+196% -> +61/+51%; RL1000
+#: (0.90-0.92) at 50% dearer on 5 of seeds 0-5 (+182.5% -> +198% on average, seed 4 no plan at
+#: all), at 55% +116/+78% -> +72/+77%, at 60% +40/+39% -> +36/+44% (bench/results/rl500_cost_stop72.md).
+ORDER_EXCESS_SHARE = 0.85
+
 
 class _Kept:
     """K with reach, need, tree count and alive bytes, kept up to date flip by flip."""
@@ -205,6 +214,13 @@ class _Kept:
         """Charge the work clock for the basic steps taken since the last charge."""
         clock.charge((self.steps - self.charged) * STEP_SECONDS)
         self.charged = self.steps
+
+
+def excess(problem: PlanningProblem, budget: int) -> float:
+    """Bytes over ``budget`` summed over the steps of the plan without recomputes: the search's
+    starting score (:meth:`_Kept.score`, K = every node)."""
+    prof = _Kept(problem, np.ones(problem.n, dtype=bool)).profile()
+    return float(np.maximum(prof - budget, 0).sum())
 
 
 def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf, seed: int = 0,

@@ -49,7 +49,7 @@ from planner.baselines import Candidate, baseline
 from planner.coarsen import Coarsening, coarsen
 from planner.cpsat import OutOfTime, PhaseResult, PlannerOptions, RematModel, objective_costs, recompute_objective
 from planner.errors import UsageError
-from planner.kept_set import kept_set_plan
+from planner.kept_set import ORDER_EXCESS_SHARE, excess, kept_set_plan
 from planner.least import MAX_NODES, MAX_STATES, cheapest_plan, least_plan, least_plan_any_order
 from planner.node_lns import node_lns
 from planner.order_bound import (INFEASIBLE as CLOSURE_INFEASIBLE, ClosureBound, ClosureCuts, growing_closure_bound,
@@ -1136,11 +1136,16 @@ def _kept_set(problem: PlanningProblem, budget: int, deadline: float, seed: int,
               order: list[int] | None = None) -> Candidate | None:
     """The kept-set search's plan (planner/kept_set.py) within ``budget``, simulated, or None.
     ``order``: a node order to search in (its kept nodes visited in that order), the plan mapped
-    back. RL500 in its memory-aware order (unplanned peak 263,169 bytes of 284,439), 60 s, polished:
-    at 50% +755/+811% -> +423/+309% (seeds 0/1), at 55% +490% -> +122%
+    back, where the plan without recomputes holds at most ``ORDER_EXCESS_SHARE`` of the given
+    order's bytes over the budget there (kept_set.excess); else the given order. RL500 in its
+    memory-aware order (0.82 of the excess at 50%), 60 s, polished: at 50% +755/+811% -> +423/+309%
+    (seeds 0/1), at 55% +490% -> +122%; RL1000's (0.92 at 50%) was dearer on 5 of 6 seeds
     (bench/results/rl500_cost_stop72.md)."""
-    plan = kept_set_plan(problem if order is None else permute(problem, order), budget, deadline, seed)
-    if plan is not None and order is not None:
+    q = None if order is None else permute(problem, order)
+    if q is not None and excess(q, budget) > ORDER_EXCESS_SHARE * excess(problem, budget):
+        q = None
+    plan = kept_set_plan(problem if q is None else q, budget, deadline, seed)
+    if plan is not None and q is not None:
         plan = plan_in_original(plan, order)
     sim = None if plan is None else fitting(problem, plan, budget, "kept-set plan")
     return None if sim is None else Candidate(plan, sim)
