@@ -716,8 +716,12 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     limit where less is left (RL1000 at 50%: only it finds a plan). The plans found are polished
     (planner/polish.py: the recomputes the budget does not need dropped; RL250 at 60%, the
     depth-first walk's plan: +2195% -> +207.8%) in what is left of the quarter, or
-    :data:`POLISH_SHARE` of the time limit where less is left. A walk's plan then hints CP-SAT in
-    its own node order (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the
+    :data:`POLISH_SHARE` of the time limit where less is left. Where the early walk's window cut it
+    short (``search``), the walks' plans are then walked for again, as there, in what is left of the
+    quarter or ``PlannerOptions.rewalk_share`` of the time limit, whichever is longer
+    (:func:`_rewalked`; RL250 at 60%, ``--time-limit 60 --deterministic``: the first walk for again
+    charges 12.8 s, where the quarter leaves 11.5; +189.30% -> +108.51%). A walk's plan then hints
+    CP-SAT in its own node order (:func:`_in_plan_order`) until ``end`` (the solve's own limit) or the
     quarter's end, whichever is later; where the walk within a budget halfway down to the least peak any order may reach
     finds a plan in another order (:func:`_tighter_walk`), that order is searched first, in half
     that time, and the cheaper plan wins. Where ``end`` has passed, that search has only what the
@@ -761,6 +765,10 @@ def _rescue(problem: PlanningProblem, res: SolveResult, options: PlannerOptions,
     # (the long run's keep their first computes: its plan stays one of the given order's)
     found = [(Candidate(*polished(problem, c.plan, c.sim, budget, until, keep_firsts=order == "given")), order, how)
              for c, order, how in found]
+    if search is not None:  # the early walk's, its window cut short: its plan walked for again, as there
+        rewalk_end = max(deadline, clock.now() + options.rewalk_share * options.time_limit)
+        found = [(Candidate(*_rewalked(problem, budget, (c.plan, c.sim), options, rewalk_end))
+                  if order == "reverse-walk" else c, order, how) for c, order, how in found]
     cand, order, how = min(found, key=lambda f: f[0].sim.added_time)
     if res.status == "infeasible" and res.least_bytes is not None:
         # its claim is about the orders it searched: "the least any plan reaches" beside this plan misleads
@@ -933,7 +941,8 @@ def _early_walk(problem: PlanningProblem, budget: int, options: PlannerOptions) 
     deep = _walked_polished(problem, budget, clock.now() + _early_window(options), options)
     if deep.found is None:  # cut short: its search goes on after the solve (:func:`_rescue`)
         return deep if deep.exhausted and problem.runtime_exact or deep.search is not None else None
-    return DepthFirstPlan(_rewalked(problem, budget, deep.found, options), False)
+    rewalk_end = clock.now() + options.rewalk_share * options.time_limit
+    return DepthFirstPlan(_rewalked(problem, budget, deep.found, options, rewalk_end), False)
 
 
 def _walked_polished(problem: PlanningProblem, budget: int, end: float, options: PlannerOptions,
@@ -956,17 +965,17 @@ def _walked_polished(problem: PlanningProblem, budget: int, end: float, options:
 
 
 def _rewalked(problem: PlanningProblem, budget: int, found: tuple[Plan, Simulation],
-              options: PlannerOptions) -> tuple[Plan, Simulation]:
+              options: PlannerOptions, end: float) -> tuple[Plan, Simulation]:
     """``found`` (the early walk's polished plan, simulated) or, where cheaper, the plan the same
     walks find with the problem's nodes numbered in the order ``found`` completes them
-    (:func:`planner.reorder.last_compute_order`), and so on while that is cheaper, in
-    ``PlannerOptions.rewalk_share`` of the time limit. The walks try their moves by node number and
-    stop at the first plan that fits, so the numbering picks the plan. At RL250 at 60% one step
-    reads 44 inputs and leaves 904 bytes beside them: the order they are completed in decides most
-    recomputes (completed late, an input's ancestors are recomputed in what the others leave), and
-    numbered in the order the walk's own plan completes them, the walk finds one that completes
-    them better: +207.81% -> +108.51%."""
-    end = clock.now() + options.rewalk_share * options.time_limit
+    (:func:`planner.reorder.last_compute_order`), and so on while that is cheaper, until ``end``
+    (``PlannerOptions.rewalk_share`` of the time limit, or in :func:`_rescue`, where the early
+    walk's window cut it short, the rest of the rescue's quarter if longer). The walks try their
+    moves by node number and stop at the first plan that fits, so the numbering picks the plan.
+    At RL250 at 60% one step reads 44 inputs and leaves 904 bytes beside them: the order they are
+    completed in decides most recomputes (completed late, an input's ancestors are recomputed in
+    what the others leave), and numbered in the order the walk's own plan completes them, the walk
+    finds one that completes them better: +207.81% -> +108.51%."""
     walked_in = list(range(problem.n))
     while clock.now() < end:
         order = last_compute_order(problem, found[0])

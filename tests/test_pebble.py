@@ -503,16 +503,22 @@ def test_the_walks_plan_hints_the_search_in_its_order_where_it_alone_fits(monkey
     assert seen == [3, 2]
 
 
+def _rewalk() -> PlanningProblem:
+    """17 nodes (a random DAG found by search) whose walks' plan at 55 bytes, one over the least peak
+    any order may reach, adds 45; walked for again in the order it completes nodes in, 37."""
+    return PlanningProblem.build(
+        size=[4, 11, 9, 12, 16, 14, 12, 10, 9, 9, 7, 5, 5, 11, 10, 18, 12],
+        cost=[4, 7, 7, 4, 8, 2, 8, 2, 8, 1, 3, 6, 7, 5, 1, 3, 9],
+        preds=[[], [0], [0, 1], [0], [0, 1], [1, 2], [0, 3], [1, 2], [2, 5], [3, 7], [7], [5, 9, 10], [8, 9], [7, 9],
+               [11, 13], [10, 12], [3, 5, 8, 10]], name="rewalk")
+
+
 def test_the_early_walks_plan_is_walked_for_again_in_its_own_order():
     """The walks try their moves by node number, so the numbering picks their plan; numbered in the
     order the early walk's polished plan completes them in (computes each for the last time), they
     find a cheaper one here (a random DAG found by search: 45 -> 37 added time), as on RL250 at 60%
     (+207.81% -> +108.51%)."""
-    p = PlanningProblem.build(
-        size=[4, 11, 9, 12, 16, 14, 12, 10, 9, 9, 7, 5, 5, 11, 10, 18, 12],
-        cost=[4, 7, 7, 4, 8, 2, 8, 2, 8, 1, 3, 6, 7, 5, 1, 3, 9],
-        preds=[[], [0], [0, 1], [0], [0, 1], [1, 2], [0, 3], [1, 2], [2, 5], [3, 7], [7], [5, 9, 10], [8, 9], [7, 9],
-               [11, 13], [10, 12], [3, 5, 8, 10]], name="rewalk")
+    p = _rewalk()
     opts = PlannerOptions(time_limit=5, workers=1, seed=0, work_limit=True)
     assert p.order_free_floor == 54  # 55 bytes: within early_walk_within of it, so the early walk runs
     with clock.work_clock():
@@ -521,6 +527,25 @@ def test_the_early_walks_plan_is_walked_for_again_in_its_own_order():
     assert once[1].added_time == 45
     assert again[1].added_time == 37
     assert simulate(p, again[0], 55).peak_bytes <= 55
+
+
+def test_the_rescue_walks_for_again_where_the_early_walks_window_cut_it_short(monkeypatch):
+    """Where the early walk's window cuts it short, the rescue after the solve goes on with it, and
+    its plan is walked for again as the early walk would have (RL250 at 60%, ``--time-limit 60
+    --deterministic``: the walk needs 16.1 of the window's 15 counted seconds, and the rescue's
+    plan was never re-walked: +189.30%). Without the early walk's search, the rescue does not."""
+    p = _rewalk()
+    opts = PlannerOptions(time_limit=5, workers=1, seed=0, work_limit=True)
+    searched = []  # the walk's plan CP-SAT in its order starts from
+    monkeypatch.setattr(planning, "_in_plan_order",
+                        lambda q, res, walked, options, until: (searched.append(walked.sim.added_time), res)[1])
+    bare = planning._empty(p, 55, "cpsat", status="timeout", note="")
+    with clock.work_clock():
+        cut = planning._rescue(p, bare, opts, True, clock.now(), DepthFirstSearch(p, 55))
+        alone = planning._rescue(p, bare, opts, True, clock.now())
+    assert searched == [37, 45]
+    assert cut.added_time == 37 and simulate(p, cut.plan, 55).peak_bytes <= 55
+    assert alone.added_time == 45
 
 
 def test_the_completion_order_is_topological_and_follows_the_last_computes():
