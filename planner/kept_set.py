@@ -219,8 +219,7 @@ class _Kept:
 def excess(problem: PlanningProblem, budget: int) -> float:
     """Bytes over ``budget`` summed over the steps of the plan without recomputes: the search's
     starting score (:meth:`_Kept.score`, K = every node)."""
-    prof = _Kept(problem, np.ones(problem.n, dtype=bool)).profile()
-    return float(np.maximum(prof - budget, 0).sum())
+    return _Kept(problem, np.ones(problem.n, dtype=bool)).score(budget, math.inf)[2]
 
 
 def kept_set_plan(problem: PlanningProblem, budget: int, deadline: float = math.inf, seed: int = 0,
