@@ -55,6 +55,38 @@ def test_flips_leave_the_state_a_fresh_build_of_its_set_has(case):
     assert sim.makespan <= fresh.estimated_time() + 1e-9
 
 
+
+def _profile_of(state: _Kept) -> np.ndarray:
+    """profile() computed afresh from the state's arrays."""
+    return np.where(state.kept, state.p.base_bytes + state.alive[:state.n] + state.need, 0.0)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(flipped(), st.data())
+def test_a_restore_gives_back_the_snapshot_its_cached_profile_and_the_lists_later_flips_read(case, data):
+    """As the search does: profile() read, a snapshot, a flip, profile() read, perhaps a restore.
+    The cached profile is always that of the set the state holds, and flips after restores
+    leave what a fresh build of their set has."""
+    p, kept, flips = case
+    state = _Kept(p, kept)
+    saved = state.snapshot(), kept.copy()
+    for v in flips + flips:
+        state.profile()
+        state.flip(v)
+        kept[v] = not kept[v]
+        assert np.array_equal(state.profile(), _profile_of(state))
+        if data.draw(st.booleans(), label="restore"):
+            state.restore(saved[0])
+            kept = saved[1].copy()
+            assert np.array_equal(state.profile(), _profile_of(state))
+        if data.draw(st.booleans(), label="snapshot"):
+            saved = state.snapshot(), kept.copy()
+    fresh = _Kept(p, kept)
+    assert np.array_equal(state.kept, kept) and np.array_equal(state.reach, fresh.reach)
+    assert np.allclose(state.need, fresh.need) and np.allclose(state.count, fresh.count)
+    assert np.allclose(state.work, fresh.work) and np.allclose(state.alive, fresh.alive)
+    assert np.allclose(state.profile(), fresh.profile())
+
 def test_rl100_plans_fit_the_budget(benchmarks_dir):
     p = random_layered(benchmarks_dir, 100)
     budget = p.budget_for(0.7)
