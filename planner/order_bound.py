@@ -128,7 +128,8 @@ class ClosureBound:
 
 
 def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], time_limit: float,
-                  seed: int = 0, steps: Sequence[int] | None = None, below: int | None = None) -> ClosureBound | None:
+                  seed: int = 0, steps: Sequence[int] | None = None, below: int | None = None,
+                  stronger: bool = False) -> ClosureBound | None:
     """A lower bound on ``sum(cost[i])`` over the recomputes of every recompute-only plan that
     computes nodes first in ``problem``'s order and stays within ``budget`` (integer ``cost``:
     the CP-SAT model's own objective units, so the bound holds for its objective exactly).
@@ -153,6 +154,22 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
         between was resident before). An input with no r var at s-1 (an input of s-1, or s-1)
         is that last one only through an event of its own between s-1 and s. Without the rule,
         RL100 at 60% 4760 units (plan 10205); with it 5629, exact in 4-5 s.
+    With ``stronger`` (off by default: not yet wired into planning, see below), also:
+      * buffers held past their last read (:meth:`_Closure.add_kept_past`): resident at a
+        modelled step after its last read and not made again since, i is resident at every step
+        in between, whose memory rows (those not modelled too) count it;
+      * the gap rule, for steps s and s-1 both modelled, added where a solution breaks it, after
+        the last-input rule (:meth:`_Closure._gap_vars`, :meth:`_Closure._tighten_gap`): the
+        nodes made again between s-1 and s, and the memory while each is made (every buffer
+        resident at s and not made in that gap is held all through it), and while the last of
+        them resident at s is made (every other buffer resident at s is there).
+        With these two, RL100 at 60% 5629 -> 6183 units (plan 9954), exact in 23-27 s (55 s beside a
+        test run), 5629 after 3 s and 6183 after 17 s on the way (so 6183 in 20 s); 380 small
+        graphs (7-12 nodes, seeds 0-149, against planner.least.cheapest_plan) 0.902 -> 0.921 of
+        the optimum on average. In the 1-6 s
+        planning gives the bound they only slow it: zoo:gpt at 76% (10 s, deterministic) ended
+        at a bound of 5.609366e-05 s instead of 5.609473e-05 with them on; RL250 at 70% (given
+        order, 20 s) proves 5677 with them, 11611 without.
     Every fitting plan gives values for these, so the optimum (or CP-SAT's bound on it) is at
     most its recompute cost. Memory during recomputes is left out but for the last-input rule,
     and steps are only linked through z, so the bound stays a relaxation. Measured before that
@@ -184,7 +201,7 @@ def closure_bound(problem: PlanningProblem, budget: int, cost: Sequence[int], ti
     if not over:
         return None
     deadline = clock.now() + time_limit
-    built = _closure_model(p, budget, over, deadline)
+    built = _closure_model(p, budget, over, deadline, stronger)
     if built is None:
         return None
     m, events = built.m, built.events
@@ -234,24 +251,32 @@ def _solve_tightened(c: "_Closure", time_limit: float, seed: int
     step, solved again with the rule there. Each optimum on the way is a bound (its model only
     lacks constraints every plan meets); the last solve's own bound adds to it. RL250 at 70%
     (memory-aware order): no step broken, one solve, as without the rule; RL100 at 60%: 4760 ->
-    5629 units."""
+    5629 -> 6183 units (last-input rule, then the gap rule: :meth:`_Closure.tighten`)."""
     deadline = clock.now() + time_limit
     proven: float | None = None
+    kept: cp_model.CpSolver | None = None  # the last optimum that keeps the last-input rule everywhere
     while True:
         solver, status = _solve_relaxation(c.m, deadline - clock.now(), seed)
         if status != cp_model.OPTIMAL:
+            if kept is not None:  # the gap rule's rounds ran out of time: the last optimum stands,
+                return kept, cp_model.OPTIMAL, proven, True  # exact as the bound was before the rule
             return solver, status, proven, False
         if not c.tighten(solver):
             return solver, status, proven, True
+        if c.rule_kept:
+            kept = solver
         if deadline - clock.now() <= 0.05:  # broken, and no time to solve again
-            return solver, status, proven, False
+            return (solver, status, proven, False) if kept is None else (kept, status, proven, True)
         proven = solver.ObjectiveValue()
 
 
-def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadline: float) -> "_Closure | None":
+def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadline: float,
+                   stronger: bool = False) -> "_Closure | None":
     """:func:`closure_bound`'s constraints over the steps ``over`` and its recompute events
-    ((node, reads before) -> bool), objective not set; None when building took past ``deadline``."""
-    c = _Closure(p, budget, cp_model.CpModel(), {}, {})
+    ((node, reads before) -> bool), objective not set; None when building took past ``deadline``.
+    ``stronger``: with the rows for buffers kept past their last read and the gap rule (the same
+    events, so the same objective: a bound of one model bounds the other's image of every plan)."""
+    c = _Closure(p, budget, cp_model.CpModel(), {}, {}, gap_rule=stronger)
     m, last, succ, event = c.m, p.last_use, p.succ_lists, c.event
     for t in over:
         if clock.now() > deadline:  # building alone took the time (thousands of steps)
@@ -297,16 +322,27 @@ def _closure_model(p: PlanningProblem, budget: int, over: Sequence[int], deadlin
                         m.AddBoolOr([x, r[u]] if u in r else [x]).OnlyEnforceIf(r[i])
             first = bisect.bisect_right(succ[i], t)
             m.AddBoolOr([event(i, k) for k in range(first, c.made_by(i, t) + 1)]).OnlyEnforceIf(r[i])
-        fixed = (p.base_bytes + int(p.scratch[t]) + int(p.size[t]) + int(c.pinned_before[t])
-                 + sum(c.read_bytes(t, u) for u in inputs if not p.pinned[u]) - int(p.credit[t]))
         m.Add(sum(int(p.size[i]) * a[i] for i in a if not c.parts[i])
-              + sum(c.parts[i][k][0] * h for (i, k), h in held.items()) <= budget - fixed)
+              + sum(c.parts[i][k][0] * h for (i, k), h in held.items()) <= budget - c.fixed(t))
         c.steps[t] = (a, r)
+    if stronger:
+        c.add_kept_past()
     for s in c.steps:  # the events the last-input rule may name, before any objective sums them
         if s - 1 in c.steps:
             for u in c.others(s):
                 event(u, bisect.bisect_right(succ[u], s - 1))
     return c
+
+
+@dataclass(frozen=True)
+class _Gap:
+    """The gap rule's vars at one step (:meth:`_Closure._gap_vars`): g, and per buffer resident
+    at the step, (bytes, literal) held across the gap and resident at the step (None: always),
+    and l."""
+    g: dict[int, cp_model.IntVar]
+    held: dict[int, tuple[int, object]]
+    res: dict[int, tuple[int, object]]
+    last: dict[int, cp_model.IntVar]
 
 
 @dataclass
@@ -320,6 +356,11 @@ class _Closure:
     events: dict[tuple[int, int], cp_model.IntVar]
     steps: dict[int, tuple[dict[int, cp_model.IntVar], dict[int, cp_model.IntVar]]]
     ruled: set[int] = field(default_factory=set)
+    gaps: dict[int, "_Gap"] = field(default_factory=dict)
+    gap_rows: set[tuple[int, int, int]] = field(default_factory=set)
+    held_vars: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    gap_rule: bool = False  # the gap rule in :meth:`tighten` (_closure_model's ``stronger``)
+    rule_kept: bool = False  # the last solution tighten saw keeps the last-input rule everywhere
 
     def __post_init__(self) -> None:
         self.pinned_before = np.concatenate([[0], np.cumsum(np.where(self.p.pinned, self.p.size, 0))[:-1]])
@@ -328,6 +369,68 @@ class _Closure:
         # exceed a plan that fits only with parts freed apart)
         self.parts = self.p.parts or ((),) * self.p.n
         self._reads = {r: dict(ins) for r, ins in self.p.part_inputs.items()}
+
+    def fixed(self, t: int) -> int:
+        """Bytes resident while t runs in every plan: base, scratch, t's output, pinned outputs
+        made before t and t's inputs (the parts of them t reads), less ``credit``."""
+        p = self.p
+        return (p.base_bytes + int(p.scratch[t]) + int(p.size[t]) + int(self.pinned_before[t])
+                + sum(self.read_bytes(t, u) for u in set(p.pred_lists[t]) if not p.pinned[u]) - int(p.credit[t]))
+
+    def add_kept_past(self) -> None:
+        """Buffers resident at a step after their last read: held there since that read.
+
+        If a plan has i resident at a modelled step t after i's last read and does not compute
+        i again after that read (no event z[i, K], K its number of reads; i not recomputable:
+        never), the copy resident at t is the one that last read used, so i is resident at every
+        step s between its last read and t, modelled or not. At a modelled s that is a[s, i]
+        (where s models i) or an extra term in s's memory row; at a step s not modelled, s's
+        memory row counts, beside the bytes every plan holds at s (:meth:`fixed`), each buffer
+        such a t holds past s, and each buffer i read after s unless i is computed again in the
+        read interval s lies in (the event z[i, k], which every plan that frees i before that
+        read has; i not recomputable: always; no such event in the model: left out, as if freed,
+        so the objective's events stay those of the model without these rows, and ClosureCuts,
+        which solves that model, may take this bound as a floor). Every fitting plan meets these rows, so the bound
+        stays a relaxation. The 8-node case in bench/results/step_indexed_bound_stop72.md:
+        node 0, last read at step 3, held at step 5 to compute node 1 again, must fit at step 4.
+        """
+        p, m, succ, last = self.p, self.m, self.p.succ_lists, self.p.last_use
+        past: dict[tuple[int, int], cp_model.IntVar] = {}  # (s, i): i resident at s after its last read
+        reach: dict[int, int] = {}  # i -> the last modelled step with i after its last read
+        for t, (a, _) in self.steps.items():
+            for i in a:
+                if not self.parts[i] and not p.pinned[i] and last[i] < t:
+                    reach[i] = max(reach.get(i, 0), t)
+        for i, top in sorted(reach.items()):
+            # resident at s+1 after the last read and not made again after it: resident at s
+            again = [self.events[i, len(succ[i])]] if p.recomputable[i] else []
+            later = self.steps[top][0][i]
+            for s in range(top - 1, int(last[i]), -1):
+                if s in self.steps and i in self.steps[s][0]:
+                    now = self.steps[s][0][i]
+                else:
+                    now = past[s, i] = m.NewBoolVar("")
+                m.AddBoolOr([now, later.Not()] + again)
+                later = now
+        for s in sorted({s for s, _ in past}):
+            extra = sum(int(p.size[i]) * x for (q, i), x in past.items() if q == s)
+            if s in self.steps:
+                a_s = self.steps[s][0]
+                m.Add(sum(int(p.size[i]) * a_s[i] for i in a_s if not self.parts[i]) + extra
+                      <= self.budget - self.fixed(s))
+                continue
+            inputs = set(p.pred_lists[s])
+            held, room = [], self.budget - self.fixed(s)
+            for i in range(s):
+                if i in inputs or p.pinned[i] or self.parts[i] or last[i] <= s:
+                    continue
+                if not p.recomputable[i]:
+                    room -= int(p.size[i])
+                    continue
+                k = bisect.bisect_right(succ[i], s)
+                if (i, k) in self.events:  # (none: no event shows i freed there, so it may be)
+                    held.append(int(p.size[i]) * (1 - self.events[i, k]))
+            m.Add(sum(held) + extra <= room)
 
     def reads_of(self, j: int, u: int) -> tuple[int, ...] | None:
         """The parts of input u that j reads (None: u has none)."""
@@ -367,17 +470,13 @@ class _Closure:
         p, r_prev = self.p, self.steps[s - 1][1]
         return [u for u in sorted(set(p.pred_lists[s])) if u not in r_prev and p.recomputable[u] and not p.pinned[u]]
 
-    def _rule(self, s: int) -> list[tuple[int, int, list[tuple[int, int, list[int]]], int]]:
-        """The last-input rule at step s as data: per input x that may be made last, (x, kind,
-        the buffers held as (size, node, its events between s-1 and s), the bytes they may take).
-        Kind 0: x made again is r[s-1, x]; kind 1: it is x's event between s-1 and s."""
+    def _held_at(self, s: int) -> list[tuple[int, int, list[int]]]:
+        """The buffers resident at s (not its inputs) that a plan may hold across the gap between
+        s-1 and s: (size, node, its events that span that gap)."""
         p, succ = self.p, self.p.succ_lists
-        a_s, r_prev = self.steps[s][0], self.steps[s - 1][1]
+        held = []
         inputs = set(p.pred_lists[s])
-        need = self.p.base_bytes + int(self.pinned_before[s]) + sum(self.read_bytes(s, u) for u in inputs
-                                                                     if not p.pinned[u])
-        held = []  # the buffers s holds that may be resident across the recompute, built once
-        for j in a_s:
+        for j in self.steps[s][0]:
             if j in inputs or p.pinned[j] or self.parts[j]:
                 continue  # (a node with parts: its bytes held are not a_s's; left out, the rule only weakens)
             again = [] if not p.recomputable[j] else [
@@ -385,6 +484,28 @@ class _Closure:
             if any((j, k) not in self.events for k in again):
                 continue  # a recompute there has no event to show it: j may not be held
             held.append((int(p.size[j]), j, again))
+        return held
+
+    def _held_var(self, s: int, j: int, again: list[int]):
+        """j resident at s and held across the gap before it (its a var where no event spans it)."""
+        a_s = self.steps[s][0]
+        if not again:
+            return a_s[j]
+        if (s, j) not in self.held_vars:
+            self.held_vars[s, j] = self.m.NewBoolVar("")
+            self.m.Add(self.held_vars[s, j] >= a_s[j] - sum(self.events[j, k] for k in again))
+        return self.held_vars[s, j]
+
+    def _rule(self, s: int) -> list[tuple[int, int, list[tuple[int, int, list[int]]], int]]:
+        """The last-input rule at step s as data: per input x that may be made last, (x, kind,
+        the buffers held as (size, node, its events between s-1 and s), the bytes they may take).
+        Kind 0: x made again is r[s-1, x]; kind 1: it is x's event between s-1 and s."""
+        p = self.p
+        r_prev = self.steps[s - 1][1]
+        inputs = set(p.pred_lists[s])
+        need = self.p.base_bytes + int(self.pinned_before[s]) + sum(self.read_bytes(s, u) for u in inputs
+                                                                     if not p.pinned[u])
+        held = self._held_at(s)
         out = []
         for x in [x for x in sorted(inputs) if x in r_prev] + self.others(s):
             own = set(p.pred_lists[x])
@@ -395,7 +516,8 @@ class _Closure:
 
     def tighten(self, solver: cp_model.CpSolver) -> int:
         """Add the last-input rule (:func:`closure_bound`) at each step whose rule ``solver``'s
-        solution breaks; the number of steps it was added at."""
+        solution breaks; where it breaks none, the gap rule's rows it breaks (:meth:`_tighten_gap`).
+        The number of steps and rows added."""
         added = 0
         for s in self.steps:
             if s - 1 not in self.steps or s in self.ruled:
@@ -416,12 +538,172 @@ class _Closure:
                 continue
             self._add_rule(s, rule)
             added += 1
+        self.rule_kept = not added
+        if added or not self.gap_rule:  # the last-input rule first: most steps need only it, and it is cheap
+            return added
+        for s in self.steps:
+            if s - 1 in self.steps:
+                added += self._tighten_gap(solver, s)
         return added
+
+    def _gap(self, s: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """The gap rule at step s as data: (the nodes a plan may make in the gap between s-1 and
+        s that the rule follows, in the order found; the buffers resident at s as (bytes, node):
+        s's inputs and s's a vars). See :meth:`_gap_vars`."""
+        p = self.p
+        a_prev = self.steps[s - 1][0]
+        inputs = set(p.pred_lists[s])
+        at_s = [(self.read_bytes(s, x), x) for x in sorted(inputs) if not p.pinned[x] and not self.parts[x]]
+        at_s += [(int(p.size[x]), x) for x in self.steps[s][0] if x not in inputs and not self.parts[x]]
+        made = [x for _, x in at_s if p.recomputable[x]]
+        seen = set(made)
+        for y in made:  # grows while it is walked
+            for u in p.pred_lists[y]:
+                if u in a_prev and u not in seen and p.recomputable[u] and not self.parts[u]:
+                    seen.add(u)
+                    made.append(u)
+        return made, at_s
+
+    def _gap_room(self, s: int, y: int) -> int:
+        """Bytes left, beside what is held across the gap before s, while y is made in it."""
+        p = self.p
+        return (self.budget - p.base_bytes - int(self.pinned_before[s]) - int(p.scratch[y]) - int(p.size[y])
+                + int(p.credit[y]) - sum(self.read_bytes(y, q) for q in set(p.pred_lists[y]) if not p.pinned[q]))
+
+    def _gap_vars(self, s: int) -> "_Gap":
+        """The gap rule's vars at step s and the rows every plan meets whatever the memory
+        (:meth:`_add_gap_row` adds the memory rows). With g[x] (x made in the gap between s-1
+        and s) for the nodes :meth:`_gap` names, in every plan:
+          (1) an input x of s with r[s-1, x] is made in it (after s-1, by its next read, s);
+          (2) x resident at s (a[s, x]) and not at s-1 (a[s-1, x]) is made in it;
+          (3) g[y] needs each input u of y that s-1's model has a var for resident at s-1 or
+              g[u] (u is there when y is made: kept since s-1 or made before y in the gap), and
+              g[x] needs x's event over the read interval the gap lies in;
+          (4) h[x] >= a[s, x] - g[x] (an input of s: 1 - g[x]): x resident at s and not made
+              in the gap was resident all through it;
+          (5) of the buffers resident at s and made in the gap, one is made last: l[x] <= g[x],
+              l[x] <= a[s, x], sum l <= 1, and sum l >= g[x] + a[s, x] - 1.
+        A plan's image (g[x]: the plan makes x in that gap; l: the one of them resident at s it
+        makes last) meets them all. Nodes with parts are left out (the rule only weakens)."""
+        if s in self.gaps:
+            return self.gaps[s]
+        m, p, succ = self.m, self.p, self.p.succ_lists
+        a_s = self.steps[s][0]
+        a_prev, r_prev = self.steps[s - 1]
+        inputs = set(p.pred_lists[s])
+        made, at_s = self._gap(s)
+        g = {y: m.NewBoolVar("") for y in made}
+        for y in made:
+            if y in inputs and y in r_prev:
+                m.AddImplication(r_prev[y], g[y])
+            if y in a_s and y in a_prev:
+                m.AddBoolOr([g[y], a_s[y].Not(), a_prev[y]])
+            k = bisect.bisect_right(succ[y], s - 1)
+            if (y, k) in self.events:
+                m.AddImplication(g[y], self.events[y, k])
+            for u in p.pred_lists[y]:
+                if u in a_prev and not self.parts[u]:
+                    m.AddBoolOr([a_prev[u]] + ([g[u]] if u in g else []) + [g[y].Not()])
+        held, res, last = {}, {}, {}
+        for nbytes, x in at_s:
+            res[x] = (nbytes, None if x in inputs else a_s[x])
+            if x not in g:
+                held[x] = res[x]
+                continue
+            if x in inputs:
+                held[x] = (nbytes, g[x].Not())
+            else:
+                held[x] = (nbytes, m.NewBoolVar(""))
+                m.AddBoolOr([held[x][1], a_s[x].Not(), g[x]])
+            last[x] = m.NewBoolVar("")
+            m.AddImplication(last[x], g[x])
+            if x not in inputs:
+                m.AddImplication(last[x], a_s[x])
+        if last:
+            m.Add(sum(last.values()) <= 1)
+            for x in last:
+                m.Add(sum(last.values()) >= g[x] + (0 if x in inputs else a_s[x] - 1))
+        self.gaps[s] = _Gap(g, held, res, last)
+        return self.gaps[s]
+
+    def _gap_value(self, solver: cp_model.CpSolver, s: int) -> tuple[set[int], int | None]:
+        """The nodes ``solver``'s solution makes in the gap before s and the one of them resident at
+        s it makes last (None: none); where the gap has no vars yet, only those it must make
+        (rows (1)-(3) of :meth:`_gap_vars`) and, as the last, None."""
+        val = solver.BooleanValue
+        if s in self.gaps:
+            gap = self.gaps[s]
+            return ({y for y, v in gap.g.items() if val(v)},
+                    next((x for x, v in gap.last.items() if val(v)), None))
+        p, a_s = self.p, self.steps[s][0]
+        a_prev, r_prev = self.steps[s - 1]
+        cand = set(self._gap(s)[0])
+        made = {x for x in p.pred_lists[s] if x in r_prev and x in cand and val(r_prev[x])}
+        made |= {x for x in a_s if x in cand and x in a_prev and val(a_s[x]) and not val(a_prev[x])}
+        stack = list(made)
+        while stack:
+            y = stack.pop()
+            for u in p.pred_lists[y]:
+                if u in cand and u in a_prev and u not in made and not val(a_prev[u]):
+                    made.add(u)
+                    stack.append(u)
+        return made, None
+
+    def _tighten_gap(self, solver: cp_model.CpSolver, s: int) -> int:
+        """Add the memory rows of the gap rule at s that ``solver``'s solution breaks: while y is
+        made in the gap, base, pinned outputs made before s, y's scratch, output and inputs
+        and every other buffer held across the gap fit in ``budget`` (row (6)); while the last
+        of those resident at s is made, every other buffer resident at s does too (row (7): the
+        others were held across the gap or made before it, and stay until s). A plan's image
+        meets both, so the bound stays a relaxation. The number of rows added."""
+        p = self.p
+        val = solver.BooleanValue
+        a_s = self.steps[s][0]
+        made, last = self._gap_value(solver, s)
+        inputs = set(p.pred_lists[s])
+        if s in self.gaps:
+            held = {x: b * (lit is None or val(lit)) for x, (b, lit) in self.gaps[s].held.items()}
+        else:
+            held = {x: b for b, x in self._gap(s)[1] if x not in made and (x in inputs or val(a_s[x]))}
+        resident = {x: b for b, x in self._gap(s)[1] if x in inputs or val(a_s[x])}
+        added = 0
+        for y in sorted(made):
+            own = set(p.pred_lists[y]) | {y}
+            over = sum(b for x, b in held.items() if x not in own) > self._gap_room(s, y)
+            if over and (s, y, 6) not in self.gap_rows:
+                self._add_gap_row(s, y, 6)
+                added += 1
+        ends = [last] if last is not None else sorted(x for x in resident if x in made)
+        if ends and not any((s, y, 7) in self.gap_rows or sum(
+                b for x, b in resident.items() if x not in set(p.pred_lists[y]) | {y}) <= self._gap_room(s, y)
+                for y in ends):
+            for y in ends:
+                self._add_gap_row(s, y, 7)
+                added += 1
+        if added:  # then all its rows at that step: fewer rounds (RL100 at 60%: 6183 exact in 23 s, not 63)
+            gap = self._gap_vars(s)
+            for y in gap.g:
+                if (s, y, 6) not in self.gap_rows:
+                    self._add_gap_row(s, y, 6)
+            for y in gap.last:
+                if (s, y, 7) not in self.gap_rows:
+                    self._add_gap_row(s, y, 7)
+        return added
+
+    def _add_gap_row(self, s: int, y: int, kind: int) -> None:
+        """Row (6) or (7) of :meth:`_tighten_gap` for y at step s."""
+        gap = self._gap_vars(s)
+        self.gap_rows.add((s, y, kind))
+        own = set(self.p.pred_lists[y]) | {y}
+        terms = gap.held if kind == 6 else gap.res
+        enforce = gap.g[y] if kind == 6 else gap.last[y]
+        self.m.Add(sum(b if lit is None else b * lit for x, (b, lit) in terms.items() if x not in own)
+                   <= self._gap_room(s, y)).OnlyEnforceIf(enforce)
 
     def _add_rule(self, s: int, rule) -> None:
         """The constraints of the last-input rule at step s (:meth:`_rule`)."""
         m, succ = self.m, self.p.succ_lists
-        a_s, r_prev = self.steps[s][0], self.steps[s - 1][1]
+        r_prev = self.steps[s - 1][1]
         self.ruled.add(s)
         b = {x: m.NewBoolVar("") for x, _, _, _ in rule}
         for x, kind, _, _ in rule:
@@ -431,18 +713,8 @@ class _Closure:
             else:
                 m.AddImplication(b[x], self.events[x, bisect.bisect_right(succ[x], s - 1)])
         m.Add(sum(b.values()) <= 1)
-        held: dict[int, cp_model.IntVar] = {}
         for x, _, terms, room in rule:
-            expr = []
-            for size, j, again in terms:
-                if not again:  # never made again: resident at s means resident since before s-1
-                    expr.append(size * a_s[j])
-                    continue
-                if j not in held:
-                    held[j] = m.NewBoolVar("")
-                    m.Add(held[j] >= a_s[j] - sum(self.events[j, k] for k in again))
-                expr.append(size * held[j])
-            m.Add(sum(expr) <= room).OnlyEnforceIf(b[x])
+            m.Add(sum(size * self._held_var(s, j, again) for size, j, again in terms) <= room).OnlyEnforceIf(b[x])
 
 
 

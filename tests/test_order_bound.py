@@ -232,6 +232,21 @@ def test_the_recompute_before_a_step_holds_what_that_step_holds(monkeypatch):
     assert closure_bound(p, 14, cost, time_limit=10).value == 9
 
 
+def test_a_buffer_kept_past_its_last_read_and_the_gap_memory_count():
+    """bench/results/step_indexed_bound_stop72.md's 8-node case at its floor, 26 B: only step 5
+    is over budget unplanned, and the bound freed 1 there for 1 unit, with 0 (last read at step
+    3) held at step 5 to make it again. Held there, 0 is held at step 4 too, where it does not
+    fit (28 B): the plan recomputes 0, 1 and 4 (13)."""
+    from planner.least import cheapest_plan
+
+    p = PlanningProblem.build(size=[4, 9, 3, 9, 3, 5, 2, 2], cost=[9, 1, 5, 6, 3, 1, 6, 4],
+                              preds=[[], [0], [0, 1], [0, 1], [1, 2, 3], [4], [1, 2, 3], [3, 4, 6]])
+    assert over_budget_steps(p, 26) == [5]
+    assert closure_bound(p, 26, p.cost.astype(np.int64), time_limit=10).value == 1
+    cb = closure_bound(p, 26, p.cost.astype(np.int64), time_limit=10, stronger=True)
+    assert cb is not None and cb.exact and 1 < cb.value <= cheapest_plan(p, 26)[0] == 13  # measured 10
+
+
 def _parts_then_y() -> PlanningProblem:
     """x, y (10 B each) -> A (x) -> B -> C -> D -> F (A, D, y): A is 100 B read by B and 10 B read by
     F (PlanningProblem.parts). At 210 B, with A's 100 B freed after B, recomputing y (1) fits;
