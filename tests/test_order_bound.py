@@ -247,6 +247,46 @@ def test_a_buffer_kept_past_its_last_read_and_the_gap_memory_count():
     assert cb is not None and cb.exact and 1 < cb.value <= cheapest_plan(p, 26)[0] == 13  # measured 10
 
 
+def _small_dag(seed: int) -> PlanningProblem:
+    """A random DAG of 7-12 nodes (the generator of bench/results/step_indexed_bound_stop72.md's
+    380 cases): each node reads 1-3 of the 4 before it, and at random older ones too."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(7, 13))
+    preds = [[]]
+    for i in range(1, n):
+        cand = list(range(max(0, i - 4), i)) + (list(range(0, i - 4)) if rng.random() < 0.5 and i > 4 else [])
+        k = min(int(rng.integers(1, 4)), len(cand))
+        preds.append(sorted({int(x) for x in rng.choice(cand, size=k, replace=False)}))
+    return PlanningProblem.build(size=[int(x) for x in rng.integers(1, 11, size=n)],
+                                 cost=[int(x) for x in rng.integers(1, 10, size=n)], preds=preds)
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_the_stronger_bound_sits_between_the_plain_one_and_the_cheapest_plan(seed):
+    """closure_bound(stronger=True) only adds rows every plan in the order meets: never above the
+    exact search's cheapest plan, never below the plain bound (both exact here), at three budgets
+    from the floor up."""
+    from planner.least import cheapest_plan
+
+    p = _small_dag(seed)
+    cost = p.cost.astype(np.int64)
+    for frac in (0.1, 0.3, 0.6):
+        budget = int(p.memory_floor + frac * (p.unplanned_peak - 1 - p.memory_floor))
+        plain = closure_bound(p, budget, cost, time_limit=10)
+        strong = closure_bound(p, budget, cost, time_limit=10, stronger=True)
+        if plain is None:  # nothing over budget unplanned: no step to add rows to
+            assert strong is None
+            continue
+        assert strong is not None and plain.exact and strong.exact
+        best = cheapest_plan(p, budget)
+        if strong.value == INFEASIBLE:
+            assert plain.value == INFEASIBLE and best is None
+            continue
+        assert plain.value != INFEASIBLE and plain.value <= strong.value
+        if best is not None:
+            assert strong.value <= best[0]
+
+
 def _parts_then_y() -> PlanningProblem:
     """x, y (10 B each) -> A (x) -> B -> C -> D -> F (A, D, y): A is 100 B read by B and 10 B read by
     F (PlanningProblem.parts). At 210 B, with A's 100 B freed after B, recomputing y (1) fits;
