@@ -39,11 +39,14 @@ from planner.plan import Event, Plan
 from planner.problem import PlanningProblem
 
 #: What one basic step of the search (a node whose reach or need is recomputed) charges the work
-#: clock (planner/clock.py), in deterministic seconds: about its wall time when set, the flip's
-#: copies and score included (RL1000 at 50%: 343 k steps in 7.3 s on the 2-core machine at load 7).
-#: The walks' lists (:class:`_Kept`) made a step 1.7-1.8 times faster (RL500 and RL1000 at 50%:
-#: 193 k -> 330-350 k steps per CPU second); the price stays, so work-clock plans stay.
-STEP_SECONDS = 2e-5
+#: clock (planner/clock.py), in deterministic seconds: about its time on the 2-core machine of the
+#: figures, the flip's copies and score included (RL500 and RL1000 at 50%: 330-350 k steps per CPU
+#: second), as the other searches' prices are. It was 2e-5, set at load 7 before the walks' lists
+#: (:class:`_Kept`) made a step 1.7-1.8 times faster: a --deterministic search then took about a
+#: sixth of its counted seconds and ended long before its plan (RL500 at 50%, ``--time-limit 20
+#: --deterministic``, 1 worker: no plan -> +661.88%; at 55% +155.77% -> +122.23%; at 60% +57.41%
+#: -> +51.35%, in 182 -> 74 wall s; RL1000 at 55%: +1115.34% -> +111.70%, in 540-620 -> 411 wall s).
+STEP_SECONDS = 3e-6
 
 
 #: Flips per node the search makes without lowering its score before it gives up: RL1000 at 50%
