@@ -55,7 +55,6 @@ def test_flips_leave_the_state_a_fresh_build_of_its_set_has(case):
     assert sim.makespan <= fresh.estimated_time() + 1e-9
 
 
-
 def _profile_of(state: _Kept) -> np.ndarray:
     """profile() computed afresh from the state's arrays."""
     return np.where(state.kept, state.p.base_bytes + state.alive[:state.n] + state.need, 0.0)
@@ -86,6 +85,7 @@ def test_a_restore_gives_back_the_snapshot_its_cached_profile_and_the_lists_late
     assert np.allclose(state.need, fresh.need) and np.allclose(state.count, fresh.count)
     assert np.allclose(state.work, fresh.work) and np.allclose(state.alive, fresh.alive)
     assert np.allclose(state.profile(), fresh.profile())
+
 
 def test_rl100_plans_fit_the_budget(benchmarks_dir):
     p = random_layered(benchmarks_dir, 100)
