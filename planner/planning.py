@@ -1126,7 +1126,8 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     share = (options.resorts_first_share if _fits(cands, budget) else options.resorts_first_unfit_share) \
         * options.time_limit
     end = clock.now() + share
-    found = _kept_set(problem, budget, end, options.seed, order) if options.reorder else None
+    searched = _kept_set_order(problem, budget, order) if options.reorder else None
+    found = _kept_set(problem, budget, end, options.seed, searched) if options.reorder else None
     for k in range(1, options.resorts_first_starts if found is not None else 0):
         # its raw plans' costs say little of their polished ones (RL500 at 50%: +6,925% -> +422.6%,
         # +35,101% -> +309.3%), so each is polished before they are compared
@@ -1134,7 +1135,7 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
             break
         if k == 1:
             found = Candidate(*polished(problem, found.plan, found.sim, budget, end, keep_firsts=True))
-        again = None if clock.now() >= end else _kept_set(problem, budget, end, options.seed + k, order)
+        again = None if clock.now() >= end else _kept_set(problem, budget, end, options.seed + k, searched)
         if again is None:
             break  # out of time before a plan (or none within reach): another start would not do better
         again = Candidate(*polished(problem, again.plan, again.sim, budget, end, keep_firsts=True))
@@ -1153,21 +1154,31 @@ def _resorts_first(problem: PlanningProblem, budget: int, options: PlannerOption
     return out
 
 
+def _kept_set_order(problem: PlanningProblem, budget: int,
+                    order: list[int] | None) -> tuple[PlanningProblem, list[int]] | None:
+    """The node order the kept-set search runs in (:func:`_kept_set`), decided once per
+    :func:`_resorts_first` (a seed does not change it): ``order`` (a memory-aware order; its
+    kept nodes visited in that order) with ``problem`` permuted to it, where the plan without
+    recomputes holds at most ``ORDER_EXCESS_SHARE`` of the given order's bytes over the budget
+    there (kept_set.excess); else None, the given order. RL500 in its memory-aware order (0.82 of
+    the excess at 50%), 60 s, polished: at 50% +755/+811% -> +423/+309% (seeds 0/1), at 55% +490%
+    -> +122%; RL1000's (0.92 at 50%) was dearer on 5 of 6 seeds (bench/results/rl500_cost_stop72.md)."""
+    if order is None:
+        return None
+    q = permute(problem, order)
+    return (q, order) if excess(q, budget) <= ORDER_EXCESS_SHARE * excess(problem, budget) else None
+
+
 def _kept_set(problem: PlanningProblem, budget: int, deadline: float, seed: int,
-              order: list[int] | None = None) -> Candidate | None:
+              searched: tuple[PlanningProblem, list[int]] | None = None) -> Candidate | None:
     """The kept-set search's plan (planner/kept_set.py) within ``budget``, simulated, or None.
-    ``order``: a node order to search in (its kept nodes visited in that order), the plan mapped
-    back, where the plan without recomputes holds at most ``ORDER_EXCESS_SHARE`` of the given
-    order's bytes over the budget there (kept_set.excess); else the given order. RL500 in its
-    memory-aware order (0.82 of the excess at 50%), 60 s, polished: at 50% +755/+811% -> +423/+309%
-    (seeds 0/1), at 55% +490% -> +122%; RL1000's (0.92 at 50%) was dearer on 5 of 6 seeds
-    (bench/results/rl500_cost_stop72.md)."""
-    q = None if order is None else permute(problem, order)
-    if q is not None and excess(q, budget) > ORDER_EXCESS_SHARE * excess(problem, budget):
-        q = None
-    plan = kept_set_plan(problem if q is None else q, budget, deadline, seed)
-    if plan is not None and q is not None:
-        plan = plan_in_original(plan, order)
+    ``searched``: the problem permuted to another node order and that order
+    (:func:`_kept_set_order`): the search runs there and its plan is mapped back."""
+    if searched is None:
+        plan = kept_set_plan(problem, budget, deadline, seed)
+    else:
+        plan = kept_set_plan(searched[0], budget, deadline, seed)
+        plan = None if plan is None else plan_in_original(plan, searched[1])
     sim = None if plan is None else fitting(problem, plan, budget, "kept-set plan")
     return None if sim is None else Candidate(plan, sim)
 

@@ -395,7 +395,7 @@ def test_an_order_that_barely_lowers_the_bytes_over_the_budget_is_not_searched_i
     found = []
     for o in (None, order):
         with clock.work_clock():
-            found.append(planning._kept_set(p, budget, clock.now() + 3.0, 0, o))
+            found.append(planning._kept_set(p, budget, clock.now() + 3.0, 0, planning._kept_set_order(p, budget, o)))
     assert found[0] is not None and found[1].plan == found[0].plan
 
 
