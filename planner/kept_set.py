@@ -87,7 +87,7 @@ LADDER_STEP = 0.03
 #: rungs sooner than 3 or 5, for as cheap a plan or cheaper.
 RUNG_STALL_FLIPS = 2
 
-#: The search plans in another node order (planner.planning._kept_set) only where the plan without
+#: The search plans in another node order (planner.planning._kept_set_order) only where the plan without
 #: recomputes (K = every node, where it starts) holds at most this share of the given order's bytes
 #: over the budget, summed over steps (:func:`excess`). Polished plans of a 60 s search (work
 #: clock), given -> memory-aware order: RL500 (0.74-0.82 of the excess there) at 50% +755/+1,146% ->
