@@ -26,10 +26,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from passes.function_ops import inline_with_origins
+from passes.function_ops import inline_nodes, inline_with_origins
 from passes.gradients import RULES, STOP_GRADIENT, BackwardContext, GradRule, supported_ops
 from passes.gradients._emit import Emitter
 from passes.optimizer import OptimizerOptions, OptimizerStep, StateSlot
+from passes.onnx_import import op_schema
 from passes.portable import portable_batchnorm, release_unread_outputs
 from passes.rnn import is_recurrent, unroll_recurrent
 from planner.errors import FREEZE_HINT, GraphError, ModelImportError, OpsetTooOldError, UsageError
@@ -123,6 +124,13 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     # LSTM/GRU/RNN have no rule: the ones gradients flow through are unrolled into primitive ops
     # (tensor ids are kept, so ``loss`` and ``candidates`` stay valid).
     forward = unroll_recurrent(forward, _recurrent_to_unroll(forward, loss, candidates))
+    # Ops with an ONNX function body but no rule (Attention, RMSNormalization, RotaryEmbedding of
+    # opset 23): the ones gradients flow through are written as their bodies, whose ops have rules
+    # (tensor ids are kept, as above).
+    for _ in range(BODY_DEPTH):
+        forward, inlined = _with_bodies(forward, loss, candidates)
+        if not inlined:
+            break
     active = _forward_activity(forward, candidates)
     _refuse_dropped_outputs(forward, loss, active)
     on_path, useful = _backward_reach(forward, loss, active)
@@ -322,15 +330,46 @@ def _recurrent_to_unroll(graph: Graph, loss: int, params: Sequence[int]) -> list
             and any(active[t] for t in n.inputs if t != NO_TENSOR)]
 
 
+#: nested bodies written out at most this deep (a body's own ops without a rule but with a body)
+BODY_DEPTH = 4
+
+
+def _with_bodies(graph: Graph, loss: int, params: Sequence[int]) -> tuple[Graph, bool]:
+    """``graph`` with the nodes the loss depends on that read a tensor depending on a trainable
+    one, have no gradient rule and have an ONNX function body written as that body; and whether
+    there was one (onnx may still build no body for it: it stays, and the build says it has no
+    rule)."""
+    active = _forward_activity(graph, params)
+    ancestors = _loss_ancestors(graph, loss)
+    which = [n.id for n in graph.nodes if n.id in ancestors and _has_body(graph, n)
+             and any(active[t] for t in n.inputs if t != NO_TENSOR)]
+    if not which:
+        return graph, False
+    inlined, origins = inline_nodes(graph, which)
+    return inlined, len(origins) != len(graph.nodes)
+
+
+def _has_body(graph: Graph, node: Node) -> bool:
+    """An op of the default domain with no rule whose ONNX schema at the model's opset has a
+    function body."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in RULES or node.op_type in STOP_GRADIENT:
+        return False
+    schema = op_schema(node.op_type, graph.opsets.get("", MIN_OPSET))
+    return schema is not None and (schema.has_function or schema.has_context_dependent_function)
+
+
 def _stops_gradient(node: Node) -> bool:
     return node.domain in ("", "ai.onnx") and node.op_type in STOP_GRADIENT
 
 
 def _no_rule(graph: Graph, node: Node) -> None:
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    body = (" (onnx built no function body for it to differentiate: see the warning above)"
+            if _has_body(graph, node) else "")
     raise ModelImportError(
-        f"no gradient rule for node {node.name!r} ({op}) on the path from the trainable weights to the loss; "
-        f"supported ops: {', '.join(supported_ops())}; freeze the weights before it {FREEZE_HINT}"
+        f"no gradient rule for node {node.name!r} ({op}){body} on the path from the trainable weights to the "
+        f"loss; supported ops: {', '.join(supported_ops())}, and those with an ONNX function body (Attention, "
+        f"RMSNormalization, RotaryEmbedding, ...); freeze the weights before it {FREEZE_HINT}"
     )
 
 

@@ -19,6 +19,8 @@ transposed copies (the same bits; ``_Inliner._rows_of_classes``).
 """
 from __future__ import annotations
 
+from typing import Collection
+
 from onnx import helper
 
 from passes.onnx_export import ORT_INLINED_OPS, attribute_proto, function_body, ir_version_for, tensor_value_info
@@ -39,22 +41,30 @@ def inline_functions(graph: Graph) -> Graph:
 
 def inline_with_origins(graph: Graph) -> tuple[Graph, list[int]]:
     """``inline_functions`` and, per node of the result, the id of the node it came from."""
-    if not any(inlined_here(n) for n in graph.nodes):
+    return inline_nodes(graph, [n.id for n in graph.nodes if inlined_here(n)])
+
+
+def inline_nodes(graph: Graph, nodes: Collection[int]) -> tuple[Graph, list[int]]:
+    """``graph`` with the nodes of ids ``nodes`` written as their ONNX function bodies (a node
+    onnx builds no body for stays as it is), and per node of the result the id of the node it came
+    from. Autodiff differentiates the bodies of ops it has no rule for (Attention,
+    RMSNormalization, RotaryEmbedding: passes/autodiff.py)."""
+    if not nodes:
         return graph, list(range(len(graph.nodes)))
     inliner = _Inliner(graph)
-    return inliner.run(), inliner.origins
+    return inliner.run(set(nodes)), inliner.origins
 
 
 class _Inliner(GraphAppender):
 
-    def run(self) -> Graph:
+    def run(self, which: set[int]) -> Graph:
         g = self.g
         self.by_name = {t.name: t.id for t in g.tensors}
         self.opsets = [helper.make_opsetid(d, v) for d, v in sorted(g.opsets.items())]
         self.taken = g.names()
         self.origins: list[int] = []
         for node in g.nodes:
-            if not inlined_here(node) or not self._inline(node):
+            if node.id not in which or not self._inline(node):
                 self.nodes.append(node)
             self.origins.extend([node.id] * (len(self.nodes) - len(self.origins)))
         return self.finish()

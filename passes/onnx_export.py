@@ -264,8 +264,9 @@ def initializer_values(graph: Graph) -> dict[str, np.ndarray]:
 def function_body(
     node: onnx.NodeProto, io_info: list[onnx.ValueInfoProto], opsets: list[onnx.OperatorSetIdProto], taken: set[str]
 ) -> tuple[list[onnx.NodeProto], list[onnx.ValueInfoProto]]:
-    """``node`` as its ONNX function body (nested functions of ``ORT_INLINED_OPS`` too) and the
-    value_info of the body's intermediate tensors. New names are added to ``taken``.
+    """``node`` as its ONNX function body (nested functions of ``ORT_INLINED_OPS`` and of
+    ``node``'s own op too) and the value_info of the body's intermediate tensors. New names are
+    added to ``taken``.
 
     onnx's inliner binds the attributes and builds context-dependent bodies from the input types;
     a one-node model keeps that cheap whatever the size of the graph.
@@ -273,14 +274,20 @@ def function_body(
     known = {vi.name: vi for vi in io_info}
     inputs = [known[x] for x in dict.fromkeys(node.input) if x]
     outputs = [known[y] for y in node.output if y]
-    single = helper.make_model(helper.make_graph([node], "body", inputs, outputs), opset_imports=opsets)
+    # an optional input left out before a given one (Attention's attn_mask before past_key) is
+    # named "": onnx's inliner asks every input for its type, that one too, and its body builder
+    # reads it as absent; any type will do
+    absent = [helper.make_tensor_value_info("", onnx.TensorProto.FLOAT, [])] if "" in node.input else []
+    single = helper.make_model(helper.make_graph([node], "body", inputs, outputs, value_info=absent),
+                               opset_imports=opsets)
     single.ir_version = ir_version_for(opsets)
     try:
         inlined = onnx.inliner.inline_selected_functions(
-            single, [("", op) for op in sorted(ORT_INLINED_OPS)], inline_schema_functions=True)
+            single, [("", op) for op in sorted(ORT_INLINED_OPS | {node.op_type})], inline_schema_functions=True)
         inferred = shape_inference.infer_shapes(inlined, strict_mode=True)
         onnx.checker.check_model(inferred)
-    except (onnx.checker.ValidationError, shape_inference.InferenceError) as err:
+    # RuntimeError: the inliner's own checks (C++ assertions)
+    except (onnx.checker.ValidationError, shape_inference.InferenceError, RuntimeError) as err:
         log.warning("node %r (%s) kept as one node, ORT will run its body late: %s", node.name, node.op_type,
                     first_line(err))
         return [node], []

@@ -184,7 +184,7 @@ def _known_versions(model: onnx.ModelProto, text: str) -> None:
                                    "with an older opset, or upgrade onnxruntime")
 
 
-def _schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
+def op_schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
     """onnx's schema of ``op_type`` at the model's ``opset`` of ``domain``: the one lookup the checks
     of an op's version share. None where onnx defines none there (no such op, one newer than
     ``opset``, memplan's own MemcpyToHost/FromHost)."""
@@ -228,7 +228,7 @@ def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
                 "model as a local function of a domain of its own, which memplan inlines")
         if opset is None:
             continue
-        schema = _schema(node.op_type, opset)
+        schema = op_schema(node.op_type, opset)
         if schema is None:
             first = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
                         if s.name == node.op_type and s.domain == "")
@@ -864,7 +864,7 @@ def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display
         if node.domain not in ("", "ai.onnx") or declared.isdisjoint(node.output) \
                 or any(x and x not in types for x in node.input):
             continue
-        schema = _schema(node.op_type, opset)
+        schema = op_schema(node.op_type, opset)
         if schema is None or not schema.has_type_and_shape_inference_function:
             continue  # None: memplan's own MemcpyToHost/FromHost
         shapes = ", ".join(_shape_text(types[x]) for x in node.input if x)
@@ -1530,7 +1530,7 @@ def _batchnorm_statistics_output(node: onnx.NodeProto, k: int, opsets: Mapping[s
 def _optional_output(node: onnx.NodeProto, k: int, opsets: Mapping[str, int]) -> bool:
     """Output ``k`` of ``node`` is optional in its operator's schema at the model's opset."""
     domain = node.domain if node.domain != "ai.onnx" else ""
-    schema = _schema(node.op_type, opsets.get(domain, 1), domain)
+    schema = op_schema(node.op_type, opsets.get(domain, 1), domain)
     if schema is None:
         return False
     outputs = schema.outputs
@@ -1647,7 +1647,7 @@ def _refuse_uninferred_version(node: onnx.NodeProto, opsets: Mapping[str, int], 
     if node.domain not in ("", "ai.onnx"):
         return
     opset = opsets.get("", 1)
-    schema = _schema(node.op_type, opset)
+    schema = op_schema(node.op_type, opset)
     if schema is None:
         return  # memplan's own Memcpy ops (_refuse_unknown_ops refused the others onnx does not know)
     if schema.has_type_and_shape_inference_function or schema.has_function or schema.has_context_dependent_function:
