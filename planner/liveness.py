@@ -173,6 +173,8 @@ class MemoryModel:
             # ORT's CPU kernel (quantize_linear_matmul.cc) multiplies into an int32 buffer of the
             # output's element count, then requantizes it into the output (measured, 2-4D)
             return self.buffer_bytes(4 * math.prod(graph.tensors[node.outputs[0]].shape))
+        if op == "Attention" and node.domain in ("", "ai.onnx"):
+            return self._attention_scratch(graph, node)
         if op == "SoftmaxCrossEntropyLoss":
             x = graph.tensors[node.inputs[0]].nbytes
             has_log_prob = len(node.outputs) > 1 and node.outputs[1] != NO_TENSOR
@@ -223,6 +225,34 @@ class MemoryModel:
         if node.op_type != "Einsum":
             return None
         return einsum_requests(*_einsum_args(graph, node), self.buffer_bytes)
+
+    def _attention_scratch(self, graph: Graph, node: Node) -> int:
+        """ORT's CPU Attention (opset 23): the attention probabilities, batch x query heads x
+        query length x key length (past keys included), in the output's type; beside them a copy
+        of a boolean mask in that type or, causal without one, a query x key mask. Measured on
+        single-node models (4D and 3D inputs, grouped key/value heads, float and boolean masks,
+        causal, past keys, softcap): exact in each. Autodiff writes the Attention gradients flow
+        through as its function body (passes/autodiff.py); this is the native kernel's."""
+        def present(k: int) -> int:
+            return node.inputs[k] if len(node.inputs) > k else NO_TENSOR
+
+        q, k, y = (graph.tensors[t] for t in (node.inputs[0], node.inputs[1], node.outputs[0]))
+        if len(q.shape) == 4:
+            batch, heads, length = q.shape[:3]
+            keys = k.shape[2]
+        else:
+            batch, length = q.shape[:2]
+            heads, keys = int(node.attr("q_num_heads", 1)), k.shape[1]
+        if present(4) != NO_TENSOR:
+            keys += graph.tensors[present(4)].shape[2]
+        item = tensor_bytes(y.dtype, (1,))
+        mask = present(3)
+        if mask != NO_TENSOR and graph.tensors[mask].dtype == "bool":
+            beside = item * math.prod(graph.tensors[mask].shape)
+        else:
+            beside = item * length * keys if node.attr("is_causal", 0) else 0
+        probs = self.buffer_bytes(item * batch * heads * length * keys)
+        return probs + (self.buffer_bytes(beside) if beside else 0)
 
     def _where_branches(self, graph: Graph, node: Node) -> list[int]:
         """Where's CPU kernel (where_op.cc): the X selection, then the Y selection, each of shape
