@@ -441,7 +441,7 @@ def test_zoo_gradients_match_float64_directional_differences(name):
 
 
 @pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "efficientnet", "vgg", "vit", "gpt2", "bert", "moe", "lstm",
-                                  "llama"])
+                                  "llama", "decoder23"])
 def test_fixture_gradients_match_torch_autograd(name):
     report = gradcheck.fixture_report(FIXTURES / f"{name}.onnx")
     torch_loss = float(np.load(FIXTURES / f"{name}.npz")["loss"])

@@ -20,9 +20,9 @@ def fixture(name):
     return dims, feeds, float(z["loss"])
 
 
-def test_all_eleven_fixtures_present():
-    assert NAMES == ["bert", "efficientnet", "gpt2", "gpt2_dynamo", "llama", "lstm", "mobilenetv2", "moe",
-                     "resnet", "vgg", "vit"]
+def test_all_twelve_fixtures_present():
+    assert NAMES == ["bert", "decoder23", "efficientnet", "gpt2", "gpt2_dynamo", "llama", "lstm", "mobilenetv2",
+                     "moe", "resnet", "vgg", "vit"]
 
 
 @pytest.mark.parametrize("name", NAMES)
