@@ -832,9 +832,11 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     # pinned model (passes/pin_order.py) chains them through its ordering edges, 11 rounds for the
     # moe fixture's, which a fixed 8 left unshaped (0.2 s for all 11).
     folded: set[str] = set()
+    # a float arange over the exporter's 0-d scalars (rotary positions) folds like an int64 one
+    constant_floats = roles.non_parameters(g) if roles is not None else set()
     for _ in range(len(g.node) + 1):
         model = _infer(model, display)
-        model, new = _fold(model, display, fold)
+        model, new = _fold(model, display, fold, constant_floats)
         if not new:
             break
         folded |= new
@@ -1181,14 +1183,17 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], i
     return out
 
 
-def _fold(model: onnx.ModelProto, display: str, computed: bool = True) -> tuple[onnx.ModelProto, set[str]]:
+def _fold(model: onnx.ModelProto, display: str, computed: bool = True,
+          constant_floats: Collection[str] = ()) -> tuple[onnx.ModelProto, set[str]]:
     """Replace nodes computable from constants by initializers (``computed=False``: Constant nodes
-    only, as ORT_DISABLE_ALL does). Returns (model, folded names)."""
+    only, as ORT_DISABLE_ALL does). Float initializers count as trainable, so never constant, but
+    ``constant_floats`` (torch.export's buffers and Python scalars: TorchExportRoles). Returns
+    (model, folded names)."""
     g = model.graph
     trainable_like = {
         i.name for i in g.initializer if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                                                           onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-    }
+    } - set(constant_floats)
     consts: dict[str, np.ndarray] = {
         i.name: initializer_value(i) for i in g.initializer if i.name not in trainable_like
     }

@@ -114,6 +114,43 @@ def test_signature_alone_marks_the_model():
     assert graph.tensor("pos").kind is TensorKind.TRAINABLE  # its BUFFER mark was on the value_info
 
 
+# Rotary positions as ``torch.arange(seq, dtype=torch.float32)`` export: a Range over the unmarked
+# 0-d scalars ``start`` and ``step`` and the sequence length cast to float.
+FLOAT_RANGE = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[batch, seq] x) => (float loss) <float start, float step, float[1] w>
+{
+    shape = Shape(x)
+    one = Constant<value = int64 {1}>()
+    length = Gather<axis = 0>(shape, one)
+    end = Cast<to = 1>(length)
+    pos = Range(start, end, step)
+    shifted = Add(x, pos)
+    scaled = Mul(shifted, w)
+    loss = ReduceSum<keepdims = 0>(scaled)
+}
+"""
+
+
+@pytest.mark.parametrize("mark", [True, False])
+def test_float_range_over_exporter_scalars_folds(mark):
+    """With torch.export metadata the exporter's 0-d scalars are constants, so the positions fold
+    as an int64 arange does (make_fixtures.py had to write decoder23's that way); without it
+    every float initializer may be trained and the Range stays. Same loss either way."""
+    model = parse_model(FLOAT_RANGE, ir_version=10)
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v, np.float32), k)
+                                   for k, v in {"start": 0.0, "step": 1.0, "w": [1.5]}.items())
+    if mark:
+        _mark(model, "w", TORCH_INPUT_KIND, "PARAMETER")
+    graph = import_model(model, {"batch": 2, "seq": 5})
+    assert ("Range" in {n.op_type for n in graph.nodes}) is not mark
+    # folded away with the Range, or an initializer that may be trained
+    assert "start" not in graph.by_name if mark else graph.tensor("start").kind is TensorKind.TRAINABLE
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    loss, _ = gradcheck.run_training_step(build_training_graph(graph), {"x": x})
+    assert loss == pytest.approx(float(np.sum((x + np.arange(5)) * 1.5)), rel=1e-6)
+
+
 # GPT-2's tied embedding: Gather reads ``wte`` ([vocab, d]); the LM head's MatMul reads ``val_9``,
 # which constant folding computed as Transpose(wte).
 TIED = """
