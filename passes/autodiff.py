@@ -335,14 +335,12 @@ BODY_DEPTH = 4
 
 
 def _with_bodies(graph: Graph, loss: int, params: Sequence[int]) -> tuple[Graph, bool]:
-    """``graph`` with the nodes the loss depends on that read a tensor depending on a trainable
-    one, have no gradient rule and have an ONNX function body written as that body; and whether
-    there was one (onnx may still build no body for it: it stays, and the build says it has no
-    rule)."""
-    active = _forward_activity(graph, params)
-    ancestors = _loss_ancestors(graph, loss)
-    which = [n.id for n in graph.nodes if n.id in ancestors and _has_body(graph, n)
-             and any(active[t] for t in n.inputs if t != NO_TENSOR)]
+    """``graph`` with the nodes on a differentiable path from a trainable tensor to the loss that
+    have no gradient rule but an ONNX function body written as that body; and whether there was
+    one (onnx may still build no body for it: it stays, and the build says it has no rule).
+    GreaterOrEqual has a body too, but no gradient flows through its boolean output: it stays."""
+    on_path, _ = _backward_reach(graph, loss, _forward_activity(graph, params), strict=False)
+    which = [i for i in on_path if _has_body(graph, graph.nodes[i])]
     if not which:
         return graph, False
     inlined, origins = inline_nodes(graph, which)

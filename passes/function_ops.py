@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Collection
 
-from onnx import helper
+import numpy as np
+from onnx import helper, numpy_helper
 
 from passes.onnx_export import ORT_INLINED_OPS, attribute_proto, function_body, ir_version_for, tensor_value_info
 from passes.onnx_import import import_model
-from planner.graph import NO_TENSOR, Graph, GraphAppender, Node, TensorKind, fresh_name
+from planner.graph import FLOAT_DTYPES, NO_TENSOR, Graph, GraphAppender, Node, TensorKind, fresh_name
 
 
 def inlined_here(node: Node) -> bool:
@@ -84,15 +85,20 @@ class _Inliner(GraphAppender):
         # the shape arithmetic on static shapes folded, as import does to every model
         inputs = list(dict.fromkeys(t for t in node.inputs if t != NO_TENSOR))
         outputs = [t for t in node.outputs if t != NO_TENSOR]
+        # constant inputs (a reduction's axes) go in with their values: the body's shapes need them
+        known = [t for t in inputs if self._known(t)]
         model = helper.make_model(
-            helper.make_graph(body, node.name, [tensor_value_info(self.tensors[t]) for t in inputs],
-                              [tensor_value_info(self.tensors[t]) for t in outputs], value_info=info),
+            helper.make_graph(body, node.name, [tensor_value_info(self.tensors[t]) for t in inputs if t not in known],
+                              [tensor_value_info(self.tensors[t]) for t in outputs], value_info=info,
+                              initializer=[numpy_helper.from_array(np.asarray(self.g.values[t]), self.tensors[t].name)
+                                           for t in known]),
             opset_imports=self.opsets)
         model.ir_version = ir_version_for(self.opsets)
         part = import_model(model)
         ids: dict[int, int] = {}
         for t in part.tensors:
-            if t.name in self.by_name and (t.kind is TensorKind.INPUT or t.producer != NO_TENSOR):
+            if t.name in self.by_name and (t.kind is TensorKind.INPUT or t.producer != NO_TENSOR
+                                           or self.by_name[t.name] in known):
                 ids[t.id] = self.by_name[t.name]  # the node's own inputs and outputs
             elif t.kind is TensorKind.ACTIVATION:
                 ids[t.id] = self.add_tensor(t.name, t.dtype, t.shape)
@@ -104,6 +110,11 @@ class _Inliner(GraphAppender):
                                    tuple(NO_TENSOR if y == NO_TENSOR else ids[y] for y in b.outputs),
                                    b.domain, dict(b.attrs)))
         return True
+
+    def _known(self, t: int) -> bool:
+        """A frozen initializer that is not float: a shape, axes or indices a body's shapes read."""
+        tensor = self.tensors[t]
+        return tensor.kind is TensorKind.FROZEN and tensor.dtype not in FLOAT_DTYPES and t in self.g.values
 
     def _rows_of_classes(self, node: Node) -> bool:
         """SoftmaxCrossEntropyLoss of [N, C] scores as LogSoftmax over the classes, then

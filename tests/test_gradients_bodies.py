@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import gradcase
 from gradcase import check_gradients, node
 from onnx import TensorProto, helper, numpy_helper
 
@@ -63,6 +64,9 @@ CASES = {
                                 {"x": rnd(B, H, S, D), "c": rnd(8, D // 2, seed=6), "s": rnd(8, D // 2, seed=7)},
                                 {**ROPE, "consts": {"p": POSITIONS}}),
     "swish_opset24": ([node("Swish", ["x"], ["y"], alpha=0.7)], {"x": rnd(2, 3)}, {"opset": 24}),
+    "reduce_log_sum_axes_input": ([node("ReduceLogSum", ["x", "ax"], ["y"], keepdims=0)],
+                                  {"x": np.abs(rnd(2, 3, 4)) + 0.5},
+                                  {"opset": 18, "consts": {"ax": np.asarray([1], dtype=np.int64)}}),
 }
 
 
@@ -115,3 +119,15 @@ def test_an_op_without_rule_or_body_is_still_refused_in_one_line():
     with pytest.raises(ModelImportError, match=r"no gradient rule for node 'det' \(Det\)") as err:
         check_gradients([node("Det", ["x"], ["y"], name="det")], {"x": rnd(2, 3, 3)}, opset=23)
     assert "\n" not in str(err.value)
+
+
+def test_a_boolean_body_op_stays_native():
+    """GreaterOrEqual has a function body too, but no gradient flows through its boolean output:
+    the step keeps the node (a leaky step: Where(x >= 0, x, 0.1 x))."""
+    nodes = [node("GreaterOrEqual", ["x", "zero"], ["c"]), node("Mul", ["x", "tenth"], ["t"]),
+             node("Where", ["c", "x", "t"], ["y"])]
+    consts = {"zero": np.zeros(1), "tenth": np.full(1, 0.1)}
+    check_gradients(nodes, {"x": rnd(2, 3)}, opset=18, consts=consts, freeze=("zero", "tenth"))
+    model = gradcase.build_model(nodes, {"x": rnd(2, 3)}, consts, {}, ("y",), np.float32, 18)
+    step = build_training_graph(import_model(model), TrainOptions(freeze=("R_*", "zero", "tenth")))
+    assert "GreaterOrEqual" in {n.op_type for n in step.graph.nodes}
