@@ -1,6 +1,6 @@
 """Ops differentiated through their ONNX function bodies (passes/autodiff.py ``_with_bodies``):
-Attention, RMSNormalization and RotaryEmbedding of opset 23 and Swish of opset 24 have no rule of
-their own; where gradients flow through one, it is written as its body, whose ops have rules. Each
+Attention, RMSNormalization and RotaryEmbedding of opset 23, Swish of opset 24, ReduceLogSum and
+CenterCropPad have no rule of their own; where gradients flow through one, it is written as its body, whose ops have rules. Each
 variant against float64 central finite differences (tests/gradcase.py); RotaryEmbedding has only
 float32 kernels in ORT, so its check runs in float32 with a wider step.
 """
@@ -67,6 +67,9 @@ CASES = {
     "reduce_log_sum_axes_input": ([node("ReduceLogSum", ["x", "ax"], ["y"], keepdims=0)],
                                   {"x": np.abs(rnd(2, 3, 4)) + 0.5},
                                   {"opset": 18, "consts": {"ax": np.asarray([1], dtype=np.int64)}}),
+    # cropped on axis 1, padded on axis 2
+    "center_crop_pad": ([node("CenterCropPad", ["x", "s"], ["y"], axes=[1, 2])], {"x": rnd(2, 5, 4)},
+                        {"opset": 18, "consts": {"s": np.asarray([3, 6], dtype=np.int64)}}),
 }
 
 
