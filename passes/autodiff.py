@@ -367,7 +367,7 @@ def _no_rule(graph: Graph, node: Node) -> None:
     raise ModelImportError(
         f"no gradient rule for node {node.name!r} ({op}){body} on the path from the trainable weights to the "
         f"loss; supported ops: {', '.join(supported_ops())}, and those with an ONNX function body (Attention, "
-        f"RMSNormalization, RotaryEmbedding, ...); freeze the weights before it {FREEZE_HINT}"
+        f"RMSNormalization, RotaryEmbedding, Swish, ReduceLogSum, CenterCropPad); freeze the weights before it {FREEZE_HINT}"
     )
 
 
