@@ -45,6 +45,10 @@ CASES = {
     "attention_float_mask_softcap": ([node("Attention", ["q", "k", "v", "m"], ["y"], softcap=2.0)],
                                      qkv((B, H, S, D), (B, H, S, D)),
                                      {"opset": 23, "consts": {"m": rnd(S, S, seed=5)}, "freeze": ("m",)}),
+    # a boolean mask [B, 1, S, S] (every row keeps key 0, so no row is all masked)
+    "attention_bool_mask": ([node("Attention", ["q", "k", "v", "m"], ["y"])], qkv((B, H, S, D), (B, H, S, D)),
+                            {"opset": 23, "consts": {"m": np.concatenate(
+                                [np.ones((B, 1, S, 1), bool), rnd(B, 1, S, S - 1, seed=9) > -0.5], axis=-1)}}),
     # past_key/value after an absent attn_mask (named ""), and the present outputs
     "attention_past_and_present": ([node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "pk_out", "pv_out"])],
                                    {**qkv((B, H, S, D), (B, H, S, D)), "pk": rnd(B, H, 2, D, seed=3),
