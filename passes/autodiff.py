@@ -356,6 +356,53 @@ def _has_body(graph: Graph, node: Node) -> bool:
     return schema is not None and (schema.has_function or schema.has_context_dependent_function)
 
 
+def _guarded_softmaxes(graph: Graph) -> dict[int, int]:
+    """Softmaxes whose masked rows a Where zeroes: ``Ps = Where(rows, 0, P)`` with ``P = Softmax(z)``
+    (through Casts to its own type) read by nothing else, and ``rows`` true or false along whole
+    rows (size 1 on the softmax axis, or IsNaN of P: a softmax row is NaN whole or not at all).
+    ONNX's Attention body guards fully masked rows so. Where node id -> Softmax node id.
+
+    Differentiated node by node, the step kept both P and Ps (two attention-sized buffers per
+    layer), and a fully masked row gave NaN gradients (P's NaN row times Where's zero gradient).
+    Read as one op, the Where passes its gradient through and the Softmax's rule reads Ps in place
+    of P: the same gradient in every other row, 0 in a zeroed one (its output is constant)."""
+    if graph.onnx_opset < 13:  # before, Softmax flattened to 2D around its axis
+        return {}
+    readers, outputs = graph.consumers, graph.output_set
+    made_by = lambda t: None if graph.tensors[t].producer == NO_TENSOR else graph.nodes[graph.tensors[t].producer]  # noqa: E731
+    out = {}
+    for where in graph.nodes:
+        if where.op_type != "Where" or where.domain not in ("", "ai.onnx") or len(where.inputs) != 3:
+            continue
+        rows, zero, x = where.inputs
+        zero_value = graph.values.get(zero)
+        if zero_value is None or np.any(np.asarray(zero_value) != 0) or x in outputs \
+                or graph.tensors[where.outputs[0]].shape != graph.tensors[x].shape:
+            continue
+        chain, node = [x], made_by(x)  # x, then back through same-type Casts to the Softmax's output
+        while node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx") \
+                and graph.tensors[node.inputs[0]].dtype == graph.tensors[chain[-1]].dtype:
+            chain.append(node.inputs[0])
+            node = made_by(chain[-1])
+        if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+            continue
+        nan_test = made_by(rows)
+        is_nan = nan_test is not None and nan_test.op_type == "IsNaN" and nan_test.inputs[0] in chain \
+            and set(readers[rows]) == {where.id} and rows not in outputs
+        rank = len(graph.tensors[x].shape)
+        axis = int(node.attrs.get("axis", -1)) % rank
+        shape = (1,) * (rank - len(graph.tensors[rows].shape)) + tuple(graph.tensors[rows].shape)
+        if not (is_nan or shape[axis] == 1):
+            continue
+        # each tensor of the chain read only by the next (and by the IsNaN)
+        allowed = [{where.id}] + [{made_by(t).id} for t in chain[:-1]]
+        if any(set(readers[t]) - ({nan_test.id} if is_nan else set()) != ok or t in outputs
+               for t, ok in zip(chain, allowed)):
+            continue
+        out[where.id] = node.id
+    return out
+
+
 def _stops_gradient(node: Node) -> bool:
     return node.domain in ("", "ai.onnx") and node.op_type in STOP_GRADIENT
 
@@ -400,6 +447,10 @@ class _Builder:
         # grads.values() per accumulated gradient was quadratic on unrolled graphs
         self.grad_refs: Counter[int] = Counter()
         self.saved: dict[str, tuple[str, ...]] = {}
+        # Where(IsNaN(P), 0, P) over P = Softmax(z) (the NaN guard of Attention's body): Where node
+        # id -> the Softmax's; see _guarded_softmaxes
+        self.guarded = _guarded_softmaxes(fwd)
+        self.guarded_by = {softmax: where for where, softmax in self.guarded.items()}
 
     def run(self) -> TrainingStep:
         self._copy_forward()
@@ -506,9 +557,13 @@ class _Builder:
         dys = tuple(self.grads.get(t) if t != NO_TENSOR and rule.carries(k) else None
                     for k, t in enumerate(node.outputs))
         self.em.begin(node.name)
-        ctx = BackwardContext(node, self.em, dys, frozenset(need), self.values)
+        stand_in = {}
+        if fwd_node.id in self.guarded_by:  # the Softmax reads the guarded probabilities
+            stand_in = {node.outputs[0]: self.nodes[self.guarded_by[fwd_node.id]].outputs[0]}
+        ctx = BackwardContext(node, self.em, dys, frozenset(need), self.values, stand_in=stand_in)
         try:
-            result = rule.backward(ctx)
+            # the guard passes its gradient through as it is (the Softmax's rule zeroes the guarded rows)
+            result = {2: dys[0]} if fwd_node.id in self.guarded else rule.backward(ctx)
         except GraphError as err:  # a rule's own failure: name the node (it said only the emitter's words)
             raise GraphError(f"the gradient rule for {node.op_type} (node {node.name!r}) failed: {err}; this is "
                              "a memplan bug: please report it with the model") from err

@@ -41,6 +41,8 @@ class BackwardContext:
     need: frozenset[int]  # input slots that want a gradient
     values: Mapping[int, np.ndarray]  # constant (FROZEN initializer) values by tensor id
     saved: list[int] = field(default_factory=list)  # forward tensors this rule read
+    # forward outputs a rule reads another tensor in place of (autodiff._guarded_softmaxes)
+    stand_in: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def opset(self) -> int:
@@ -66,7 +68,8 @@ class BackwardContext:
 
     def y(self, i: int = 0) -> int:
         """Forward output ``i`` (recorded as saved for the backward)."""
-        return self._save(self.node.outputs[i])
+        t = self.node.outputs[i]
+        return self._save(self.stand_in.get(t, t))
 
     def dy(self, i: int = 0) -> int | None:
         return self.dys[i] if i < len(self.dys) else None
