@@ -33,6 +33,7 @@ ELEMENTWISE = {
     "And": 1, "Or": 1, "Sign": 1, "Reciprocal": 1, "Sqrt": 4, "Pow": 8, "Exp": 8, "Log": 8,
     "Tanh": 8, "Sigmoid": 8, "Erf": 8, "Gelu": 12, "Softplus": 10, "HardSigmoid": 3,
     "Dropout": 2, "BiasGelu": 13, "FastGelu": 12, "ReluGrad": 1, "SigmoidGrad": 3, "TanhGrad": 3,
+    "RotaryEmbedding": 3,
 }
 REDUCE_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                         "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "GlobalAveragePool",
@@ -40,10 +41,10 @@ REDUCE_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Re
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 #: FLOPs per input element: mean, variance, normalise, scale and shift.
 NORM_OPS = {"BatchNormalization": 5, "LayerNormalization": 8, "InstanceNormalization": 8,
-            "GroupNormalization": 8, "SimplifiedLayerNormalization": 6, "LRN": 6}
+            "GroupNormalization": 8, "SimplifiedLayerNormalization": 6, "RMSNormalization": 6, "LRN": 6}
 #: max, subtract, exp, sum, divide (+ gather and log for the losses).
 SOFTMAX_OPS = {"Softmax": 5, "LogSoftmax": 6, "SoftmaxCrossEntropyLoss": 7, "NegativeLogLikelihoodLoss": 2}
-MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "Einsum"})
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "Einsum", "Attention"})
 
 
 def numel(shape: Shape) -> int:
@@ -87,6 +88,8 @@ def op_cost(
 
         equation = attrs["equation"]
         return einsum_flops(equation.decode() if isinstance(equation, bytes) else str(equation), ins), moved
+    if op_type == "Attention" and len(inputs) >= 3 and None not in inputs[:3] and outs:
+        return _attention_flops(inputs, out0, attrs), moved
     if op_type in ELEMENTWISE:
         return float(ELEMENTWISE[op_type] * out0), moved
     if op_type in REDUCE_OPS:
@@ -100,6 +103,19 @@ def op_cost(
         return float(SOFTMAX_OPS[op_type] * (numel(ins[0]) if ins else out0)), moved
     # Unknown op: one FLOP per output element, and its bytes; never zero so it is never free.
     return float(out0), moved
+
+
+def _attention_flops(inputs: Sequence[Shape | None], out0: int, attrs: Mapping[str, Any]) -> float:
+    """Attention (opset 23): Q K^T and P V, each 2 FLOPs per multiply-add over every query, key
+    (past keys included) and head dim, and a softmax over the scores. Q is [batch, heads, queries,
+    head dim], or [batch, queries, heads * head dim] with the heads in ``q_num_heads``; K's
+    second-to-last dim is its length either way."""
+    q, k = tuple(inputs[0]), tuple(inputs[1])
+    past = inputs[4] if len(inputs) > 4 else None
+    keys = int(k[-2]) + (int(past[-2]) if past is not None else 0)
+    head = int(q[-1]) // max(1, int(attrs.get("q_num_heads", 1))) if len(q) == 3 else int(q[-1])
+    scores = numel(q) // max(1, head) * keys  # batch x heads x queries x keys
+    return float(2 * numel(q) * keys + 2 * out0 * keys + SOFTMAX_OPS["Softmax"] * scores)
 
 
 def node_time(flops: float, bytes_moved: float, device: DeviceProfile, matmul: bool = False,

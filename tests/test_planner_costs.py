@@ -24,11 +24,22 @@ from planner.errors import UsageError
     ("BatchNormalization", [(2, 3, 4, 4), (3,), (3,), (3,), (3,)], [(2, 3, 4, 4)], {}, 5 * 96),
     ("LayerNormalization", [(2, 8)], [(2, 8)], {}, 8 * 16),
     ("Softmax", [(4, 10)], [(4, 10)], {}, 200),
+    # Q K^T and P V over 2 x 4 heads x 16 queries x 32 keys, head dim 8, and the softmax
+    ("Attention", [(2, 4, 16, 8), (2, 4, 32, 8), (2, 4, 32, 8)], [(2, 4, 16, 8)], {},
+     2 * 1024 * 32 + 2 * 1024 * 32 + 5 * 128 * 32),
+    # the same as [batch, sequence, heads * head dim], 2 key/value heads
+    ("Attention", [(2, 16, 32), (2, 32, 16), (2, 32, 16)], [(2, 16, 32)], {"q_num_heads": 4, "kv_num_heads": 2},
+     2 * 1024 * 32 + 2 * 1024 * 32 + 5 * 128 * 32),
+    # 28 keys and 4 past ones
+    ("Attention", [(2, 4, 16, 8), (2, 4, 28, 8), (2, 4, 28, 8), None, (2, 4, 4, 8), (2, 4, 4, 8)],
+     [(2, 4, 16, 8), (2, 4, 32, 8), (2, 4, 32, 8)], {}, 2 * 1024 * 32 + 2 * 1024 * 32 + 5 * 128 * 32),
+    ("RMSNormalization", [(2, 8), (8,)], [(2, 8)], {}, 6 * 16),
+    ("RotaryEmbedding", [(2, 4, 16, 8), (16, 4), (16, 4), (2, 16)], [(2, 4, 16, 8)], {}, 3 * 1024),
 ])
 def test_op_cost_flops_and_bytes(op, ins, outs, attrs, flops):
     f, moved = op_cost(op, ins, outs, attrs)
     assert f == flops
-    elems = sum(math.prod(s) for s in ins + outs)
+    elems = sum(math.prod(s) for s in ins + outs if s is not None)
     assert moved == 4 * elems
 
 
