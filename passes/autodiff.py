@@ -369,7 +369,10 @@ def _guarded_softmaxes(graph: Graph) -> dict[int, int]:
     if graph.onnx_opset < 13:  # before, Softmax flattened to 2D around its axis
         return {}
     readers, outputs = graph.consumers, graph.output_set
-    made_by = lambda t: None if graph.tensors[t].producer == NO_TENSOR else graph.nodes[graph.tensors[t].producer]  # noqa: E731
+
+    def made_by(t: int) -> Node | None:
+        return None if graph.tensors[t].producer == NO_TENSOR else graph.nodes[graph.tensors[t].producer]
+
     out = {}
     for where in graph.nodes:
         if where.op_type != "Where" or where.domain not in ("", "ai.onnx") or len(where.inputs) != 3:
@@ -414,7 +417,8 @@ def _no_rule(graph: Graph, node: Node) -> None:
     raise ModelImportError(
         f"no gradient rule for node {node.name!r} ({op}){body} on the path from the trainable weights to the "
         f"loss; supported ops: {', '.join(supported_ops())}, and those with an ONNX function body (Attention, "
-        f"RMSNormalization, RotaryEmbedding, Swish, ReduceLogSum, CenterCropPad); freeze the weights before it {FREEZE_HINT}"
+        "RMSNormalization, RotaryEmbedding, Swish, ReduceLogSum, CenterCropPad); freeze the weights before it "
+        f"{FREEZE_HINT}"
     )
 
 
@@ -447,8 +451,8 @@ class _Builder:
         # grads.values() per accumulated gradient was quadratic on unrolled graphs
         self.grad_refs: Counter[int] = Counter()
         self.saved: dict[str, tuple[str, ...]] = {}
-        # Where(IsNaN(P), 0, P) over P = Softmax(z) (the NaN guard of Attention's body): Where node
-        # id -> the Softmax's; see _guarded_softmaxes
+        # Where(rows, 0, P) over P = Softmax(z) (Attention's body zeroes fully masked rows so):
+        # Where node id -> the Softmax's; see _guarded_softmaxes
         self.guarded = _guarded_softmaxes(fwd)
         self.guarded_by = {softmax: where for where, softmax in self.guarded.items()}
 

@@ -288,8 +288,8 @@ def function_body(
         onnx.checker.check_model(inferred)
     # RuntimeError: the inliner's own checks (C++ assertions)
     except (onnx.checker.ValidationError, shape_inference.InferenceError, RuntimeError) as err:
-        log.warning("node %r (%s) kept as one node, ORT will run its body late: %s", node.name, node.op_type,
-                    first_line(err))
+        log.warning("node %r (%s) kept as one node (onnx could not write its function body; ORT runs it late): %s",
+                    node.name, node.op_type, first_line(err))
         return [node], []
     boundary = set(known) | {""}
     renames: dict[str, str] = {}

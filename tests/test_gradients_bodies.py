@@ -1,8 +1,9 @@
 """Ops differentiated through their ONNX function bodies (passes/autodiff.py ``_with_bodies``):
 Attention, RMSNormalization and RotaryEmbedding of opset 23, Swish of opset 24, ReduceLogSum and
-CenterCropPad have no rule of their own; where gradients flow through one, it is written as its body, whose ops have rules. Each
-variant against float64 central finite differences (tests/gradcase.py); RotaryEmbedding has only
-float32 kernels in ORT, so its check runs in float32 with a wider step.
+CenterCropPad have no rule of their own; where gradients flow through one, it is written as its
+body, whose ops have rules. Each variant against float64 central finite differences
+(tests/gradcase.py); RotaryEmbedding has only float32 kernels in ORT, so its check runs in float32
+with a wider step.
 """
 from __future__ import annotations
 
