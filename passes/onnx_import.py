@@ -241,6 +241,8 @@ def _refuse_unknown_ops(model: onnx.ModelProto, display: str) -> None:
             raise ModelImportError(
                 f"{what}, deprecated since opset {schema.since_version} (the model's opset is {opset}); ONNX Runtime "
                 "does not load it there: export the model again with the op that replaces it (or an older opset)")
+        # a declared output shape hid Relu-1 from the shape check below: planned, and ORT refused the file
+        _refuse_uninferred_version(node, {"": opset}, display)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1657,6 +1659,8 @@ def _refuse_uninferred_version(node: onnx.NodeProto, opsets: Mapping[str, int], 
         return  # memplan's own Memcpy ops (_refuse_unknown_ops refused the others onnx does not know)
     if schema.has_type_and_shape_inference_function or schema.has_function or schema.has_context_dependent_function:
         return  # a function op (GreaterOrEqual-12, GroupNormalization-21) is inferred through its body
+    if schema.since_version >= 7:
+        return  # Compress-9, the one newer version without inference (its size is the data's): ORT runs it
     raise ModelImportError(
         f"{display}: node {node.name or '(unnamed)'!r} is {node.op_type} version {schema.since_version} (the model's "
         f"opset is {opset}), an old operator version that onnx infers no shapes for and ONNX Runtime does not run; "
