@@ -166,3 +166,14 @@ def test_the_guarded_softmax_keeps_one_attention_sized_buffer():
     (softmax,), (where,) = kept("Softmax"), kept("Where")
     assert len(softmax) == 1 and "SoftmaxOutSafe" in softmax[0] and where == ()
     assert any(softmax[0] in reads for reads in kept("MatMul"))  # P V reads the same buffer
+
+
+def test_a_body_onnx_cannot_build_is_named_in_the_no_rule_error(monkeypatch):
+    """Where onnx writes no body (its inliner refused the node), the node stays and the error says
+    why it has no gradient, in one line."""
+    import passes.function_ops as function_ops
+
+    monkeypatch.setattr(function_ops, "function_body", lambda proto, *args: ([proto], []))
+    with pytest.raises(ModelImportError, match=r"\(Attention\) \(onnx built no function body") as err:
+        build_training_graph(import_model(_block(True)))
+    assert "\n" not in str(err.value)
