@@ -127,11 +127,7 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     # Ops with an ONNX function body but no rule (Attention, RMSNormalization, RotaryEmbedding of
     # opset 23): the ones gradients flow through are written as their bodies, whose ops have rules
     # (tensor ids are kept, as above).
-    for _ in range(BODY_DEPTH):
-        forward, inlined = _with_bodies(forward, loss, candidates)
-        if not inlined:
-            break
-    active = _forward_activity(forward, candidates)
+    forward, active = _with_bodies(forward, loss, candidates)
     _refuse_dropped_outputs(forward, loss, active)
     on_path, useful = _backward_reach(forward, loss, active)
     params = [t for t in candidates if useful[t]]
@@ -334,17 +330,23 @@ def _recurrent_to_unroll(graph: Graph, loss: int, params: Sequence[int]) -> list
 BODY_DEPTH = 4
 
 
-def _with_bodies(graph: Graph, loss: int, params: Sequence[int]) -> tuple[Graph, bool]:
+def _with_bodies(graph: Graph, loss: int, params: Sequence[int]) -> tuple[Graph, list[bool]]:
     """``graph`` with the nodes on a differentiable path from a trainable tensor to the loss that
-    have no gradient rule but an ONNX function body written as that body; and whether there was
-    one (onnx may still build no body for it: it stays, and the build says it has no rule).
-    GreaterOrEqual has a body too, but no gradient flows through its boolean output: it stays."""
-    on_path, _ = _backward_reach(graph, loss, _forward_activity(graph, params), strict=False)
-    which = [i for i in on_path if _has_body(graph, graph.nodes[i])]
-    if not which:
-        return graph, False
-    inlined, origins = inline_nodes(graph, which)
-    return inlined, len(origins) != len(graph.nodes)
+    have no gradient rule but an ONNX function body written as that body (a body's own such ops
+    too, BODY_DEPTH deep), and the result's forward activity. A node onnx builds no body for
+    stays, and the build says it has no rule. GreaterOrEqual has a body too, but no gradient flows
+    through its boolean output: it stays."""
+    for _ in range(BODY_DEPTH):
+        active = _forward_activity(graph, params)
+        on_path, _ = _backward_reach(graph, loss, active, strict=False)
+        which = [i for i in on_path if _has_body(graph, graph.nodes[i])]
+        if not which:
+            return graph, active
+        inlined, origins = inline_nodes(graph, which)
+        if len(origins) == len(graph.nodes):  # onnx wrote none of them
+            return graph, active
+        graph = inlined
+    return graph, _forward_activity(graph, params)
 
 
 def _has_body(graph: Graph, node: Node) -> bool:
