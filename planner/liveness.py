@@ -245,13 +245,12 @@ class MemoryModel:
             heads, keys = int(node.attr("q_num_heads", 1)), k.shape[1]
         if present(4) != NO_TENSOR:
             keys += graph.tensors[present(4)].shape[2]
-        item = tensor_bytes(y.dtype, (1,))
         mask = present(3)
         if mask != NO_TENSOR and graph.tensors[mask].dtype == "bool":
-            beside = item * math.prod(graph.tensors[mask].shape)
+            beside = tensor_bytes(y.dtype, graph.tensors[mask].shape)
         else:
-            beside = item * length * keys if node.attr("is_causal", 0) else 0
-        probs = self.buffer_bytes(item * batch * heads * length * keys)
+            beside = tensor_bytes(y.dtype, (length, keys)) if node.attr("is_causal", 0) else 0
+        probs = self.buffer_bytes(tensor_bytes(y.dtype, (batch, heads, length, keys)))
         return probs + (self.buffer_bytes(beside) if beside else 0)
 
     def _where_branches(self, graph: Graph, node: Node) -> list[int]:
