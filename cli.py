@@ -235,9 +235,11 @@ def main(verbose: int) -> None:
     # a command that solves many times (--max-batch's probes, --sweep's rows, --ort-arena's re-solves)
     # says the planner's same warning once: the --wall-cap deadline is the command's, so every solve
     # after it passed says it was capped
-    planning_log, once = logging.getLogger("planner.planning"), _SaidOnce()
-    planning_log.addFilter(once)
-    click.get_current_context().call_on_close(lambda: planning_log.removeFilter(once))
+    once = _SaidOnce()
+    for name in ("planner.planning", "passes.onnx_import"):  # a model is read more than once, too
+        said_once = logging.getLogger(name)
+        said_once.addFilter(once)
+        click.get_current_context().call_on_close(lambda said_once=said_once: said_once.removeFilter(once))
     from planner import interrupt
 
     # Ctrl-C stops a CP-SAT solve too, and memplan with it (nothing written); undone as the command

@@ -593,6 +593,9 @@ def import_model(
     try:
         model, _, display = load_proto(spec, weights="mapped")
         roles = torch_export_roles(model)
+        for lost in (batch_statistics_lost(model, roles), folded_parameter_computations(model, roles)):
+            if lost:
+                log.warning("%s: %s", display, lost)
         # a proto read from a file here is ours to change; the caller's is copied first
         model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
                                  loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names, fold=fold,
@@ -642,6 +645,8 @@ class TorchExportRoles:
     kinds: Mapping[str, str]  # name -> PARAMETER | BUFFER | CONSTANT_TENSOR | ...
     parameters: frozenset[str]
     folded_from: Mapping[str, frozenset[str] | None]  # None: recorded but unreadable
+    #: BatchNorm running statistics torch.export saw the forward update (the model was in train mode)
+    running_stat_updates: int = 0
 
     def derived_from(self, name: str) -> frozenset[str]:
         """The parameters a folded initializer was computed from (empty when none or not folded)."""
@@ -711,7 +716,53 @@ def torch_export_roles(model: onnx.ModelProto) -> TorchExportRoles | None:
         return None
     inits = {i.name for i in g.initializer}
     kinds = {n: k for n, k in kinds.items() if n in inits and k != "PARAMETER"}
-    return TorchExportRoles(kinds, frozenset(params), folded)
+    updates = sum(len(re.findall(r": BUFFER_MUTATION target='[^']*running_(?:mean|var)'", t)) for t in signature)
+    return TorchExportRoles(kinds, frozenset(params), folded, updates)
+
+
+def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRoles | None) -> str | None:
+    """Why ``model`` may not train as torch does, or None: onnxscript's constant folding computed
+    some float initializers from parameters and other values (Gemma's ``1 + weight``, a Swin bias
+    table gathered by its index, DeBERTa's projected relative embeddings). memplan trains each as a
+    parameter of its own; that is torch's training only where it is a reshape or a shift of one
+    parameter. A folded copy of one parameter alone (a Linear weight transposed) is not counted:
+    it trains as the parameter (``_unfold_tied_copies``, ``_merge_folded_copies``)."""
+    if roles is None:
+        return None
+    found: list[tuple[str, list[str], int]] = []
+    for init in model.graph.initializer:
+        sources = roles.folded_from.get(init.name)
+        params = sorted((sources or frozenset()) & roles.parameters)
+        if _is_float(init) and params and (len(params) > 1 or len(sources) > 1):
+            found.append((init.name, params, len(sources) - len(params)))
+    if not found:
+        return None
+    name, params, others = found[0]
+    who = repr(params[0]) if len(params) == 1 else f"{len(params)} parameters ({params[0]!r}, ...)"
+    example = f"{name!r} from {who}{f' and {others} other value(s)' if others else ''}"
+    return (f"{len(found)} initializer(s) hold what onnxscript's constant folding computed from parameters "
+            f"(e.g. {example}); memplan trains each as a parameter of its own, which is torch's training only "
+            "where it is a reshape or a shift of one parameter; export with torch.onnx.export(..., "
+            "optimize=False) to keep those computations in the graph")
+
+
+def batch_statistics_lost(model: onnx.ModelProto, roles: TorchExportRoles | None) -> str | None:
+    """Why ``model`` does not train as torch did, or None: torch.export traced its BatchNorms in
+    train mode (the forward updates their running statistics), but the file has no BatchNormalization
+    in training mode. torch's dynamo exporter (2.13) writes them in inference form, which onnxscript's
+    optimizer then folds into the Conv before them: the step normalizes with the running statistics,
+    with other gradients and other memory than torch's batch-statistics step."""
+    if roles is None or not roles.running_stat_updates:
+        return None
+    training = [n for n in model.graph.node if n.op_type == "BatchNormalization"
+                and any(a.name == "training_mode" and a.i for a in n.attribute)]
+    if training:
+        return None
+    return (f"torch traced {roles.running_stat_updates // 2} BatchNorm layer(s) in train mode, but this file "
+            "normalizes with their running statistics (torch's dynamo exporter writes BatchNorm in inference "
+            "form and may fold it into the Conv before it), so the step memplan builds is not torch's training "
+            "step; for batch statistics export with torch.onnx.export(..., dynamo=False, "
+            "training=torch.onnx.TrainingMode.TRAINING)")
 
 
 def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
@@ -739,6 +790,61 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
                                           perm=list(range(source.ndim))[::-1]))
         log.info("%s: initializer %r is %r transposed, which nodes also read (a tied weight); "
                  "computing it with Transpose so both share one gradient", display, name, param)
+    _merge_folded_copies(g, roles, display)
+
+
+def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
+    """One trainable for the copies constant folding made of a parameter the file no longer holds:
+    a weight shared by two layers (ALBERT's one encoder layer run twice) whose every read was folded
+    into its own transposed copy would otherwise train as independent copies, each with part of the
+    gradient. The first copy stays; an equal one is read as it, a transposed one through Transpose."""
+    inits = {i.name: i for i in g.initializer}
+    groups: dict[str, list[str]] = {}
+    for name, init in inits.items():
+        sources = roles.derived_from(name)
+        if _is_float(init) and len(sources) == 1 and not sources & inits.keys() and len(init.dims) >= 1:
+            groups.setdefault(next(iter(sources)), []).append(name)
+    taken = {n.name for n in g.node}
+    for param, names in sorted(groups.items()):
+        if len(names) < 2:
+            continue
+        keep, kept = names[0], initializer_value(inits[names[0]])
+        for other in names[1:]:
+            value = initializer_value(inits[other])
+            if value.shape == kept.shape and np.array_equal(value, kept):
+                _rename_reads(g, other, keep)
+                how = "the same values"
+            elif value.ndim >= 2 and value.shape == kept.shape[::-1] and np.array_equal(value, kept.T):
+                node_name = f"{other}_untied"
+                while node_name in taken:
+                    node_name += "_"
+                taken.add(node_name)
+                g.node.insert(0, helper.make_node("Transpose", [keep], [other], name=node_name,
+                                                  perm=list(range(kept.ndim))[::-1]))
+                how = "its transpose"
+            else:
+                log.warning("%s: initializers %r and %r were both folded from parameter %r but hold different "
+                            "values; they train as two parameters", display, keep, other, param)
+                continue
+            g.initializer.remove(inits[other])
+            for vi in [v for v in g.value_info if v.name == other and how == "the same values"]:
+                g.value_info.remove(vi)
+            log.info("%s: initializers %r and %r are both folded from parameter %r (%s); training one",
+                     display, keep, other, param, how)
+
+
+def _rename_reads(g: onnx.GraphProto, old: str, new: str) -> None:
+    """Every read of ``old`` in ``g`` and its subgraphs becomes a read of ``new``."""
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _rename_reads(sub, old, new)
+    for out in g.output:
+        if out.name == old:  # a graph output that is the copy itself: keep its name, computed
+            g.node.append(helper.make_node("Identity", [new], [old], name=f"{old}_copy"))
 
 
 def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,

@@ -204,6 +204,130 @@ def test_folded_transpose_of_untied_parameter_stays_an_initializer():
     assert "Transpose" not in {n.op_type for n in graph.nodes}
 
 
+# ALBERT runs its one encoder layer twice: every read of the shared ``w`` was folded into a copy
+# of its own (``val_a``, ``val_b`` transposed, ``val_c`` as is), and ``w`` itself is gone from the
+# file. ``val_d`` says it came from ``w`` too but holds other values.
+SHARED = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[2, 4] x, int64[2] labels) => (float loss)
+  <float[4, 4] val_a, float[4, 4] val_b, float[4, 4] val_c, float[4, 4] val_d>
+{
+    h1 = MatMul(x, val_a)
+    r1 = Tanh(h1)
+    h2 = MatMul(r1, val_b)
+    r2 = Tanh(h2)
+    h3 = Gemm<transB = 1>(r2, val_c)
+    h4 = MatMul(h3, val_d)
+    loss = SoftmaxCrossEntropyLoss<reduction = "mean">(h4, labels)
+}
+"""
+
+
+def _shared_model(mark: bool = True) -> onnx.ModelProto:
+    model = parse_model(SHARED, ir_version=10)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 4)).astype(np.float32)  # torch's [out, in]
+    other = rng.standard_normal((4, 4)).astype(np.float32)
+    for name, value in (("val_a", w.T), ("val_b", w.T), ("val_c", w), ("val_d", other)):
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        if mark:
+            _mark(model, name, FOLDED_FROM, "['w']")
+    if mark:
+        sig = model.graph.metadata_props.add()
+        sig.key, sig.value = TORCH_SIGNATURE, "\n# inputs\np_w: PARAMETER target='w'\nx: USER_INPUT\nlabels: USER_INPUT\n"
+    return model
+
+
+def test_folded_copies_of_a_parameter_the_file_lacks_train_as_one(caplog):
+    graph = import_model(_shared_model())
+    assert graph.tensor("val_a").kind is TensorKind.TRAINABLE
+    assert graph.tensor("val_c").kind is TensorKind.ACTIVATION  # Transpose(val_a)
+    assert "val_b" not in {t.name for t in graph.tensors}  # read as val_a
+    assert "'val_a' and 'val_d' were both folded from parameter 'w' but hold different values" in caplog.text
+    step = build_training_graph(graph)
+    assert step.params == ("val_a", "val_d")
+    feeds = {"x": RNG.standard_normal((2, 4)).astype(np.float32), "labels": np.array([1, 3])}
+    loss, grads = gradcheck.run_training_step(step, feeds)
+    # read unmarked, each copy is a parameter with its part of w's gradient
+    split = build_training_graph(import_model(_shared_model(mark=False)))
+    assert split.params == ("val_a", "val_b", "val_c", "val_d")
+    split_loss, parts = gradcheck.run_training_step(split, feeds)
+    assert loss == pytest.approx(split_loss, rel=1e-6)
+    np.testing.assert_allclose(grads["val_a"], parts["val_a"] + parts["val_b"] + parts["val_c"].T, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grads["val_d"], parts["val_d"], rtol=1e-5, atol=1e-7)
+
+
+# torch.export traced ``bn`` in train mode (the forward updates its running statistics), but the
+# exporter wrote BatchNormalization in inference form.
+BN = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[2, 3, 4, 4] x) => (float loss) <float[3] s, float[3] b, float[3] mean, float[3] var>
+{
+    y = BatchNormalization%s(x, s, b, mean, var)
+    loss = ReduceSum<keepdims = 0>(y)
+}
+"""
+
+
+def _bn_model(training_mode: bool = False, traced_in_train_mode: bool = True) -> onnx.ModelProto:
+    outputs = ", mean_out, var_out" if training_mode else ""
+    text = BN % ("<training_mode = 1>" if training_mode else "")
+    text = text.replace("y = BatchNormalization", f"y{outputs} = BatchNormalization")
+    model = parse_model(text, ir_version=10)
+    for name in ("s", "b", "mean", "var"):
+        model.graph.initializer.append(numpy_helper.from_array(np.linspace(0.5, 1.5, 3, dtype=np.float32), name))
+    sig = model.graph.metadata_props.add()
+    sig.key = TORCH_SIGNATURE
+    sig.value = ("\n# inputs\np_bn_weight: PARAMETER target='s'\np_bn_bias: PARAMETER target='b'\n"
+                 "b_bn_running_mean: BUFFER target='bn.running_mean' persistent=True\n"
+                 "b_bn_running_var: BUFFER target='bn.running_var' persistent=True\nx: USER_INPUT\n\n# outputs\n")
+    if traced_in_train_mode:
+        sig.value += ("getitem_3: BUFFER_MUTATION target='bn.running_mean'\n"
+                      "getitem_4: BUFFER_MUTATION target='bn.running_var'\n"
+                      "add: BUFFER_MUTATION target='bn.num_batches_tracked'\n")
+    sig.value += "loss: USER_OUTPUT\n"
+    return model
+
+
+@pytest.mark.parametrize("training_mode, traced_in_train_mode, warned", [
+    (False, True, True), (True, True, False), (False, False, False)])
+def test_batch_norm_traced_in_train_mode_but_written_for_inference_warns(
+        training_mode, traced_in_train_mode, warned, caplog):
+    import_model(_bn_model(training_mode, traced_in_train_mode))
+    said = "torch traced 1 BatchNorm layer(s) in train mode, but this file normalizes with their running statistics"
+    assert (said in caplog.text) is warned
+    if warned:
+        assert "dynamo=False" in caplog.text and "\n" not in caplog.text.strip()
+
+
+def test_computation_on_parameters_folded_into_an_initializer_warns(caplog):
+    model = _tied_model()
+    _mark(model, "b", FOLDED_FROM, "['ln.weight', 'val_6']")  # Gemma's 1 + weight, folded
+    sig = model.graph.metadata_props.add()
+    sig.key, sig.value = TORCH_SIGNATURE, "\n# inputs\np_wte: PARAMETER target='wte'\np_ln: PARAMETER target='ln.weight'\n"
+    graph = import_model(model)
+    assert graph.tensor("b").kind is TensorKind.TRAINABLE  # trained as a parameter of its own
+    assert ("1 initializer(s) hold what onnxscript's constant folding computed from parameters "
+            "(e.g. 'b' from 'ln.weight' and 1 other value(s))") in caplog.text
+    assert "optimize=False" in caplog.text
+    caplog.clear()
+    import_model(_tied_model())  # a transposed copy of one parameter alone: it trains as the parameter
+    assert "constant folding" not in caplog.text
+
+
+def test_cli_says_an_import_warning_once(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "bn.onnx"
+    onnx.save(_bn_model(), path)
+    res = subprocess.run([sys.executable, "-m", "cli", "plan", str(path), "--budget", "100%",
+                          "--emit", str(tmp_path / "planned.onnx")],
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("torch traced 1 BatchNorm layer(s) in train mode") == 1, res.stderr
+
+
 # The dynamo exporter's LSTM decomposition reshapes with the example's sequence length (12) baked in.
 BAKED = """
 <ir_version: 10, opset_import: ["" : 20]>
