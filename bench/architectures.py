@@ -1,11 +1,12 @@
 """Many architectures end to end: torch export -> gradients vs torch -> plan -> emit -> verify.
 
-    python bench/architectures.py export DIR [NAME ...]   # needs torch, torchvision, transformers
+    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N]  # needs torch, torchvision, transformers
     python bench/architectures.py run DIR [NAME ...] [--budget 70] [--time-limit 20]
 
 ``export`` builds each model of :data:`SPECS` at a tiny size (torchvision models at their own
 widths, transformers models from small configs) and writes ``DIR/NAME.onnx`` + ``.npz`` with
-tests/fixtures/make_fixtures.py's machinery (TorchScript exporter, torch's loss and gradients).
+tests/fixtures/make_fixtures.py's machinery (TorchScript exporter, or with ``--dynamo``
+``torch.onnx.export(dynamo=True)``, torch's default; torch's loss and gradients).
 ``run`` needs memplan only: per model, memplan's training-step gradients against torch's (at the
 exported batch), then ``memplan plan --budget B%`` at a larger batch (``dim:batch`` 32 for images,
 batch 16 and seq 64 for tokens; where B is below what any plan reaches, 3% above the lowest plan
@@ -189,13 +190,22 @@ def specs():
     return table
 
 
-def export(out: Path, names: list[str]) -> None:
+def export(out: Path, names: list[str], dynamo: bool = False, opset: int | None = None,
+           optimize: bool = True) -> None:
     table = specs()
+    import dataclasses
+
     import make_fixtures as mf  # on sys.path once specs() ran
     out.mkdir(parents=True, exist_ok=True)
     for name in names or list(table):
+        spec = table[name]
+        if dynamo or opset:
+            # torch's dynamo exporter writes BatchNorm in inference form whatever the mode (memplan
+            # warns on such a file), so torch's reference runs in eval mode too
+            spec = dataclasses.replace(spec, dynamo=dynamo or spec.dynamo, opset=opset or spec.opset,
+                                       optimize=optimize, train=spec.train and not dynamo)
         try:
-            row = mf.export_fixture(name, table[name], out)
+            row = mf.export_fixture(name, spec, out)
             print(f"{name}: {row['nodes']} nodes, {row['onnx_kb']:.0f} KB", flush=True)
         except Exception as err:  # noqa: BLE001 - an exporter failure is a row, not the end
             print(f"{name}: export failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
@@ -246,6 +256,9 @@ def run(folder: Path, names: list[str], budget: int, time_limit: float) -> None:
           "| outputs equal | counted/pred | rss/pred | meas/budget |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
+        if not path.with_suffix(".npz").exists():  # its export failed: no torch reference
+            print(f"| {path.stem} | no {path.stem}.npz (export failed) |" + " |" * 10, flush=True)
+            continue
         r = row(path, budget, time_limit)
         p, v = r.get("plan", {}), r.get("verify", {})
         pl = v.get("planned", {})
@@ -267,9 +280,14 @@ def main() -> None:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--budget", type=int, default=70, help="percent of the unplanned peak (default 70)")
     ap.add_argument("--time-limit", type=float, default=20)
+    ap.add_argument("--dynamo", action="store_true",
+                    help="export: torch's default exporter (torch.export + onnxscript) instead of TorchScript")
+    ap.add_argument("--opset", type=int, help="export: this opset instead of each model's own (17)")
+    ap.add_argument("--no-optimize", dest="optimize", action="store_false",
+                    help="export with --dynamo: onnxscript's optimizer off (torch.onnx.export(optimize=False))")
     args = ap.parse_args()
     if args.mode == "export":
-        export(args.folder, args.names)
+        export(args.folder, args.names, args.dynamo, args.opset, args.optimize)
     else:
         run(args.folder, args.names, args.budget, args.time_limit)
 
