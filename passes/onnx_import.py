@@ -593,14 +593,14 @@ def import_model(
     try:
         model, _, display = load_proto(spec, weights="mapped")
         roles = torch_export_roles(model)
-        for lost in (batch_statistics_lost(model, roles), folded_parameter_computations(model, roles)):
-            if lost:
-                log.warning("%s: %s", display, lost)
         # a proto read from a file here is ours to change; the caller's is copied first
         model, folded = _prepare(model, dict(dims or {}), display, roles, copy=isinstance(spec, onnx.ModelProto),
                                  loose_dims=loose_dims, matched_dims=matched_dims, dim_names=dim_names, fold=fold,
                                  inputs_read=inputs_read)
         frozen = set(frozen) | folded | (roles.non_parameters(model.graph) if roles else set())
+        for lost in (batch_statistics_lost(model, roles), folded_parameter_computations(model, roles)):
+            if lost:
+                log.warning("%s: %s", display, lost)
         return _to_graph(model, display, frozen, bool(dims))
     finally:
         _MAPPINGS.clear()  # the arrays hold their mapping; a later import maps the file as it is then
@@ -645,8 +645,8 @@ class TorchExportRoles:
     kinds: Mapping[str, str]  # name -> PARAMETER | BUFFER | CONSTANT_TENSOR | ...
     parameters: frozenset[str]
     folded_from: Mapping[str, frozenset[str] | None]  # None: recorded but unreadable
-    #: BatchNorm running statistics torch.export saw the forward update (the model was in train mode)
-    running_stat_updates: int = 0
+    #: the buffers torch.export saw the forward update (BatchNorm's running statistics in train mode)
+    updated_stats: frozenset[str] = frozenset()
 
     def derived_from(self, name: str) -> frozenset[str]:
         """The parameters a folded initializer was computed from (empty when none or not folded)."""
@@ -716,8 +716,8 @@ def torch_export_roles(model: onnx.ModelProto) -> TorchExportRoles | None:
         return None
     inits = {i.name for i in g.initializer}
     kinds = {n: k for n, k in kinds.items() if n in inits and k != "PARAMETER"}
-    updates = sum(len(re.findall(r": BUFFER_MUTATION target='[^']*running_(?:mean|var)'", t)) for t in signature)
-    return TorchExportRoles(kinds, frozenset(params), folded, updates)
+    updated = {m for t in signature for m in re.findall(r": BUFFER_MUTATION target='([^']*)'", t)}
+    return TorchExportRoles(kinds, frozenset(params), folded, frozenset(updated))
 
 
 def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRoles | None) -> str | None:
@@ -747,22 +747,24 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
 
 
 def batch_statistics_lost(model: onnx.ModelProto, roles: TorchExportRoles | None) -> str | None:
-    """Why ``model`` does not train as torch did, or None: torch.export traced its BatchNorms in
-    train mode (the forward updates their running statistics), but the file has no BatchNormalization
-    in training mode. torch's dynamo exporter (2.13) writes them in inference form, which onnxscript's
-    optimizer then folds into the Conv before them: the step normalizes with the running statistics,
-    with other gradients and other memory than torch's batch-statistics step."""
-    if roles is None or not roles.running_stat_updates:
+    """Why ``model`` does not train as torch did, or None: torch.export traced BatchNorms in train
+    mode (the forward updates their running statistics) that the file does not normalize with batch
+    statistics. torch's dynamo exporter (2.13) writes them in inference form
+    (:func:`_restore_batch_statistics` puts training mode back) and onnxscript's optimizer folds
+    those after a Conv into it, beyond repair: the step normalizes with the running statistics, with
+    other gradients and other memory than torch's training step."""
+    if roles is None or not roles.updated_stats:
         return None
-    training = [n for n in model.graph.node if n.op_type == "BatchNormalization"
-                and any(a.name == "training_mode" and a.i for a in n.attribute)]
-    if training:
+    traced = {name for name in roles.updated_stats if name.endswith("running_mean")}
+    training = {n.input[3] for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 3
+                and any(a.name == "training_mode" and a.i for a in n.attribute)}
+    lost = len(traced - training)
+    if not lost:
         return None
-    return (f"torch traced {roles.running_stat_updates // 2} BatchNorm layer(s) in train mode, but this file "
-            "normalizes with their running statistics (torch's dynamo exporter writes BatchNorm in inference "
-            "form and may fold it into the Conv before it), so the step memplan builds is not torch's training "
-            "step; for batch statistics export with torch.onnx.export(..., dynamo=False, "
-            "training=torch.onnx.TrainingMode.TRAINING)")
+    return (f"torch traced {len(traced)} BatchNorm layer(s) in train mode, but this file normalizes {lost} of them "
+            "with their running statistics (torch's dynamo exporter folds BatchNorm into the Conv before it), "
+            "so the step memplan builds is not torch's training step; for batch statistics export with "
+            "torch.onnx.export(..., optimize=False), which memplan reads back in training mode, or dynamo=False")
 
 
 def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
@@ -791,6 +793,29 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
         log.info("%s: initializer %r is %r transposed, which nodes also read (a tied weight); "
                  "computing it with Transpose so both share one gradient", display, name, param)
     _merge_folded_copies(g, roles, display)
+
+
+def _restore_batch_statistics(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
+    """training_mode=1 on each inference-form BatchNormalization whose running statistics torch.export
+    saw the forward update: torch's dynamo exporter (2.13) writes a BatchNorm it traced in train
+    mode in inference form, so the file would normalize with the running statistics where torch's
+    training step normalizes with the batch's (its optimizer, on by default, folds those after a
+    Conv into it; :func:`batch_statistics_lost` warns of those)."""
+    restored = 0
+    for node in g.node:
+        if (node.op_type != "BatchNormalization" or len(node.input) < 5 or node.domain not in ("", "ai.onnx")
+                or not {node.input[3], node.input[4]} <= roles.updated_stats):
+            continue
+        kept = [a for a in node.attribute if a.name != "training_mode"]
+        if len(kept) == len(node.attribute) or any(a.name == "training_mode" and not a.i for a in node.attribute):
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+            while len(node.output) < 3:  # onnx infers no shapes for a training node without them
+                node.output.append(f"{node.output[0]}_{('running_mean', 'running_var')[len(node.output) - 1]}")
+            restored += 1
+    if restored:
+        log.info("%s: %d BatchNormalization node(s) torch traced in train mode, written in inference form: "
+                 "read in training mode (batch statistics), as torch trains them", display, restored)
 
 
 def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
@@ -865,6 +890,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     g = model.graph
     if roles is not None:
         _unfold_tied_copies(g, roles, display)
+        _restore_batch_statistics(g, roles, display)
     # An input of optional type that no node reads carries nothing into the step (memplan's own
     # memory-pattern marker, passes/mem_pattern.py, is one; ORT runs without a feed for it).
     read = {n for node in g.node for n in node.input}

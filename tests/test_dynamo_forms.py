@@ -258,46 +258,69 @@ def test_folded_copies_of_a_parameter_the_file_lacks_train_as_one(caplog):
 
 
 # torch.export traced ``bn`` in train mode (the forward updates its running statistics), but the
-# exporter wrote BatchNormalization in inference form.
+# exporter wrote BatchNormalization in inference form; with its optimizer on, folded into the Conv.
 BN = """
 <ir_version: 10, opset_import: ["" : 20]>
-g (float[2, 3, 4, 4] x) => (float loss) <float[3] s, float[3] b, float[3] mean, float[3] var>
+g (float[2, 3, 4, 4] x) => (float loss) <float[3, 3, 1, 1] w, float[3] s, float[3] b, float[3] running_mean, float[3] running_var>
 {
-    y = BatchNormalization%s(x, s, b, mean, var)
-    loss = ReduceSum<keepdims = 0>(y)
+    c = Conv(x, w)
+    y = BatchNormalization%s(c, s, b, running_mean, running_var)
+    z = Mul(y, y)
+    loss = ReduceSum<keepdims = 0>(z)
 }
 """
 
 
-def _bn_model(training_mode: bool = False, traced_in_train_mode: bool = True) -> onnx.ModelProto:
-    outputs = ", mean_out, var_out" if training_mode else ""
-    text = BN % ("<training_mode = 1>" if training_mode else "")
-    text = text.replace("y = BatchNormalization", f"y{outputs} = BatchNormalization")
+def _bn_model(form: str = "inference", traced_in_train_mode: bool = True) -> onnx.ModelProto:
+    text = BN % ("<training_mode = 1>" if form == "training" else "")
+    if form == "training":  # as the TorchScript exporter writes it: the updated statistics out too
+        text = text.replace("y = BatchNormalization", "y, mean_out, var_out = BatchNormalization")
+    if form == "fused":  # the Conv's weight and bias hold the BatchNorm now
+        text = text.replace("y = BatchNormalization(c, s, b, running_mean, running_var)", "y = Identity(c)")
     model = parse_model(text, ir_version=10)
-    for name in ("s", "b", "mean", "var"):
-        model.graph.initializer.append(numpy_helper.from_array(np.linspace(0.5, 1.5, 3, dtype=np.float32), name))
+    rng = np.random.default_rng(5)
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((3, 3, 1, 1)).astype(np.float32), "w"),
+        *(numpy_helper.from_array(rng.uniform(0.5, 1.5, 3).astype(np.float32), n) for n in ("s", "b", "running_mean", "running_var"))])
     sig = model.graph.metadata_props.add()
     sig.key = TORCH_SIGNATURE
-    sig.value = ("\n# inputs\np_bn_weight: PARAMETER target='s'\np_bn_bias: PARAMETER target='b'\n"
-                 "b_bn_running_mean: BUFFER target='bn.running_mean' persistent=True\n"
-                 "b_bn_running_var: BUFFER target='bn.running_var' persistent=True\nx: USER_INPUT\n\n# outputs\n")
-    if traced_in_train_mode:
-        sig.value += ("getitem_3: BUFFER_MUTATION target='bn.running_mean'\n"
-                      "getitem_4: BUFFER_MUTATION target='bn.running_var'\n"
-                      "add: BUFFER_MUTATION target='bn.num_batches_tracked'\n")
+    sig.value = ("\n# inputs\np_w: PARAMETER target='w'\np_s: PARAMETER target='s'\np_b: PARAMETER target='b'\n"
+                 "b_mean: BUFFER target='running_mean' persistent=True\nb_var: BUFFER target='running_var' persistent=True\n"
+                 "x: USER_INPUT\n\n# outputs\n")
+    if traced_in_train_mode:  # a buffer's target is its module path, as the initializer is named
+        sig.value += ("getitem_3: BUFFER_MUTATION target='running_mean'\ngetitem_4: BUFFER_MUTATION target='running_var'\n"
+                      "add: BUFFER_MUTATION target='num_batches_tracked'\n")
     sig.value += "loss: USER_OUTPUT\n"
     return model
 
 
-@pytest.mark.parametrize("training_mode, traced_in_train_mode, warned", [
-    (False, True, True), (True, True, False), (False, False, False)])
-def test_batch_norm_traced_in_train_mode_but_written_for_inference_warns(
-        training_mode, traced_in_train_mode, warned, caplog):
-    import_model(_bn_model(training_mode, traced_in_train_mode))
-    said = "torch traced 1 BatchNorm layer(s) in train mode, but this file normalizes with their running statistics"
+def _bn_grads(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    feeds = {"x": np.random.default_rng(6).standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    return gradcheck.run_training_step(build_training_graph(import_model(model)), feeds)[1]
+
+
+def test_batch_norm_traced_in_train_mode_trains_on_batch_statistics(caplog):
+    graph = import_model(_bn_model("inference"))
+    (bn,) = [n for n in graph.nodes if n.op_type == "BatchNormalization"]
+    assert int(bn.attr("training_mode", 0)) == 1
+    assert "BatchNorm" not in caplog.text  # nothing lost: no warning
+    want = _bn_grads(_bn_model("training"))
+    got = _bn_grads(_bn_model("inference"))
+    frozen = _bn_grads(_bn_model("inference", traced_in_train_mode=False))  # eval-mode export: stays so
+    for name in ("w", "s", "b"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(frozen["s"], want["s"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("form, traced_in_train_mode, warned", [
+    ("fused", True, True), ("fused", False, False), ("training", True, False), ("inference", True, False)])
+def test_batch_norm_folded_away_from_a_train_mode_trace_warns(form, traced_in_train_mode, warned, caplog):
+    import_model(_bn_model(form, traced_in_train_mode))
+    said = ("torch traced 1 BatchNorm layer(s) in train mode, but this file normalizes 1 of them with their running "
+            "statistics")
     assert (said in caplog.text) is warned
     if warned:
-        assert "dynamo=False" in caplog.text and "\n" not in caplog.text.strip()
+        assert "optimize=False" in caplog.text and "\n" not in caplog.text.strip()
 
 
 def test_computation_on_parameters_folded_into_an_initializer_warns(caplog):
@@ -320,7 +343,7 @@ def test_cli_says_an_import_warning_once(tmp_path):
     import sys
 
     path = tmp_path / "bn.onnx"
-    onnx.save(_bn_model(), path)
+    onnx.save(_bn_model("fused"), path)
     res = subprocess.run([sys.executable, "-m", "cli", "plan", str(path), "--budget", "100%",
                           "--emit", str(tmp_path / "planned.onnx")],
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
