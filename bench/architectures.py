@@ -200,10 +200,11 @@ def export(out: Path, names: list[str], dynamo: bool = False, opset: int | None 
     for name in names or list(table):
         spec = table[name]
         if dynamo or opset:
-            # torch's dynamo exporter writes BatchNorm in inference form whatever the mode (memplan
-            # warns on such a file), so torch's reference runs in eval mode too
+            # torch's dynamo exporter writes BatchNorm in inference form whatever the mode, and its
+            # optimizer folds it into the Conv before it (memplan warns; without the optimizer it
+            # reads BatchNorm back in training mode): optimized, torch's reference runs in eval mode
             spec = dataclasses.replace(spec, dynamo=dynamo or spec.dynamo, opset=opset or spec.opset,
-                                       optimize=optimize, train=spec.train and not dynamo)
+                                       optimize=optimize, train=spec.train and not (dynamo and optimize))
         try:
             row = mf.export_fixture(name, spec, out)
             print(f"{name}: {row['nodes']} nodes, {row['onnx_kb']:.0f} KB", flush=True)
@@ -259,7 +260,11 @@ def run(folder: Path, names: list[str], budget: int, time_limit: float) -> None:
         if not path.with_suffix(".npz").exists():  # its export failed: no torch reference
             print(f"| {path.stem} | no {path.stem}.npz (export failed) |" + " |" * 10, flush=True)
             continue
-        r = row(path, budget, time_limit)
+        try:
+            r = row(path, budget, time_limit)
+        except Exception as err:  # noqa: BLE001 - one model's failure is its row, not the end of the table
+            print(f"| {path.stem} | {type(err).__name__}: {str(err).splitlines()[0][:160]} |" + " |" * 10, flush=True)
+            continue
         p, v = r.get("plan", {}), r.get("verify", {})
         pl = v.get("planned", {})
         pred = max(1, pl.get("predicted_dynamic_peak_bytes") or 1)

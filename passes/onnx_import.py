@@ -1580,6 +1580,9 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
             _check_broadcast(node, [b.tensor(t).shape for t in ins if t != NO_TENSOR], display, dims_bound)
         if node.op_type == "Einsum" and node.domain in ("", "ai.onnx"):
             _check_einsum_letters(node, [b.tensor(t).shape for t in ins], display)
+        if node.op_type in ("Conv", "ConvTranspose") and node.domain in ("", "ai.onnx") and len(ins) > 2 \
+                and ins[2] != NO_TENSOR:
+            _check_conv_bias(node, b.tensor(ins[1]).shape, b.tensor(ins[2]).shape, display)
         if node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx") and node.output \
                 and node.output[0] in shapes:
             _check_same_conv_transpose(node, b.tensor(ins[0]).shape, shapes[node.output[0]][0], display)
@@ -1740,6 +1743,22 @@ def _check_same_conv_transpose(node: onnx.NodeProto, x_shape: tuple[int, ...], y
             f"{list(attrs.get('output_padding', []))}: ONNX Runtime's output is spatially {want} (input * stride), "
             f"onnx's shape inference gives {list(y_shape[2:])}; give it output_shape or explicit pads instead"
         )
+
+
+def _check_conv_bias(node: onnx.NodeProto, w_shape: tuple[int, ...], b_shape: tuple[int, ...], display: str) -> None:
+    """Refuse a Conv or ConvTranspose whose bias is not 1-D over its output channels: onnx's shape
+    inference lets it through and ORT fails the run at that node. torch's dynamo exporter (2.13,
+    ``optimize=False``) writes a bias-free Conv3d's zero bias in the weight's shape."""
+    if len(w_shape) < 2:
+        return
+    group = int(_plain_attrs(node).get("group", 1))
+    channels = w_shape[0] if node.op_type == "Conv" else w_shape[1] * group
+    if tuple(b_shape) != (channels,):
+        raise ModelImportError(
+            f"{display}: node {node.name!r} ({node.op_type}) has a bias of shape {list(b_shape)}; ONNX takes a 1-D "
+            f"bias of its {channels} output channels (ONNX Runtime fails the run there): fix or re-export the model "
+            "(torch.onnx.export(..., optimize=False) writes a bias-free Conv3d so; with its optimizer on, the "
+            "default, it does not)")
 
 
 def _check_einsum_letters(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str) -> None:

@@ -628,3 +628,20 @@ def test_same_padded_conv_transpose_with_output_padding_is_refused_in_one_line()
     message = str(err.value)
     assert "\n" not in message
     assert "'up' (ConvTranspose, auto_pad=SAME_UPPER)" in message and "[6, 6]" in message and "[7, 6]" in message
+
+
+@pytest.mark.parametrize("op, w_shape, channels", [("Conv", (4, 2, 1, 1), 4), ("ConvTranspose", (2, 3, 1, 1), 6)])
+def test_conv_bias_not_over_output_channels_is_refused_in_one_line(op, w_shape, channels):
+    """onnx's shape inference lets any bias through; ORT fails the run ("bias must be a 1D tensor of
+    size output_channels"). torch's dynamo exporter with optimize=False wrote a bias-free Conv3d's
+    bias as [64, 2]; a bias of the right size imports."""
+    group = {"group": 2} if op == "ConvTranspose" else {}
+    feeds = {"x": rnd(1, 2, 3, 3), "w": rnd(*w_shape)}
+    with pytest.raises(ModelImportError) as err:
+        _training_step([node(op, ["x", "w", "b"], ["y"], name="c", **group)], {**feeds, "b": rnd(channels, 2)},
+                       dtype=np.float32)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"'c' ({op}) has a bias of shape [{channels}, 2]" in message and f"its {channels} output channels" in message
+    _training_step([node(op, ["x", "w", "b"], ["y"], name="c", **group)], {**feeds, "b": rnd(channels)},
+                   dtype=np.float32)
