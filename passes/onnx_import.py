@@ -970,13 +970,114 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     constant_floats = roles.non_parameters(g) if roles is not None else set()
     for _ in range(len(g.node) + 1):
         model = _infer(model, display)
+        split = _split_sequences(model)
+        if split:
+            model = _infer(model, display)
         model, new = _fold(model, display, fold, constant_floats)
-        if not new:
+        if not new and not split:
             break
         folded |= new
     _refuse_declared_misfits(model, declared, display)
     drop_cast_round_trips(model.graph)
     return model, folded
+
+
+def _split_sequences(model: onnx.ModelProto) -> bool:
+    """Write each SplitToSequence that only SequenceAt nodes read, at constant positions, as a Split
+    (and a Squeeze per chunk where keepdims=0 drops the axis); True if one was. torch's dynamo
+    exporter with ``optimize=False`` writes ``torch.chunk`` so (torchvision's ShuffleNet), which its
+    optimizer, on by default, writes as Split; memplan plans tensors, not sequences."""
+    g, opset = model.graph, _default_opset(model) or 0
+    if opset < 13 or not any(n.op_type == "SplitToSequence" for n in g.node):
+        return False
+    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+              for vi in list(g.input) + list(g.value_info) if vi.type.tensor_type.HasField("shape")}
+    values = {i.name: initializer_value(i) for i in g.initializer if len(i.dims) <= 1}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    nested = {x for node in g.node for a in node.attribute for sub in ([a.g] if a.HasField("g") else [*a.graphs])
+              for x in _names_read(sub)}
+    taken = {o for node in g.node for o in node.output} | {i.name for i in g.initializer} | {i.name for i in g.input}
+    changed = False
+    for node in list(g.node):
+        if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx"):
+            continue
+        seq = node.output[0]
+        users = readers.get(seq, [])
+        shape = shapes.get(node.input[0])
+        attrs = _plain_attrs(node)
+        axis, keep = int(attrs.get("axis", 0)), int(attrs.get("keepdims", 1))
+        split = values.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        if (not shape or not -len(shape) <= axis < len(shape) or shape[axis] is None or seq in nested
+                or seq in {o.name for o in g.output} or (len(node.input) > 1 and node.input[1] and split is None)
+                or any(u.op_type != "SequenceAt" or u.input[1] not in values or values[u.input[1]].size != 1
+                       for u in users)):
+            continue
+        n = shape[axis]
+        if split is None:
+            sizes = [1] * n
+        elif split.ndim == 0:
+            size = int(split)
+            sizes = [size] * (n // size) + ([n % size] if n % size else [])
+        else:
+            sizes, keep = [int(v) for v in split], 1
+        if not sizes or sum(sizes) != n:
+            continue
+        chunks: list[str | None] = [None] * len(sizes)
+        after: list[onnx.NodeProto] = []
+        first: dict[int, str] = {}  # position -> its first reader's output
+        for user in users:
+            at = int(values[user.input[1]].reshape(()))
+            at = at + len(sizes) if at < 0 else at
+            if not 0 <= at < len(sizes):
+                break
+            if at in first:  # read twice: the same tensor
+                after.append(helper.make_node("Identity", [first[at]], [user.output[0]], name=f"{user.name}_again"))
+                continue
+            first[at] = user.output[0]
+            if keep:
+                chunks[at] = user.output[0]
+            else:
+                chunks[at] = _fresh(f"{user.output[0]}_unsqueezed", taken)
+                after.append(helper.make_node("Squeeze", [chunks[at], _new_int64(g, [axis], taken)],
+                                              [user.output[0]], name=f"{user.name}_squeeze"))
+        else:
+            outs = [c or _fresh(f"{seq}_{i}", taken) for i, c in enumerate(chunks)]
+            at_index = list(g.node).index(node)
+            made = [helper.make_node("Split", [node.input[0], _new_int64(g, sizes, taken)], outs, name=node.name,
+                                     axis=axis), *after]
+            g.node.remove(node)
+            for user in users:
+                g.node.remove(user)
+            for offset, new in enumerate(made):
+                g.node.insert(at_index + offset, new)
+            changed = True
+    return changed
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def _new_int64(g: onnx.GraphProto, values: list[int], taken: set[str]) -> str:
+    name = _fresh("split_sizes" if len(values) > 1 else "split_axis", taken)
+    g.initializer.append(numpy_helper.from_array(np.array(values, dtype=np.int64), name))
+    return name
+
+
+def _names_read(g: onnx.GraphProto) -> set[str]:
+    """Every name the nodes of ``g`` and their subgraphs read."""
+    out = {x for node in g.node for x in node.input}
+    for node in g.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out |= _names_read(sub)
+    return out
 
 
 def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display: str) -> None:

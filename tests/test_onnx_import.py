@@ -255,6 +255,57 @@ def test_a_sequence_op_is_refused_as_such():
         import_model(model)
 
 
+# torch.chunk as torch's dynamo exporter writes it with optimize=False (torchvision's ShuffleNet):
+# a SplitToSequence read by SequenceAt at constant positions. ``ends`` splits into unit chunks and
+# drops the axis (keepdims=0); position 1 of ``parts`` is read twice, its last chunk through -1.
+CHUNKS = """
+<ir_version: 8, opset_import: ["" : 18]>
+agraph (float[2, 7] x) => (float y)
+{
+    t = Tanh(x)
+    parts = SplitToSequence<axis = 1>(t, three)
+    a = SequenceAt(parts, zero)
+    b = SequenceAt(parts, one)
+    b2 = SequenceAt(parts, one)
+    c = SequenceAt(parts, minus_one)
+    ends = SplitToSequence<axis = 0, keepdims = 0>(a)
+    e = SequenceAt(ends, one)
+    ab = Mul(a, b)
+    abb = Mul(ab, b2)
+    s1 = ReduceSum<keepdims = 0>(abb)
+    s2 = ReduceSum<keepdims = 0>(c)
+    s3 = ReduceSum<keepdims = 0>(e)
+    s12 = Add(s1, s2)
+    y = Add(s12, s3)
+}
+"""
+
+
+def test_split_to_sequence_read_at_constant_positions_is_a_split():
+    model = parse_model(CHUNKS)
+    for name, value in (("three", 3), ("zero", 0), ("one", 1), ("minus_one", -1)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), name))
+    graph = import_model(model)
+    ops = [n.op_type for n in graph.nodes]
+    assert "SplitToSequence" not in ops and "SequenceAt" not in ops and ops.count("Split") == 2
+    assert graph.tensor("a").shape == (2, 3) and graph.tensor("c").shape == (2, 1) and graph.tensor("e").shape == (3,)
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).standard_normal((2, 7)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (want,), (got,) = run(model), run(export_model(graph))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_split_to_sequence_read_otherwise_stays_refused():
+    model = parse_model(CHUNKS.replace("a = SequenceAt(parts, zero)", "a = SequenceAt(parts, which)")
+                        .replace("float[2, 7] x)", "float[2, 7] x, int64 which)"))
+    for name, value in (("three", 3), ("one", 1), ("minus_one", -1)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), name))
+    with pytest.raises(ModelImportError, match=r"\(SplitToSequence\) makes a sequence, 'parts'"):
+        import_model(model)
+
+
 def test_a_model_that_breaks_broadcasting_is_told_so_without_dims():
     model = parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
