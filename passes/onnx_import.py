@@ -838,13 +838,11 @@ def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: s
             value = initializer_value(inits[other])
             if value.shape == kept.shape and np.array_equal(value, kept):
                 _rename_reads(g, other, keep)
+                for vi in [v for v in g.value_info if v.name == other]:  # the name is gone
+                    g.value_info.remove(vi)
                 how = "the same values"
             elif value.ndim >= 2 and value.shape == kept.shape[::-1] and np.array_equal(value, kept.T):
-                node_name = f"{other}_untied"
-                while node_name in taken:
-                    node_name += "_"
-                taken.add(node_name)
-                g.node.insert(0, helper.make_node("Transpose", [keep], [other], name=node_name,
+                g.node.insert(0, helper.make_node("Transpose", [keep], [other], name=_fresh(f"{other}_untied", taken),
                                                   perm=list(range(kept.ndim))[::-1]))
                 how = "its transpose"
             else:
@@ -852,8 +850,6 @@ def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: s
                             "values; they train as two parameters", display, keep, other, param)
                 continue
             g.initializer.remove(inits[other])
-            for vi in [v for v in g.value_info if v.name == other and how == "the same values"]:
-                g.value_info.remove(vi)
             log.info("%s: initializers %r and %r are both folded from parameter %r (%s); training one",
                      display, keep, other, param, how)
 
@@ -1025,14 +1021,14 @@ def _split_sequences(model: onnx.ModelProto) -> bool:
             sizes, keep = [int(v) for v in split], 1
         if not sizes or sum(sizes) != n:
             continue
+        positions = [int(values[u.input[1]].reshape(())) for u in users]
+        positions = [at + len(sizes) if at < 0 else at for at in positions]
+        if not all(0 <= at < len(sizes) for at in positions):
+            continue
         chunks: list[str | None] = [None] * len(sizes)
         after: list[onnx.NodeProto] = []
         first: dict[int, str] = {}  # position -> its first reader's output
-        for user in users:
-            at = int(values[user.input[1]].reshape(()))
-            at = at + len(sizes) if at < 0 else at
-            if not 0 <= at < len(sizes):
-                break
+        for user, at in zip(users, positions):
             if at in first:  # read twice: the same tensor
                 after.append(helper.make_node("Identity", [first[at]], [user.output[0]], name=f"{user.name}_again"))
                 continue
@@ -1043,17 +1039,16 @@ def _split_sequences(model: onnx.ModelProto) -> bool:
                 chunks[at] = _fresh(f"{user.output[0]}_unsqueezed", taken)
                 after.append(helper.make_node("Squeeze", [chunks[at], _new_int64(g, [axis], taken)],
                                               [user.output[0]], name=f"{user.name}_squeeze"))
-        else:
-            outs = [c or _fresh(f"{seq}_{i}", taken) for i, c in enumerate(chunks)]
-            at_index = list(g.node).index(node)
-            made = [helper.make_node("Split", [node.input[0], _new_int64(g, sizes, taken)], outs, name=node.name,
-                                     axis=axis), *after]
-            g.node.remove(node)
-            for user in users:
-                g.node.remove(user)
-            for offset, new in enumerate(made):
-                g.node.insert(at_index + offset, new)
-            changed = True
+        outs = [c or _fresh(f"{seq}_{i}", taken) for i, c in enumerate(chunks)]
+        at_index = list(g.node).index(node)
+        made = [helper.make_node("Split", [node.input[0], _new_int64(g, sizes, taken)], outs, name=node.name,
+                                 axis=axis), *after]
+        g.node.remove(node)
+        for user in users:
+            g.node.remove(user)
+        for offset, new in enumerate(made):
+            g.node.insert(at_index + offset, new)
+        changed = True
     return changed
 
 
@@ -1848,8 +1843,8 @@ def _check_same_conv_transpose(node: onnx.NodeProto, x_shape: tuple[int, ...], y
 
 def _check_conv_bias(node: onnx.NodeProto, w_shape: tuple[int, ...], b_shape: tuple[int, ...], display: str) -> None:
     """Refuse a Conv or ConvTranspose whose bias is not 1-D over its output channels: onnx's shape
-    inference lets it through and ORT fails the run at that node. torch's dynamo exporter (2.13,
-    ``optimize=False``) writes a bias-free Conv3d's zero bias in the weight's shape."""
+    inference lets it through and ORT fails the run at that node. torch's dynamo exporter (torch
+    2.14, ``optimize=False``) gave torchvision r3d_18's bias-free stem Conv3d a [64, 2] bias."""
     if len(w_shape) < 2:
         return
     group = int(_plain_attrs(node).get("group", 1))
