@@ -15,6 +15,8 @@ torch's gradients, and the tied weight once.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -339,9 +341,6 @@ def test_computation_on_parameters_folded_into_an_initializer_warns(caplog):
 
 
 def test_cli_says_an_import_warning_once(tmp_path):
-    import subprocess
-    import sys
-
     path = tmp_path / "bn.onnx"
     onnx.save(_bn_model("fused"), path)
     res = subprocess.run([sys.executable, "-m", "cli", "plan", str(path), "--budget", "100%",
