@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -646,7 +646,7 @@ class TorchExportRoles:
     parameters: frozenset[str]
     folded_from: Mapping[str, frozenset[str] | None]  # None: recorded but unreadable
     #: the buffers torch.export saw the forward update (BatchNorm's running statistics in train mode)
-    updated_stats: frozenset[str] = frozenset()
+    mutated_buffers: frozenset[str] = frozenset()
 
     def derived_from(self, name: str) -> frozenset[str]:
         """The parameters a folded initializer was computed from (empty when none or not folded)."""
@@ -753,9 +753,9 @@ def batch_statistics_lost(model: onnx.ModelProto, roles: TorchExportRoles | None
     (:func:`_restore_batch_statistics` puts training mode back) and onnxscript's optimizer folds
     those after a Conv into it, beyond repair: the step normalizes with the running statistics, with
     other gradients and other memory than torch's training step."""
-    if roles is None or not roles.updated_stats:
+    if roles is None or not roles.mutated_buffers:
         return None
-    traced = {name for name in roles.updated_stats if name.endswith("running_mean")}
+    traced = {name for name in roles.mutated_buffers if name.endswith("running_mean")}
     training = {n.input[3] for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 3
                 and any(a.name == "training_mode" and a.i for a in n.attribute)}
     lost = len(traced - training)
@@ -781,18 +781,23 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
         (param,) = sources
         if param not in inits or param not in read or len(init.dims) < 2:
             continue
-        value, source = initializer_value(init), initializer_value(inits[param])
-        if value.shape != source.shape[::-1] or not np.array_equal(value, source.T):
+        source = initializer_value(inits[param])
+        if not _is_transpose(initializer_value(init), source):
             continue
-        node_name = f"{name}_untied"
-        while node_name in taken:
-            node_name += "_"
         g.initializer.remove(init)
-        g.node.insert(0, helper.make_node("Transpose", [param], [name], name=node_name,
-                                          perm=list(range(source.ndim))[::-1]))
+        _compute_as_transpose(g, name, param, source.ndim, taken)
         log.info("%s: initializer %r is %r transposed, which nodes also read (a tied weight); "
                  "computing it with Transpose so both share one gradient", display, name, param)
-    _merge_folded_copies(g, roles, display)
+
+
+def _is_transpose(value: np.ndarray, source: np.ndarray) -> bool:
+    return value.ndim >= 2 and value.shape == source.shape[::-1] and np.array_equal(value, source.T)
+
+
+def _compute_as_transpose(g: onnx.GraphProto, name: str, source: str, rank: int, taken: set[str]) -> None:
+    """``name`` (no longer an initializer) made first thing by a Transpose of ``source``."""
+    g.node.insert(0, helper.make_node("Transpose", [source], [name], name=_fresh(f"{name}_untied", taken),
+                                      perm=list(range(rank))[::-1]))
 
 
 def _restore_batch_statistics(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
@@ -804,15 +809,16 @@ def _restore_batch_statistics(g: onnx.GraphProto, roles: TorchExportRoles, displ
     restored = 0
     for node in g.node:
         if (node.op_type != "BatchNormalization" or len(node.input) < 5 or node.domain not in ("", "ai.onnx")
-                or not {node.input[3], node.input[4]} <= roles.updated_stats):
+                or not {node.input[3], node.input[4]} <= roles.mutated_buffers):
+            continue
+        if any(a.name == "training_mode" and a.i for a in node.attribute):
             continue
         kept = [a for a in node.attribute if a.name != "training_mode"]
-        if len(kept) == len(node.attribute) or any(a.name == "training_mode" and not a.i for a in node.attribute):
-            del node.attribute[:]
-            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
-            while len(node.output) < 3:  # onnx infers no shapes for a training node without them
-                node.output.append(f"{node.output[0]}_{('running_mean', 'running_var')[len(node.output) - 1]}")
-            restored += 1
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+        while len(node.output) < 3:  # onnx infers no shapes for a training node without them
+            node.output.append(f"{node.output[0]}_{('running_mean', 'running_var')[len(node.output) - 1]}")
+        restored += 1
     if restored:
         log.info("%s: %d BatchNormalization node(s) torch traced in train mode, written in inference form: "
                  "read in training mode (batch statistics), as torch trains them", display, restored)
@@ -841,9 +847,8 @@ def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: s
                 for vi in [v for v in g.value_info if v.name == other]:  # the name is gone
                     g.value_info.remove(vi)
                 how = "the same values"
-            elif value.ndim >= 2 and value.shape == kept.shape[::-1] and np.array_equal(value, kept.T):
-                g.node.insert(0, helper.make_node("Transpose", [keep], [other], name=_fresh(f"{other}_untied", taken),
-                                                  perm=list(range(kept.ndim))[::-1]))
+            elif _is_transpose(value, kept):
+                _compute_as_transpose(g, other, keep, kept.ndim, taken)
                 how = "its transpose"
             else:
                 log.warning("%s: initializers %r and %r were both folded from parameter %r but hold different "
@@ -860,9 +865,8 @@ def _rename_reads(g: onnx.GraphProto, old: str, new: str) -> None:
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                _rename_reads(sub, old, new)
+        for sub in _subgraphs(node):
+            _rename_reads(sub, old, new)
     for out in g.output:
         if out.name == old:  # a graph output that is the copy itself: keep its name, computed
             g.node.append(helper.make_node("Identity", [new], [old], name=f"{old}_copy"))
@@ -886,6 +890,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     g = model.graph
     if roles is not None:
         _unfold_tied_copies(g, roles, display)
+        _merge_folded_copies(g, roles, display)
         _restore_batch_statistics(g, roles, display)
     # An input of optional type that no node reads carries nothing into the step (memplan's own
     # memory-pattern marker, passes/mem_pattern.py, is one; ORT runs without a feed for it).
@@ -993,8 +998,7 @@ def _split_sequences(model: onnx.ModelProto) -> bool:
     for node in g.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    nested = {x for node in g.node for a in node.attribute for sub in ([a.g] if a.HasField("g") else [*a.graphs])
-              for x in _names_read(sub)}
+    nested = {x for node in g.node for sub in _subgraphs(node) for x in _names_read(sub)}
     taken = {o for node in g.node for o in node.output} | {i.name for i in g.initializer} | {i.name for i in g.input}
     changed = False
     for node in list(g.node):
@@ -1069,10 +1073,17 @@ def _names_read(g: onnx.GraphProto) -> set[str]:
     """Every name the nodes of ``g`` and their subgraphs read."""
     out = {x for node in g.node for x in node.input}
     for node in g.node:
-        for a in node.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                out |= _names_read(sub)
+        for sub in _subgraphs(node):
+            out |= _names_read(sub)
     return out
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs ``node``'s attributes hold (an If's branches, a Loop's body)."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
 
 
 def _refuse_declared_misfits(model: onnx.ModelProto, declared: set[str], display: str) -> None:
