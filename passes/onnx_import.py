@@ -859,6 +859,169 @@ def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: s
                      display, keep, other, param, how)
 
 
+#: node metadata torch's dynamo exporter writes: the FX node an ONNX node was translated from
+TORCH_FX_NODE = "pkg.torch.onnx.fx_node"
+
+
+def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | None, display: str) -> None:
+    """Separate trainables for distinct torch parameters that an exporter merged because their
+    values were equal. A freshly initialized model is full of them: every LayerNorm weight is ones
+    and every bias zeros. torch's TorchScript exporter in eval mode (its default) keeps one and
+    makes the others ``Identity(kept)`` under their own names; onnxscript's optimizer (the dynamo
+    exporter's default) keeps one and points every read of the others at it, which only the FX node
+    each ONNX node was translated from still tells (``%p_n2_weight`` read through ``n1.weight``).
+    Trained as one, they would get the sum of their gradients and stay equal forever, where torch
+    trains each on its own. A parameter tied in torch (one tensor: GPT-2's embedding and LM head)
+    leaves no such trace and stays one."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    outputs = {o.name for o in g.output}
+    split: dict[str, str] = {}  # new initializer -> the one it copies
+    if roles is None and model.producer_name == "pytorch":
+        for node in list(g.node):
+            if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and len(node.output) == 1
+                    and node.input[0] in inits and _is_float(inits[node.input[0]])
+                    and node.output[0] not in outputs and node.output[0] not in inits
+                    and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", node.output[0])):  # a parameter's name
+                split[node.output[0]] = node.input[0]
+                g.node.remove(node)
+    elif roles is not None:
+        target = _parameter_targets(g)
+        fx_name = {t: f for f, t in target.items()}
+        folded = {p for name in inits for p in roles.derived_from(name)}  # _merge_folded_copies' business
+        missing = {t for t in target.values() if t not in inits and t not in folded}
+        for node in g.node:
+            call = _fx_call(node)
+            if call is None or not missing:
+                continue
+            args = call[1]
+            merged = list(dict.fromkeys(target[f] for f in args if f in target and target[f] in missing))
+            reads = [i for i, name in enumerate(node.input) if name in inits and name in fx_name
+                     and fx_name[name] not in args]
+            if not merged or not reads:
+                continue
+            for i, param in _pair_merged_reads([node.input[i] for i in reads], merged, reads):
+                split.setdefault(param, node.input[i])
+                node.input[i] = param
+    for name, source in split.items():
+        copy = g.initializer.add()
+        copy.CopyFrom(inits[source])
+        copy.name = name
+        inits[name] = copy
+    if split:
+        log.info("%s: %d parameter(s) the exporter merged with another of equal value train on their own "
+                 "(e.g. %r, merged into %r)", display, len(split), *next(iter(split.items())))
+    if roles is not None:
+        _restore_dropped_biases(g, inits, roles, display, merged=bool(split))
+
+
+#: aten ops whose bias argument (its position among the call's tensor arguments) onnxscript's
+#: optimizer drops from the ONNX node it writes when the bias is all zeros
+_BIAS_ARGUMENT = {"aten.addmm.default": 0, "aten.linear.default": 2, "aten.convolution.default": 2,
+                  "aten.conv1d.default": 2, "aten.conv2d.default": 2, "aten.conv3d.default": 2}
+
+
+def _parameter_targets(g: onnx.GraphProto) -> dict[str, str]:
+    """FX name -> torch parameter (``p_n2_weight`` -> ``n2.weight``), from the torch.export signature."""
+    sig = "\n".join(p.value for p in getattr(g, "metadata_props", ()) if p.key == TORCH_SIGNATURE)
+    return dict(re.findall(r"(\w+): PARAMETER target='([^']*)'", sig))
+
+
+def _fx_call(node: onnx.NodeProto) -> tuple[str, list[str]] | None:
+    """The aten op and tensor arguments (FX names, in order) of the FX node ``node`` came from."""
+    fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+    if fx is None:
+        return None
+    op = re.search(r"target=torch\.ops\.([\w.]+)\]", fx)
+    return (op.group(1) if op else ""), re.findall(r"%(\w+)", fx.split("](", 1)[-1])
+
+
+def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
+                            display: str, merged: bool = False) -> None:
+    """Put back, as zeros, the biases onnxscript's optimizer dropped because they were zero (every
+    Linear bias of a freshly initialized transformers model): a Gemm or Conv without its bias input,
+    a MatMul without the Add after it, whose FX node (``aten.addmm``, ``aten.linear``,
+    ``aten.convolution``, ``aten.conv2d``) took a parameter that no node reads. torch trains them.
+
+    A parameter an FX node took that is still missing after this is named in a warning. So, in a
+    model where parameters were merged or biases dropped (``merged``, or a bias restored here), is
+    one that no FX node names: once two LayerNorms of one input had equal parameters the optimizer
+    computed them once (GPT-NeoX's parallel attention and MLP norms), leaving no trace of the
+    second but its parameters in the signature, as a weight torch ties to another does."""
+    target = _parameter_targets(g)
+    read = {n for node in g.node for n in node.input}
+    taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | set(inits)
+    restored: list[str] = []
+    mentioned: set[str] = set()
+    for node in list(g.node):
+        call = _fx_call(node)
+        if call is None:
+            continue
+        op, args = call
+        mentioned.update(args)
+        at = _BIAS_ARGUMENT.get(op)
+        if at is None or len(args) <= at or node.op_type not in ("Gemm", "MatMul", "Conv") or len(node.input) < 2:
+            continue
+        bias = target.get(args[at])
+        weight = inits.get(node.input[1])
+        has_bias = len(node.input) > 2 and node.input[2]
+        if bias is None or bias in inits or bias in read or weight is None or has_bias or len(weight.dims) < 2:
+            continue
+        dims = list(weight.dims)
+        if node.op_type == "Gemm":
+            size = dims[0] if any(a.name == "transB" and a.i for a in node.attribute) else dims[1]
+        else:
+            size = dims[0] if node.op_type == "Conv" else dims[-1]
+        dtype = helper.tensor_dtype_to_np_dtype(weight.data_type)
+        inits[bias] = numpy_helper.from_array(np.zeros(size, dtype), bias)
+        g.initializer.append(inits[bias])
+        if node.op_type == "MatMul":  # y = MatMul(x, w) -> y = Add(MatMul(x, w), bias)
+            product = _fresh(f"{node.output[0]}_unbiased", taken)
+            add = helper.make_node("Add", [product, bias], [node.output[0]], name=_fresh(f"{node.name}_bias", taken))
+            node.output[0] = product
+            g.node.insert(list(g.node).index(node) + 1, add)
+        else:
+            del node.input[2:]
+            node.input.append(bias)
+        read.add(bias)
+        restored.append(bias)
+    if restored:
+        log.info("%s: %d zero bias(es) onnxscript's optimizer dropped train again (e.g. %r)",
+                 display, len(restored), restored[0])
+    folded = {p for name in inits for p in roles.derived_from(name)}  # read through folded copies
+    absent = {f: t for f, t in target.items() if t not in inits and t not in folded}
+    lost = sorted(t for f, t in absent.items() if f in mentioned)
+    if lost:
+        log.warning("%s: %d parameter(s) torch trains are not in the file (e.g. %r): onnxscript's optimizer "
+                    "merged them into others of equal value or removed them as having no effect at their initial "
+                    "values, and memplan cannot train them apart; export with torch.onnx.export(..., "
+                    "optimize=False) to keep them", display, len(lost), lost[0])
+    unnamed = sorted(t for f, t in absent.items() if f not in mentioned)
+    if unnamed and (merged or restored):
+        log.warning("%s: onnxscript's optimizer merged parameters of equal value (a freshly initialized model), and "
+                    "%d parameter(s) torch lists are in neither the file nor any node's FX record (e.g. %r): tied to "
+                    "another in torch, or a computation the optimizer merged with an equal one; if not tied, export "
+                    "with torch.onnx.export(..., optimize=False)", display, len(unnamed), unnamed[0])
+
+
+def _pair_merged_reads(kept: list[str], merged: list[str], positions: list[int]) -> list[tuple[int, str]]:
+    """Which read (input position) of a kept parameter was which merged one, for one node. Only a
+    read and a parameter whose names end alike pair (``n1.weight`` for ``n2.weight``): a kept
+    parameter the FX node reaches through a view (``addmm(%p_bias, %x, %t)``, ``%t`` the weight
+    transposed) is not a merged one. One merged parameter takes every read ending like it; several
+    take as many reads in order (an aten op's arguments come in its ONNX inputs' order); any other
+    count is left alone."""
+    pairs: list[tuple[int, str]] = []
+    for suffix in dict.fromkeys(p.rsplit(".", 1)[-1] for p in merged):
+        params = [p for p in merged if p.rsplit(".", 1)[-1] == suffix]
+        reads = [at for name, at in zip(kept, positions) if name.rsplit(".", 1)[-1] == suffix]
+        if len(params) == 1:
+            pairs += [(at, params[0]) for at in reads]
+        elif len(params) == len(reads):
+            pairs += list(zip(reads, params))
+    return pairs
+
+
 def _rename_reads(g: onnx.GraphProto, old: str, new: str) -> None:
     """Every read of ``old`` in ``g`` and its subgraphs becomes a read of ``new``."""
     for node in g.node:
@@ -888,6 +1051,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     g = model.graph
+    _split_merged_parameters(model, roles, display)
     if roles is not None:
         _unfold_tied_copies(g, roles, display)
         _merge_folded_copies(g, roles, display)

@@ -1,0 +1,237 @@
+"""Distinct torch parameters that an exporter merged because their values were equal train apart,
+as torch trains them (passes/onnx_import.py ``_split_merged_parameters``).
+
+A model fresh from its initializer (about to be trained from scratch, the case a memory planner
+sees most) has every LayerNorm scale 1 and every bias 0. torch's TorchScript exporter in eval mode
+(its default) keeps one of each group and writes the others as ``Identity(kept)`` under their own
+names; onnxscript's optimizer (the dynamo exporter's default) points every read at the kept one,
+and only the FX node each ONNX node came from still names the parameter torch read. Trained as
+one, the group gets the sum of its gradients. The oracle is the same model written with distinct
+initializers. The last tests read real exports of a fresh GPT-2 (tests/fixtures/fresh).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from passes import gradcheck
+from passes.autodiff import build_training_graph
+from passes.onnx_import import FOLDED_FROM, TORCH_FX_NODE, TORCH_INPUT_KIND, TORCH_SIGNATURE, import_model
+from planner.graph import TensorKind
+
+RNG = np.random.default_rng(5)
+W = RNG.standard_normal((4, 4)).astype(np.float32)
+FEEDS = {"x": RNG.standard_normal((2, 4)).astype(np.float32)}
+FRESH = Path(__file__).resolve().parent / "fixtures" / "fresh"
+
+
+def _fx(out: str, params: list[str]) -> str:
+    """An FX node as torch's exporter records it (``pkg.torch.onnx.fx_node``)."""
+    args = ", ".join(["%h", "[4]", *(f"%p_{p.replace('.', '_')}" for p in params), "1e-05"])
+    return (f"%{out} : [num_users=1] = call_function[target=torch.ops.aten.layer_norm.default]"
+            f"(args = ({args}), kwargs = {{}})")
+
+
+def _norms(form: str, producer: str = "pytorch", copy_name: str = "n2") -> onnx.ModelProto:
+    """x -> LayerNorm(n1) -> MatMul(w) -> LayerNorm(n2) -> sum of squares, n2 equal to n1 (ones and
+    zeros): ``distinct`` initializers, or merged as the ``torchscript`` or ``dynamo`` exporter does."""
+    merged = form != "distinct"
+    second = ("n1.weight", "n1.bias") if form == "dynamo" else (f"{copy_name}.weight", f"{copy_name}.bias")
+    nodes = [helper.make_node("LayerNormalization", ["x", "n1.weight", "n1.bias"], ["h"], name="ln1", axis=-1),
+             helper.make_node("MatMul", ["h", "w"], ["m"], name="mm"),
+             helper.make_node("LayerNormalization", ["m", *second], ["y"], name="ln2", axis=-1),
+             helper.make_node("Mul", ["y", "y"], ["z"], name="sq"),
+             helper.make_node("ReduceSum", ["z"], ["loss"], name="sum", keepdims=0)]
+    if form == "torchscript":
+        nodes[2:2] = [helper.make_node("Identity", [f"n1.{p}"], [f"{copy_name}.{p}"], name=f"Identity_{i}")
+                      for i, p in enumerate(("weight", "bias"))]
+    values = {"n1.weight": np.ones(4), "n1.bias": np.zeros(4), "w": W}
+    if not merged:
+        values.update({"n2.weight": np.ones(4), "n2.bias": np.zeros(4)})
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
+                              producer_name=producer)
+    if form == "dynamo":
+        by_name = {n.name: n for n in model.graph.node}
+        for node, params in ((by_name["ln1"], ["n1.weight", "n1.bias"]), (by_name["ln2"], ["n2.weight", "n2.bias"])):
+            entry = node.metadata_props.add()
+            entry.key, entry.value = TORCH_FX_NODE, _fx(node.name, params)
+        sig = model.graph.metadata_props.add()
+        sig.key = TORCH_SIGNATURE
+        sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in (
+            "n1.weight", "n1.bias", "w", "n2.weight", "n2.bias")) + "x: USER_INPUT\n"
+        for name in ("n1.weight", "n1.bias", "w"):
+            vi = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(np.shape(values[name])))
+            entry = vi.metadata_props.add()
+            entry.key, entry.value = TORCH_INPUT_KIND, "PARAMETER"
+            model.graph.value_info.append(vi)
+    return model
+
+
+def _grads(model: onnx.ModelProto) -> tuple[tuple[str, ...], float, dict[str, np.ndarray]]:
+    step = build_training_graph(import_model(model))
+    loss, grads = gradcheck.run_training_step(step, FEEDS)
+    return step.params, loss, grads
+
+
+@pytest.mark.parametrize("form", ["torchscript", "dynamo"])
+def test_parameters_merged_for_equal_values_train_apart(form, caplog):
+    caplog.set_level(logging.INFO, logger="passes.onnx_import")
+    params, loss, grads = _grads(_norms(form))
+    want_params, want_loss, want = _grads(_norms("distinct"))
+    assert sorted(params) == sorted(want_params) == ["n1.bias", "n1.weight", "n2.bias", "n2.weight", "w"]
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    # what training them as one would have given: the sum, the same for both
+    assert not np.allclose(want["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-2)
+    assert "2 parameter(s) the exporter merged with another of equal value train on their own" in caplog.text
+
+
+def test_a_torch_tie_stays_one_parameter():
+    """A parameter torch itself shares (one tensor, two modules): torch.export reads it as one
+    (``%p_b_weight`` in both nodes, ``a.weight`` named by the signature and unread); the file has
+    one initializer, which trains with the sum of both reads' gradients, as in torch."""
+    model = _norms("dynamo")
+    g = model.graph
+    for node in g.node:
+        if node.name == "mm":  # a second MatMul reading w, from the module that shares it
+            entry = node.metadata_props.add()
+            entry.key, entry.value = TORCH_FX_NODE, "%mm : [num_users=1] = call_function[target=torch.ops.aten.mm.default](args = (%h, %p_w), kwargs = {})"
+    g.metadata_props[0].value += "p_a_weight: PARAMETER target='a.weight'\n"
+    graph = import_model(model)
+    trainable = {t.name for t in graph.tensors if t.kind is TensorKind.TRAINABLE}
+    assert trainable == {"n1.weight", "n1.bias", "n2.weight", "n2.bias", "w"}
+
+
+@pytest.mark.parametrize("producer, copy_name", [("other", "n2"), ("pytorch", "/model/n2")])
+def test_identity_of_an_initializer_stays_where_it_is_no_torch_merge(producer, copy_name):
+    """An Identity of a weight from another producer, or under a traced intermediate's name (a
+    ``.clone()`` in the forward), reads the weight: one trainable with both reads' gradient."""
+    params, _, grads = _grads(_norms("torchscript", producer=producer, copy_name=copy_name))
+    assert sorted(params) == ["n1.bias", "n1.weight", "w"]
+    _, _, want = _grads(_norms("distinct"))
+    np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
+
+
+def test_reads_pair_only_with_parameters_named_alike(caplog):
+    """A node whose FX node names two merged parameters ending like the one kept parameter it reads:
+    which read was which is unknown, so none is split, and the warning names what stays merged."""
+    model = _norms("dynamo")
+    ln2 = next(n for n in model.graph.node if n.name == "ln2")
+    ln2.metadata_props[0].value = _fx("ln2", ["n2.weight", "n3.weight", "n2.bias"])
+    model.graph.metadata_props[0].value += "p_n3_weight: PARAMETER target='n3.weight'\n"
+    graph = import_model(model)
+    trainable = {t.name for t in graph.tensors if t.kind is TensorKind.TRAINABLE}
+    assert trainable == {"n1.weight", "n1.bias", "n2.bias", "w"}
+    assert "2 parameter(s) torch trains are not in the file (e.g. 'n2.weight')" in caplog.text
+
+
+def _dropped_biases(form: str) -> onnx.ModelProto:
+    """x -> Linear(l1) as Gemm -> Linear(l2) as MatMul on its transposed weight -> Conv(c1) ->
+    sum of squares, every bias zero: ``explicit`` biases, or ``dropped`` as onnxscript's optimizer
+    writes a fresh model (Gemm and Conv without the bias input, the MatMul without its Add), each
+    node's FX node naming the bias torch read."""
+    rng = np.random.default_rng(7)
+    values = {"l1.weight": rng.standard_normal((4, 4)), "val_2": rng.standard_normal((4, 6)),
+              "c1.weight": rng.standard_normal((3, 2, 1, 1))}
+    nodes = [helper.make_node("Gemm", ["x", "l1.weight"], ["h"], name="node_addmm", transB=1),
+             helper.make_node("MatMul", ["h", "val_2"], ["m"], name="node_linear"),
+             helper.make_node("Reshape", ["m", "shape"], ["img"], name="node_view"),
+             helper.make_node("Conv", ["img", "c1.weight"], ["c"], name="node_convolution"),
+             helper.make_node("Mul", ["c", "c"], ["z"], name="node_mul"),
+             helper.make_node("ReduceSum", ["z"], ["loss"], name="node_sum", keepdims=0)]
+    if form == "explicit":
+        values.update({"l1.bias": np.zeros(4), "l2.bias": np.zeros(6), "c1.bias": np.zeros(3)})
+        nodes[0].input.append("l1.bias")
+        nodes[3].input.append("c1.bias")
+        nodes[1].output[0] = "m0"
+        nodes.insert(2, helper.make_node("Add", ["m0", "l2.bias"], ["m"], name="node_add"))
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()]
+    inits.append(numpy_helper.from_array(np.array([2, 2, 3, 1], np.int64), "shape"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
+                              producer_name="pytorch")
+    calls = {"node_addmm": "aten.addmm.default](args = (%p_l1_bias, %x, %t)",
+             "node_linear": "aten.linear.default](args = (%h, %p_l2_weight, %p_l2_bias)",
+             "node_convolution": "aten.convolution.default](args = (%view, %p_c1_weight, %p_c1_bias, [1, 1], [0, 0], "
+                                 "[1, 1], False, [0, 0], 1)"}
+    for node in model.graph.node:
+        if node.name in calls:
+            entry = node.metadata_props.add()
+            entry.key = TORCH_FX_NODE
+            entry.value = f"%{node.name[5:]} : [num_users=1] = call_function[target=torch.ops.{calls[node.name]}, kwargs = {{}})"
+    sig = model.graph.metadata_props.add()
+    sig.key = TORCH_SIGNATURE
+    sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in (
+        "l1.weight", "l1.bias", "l2.weight", "l2.bias", "c1.weight", "c1.bias")) + "x: USER_INPUT\n"
+    vi = helper.make_tensor_value_info("val_2", onnx.TensorProto.FLOAT, [4, 6])  # l2.weight, folded transposed
+    entry = vi.metadata_props.add()
+    entry.key, entry.value = FOLDED_FROM, "['l2.weight']"
+    model.graph.value_info.append(vi)
+    return model
+
+
+def test_zero_biases_the_optimizer_dropped_train_again(caplog):
+    caplog.set_level(logging.INFO, logger="passes.onnx_import")
+    params, loss, grads = _grads(_dropped_biases("dropped"))
+    want_params, want_loss, want = _grads(_dropped_biases("explicit"))
+    assert sorted(params) == sorted(want_params)
+    assert {"l1.bias", "l2.bias", "c1.bias"} <= set(params)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)
+    assert np.abs(want["l2.bias"]).max() > 1e-2  # a zero bias still gets a gradient
+    assert "3 zero bias(es) onnxscript's optimizer dropped train again" in caplog.text
+
+
+def test_a_parameter_the_optimizer_removed_otherwise_is_named(caplog):
+    """A parameter torch read (its FX node says so) that the file lacks and memplan cannot put back:
+    one warning naming it and optimize=False."""
+    model = _dropped_biases("dropped")
+    conv = next(n for n in model.graph.node if n.name == "node_convolution")
+    conv.metadata_props[0].value = conv.metadata_props[0].value.replace("aten.convolution", "aten.conv_tbc")
+    import_model(model)
+    assert "1 parameter(s) torch trains are not in the file (e.g. 'c1.bias')" in caplog.text
+    assert "optimize=False" in caplog.text
+
+
+@pytest.mark.parametrize("name, apart", [("gpt2_fresh", 14), ("gpt2_fresh_dynamo", 16)])
+def test_fresh_gpt2_trains_exactly_torch_parameters(name, apart):
+    """GPT-2 with torch's initial values. TorchScript (eval mode) merged 14 of its 28 parameters
+    into others of equal value (each LayerNorm's ones and zeros, the zero projection biases); the
+    dynamo export merged 8 and dropped 8 zero biases from their Gemms. Before, memplan trained 14
+    and 12 parameters, with gradient errors up to 22x and 3.5x; now torch's 28, with its gradients."""
+    path = FRESH / f"{name}.onnx"
+    with np.load(path.with_suffix(".npz")) as record:
+        dims = {k[4:]: int(record[k]) for k in record.files if k.startswith("dim:")}
+        torch_loss = float(record["loss"])
+    in_file = {i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer}
+    graph = import_model(path, dims)
+    trainable = {t.name for t in graph.tensors if t.kind is TensorKind.TRAINABLE}
+    assert len(trainable) == 28 and len(trainable - in_file) == apart
+    report = gradcheck.fixture_report(path)  # the trainable set is torch's, or it raises
+    assert report.loss == pytest.approx(torch_loss, rel=1e-4)
+    param, worst = report.worst
+    assert worst < 2e-3, f"{name}: {param} off by {worst:.2e}"
+
+
+@pytest.mark.parametrize("form, warned", [("dropped", True), ("explicit", False)])
+def test_a_parameter_no_node_names_is_named_in_a_fresh_model(form, warned, caplog):
+    """GPT-NeoX's two LayerNorms of one input, fresh, have equal parameters, and the optimizer
+    computes them once: the second leaves only its parameters in the signature, as a weight torch
+    ties to another does. Where the file shows merged or dropped parameters, memplan says so; in a
+    model without them an unread parameter is taken for a tie, silently."""
+    model = _dropped_biases(form)
+    model.graph.metadata_props[0].value += "p_ln9_weight: PARAMETER target='ln9.weight'\n"
+    import_model(model)
+    said = "1 parameter(s) torch lists are in neither the file nor any node's FX record (e.g. 'ln9.weight')"
+    assert (said in caplog.text) is warned
