@@ -1854,6 +1854,9 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
         if node.op_type in ("Conv", "ConvTranspose") and node.domain in ("", "ai.onnx") and len(ins) > 2 \
                 and ins[2] != NO_TENSOR:
             _check_conv_bias(node, b.tensor(ins[1]).shape, b.tensor(ins[2]).shape, display)
+        if node.op_type in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss") \
+                and node.domain in ("", "ai.onnx") and len(ins) > 1:
+            _check_loss_labels(node, b.tensor(ins[0]).shape, b.tensor(ins[1]).shape, display, dims_bound)
         if node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx") and node.output \
                 and node.output[0] in shapes:
             _check_same_conv_transpose(node, b.tensor(ins[0]).shape, shapes[node.output[0]][0], display)
@@ -2030,6 +2033,24 @@ def _check_conv_bias(node: onnx.NodeProto, w_shape: tuple[int, ...], b_shape: tu
             f"bias of its {channels} output channels (ONNX Runtime fails the run there): fix or re-export the model "
             "(torch.onnx.export(..., optimize=False) writes a bias-free Conv3d so; with its optimizer on, the "
             "default, it does not)")
+
+
+def _check_loss_labels(node: onnx.NodeProto, scores: tuple[int, ...], labels: tuple[int, ...], display: str,
+                       dims_bound: bool) -> None:
+    """Refuse a loss whose labels are not shaped as its scores less the class axis ([N, C, d...]
+    against [N, d...]): onnx's shape inference does not compare them, and ORT fails the run there.
+    The TorchScript exporter writes CLIP's ``arange(len(logits))`` labels as a constant of the
+    exported batch, which a bound --dim batch then outgrows."""
+    want = tuple(scores[:1]) + tuple(scores[2:])
+    if len(scores) < 2 or tuple(labels) == want:
+        return
+    fix = "fix or re-export the model"
+    if dims_bound:
+        fix = ("a size fixed in the file (labels made for the exported batch) does not fit the bound --dim values: "
+               "bind the sizes the model was exported with, or re-export it with labels sized by its input")
+    raise ModelImportError(
+        f"{display}: node {node.name!r} ({node.op_type}) has labels of shape {list(labels)} for scores of shape "
+        f"{list(scores)}; ONNX takes labels shaped {list(want)}: {fix}")
 
 
 def _check_einsum_letters(node: onnx.NodeProto, shapes: list[tuple[int, ...]], display: str) -> None:

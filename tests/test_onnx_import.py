@@ -306,6 +306,29 @@ def test_split_to_sequence_read_otherwise_stays_refused():
         import_model(model)
 
 
+def test_loss_labels_of_another_batch_are_refused_in_one_line():
+    """CLIP's labels are ``arange(len(logits))``; the TorchScript exporter writes them as a constant
+    of the exported batch. Bound to another batch, ORT failed the planned file's run (verify said
+    "reshapes 2 elements to 16x1"); import now names the node and both shapes."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, 4] x) => (float loss) <int64[2] labels = {0, 1}>
+    {
+        xt = Transpose(x)
+        scores = MatMul(x, xt)
+        loss = SoftmaxCrossEntropyLoss<reduction = "mean">(scores, labels)
+    }
+    """
+    model = parse_model(text)
+    assert len(import_model(model, {"batch": 2}).nodes) == 3  # at the exported batch it fits
+    with pytest.raises(ModelImportError) as err:
+        import_model(model, {"batch": 16})
+    message = str(err.value)
+    assert "\n" not in message
+    assert "has labels of shape [2] for scores of shape [16, 16]; ONNX takes labels shaped [16]" in message
+    assert "bind the sizes the model was exported with" in message
+
+
 def test_a_model_that_breaks_broadcasting_is_told_so_without_dims():
     model = parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
