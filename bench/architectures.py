@@ -1,7 +1,7 @@
 """Many architectures end to end: torch export -> gradients vs torch -> plan -> emit -> verify.
 
-    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N]  # needs torch, torchvision, transformers
-    python bench/architectures.py run DIR [NAME ...] [--budget 70] [--time-limit 20]
+    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh]  # needs torch, torchvision, transformers
+    python bench/architectures.py run DIR [NAME ...] [--budget 70] [--time-limit 20] [--grads-only]
 
 ``export`` builds each model of :data:`SPECS` at a tiny size (torchvision models at their own
 widths, transformers models from small configs) and writes ``DIR/NAME.onnx`` + ``.npz`` with
@@ -120,6 +120,51 @@ def specs():
     def vision(name, size=64, train=True, **kw):
         return S(tv(name, **kw), mf._images(2, size), 17, train, img, True, name)
 
+    class Contrastive(nn.Module):
+        """CLIP's own contrastive loss (``return_loss=True``)."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def forward(self, input_ids, attention_mask, pixel_values):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
+                              return_loss=True, return_dict=False)[0]
+
+    def clip():
+        import transformers
+
+        text = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=72, attention_dropout=0.0)
+        vis = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                   patch_size=8, attention_dropout=0.0)
+        return Contrastive(transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vis,
+                                                                          projection_dim=16)))
+
+    def pairs(gen):
+        d = mf._tokens(2, 16, 128, False, 3)(gen)
+        return {"input_ids": d["input_ids"], "attention_mask": d["attention_mask"],
+                "pixel_values": torch.randn(2, 3, 32, 32, generator=gen)}
+
+    def audio(gen):  # whisper: 8 mel bins, 32 frames (twice max_source_positions, as its encoder requires)
+        return {"input_features": torch.randn(2, 8, 32, generator=gen),
+                "decoder_input_ids": torch.randint(0, 128, (2, 16), generator=gen),
+                "labels": torch.randint(0, 128, (2, 16), generator=gen)}
+
+    def wave(gen):
+        return {"input_values": torch.randn(2, 400, generator=gen), "labels": torch.randint(0, 3, (2,), generator=gen)}
+
+    def ids_only(gen):
+        d = mf._tokens(2, 16, 128, False, None)(gen)
+        return {"input_ids": d["input_ids"], "labels": d["labels"]}
+
+    ids_keys = ["input_ids", "labels"]
+    ids_dyn = {k: {0: "batch"} for k in ids_keys}  # mamba's scan runs a Python loop over the sequence
+    s2s_audio = {"input_features": {0: "batch"}, "decoder_input_ids": {0: "batch", 1: "seq"},
+                 "labels": {0: "batch", 1: "seq"}}
+    # CLIP's labels are arange(batch), which both exporters fix at the exported batch
+    clip_dyn = {"input_ids": {1: "seq"}, "attention_mask": {1: "seq"}}
+    wave_dyn = {"input_values": {0: "batch"}, "labels": {0: "batch"}}
     table = {
         "squeezenet": vision("squeezenet1_1"), "shufflenet": vision("shufflenet_v2_x0_5"),
         "densenet": vision("densenet121", size=32), "googlenet": vision("googlenet", aux_logits=False, init_weights=True),
@@ -186,12 +231,43 @@ def specs():
                           image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32],
                           num_labels=NUM_CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                           classifier_dropout_prob=0.0), pixels, 17, False, pix, True, "mobilevit"),
+        "whisper": S(hf("WhisperForConditionalGeneration", "WhisperConfig",
+                        ["input_features", "decoder_input_ids", "labels"], vocab_size=128, num_mel_bins=8,
+                        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+                        max_target_positions=72, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                        use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                        decoder_start_token_id=1, attn_implementation="eager"),
+                     audio, 17, False, s2s_audio, False, "whisper"),
+        "wav2vec2": S(hf("Wav2Vec2ForSequenceClassification", "Wav2Vec2Config", ["input_values", "labels"],
+                         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                         conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                         num_conv_pos_embedding_groups=2, num_labels=3, hidden_dropout=0.0, attention_dropout=0.0,
+                         activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0,
+                         mask_time_prob=0.0, attn_implementation="eager"),
+                      wave, 17, False, wave_dyn, True, "wav2vec2"),
+        "clip": S(clip, pairs, 17, False, clip_dyn, True, "clip"),
+        "mamba": S(hf("MambaForCausalLM", "MambaConfig", ids_keys, vocab_size=128, hidden_size=32, state_size=4,
+                      num_hidden_layers=2, expand=2, conv_kernel=4, use_cache=False, initializer_range=0.1),
+                   ids_only, 17, False, ids_dyn, False, "mamba"),
+        "mixtral": S(hf("MixtralForCausalLM", "MixtralConfig", lm_keys, num_key_value_heads=1, num_local_experts=4,
+                        num_experts_per_tok=2, attn_implementation="eager", **lm), tokens(), 17, False, lm_dyn, True,
+                     "mixtral"),
+        "gpt2": S(hf("GPT2LMHeadModel", "GPT2Config", lm_keys, vocab_size=128, n_embd=32, n_layer=2, n_head=2,
+                     n_positions=72, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                     initializer_range=0.1, attn_implementation="eager"), tokens(), 17, False, lm_dyn, False, "hf gpt2"),
+        "vit": S(hf("ViTForImageClassification", "ViTConfig", ["pixel_values", "labels"], image_size=32, patch_size=8,
+                    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    num_labels=NUM_CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                    attn_implementation="eager"), pixels, 17, False, pix, True, "hf vit"),
+        "bert_mlm": S(hf("BertForMaskedLM", "BertConfig", lm_keys, attn_implementation="eager", **enc), tokens(), 17,
+                      False, lm_dyn, False, "bert masked lm"),
     }
     return table
 
 
 def export(out: Path, names: list[str], dynamo: bool = False, opset: int | None = None,
-           optimize: bool = True) -> None:
+           optimize: bool = True, fresh: bool = False) -> None:
     table = specs()
     import dataclasses
 
@@ -205,6 +281,8 @@ def export(out: Path, names: list[str], dynamo: bool = False, opset: int | None 
             # reads BatchNorm back in training mode): optimized, torch's reference runs in eval mode
             spec = dataclasses.replace(spec, dynamo=dynamo or spec.dynamo, opset=opset or spec.opset,
                                        optimize=optimize, train=spec.train and not (dynamo and optimize))
+        if fresh:
+            spec = dataclasses.replace(spec, fresh=True)
         try:
             row = mf.export_fixture(name, spec, out)
             print(f"{name}: {row['nodes']} nodes, {row['onnx_kb']:.0f} KB", flush=True)
@@ -218,7 +296,7 @@ def _memplan(*args: str, timeout: float = 1800) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def row(path: Path, budget: int, time_limit: float) -> dict:
+def row(path: Path, budget: int, time_limit: float, plan: bool = True) -> dict:
     from passes import gradcheck
 
     ref = np.load(path.with_suffix(".npz"))
@@ -228,6 +306,8 @@ def row(path: Path, budget: int, time_limit: float) -> dict:
     worst = gradcheck.compare({k: got[k] for k in common}, {k: want[k] for k in common}, loss, floor=1e-3).worst
     out = {"model": path.stem, "nodes": len(step.graph.nodes), "loss": loss, "torch_loss": float(ref["loss"]),
            "worst_grad": worst, "extra_trainable": sorted(set(got) - set(want))}
+    if not plan:
+        return out
     large = LARGE_TOKENS if "seq" in dims else LARGE
     flags = [x for d in dims for x in ("--dim", f"{d}={large.get(d, dims[d])}")]
     planned = path.with_suffix(".planned.onnx")
@@ -250,7 +330,7 @@ def row(path: Path, budget: int, time_limit: float) -> dict:
     return out
 
 
-def run(folder: Path, names: list[str], budget: int, time_limit: float) -> None:
+def run(folder: Path, names: list[str], budget: int, time_limit: float, plan: bool = True) -> None:
     paths = [folder / f"{n}.onnx" for n in names] if names else sorted(folder.glob("*.onnx"))
     paths = [p for p in paths if not p.name.endswith(".planned.onnx")]
     print("| model | step nodes | loss ours / torch | worst grad err | extra trainable | budget | plan | added % "
@@ -261,7 +341,7 @@ def run(folder: Path, names: list[str], budget: int, time_limit: float) -> None:
             print(f"| {path.stem} | no {path.stem}.npz (export failed) |" + " |" * 10, flush=True)
             continue
         try:
-            r = row(path, budget, time_limit)
+            r = row(path, budget, time_limit, plan)
         except Exception as err:  # noqa: BLE001 - one model's failure is its row, not the end of the table
             print(f"| {path.stem} | {type(err).__name__}: {str(err).splitlines()[0][:160]} |" + " |" * 10, flush=True)
             continue
@@ -269,7 +349,7 @@ def run(folder: Path, names: list[str], budget: int, time_limit: float) -> None:
         pl = v.get("planned", {})
         pred = max(1, pl.get("predicted_dynamic_peak_bytes") or 1)
         cells = [r["model"], r["nodes"], f"{r['loss']:.5f} / {r['torch_loss']:.5f}", f"{r['worst_grad'][1]:.1e}",
-                 len(r["extra_trainable"]), p.get("budget"), p.get("status"),
+                 len(r["extra_trainable"]), p.get("budget", "-"), p.get("status", "-"),
                  f"{p['added_time_pct']:.2f}" if p.get("added_time_pct") is not None else "-",
                  f"{v['outputs_equal']} ({len(v['outputs'])})" if "outputs" in v else v.get("error", "-"),
                  f"{pl['measured_over_predicted']:.4f}" if pl else "-",
@@ -290,11 +370,16 @@ def main() -> None:
     ap.add_argument("--opset", type=int, help="export: this opset instead of each model's own (17)")
     ap.add_argument("--no-optimize", dest="optimize", action="store_false",
                     help="export with --dynamo: onnxscript's optimizer off (torch.onnx.export(optimize=False))")
+    ap.add_argument("--fresh", action="store_true",
+                    help="export: torch's initial values (norm scales 1, biases 0: a model about to be trained from "
+                         "scratch), not the fixtures' randomized constants")
+    ap.add_argument("--grads-only", dest="plan", action="store_false",
+                    help="run: the loss and gradient columns only (no plan, no verify)")
     args = ap.parse_args()
     if args.mode == "export":
-        export(args.folder, args.names, args.dynamo, args.opset, args.optimize)
+        export(args.folder, args.names, args.dynamo, args.opset, args.optimize, args.fresh)
     else:
-        run(args.folder, args.names, args.budget, args.time_limit)
+        run(args.folder, args.names, args.budget, args.time_limit, args.plan)
 
 
 if __name__ == "__main__":
