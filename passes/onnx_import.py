@@ -867,9 +867,12 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     """Separate trainables for distinct torch parameters that an exporter merged because their
     values were equal. A freshly initialized model is full of them: every LayerNorm weight is ones
     and every bias zeros. torch's TorchScript exporter in eval mode (its default) keeps one and
-    makes the others ``Identity(kept)`` under their own names; onnxscript's optimizer (the dynamo
+    makes the others ``Identity(kept)`` under their own names (a parameter's, or ``onnx::Mul_123``
+    for one its constant folding computed: a GroupNorm's weight unsqueezed); onnxscript's optimizer (the dynamo
     exporter's default) keeps one and points every read of the others at it, which only the FX node
-    each ONNX node was translated from still tells (``%p_n2_weight`` read through ``n1.weight``).
+    each ONNX node was translated from still tells (``%p_n2_weight`` read through ``n1.weight``, or
+    through ``val_60``, the folded copy of ``n1.weight`` unsqueezed for a GroupNorm: the split copy
+    then holds ``n2.weight`` so shaped).
     Trained as one, they would get the sum of their gradients and stay equal forever, where torch
     trains each on its own. A parameter tied in torch (one tensor: GPT-2's embedding and LM head)
     leaves no such trace and stays one."""
@@ -882,7 +885,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and len(node.output) == 1
                     and node.input[0] in inits and _is_float(inits[node.input[0]])
                     and node.output[0] not in outputs and node.output[0] not in inits
-                    and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", node.output[0])):  # a parameter's name
+                    and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+|onnx::\w+", node.output[0])):
                 split[node.output[0]] = node.input[0]
                 g.node.remove(node)
     elif roles is not None:
@@ -896,11 +899,18 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
                 continue
             args = call[1]
             merged = list(dict.fromkeys(target[f] for f in args if f in target and target[f] in missing))
-            reads = [i for i, name in enumerate(node.input) if name in inits and name in fx_name
-                     and fx_name[name] not in args]
-            if not merged or not reads:
+            if not merged:
                 continue
-            for i, param in _pair_merged_reads([node.input[i] for i in reads], merged, reads):
+            # the parameter each read holds: itself, or the one a folded copy was computed from (a
+            # GroupNorm weight unsqueezed); a read is unexplained where the FX node names none of them
+            holds = {i: {name} if name in fx_name else roles.derived_from(name)
+                     for i, name in enumerate(node.input) if name in inits}
+            reads = [i for i, params in holds.items() if len(params) == 1
+                     and not any(fx_name.get(p) in args for p in params)]
+            if not reads:
+                continue
+            kept = [next(iter(holds[i])) for i in reads]
+            for i, param in _pair_merged_reads(kept, merged, reads):
                 split.setdefault(param, node.input[i])
                 node.input[i] = param
     for name, source in split.items():

@@ -37,19 +37,19 @@ def _fx(out: str, params: list[str]) -> str:
             f"(args = ({args}), kwargs = {{}})")
 
 
-def _norms(form: str, producer: str = "pytorch", copy_name: str = "n2") -> onnx.ModelProto:
+def _norms(form: str, producer: str = "pytorch", copies: tuple[str, str] = ("n2.weight", "n2.bias")) -> onnx.ModelProto:
     """x -> LayerNorm(n1) -> MatMul(w) -> LayerNorm(n2) -> sum of squares, n2 equal to n1 (ones and
     zeros): ``distinct`` initializers, or merged as the ``torchscript`` or ``dynamo`` exporter does."""
     merged = form != "distinct"
-    second = ("n1.weight", "n1.bias") if form == "dynamo" else (f"{copy_name}.weight", f"{copy_name}.bias")
+    second = ("n1.weight", "n1.bias") if form == "dynamo" else copies
     nodes = [helper.make_node("LayerNormalization", ["x", "n1.weight", "n1.bias"], ["h"], name="ln1", axis=-1),
              helper.make_node("MatMul", ["h", "w"], ["m"], name="mm"),
              helper.make_node("LayerNormalization", ["m", *second], ["y"], name="ln2", axis=-1),
              helper.make_node("Mul", ["y", "y"], ["z"], name="sq"),
              helper.make_node("ReduceSum", ["z"], ["loss"], name="sum", keepdims=0)]
     if form == "torchscript":
-        nodes[2:2] = [helper.make_node("Identity", [f"n1.{p}"], [f"{copy_name}.{p}"], name=f"Identity_{i}")
-                      for i, p in enumerate(("weight", "bias"))]
+        nodes[2:2] = [helper.make_node("Identity", [f"n1.{p}"], [copy], name=f"Identity_{i}")
+                      for i, (p, copy) in enumerate(zip(("weight", "bias"), copies))]
     values = {"n1.weight": np.ones(4), "n1.bias": np.zeros(4), "w": W}
     if not merged:
         values.update({"n2.weight": np.ones(4), "n2.bias": np.zeros(4)})
@@ -95,6 +95,44 @@ def test_parameters_merged_for_equal_values_train_apart(form, caplog):
     assert "2 parameter(s) the exporter merged with another of equal value train on their own" in caplog.text
 
 
+def test_merged_folded_constants_train_apart():
+    """With constant folding on (TorchScript's default) a parameter reshaped for its use (a
+    GroupNorm's weight as [C, 1, 1]) is stored as ``onnx::Mul_NNN``; equal ones are merged under
+    those names, and split back like parameters."""
+    params, _, grads = _grads(_norms("torchscript", copies=("onnx::Mul_12", "onnx::Add_13")))
+    _, _, want = _grads(_norms("distinct"))
+    assert sorted(params) == ["n1.bias", "n1.weight", "onnx::Add_13", "onnx::Mul_12", "w"]
+    np.testing.assert_allclose(grads["onnx::Mul_12"], want["n2.weight"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"], rtol=1e-6, atol=1e-7)
+
+
+def test_merged_folded_copies_train_apart():
+    """onnxscript folds a parameter reshaped for its use (a GroupNorm's weight as [C, 1, 1]) into
+    an initializer of its own (``folded_from`` names the parameter) and merges equal ones: the
+    second norm's reads of the first's folded copies are split back, under its parameters' names."""
+    model = _norms("dynamo")
+    g = model.graph
+    for init in g.initializer:
+        if init.name.startswith("n1."):
+            init.name = {"n1.weight": "val_5", "n1.bias": "val_6"}[init.name]
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = {"n1.weight": "val_5", "n1.bias": "val_6"}.get(name, name)
+    for vi in list(g.value_info):
+        if vi.name.startswith("n1."):
+            g.value_info.remove(vi)
+    for name, source in (("val_5", "n1.weight"), ("val_6", "n1.bias")):
+        vi = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [4])
+        entry = vi.metadata_props.add()
+        entry.key, entry.value = FOLDED_FROM, repr([source, "val_1"])
+        g.value_info.append(vi)
+    params, _, grads = _grads(model)
+    _, _, want = _grads(_norms("distinct"))
+    assert sorted(params) == ["n2.bias", "n2.weight", "val_5", "val_6", "w"]
+    for mine, theirs in (("val_5", "n1.weight"), ("val_6", "n1.bias"), ("n2.weight", "n2.weight"), ("w", "w")):
+        np.testing.assert_allclose(grads[mine], want[theirs], rtol=1e-6, atol=1e-7, err_msg=mine)
+
+
 def test_a_torch_tie_stays_one_parameter():
     """A parameter torch itself shares (one tensor, two modules): torch.export reads it as one
     (``%p_b_weight`` in both nodes, ``a.weight`` named by the signature and unread); the file has
@@ -111,11 +149,12 @@ def test_a_torch_tie_stays_one_parameter():
     assert trainable == {"n1.weight", "n1.bias", "n2.weight", "n2.bias", "w"}
 
 
-@pytest.mark.parametrize("producer, copy_name", [("other", "n2"), ("pytorch", "/model/n2")])
-def test_identity_of_an_initializer_stays_where_it_is_no_torch_merge(producer, copy_name):
+@pytest.mark.parametrize("producer, copies", [("other", ("n2.weight", "n2.bias")),
+                                              ("pytorch", ("/model/n2/Identity_output_0", "/model/n2/Identity_1_output_0"))])
+def test_identity_of_an_initializer_stays_where_it_is_no_torch_merge(producer, copies):
     """An Identity of a weight from another producer, or under a traced intermediate's name (a
     ``.clone()`` in the forward), reads the weight: one trainable with both reads' gradient."""
-    params, _, grads = _grads(_norms("torchscript", producer=producer, copy_name=copy_name))
+    params, _, grads = _grads(_norms("torchscript", producer=producer, copies=copies))
     assert sorted(params) == ["n1.bias", "n1.weight", "w"]
     _, _, want = _grads(_norms("distinct"))
     np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
