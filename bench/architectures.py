@@ -1,6 +1,6 @@
 """Many architectures end to end: torch export -> gradients vs torch -> plan -> emit -> verify.
 
-    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh]  # needs torch, torchvision, transformers
+    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh] [--no-fold]  # needs torch, torchvision, transformers
     python bench/architectures.py run DIR [NAME ...] [--budget 70] [--time-limit 20] [--grads-only]
 
 ``export`` builds each model of :data:`SPECS` at a tiny size (torchvision models at their own
@@ -165,6 +165,35 @@ def specs():
     # CLIP's labels are arange(batch), which both exporters fix at the exported batch
     clip_dyn = {"input_ids": {1: "seq"}, "attention_mask": {1: "seq"}}
     wave_dyn = {"input_values": {0: "batch"}, "labels": {0: "batch"}}
+    class Denoise(nn.Module):
+        """A diffusion model's training loss: the noise it predicts against the noise added."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def forward(self, sample, timestep, noise, context=None):
+            kw = {} if context is None else {"encoder_hidden_states": context}
+            return F.mse_loss(self.model(sample, timestep, **kw, return_dict=False)[0], noise)
+
+    def unet(cls, **cfg):
+        def build():
+            import diffusers
+
+            return Denoise(getattr(diffusers, cls)(**cfg))
+        return build
+
+    def noisy(channels, context=False):
+        def make(gen):
+            d = {"sample": torch.randn(2, channels, 16, 16, generator=gen),
+                 "timestep": torch.randint(0, 1000, (2,), generator=gen),
+                 "noise": torch.randn(2, channels, 16, 16, generator=gen)}
+            if context:
+                d["context"] = torch.randn(2, 8, 16, generator=gen)
+            return d
+        return make
+
+    unet_dyn = {"sample": {0: "batch"}, "timestep": {0: "batch"}, "noise": {0: "batch"}, "context": {0: "batch"}}
     table = {
         "squeezenet": vision("squeezenet1_1"), "shufflenet": vision("shufflenet_v2_x0_5"),
         "densenet": vision("densenet121", size=32), "googlenet": vision("googlenet", aux_logits=False, init_weights=True),
@@ -262,12 +291,23 @@ def specs():
                     attn_implementation="eager"), pixels, 17, False, pix, True, "hf vit"),
         "bert_mlm": S(hf("BertForMaskedLM", "BertConfig", lm_keys, attn_implementation="eager", **enc), tokens(), 17,
                       False, lm_dyn, False, "bert masked lm"),
+        "unet": S(unet("UNet2DModel", sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                       block_out_channels=(8, 16), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                       up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=4, attention_head_dim=8),
+                  noisy(3), 17, False, {k: v for k, v in unet_dyn.items() if k != "context"}, True,
+                  "diffusers unet"),
+        "unet_cond": S(unet("UNet2DConditionModel", sample_size=16, in_channels=4, out_channels=4,
+                            layers_per_block=1, block_out_channels=(8, 16),
+                            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+                            norm_num_groups=4, attention_head_dim=4),
+                       noisy(4, context=True), 17, False, unet_dyn, True, "diffusers text-conditioned unet"),
     }
     return table
 
 
 def export(out: Path, names: list[str], dynamo: bool = False, opset: int | None = None,
-           optimize: bool = True, fresh: bool = False) -> None:
+           optimize: bool = True, fresh: bool = False, fold: bool | None = None) -> None:
     table = specs()
     import dataclasses
 
@@ -283,6 +323,8 @@ def export(out: Path, names: list[str], dynamo: bool = False, opset: int | None 
                                        optimize=optimize, train=spec.train and not (dynamo and optimize))
         if fresh:
             spec = dataclasses.replace(spec, fresh=True)
+        if fold is not None:
+            spec = dataclasses.replace(spec, fold=fold)
         try:
             row = mf.export_fixture(name, spec, out)
             print(f"{name}: {row['nodes']} nodes, {row['onnx_kb']:.0f} KB", flush=True)
@@ -303,7 +345,9 @@ def row(path: Path, budget: int, time_limit: float, plan: bool = True) -> dict:
     dims = {k[4:]: int(ref[k]) for k in ref.files if k.startswith("dim:")}
     step, loss, got, want = gradcheck.fixture_step(path)
     common = [k for k in want if k in got]  # the extra trainables (constants torch holds) are counted below
-    worst = gradcheck.compare({k: got[k] for k in common}, {k: want[k] for k in common}, loss, floor=1e-3).worst
+    # a folded copy of a merged parameter, split back, holds the parameter reshaped (a GroupNorm's [C, 1, 1])
+    mine = {k: got[k].reshape(want[k].shape) if got[k].size == want[k].size else got[k] for k in common}
+    worst = gradcheck.compare(mine, {k: want[k] for k in common}, loss, floor=1e-3).worst
     out = {"model": path.stem, "nodes": len(step.graph.nodes), "loss": loss, "torch_loss": float(ref["loss"]),
            "worst_grad": worst, "extra_trainable": sorted(set(got) - set(want))}
     if not plan:
@@ -373,11 +417,15 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true",
                     help="export: torch's initial values (norm scales 1, biases 0: a model about to be trained from "
                          "scratch), not the fixtures' randomized constants")
+    ap.add_argument("--no-fold", dest="fold", action="store_const", const=False,
+                    help="export (TorchScript): do_constant_folding=False, whatever the model's own setting; a "
+                         "fresh model's folded copies of equal parameters (a GroupNorm weight unsqueezed) cannot be "
+                         "mapped back to their parameters")
     ap.add_argument("--grads-only", dest="plan", action="store_false",
                     help="run: the loss and gradient columns only (no plan, no verify)")
     args = ap.parse_args()
     if args.mode == "export":
-        export(args.folder, args.names, args.dynamo, args.opset, args.optimize, args.fresh)
+        export(args.folder, args.names, args.dynamo, args.opset, args.optimize, args.fresh, args.fold)
     else:
         run(args.folder, args.names, args.budget, args.time_limit, args.plan)
 
