@@ -1,10 +1,10 @@
 """Many architectures end to end: torch export -> gradients vs torch -> plan -> emit -> verify.
 
-    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh] [--no-fold]  # needs torch, torchvision, transformers
+    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh] [--no-fold]  # needs torch, torchvision, transformers (diffusers for the UNets)
     python bench/architectures.py run DIR [NAME ...] [--budget 70] [--time-limit 20] [--grads-only]
 
 ``export`` builds each model of :data:`SPECS` at a tiny size (torchvision models at their own
-widths, transformers models from small configs) and writes ``DIR/NAME.onnx`` + ``.npz`` with
+widths, transformers and diffusers models from small configs) and writes ``DIR/NAME.onnx`` + ``.npz`` with
 tests/fixtures/make_fixtures.py's machinery (TorchScript exporter, or with ``--dynamo``
 ``torch.onnx.export(dynamo=True)``, torch's default; torch's loss and gradients).
 ``run`` needs memplan only: per model, memplan's training-step gradients against torch's (at the
