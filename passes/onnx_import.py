@@ -867,8 +867,10 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     """Separate trainables for distinct torch parameters that an exporter merged because their
     values were equal. A freshly initialized model is full of them: every LayerNorm weight is ones
     and every bias zeros. torch's TorchScript exporter in eval mode (its default) keeps one and
-    makes the others ``Identity(kept)`` under their own names (a parameter's, or ``onnx::Mul_123``
-    for one its constant folding computed: a GroupNorm's weight unsqueezed); onnxscript's optimizer (the dynamo
+    makes the others ``Identity(kept)`` under their own names. (Its folded copies are merged so
+    too, ``Identity(onnx::MatMul_12)`` named ``onnx::MatMul_34``, but so are the two folded copies
+    of one weight a shared layer reads twice, ALBERT's: those stay as they are.) onnxscript's
+    optimizer (the dynamo
     exporter's default) keeps one and points every read of the others at it, which only the FX node
     each ONNX node was translated from still tells (``%p_n2_weight`` read through ``n1.weight``, or
     through ``val_60``, the folded copy of ``n1.weight`` unsqueezed for a GroupNorm: the split copy
@@ -885,7 +887,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and len(node.output) == 1
                     and node.input[0] in inits and _is_float(inits[node.input[0]])
                     and node.output[0] not in outputs and node.output[0] not in inits
-                    and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+|onnx::\w+", node.output[0])):
+                    and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", node.output[0])):  # a parameter's name
                 split[node.output[0]] = node.input[0]
                 g.node.remove(node)
     elif roles is not None:

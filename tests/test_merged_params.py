@@ -95,15 +95,15 @@ def test_parameters_merged_for_equal_values_train_apart(form, caplog):
     assert "2 parameter(s) the exporter merged with another of equal value train on their own" in caplog.text
 
 
-def test_merged_folded_constants_train_apart():
-    """With constant folding on (TorchScript's default) a parameter reshaped for its use (a
-    GroupNorm's weight as [C, 1, 1]) is stored as ``onnx::Mul_NNN``; equal ones are merged under
-    those names, and split back like parameters."""
+def test_merged_folded_constants_stay_merged():
+    """TorchScript's constant folding stores a weight reshaped for its use as ``onnx::MatMul_NNN``,
+    and merges equal ones with Identity under such names too. So it does the two folded copies of
+    the one weight a shared layer reads twice (ALBERT), which torch trains as one; fresh equal
+    parameters folded so cannot be told from those, and stay merged (the sum of the gradients)."""
     params, _, grads = _grads(_norms("torchscript", copies=("onnx::Mul_12", "onnx::Add_13")))
     _, _, want = _grads(_norms("distinct"))
-    assert sorted(params) == ["n1.bias", "n1.weight", "onnx::Add_13", "onnx::Mul_12", "w"]
-    np.testing.assert_allclose(grads["onnx::Mul_12"], want["n2.weight"], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"], rtol=1e-6, atol=1e-7)
+    assert sorted(params) == ["n1.bias", "n1.weight", "w"]
+    np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
 
 
 def test_merged_folded_copies_train_apart():
