@@ -726,15 +726,27 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
     table gathered by its index, DeBERTa's projected relative embeddings). memplan trains each as a
     parameter of its own; that is torch's training only where it is a reshape or a shift of one
     parameter. A folded copy of one parameter alone (a Linear weight transposed) is not counted:
-    it trains as the parameter (``_unfold_tied_copies``, ``_merge_folded_copies``)."""
+    it trains as the parameter (``_unfold_tied_copies``, ``_merge_folded_copies``). Nor is one
+    that every node reading it took the parameter itself in torch, as their FX records say: the
+    ONNX translation's own reshape of an aten op's argument (``aten.group_norm``'s weight
+    unsqueezed to [C, 1, 1]), not a computation of the model's."""
     if roles is None:
         return None
+    fx_name = {t: f for f, t in _parameter_targets(model.graph).items()}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
     found: list[tuple[str, list[str], int]] = []
     for init in model.graph.initializer:
         sources = roles.folded_from.get(init.name)
         params = sorted((sources or frozenset()) & roles.parameters)
-        if _is_float(init) and params and (len(params) > 1 or len(sources) > 1):
-            found.append((init.name, params, len(sources) - len(params)))
+        if not (_is_float(init) and params and (len(params) > 1 or len(sources) > 1)):
+            continue
+        calls = [_fx_call(node) for node in readers.get(init.name, ())]
+        if calls and all(call and all(fx_name.get(p) in call[1] for p in params) for call in calls):
+            continue  # the translation's reshape of an argument torch passed as it is
+        found.append((init.name, params, len(sources) - len(params)))
     if not found:
         return None
     name, params, others = found[0]

@@ -106,27 +106,46 @@ def test_merged_folded_constants_stay_merged():
     np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
 
 
-def test_merged_folded_copies_train_apart():
-    """onnxscript folds a parameter reshaped for its use (a GroupNorm's weight as [C, 1, 1]) into
-    an initializer of its own (``folded_from`` names the parameter) and merges equal ones: the
-    second norm's reads of the first's folded copies are split back, under its parameters' names."""
+def _folded_norms() -> onnx.ModelProto:
+    """The dynamo form with n1's parameters folded into ``val_5``/``val_6`` (``folded_from`` the
+    parameter and a constant, as a reshape for its use is), which both norms read."""
     model = _norms("dynamo")
     g = model.graph
+    rename = {"n1.weight": "val_5", "n1.bias": "val_6"}
     for init in g.initializer:
-        if init.name.startswith("n1."):
-            init.name = {"n1.weight": "val_5", "n1.bias": "val_6"}[init.name]
+        init.name = rename.get(init.name, init.name)
     for node in g.node:
         for i, name in enumerate(node.input):
-            node.input[i] = {"n1.weight": "val_5", "n1.bias": "val_6"}.get(name, name)
-    for vi in list(g.value_info):
-        if vi.name.startswith("n1."):
-            g.value_info.remove(vi)
-    for name, source in (("val_5", "n1.weight"), ("val_6", "n1.bias")):
+            node.input[i] = rename.get(name, name)
+    for vi in [v for v in g.value_info if v.name in rename]:
+        g.value_info.remove(vi)
+    for source, name in rename.items():
         vi = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [4])
         entry = vi.metadata_props.add()
         entry.key, entry.value = FOLDED_FROM, repr([source, "val_1"])
         g.value_info.append(vi)
-    params, _, grads = _grads(model)
+    return model
+
+
+@pytest.mark.parametrize("direct, warned", [(True, False), (False, True)])
+def test_a_folded_reshape_of_an_aten_argument_is_not_warned_of(direct, warned, caplog):
+    """aten.group_norm takes its weight as it is; the ONNX translation unsqueezes it and onnxscript
+    folds that into an initializer (``folded_from`` the weight and the axes). Where every reader's
+    FX record names the parameter itself, training the folded copy is training the parameter;
+    where a reader took a computation of it (Gemma's ``1 + weight``), memplan warns."""
+    model = _folded_norms()
+    ln1 = next(n for n in model.graph.node if n.name == "ln1")
+    if not direct:
+        ln1.metadata_props[0].value = ln1.metadata_props[0].value.replace("%p_n1_weight", "%add_1")
+    import_model(model)  # the second norm's reads are split first: only ln1 reads val_5 and val_6
+    assert ("'val_5' from 'n1.weight' and 1 other value(s)" in caplog.text) is warned
+
+
+def test_merged_folded_copies_train_apart():
+    """onnxscript folds a parameter reshaped for its use (a GroupNorm's weight as [C, 1, 1]) into
+    an initializer of its own (``folded_from`` names the parameter) and merges equal ones: the
+    second norm's reads of the first's folded copies are split back, under its parameters' names."""
+    params, _, grads = _grads(_folded_norms())
     _, _, want = _grads(_norms("distinct"))
     assert sorted(params) == ["n2.bias", "n2.weight", "val_5", "val_6", "w"]
     for mine, theirs in (("val_5", "n1.weight"), ("val_6", "n1.bias"), ("n2.weight", "n2.weight"), ("w", "w")):
