@@ -631,6 +631,8 @@ def import_as_run(spec: str | os.PathLike | onnx.ModelProto, aside: Mapping[str,
 TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 TORCH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+#: node metadata torch's dynamo exporter writes: the FX node an ONNX node was translated from
+TORCH_FX_NODE = "pkg.torch.onnx.fx_node"
 
 
 @dataclass(frozen=True)
@@ -871,25 +873,23 @@ def _merge_folded_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: s
                      display, keep, other, param, how)
 
 
-#: node metadata torch's dynamo exporter writes: the FX node an ONNX node was translated from
-TORCH_FX_NODE = "pkg.torch.onnx.fx_node"
-
-
 def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | None, display: str) -> None:
     """Separate trainables for distinct torch parameters that an exporter merged because their
     values were equal. A freshly initialized model is full of them: every LayerNorm weight is ones
-    and every bias zeros. torch's TorchScript exporter in eval mode (its default) keeps one and
-    makes the others ``Identity(kept)`` under their own names. (Its folded copies are merged so
-    too, ``Identity(onnx::MatMul_12)`` named ``onnx::MatMul_34``, but so are the two folded copies
-    of one weight a shared layer reads twice, ALBERT's: those stay as they are.) onnxscript's
-    optimizer (the dynamo
-    exporter's default) keeps one and points every read of the others at it, which only the FX node
-    each ONNX node was translated from still tells (``%p_n2_weight`` read through ``n1.weight``, or
-    through ``val_60``, the folded copy of ``n1.weight`` unsqueezed for a GroupNorm: the split copy
-    then holds ``n2.weight`` so shaped).
-    Trained as one, they would get the sum of their gradients and stay equal forever, where torch
-    trains each on its own. A parameter tied in torch (one tensor: GPT-2's embedding and LM head)
-    leaves no such trace and stays one."""
+    and every bias zeros. Trained as one, they would get the sum of their gradients and stay equal
+    forever, where torch trains each on its own.
+
+    - torch's TorchScript exporter in eval mode (its default) keeps one and makes the others
+      ``Identity(kept)`` under their own names. It merges folded copies so too
+      (``Identity(onnx::MatMul_12)`` named ``onnx::MatMul_34``), but also the two folded copies
+      of the one weight a shared layer reads twice (ALBERT's): those stay as they are.
+    - onnxscript's optimizer (the dynamo exporter's default) keeps one and points every read of
+      the others at it, which only the FX node each ONNX node was translated from still tells:
+      ``%p_n2_weight`` read through ``n1.weight``, or through ``val_60``, the folded copy of
+      ``n1.weight`` unsqueezed for a GroupNorm (the split copy then holds ``n2.weight`` so shaped).
+
+    A parameter tied in torch (one tensor: GPT-2's embedding and LM head) leaves no such trace and
+    stays one."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     outputs = {o.name for o in g.output}
