@@ -7,7 +7,7 @@ sees most) has every LayerNorm scale 1 and every bias 0. torch's TorchScript exp
 names; onnxscript's optimizer (the dynamo exporter's default) points every read at the kept one,
 and only the FX node each ONNX node came from still names the parameter torch read. Trained as
 one, the group gets the sum of its gradients. The oracle is the same model written with distinct
-initializers. The last tests read real exports of a fresh GPT-2 (tests/fixtures/fresh).
+initializers; two tests read real exports of a fresh GPT-2 (tests/fixtures/fresh).
 """
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ from onnx import helper, numpy_helper
 
 from passes import gradcheck
 from passes.autodiff import build_training_graph
-from passes.onnx_import import FOLDED_FROM, TORCH_FX_NODE, TORCH_INPUT_KIND, TORCH_SIGNATURE, import_model
+from passes.onnx_import import (
+    FOLDED_FROM,
+    TORCH_FX_NODE,
+    TORCH_INPUT_KIND,
+    TORCH_SIGNATURE,
+    import_model,
+)
 from planner.graph import TensorKind
 
 RNG = np.random.default_rng(5)
