@@ -936,7 +936,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
         log.info("%s: %d parameter(s) the exporter merged with another of equal value train on their own "
                  "(e.g. %r, merged into %r)", display, len(split), *next(iter(split.items())))
     if roles is not None:
-        _restore_dropped_biases(g, inits, roles, display, merged=bool(split))
+        _restore_dropped_biases(g, inits, roles, display)
 
 
 #: aten ops whose bias argument (its position among the call's tensor arguments) onnxscript's
@@ -961,17 +961,16 @@ def _fx_call(node: onnx.NodeProto) -> tuple[str, list[str]] | None:
 
 
 def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
-                            display: str, merged: bool = False) -> None:
+                            display: str) -> None:
     """Put back, as zeros, the biases onnxscript's optimizer dropped because they were zero (every
     Linear bias of a freshly initialized transformers model): a Gemm or Conv without its bias input,
     a MatMul without the Add after it, whose FX node (``aten.addmm``, ``aten.linear``,
     ``aten.convolution``, ``aten.conv2d``) took a parameter that no node reads. torch trains them.
 
-    A parameter an FX node took that is still missing after this is named in a warning. So, in a
-    model where parameters were merged or biases dropped (``merged``, or a bias restored here), is
-    one that no FX node names: once two LayerNorms of one input had equal parameters the optimizer
-    computed them once (GPT-NeoX's parallel attention and MLP norms), leaving no trace of the
-    second but its parameters in the signature, as a weight torch ties to another does."""
+    A parameter an FX node took that is still missing after this is named in a warning. So is one
+    that no FX node names where two calls were computed once (:func:`_computed_once`): that leaves
+    no trace of the second but its parameters in the signature; a weight torch ties to another
+    (an LM head's) is otherwise the same, and not warned of."""
     target = _parameter_targets(g)
     read = {n for node in g.node for n in node.input}
     taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | set(inits)
@@ -1021,11 +1020,37 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
                     "values, and memplan cannot train them apart; export with torch.onnx.export(..., "
                     "optimize=False) to keep them", display, len(lost), lost[0])
     unnamed = sorted(t for f, t in absent.items() if f not in mentioned)
-    if unnamed and (merged or restored):
-        log.warning("%s: onnxscript's optimizer merged parameters of equal value (a freshly initialized model), and "
-                    "%d parameter(s) torch lists are in neither the file nor any node's FX record (e.g. %r): tied to "
-                    "another in torch, or a computation the optimizer merged with an equal one; if not tied, export "
-                    "with torch.onnx.export(..., optimize=False)", display, len(unnamed), unnamed[0])
+    twice = _computed_once(g, target) if unnamed else None
+    if twice:
+        log.warning("%s: onnxscript's optimizer computed %%%s and %%%s once (node %r reads it as the second), "
+                    "their parameters having had equal values (a freshly initialized model); %d parameter(s) torch "
+                    "trains are in neither the file nor any FX record (e.g. %r) and cannot train apart: export with "
+                    "torch.onnx.export(..., optimize=False)", display, *twice, len(unnamed), unnamed[0])
+
+
+def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """Evidence that onnxscript's common-subexpression pass merged two FX calls that took parameters
+    (GPT-NeoX's two LayerNorms of one input, once their parameters were equal): a node reads the
+    output of the call ``%layer_norm`` where its FX record names ``%layer_norm_1``, a call of the
+    same aten op that no ONNX node was translated from. Returns (kept call, merged call, reader)."""
+    made: dict[str, str] = {}  # ONNX tensor -> the FX call that made it, where that call took a parameter
+    defined: set[str] = set()
+    for node in g.node:
+        fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+        call = re.match(r"%(\w+) :", fx or "")
+        if call is None:
+            continue
+        defined.add(call.group(1))
+        if any(a in target for a in _fx_call(node)[1]):
+            made.update({o: call.group(1) for o in node.output})
+    op = functools.partial(re.sub, r"_\d+$", "")  # layer_norm_1 -> layer_norm
+    for node in g.node:
+        call = _fx_call(node)
+        for kept in ({made[t] for t in node.input if t in made} if call else ()):
+            lost = next((a for a in call[1] if a != kept and a not in defined and op(a) == op(kept)), None)
+            if lost and kept not in call[1]:
+                return kept, lost, node.name
+    return None
 
 
 def _pair_merged_reads(kept: list[str], merged: list[str], positions: list[int]) -> list[tuple[int, str]]:

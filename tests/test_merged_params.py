@@ -257,17 +257,6 @@ def test_zero_biases_the_optimizer_dropped_train_again(caplog):
     assert "3 zero bias(es) onnxscript's optimizer dropped train again" in caplog.text
 
 
-def test_a_parameter_the_optimizer_removed_otherwise_is_named(caplog):
-    """A parameter torch read (its FX node says so) that the file lacks and memplan cannot put back:
-    one warning naming it and optimize=False."""
-    model = _dropped_biases("dropped")
-    conv = next(n for n in model.graph.node if n.name == "node_convolution")
-    conv.metadata_props[0].value = conv.metadata_props[0].value.replace("aten.convolution", "aten.conv_tbc")
-    import_model(model)
-    assert "1 parameter(s) torch trains are not in the file (e.g. 'c1.bias')" in caplog.text
-    assert "optimize=False" in caplog.text
-
-
 @pytest.mark.parametrize("name, apart", [("gpt2_fresh", 14), ("gpt2_fresh_dynamo", 16)])
 def test_fresh_gpt2_trains_exactly_torch_parameters(name, apart):
     """GPT-2 with torch's initial values. TorchScript (eval mode) merged 14 of its 28 parameters
@@ -288,14 +277,53 @@ def test_fresh_gpt2_trains_exactly_torch_parameters(name, apart):
     assert worst < 2e-3, f"{name}: {param} off by {worst:.2e}"
 
 
-@pytest.mark.parametrize("form, warned", [("dropped", True), ("explicit", False)])
-def test_a_parameter_no_node_names_is_named_in_a_fresh_model(form, warned, caplog):
-    """GPT-NeoX's two LayerNorms of one input, fresh, have equal parameters, and the optimizer
-    computes them once: the second leaves only its parameters in the signature, as a weight torch
-    ties to another does. Where the file shows merged or dropped parameters, memplan says so; in a
-    model without them an unread parameter is taken for a tie, silently."""
-    model = _dropped_biases(form)
-    model.graph.metadata_props[0].value += "p_ln9_weight: PARAMETER target='ln9.weight'\n"
+def test_a_parameter_the_optimizer_removed_otherwise_is_named(caplog):
+    """A parameter torch read (its FX node says so) that the file lacks and memplan cannot put back:
+    one warning naming it and optimize=False."""
+    model = _dropped_biases("dropped")
+    conv = next(n for n in model.graph.node if n.name == "node_convolution")
+    conv.metadata_props[0].value = conv.metadata_props[0].value.replace("aten.convolution", "aten.conv_tbc")
     import_model(model)
-    said = "1 parameter(s) torch lists are in neither the file nor any node's FX record (e.g. 'ln9.weight')"
-    assert (said in caplog.text) is warned
+    assert "1 parameter(s) torch trains are not in the file (e.g. 'c1.bias')" in caplog.text
+    assert "optimize=False" in caplog.text
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_two_calls_computed_once_are_named(merged, caplog):
+    """GPT-NeoX's attention and MLP LayerNorms of one input, fresh, have equal parameters, and
+    onnxscript computes them once: the MLP's MatMul reads ``%layer_norm``'s output where its FX
+    record names ``%layer_norm_1``, which no node was translated from, and the second norm's
+    parameters are left only in the signature. memplan names the two calls and those parameters.
+    A parameter only the signature names, with no such evidence, is taken for a tie (an LM head's
+    weight), silently."""
+    rng = np.random.default_rng(11)
+    calls = {"ln1": "%layer_norm : [num_users=2] = call_function[target=torch.ops.aten.layer_norm.default]"
+                    "(args = (%x, [4], %p_n1_weight, %p_n1_bias, 1e-05), kwargs = {})",
+             "mm": "%mm : [num_users=1] = call_function[target=torch.ops.aten.mm.default](args = (%layer_norm, %p_w), "
+                   "kwargs = {})",
+             "mm2": "%mm_1 : [num_users=1] = call_function[target=torch.ops.aten.mm.default](args = "
+                    f"(%layer_norm{'_1' if merged else ''}, %p_w2), kwargs = {{}})"}
+    nodes = [helper.make_node("LayerNormalization", ["x", "n1.weight", "n1.bias"], ["h"], name="ln1"),
+             helper.make_node("MatMul", ["h", "w"], ["m"], name="mm"),
+             helper.make_node("MatMul", ["h", "w2"], ["m2"], name="mm2"),
+             helper.make_node("Add", ["m", "m2"], ["s"], name="add"),
+             helper.make_node("ReduceSum", ["s"], ["loss"], name="sum", keepdims=0)]
+    values = {"n1.weight": np.ones(4), "n1.bias": np.zeros(4), "w": rng.standard_normal((4, 4)),
+              "w2": rng.standard_normal((4, 4))}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    for node in model.graph.node:
+        if node.name in calls:
+            entry = node.metadata_props.add()
+            entry.key, entry.value = TORCH_FX_NODE, calls[node.name]
+    sig = model.graph.metadata_props.add()
+    sig.key = TORCH_SIGNATURE
+    sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in (
+        "n1.weight", "n1.bias", "n2.weight", "n2.bias", "w", "w2")) + "x: USER_INPUT\n"
+    import_model(model)
+    said = ("computed %layer_norm and %layer_norm_1 once (node 'mm2' reads it as the second)" in caplog.text
+            and "2 parameter(s) torch trains are in neither the file nor any FX record (e.g. 'n2.bias')" in caplog.text)
+    assert said is merged
+    assert merged or not caplog.text
