@@ -882,7 +882,8 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     - torch's TorchScript exporter in eval mode (its default) keeps one and makes the others
       ``Identity(kept)`` under their own names. It merges folded copies so too
       (``Identity(onnx::MatMul_12)`` named ``onnx::MatMul_34``), but also the two folded copies
-      of the one weight a shared layer reads twice (ALBERT's): those stay as they are.
+      of the one weight a shared layer reads twice (ALBERT's): those stay as they are, with a
+      warning where parameters were merged too (a fresh model, folded: a GroupNorm's weights).
     - onnxscript's optimizer (the dynamo exporter's default) keeps one and points every read of
       the others at it, which only the FX node each ONNX node was translated from still tells:
       ``%p_n2_weight`` read through ``n1.weight``, or through ``val_60``, the folded copy of
@@ -895,13 +896,22 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     outputs = {o.name for o in g.output}
     split: dict[str, str] = {}  # new initializer -> the one it copies
     if roles is None and model.producer_name == "pytorch":
+        folded_merged: list[str] = []
         for node in list(g.node):
             if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and len(node.output) == 1
                     and node.input[0] in inits and _is_float(inits[node.input[0]])
-                    and node.output[0] not in outputs and node.output[0] not in inits
-                    and re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", node.output[0])):  # a parameter's name
-                split[node.output[0]] = node.input[0]
-                g.node.remove(node)
+                    and node.output[0] not in outputs and node.output[0] not in inits):
+                if re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", node.output[0]):  # a parameter's name
+                    split[node.output[0]] = node.input[0]
+                    g.node.remove(node)
+                elif node.output[0].startswith("onnx::"):
+                    folded_merged.append(node.output[0])
+        if split and folded_merged:
+            log.warning("%s: the exporter merged parameters of equal value (a freshly initialized model), and %d "
+                        "constant-folded copies too (e.g. %r), which memplan cannot tell from a shared layer's "
+                        "copies of one weight: they train as one; export with torch.onnx.export(..., "
+                        "do_constant_folding=False) to keep each parameter", display, len(folded_merged),
+                        folded_merged[0])
     elif roles is not None:
         target = _parameter_targets(g)
         fx_name = {t: f for f, t in target.items()}

@@ -101,15 +101,22 @@ def test_parameters_merged_for_equal_values_train_apart(form, caplog):
     assert "2 parameter(s) the exporter merged with another of equal value train on their own" in caplog.text
 
 
-def test_merged_folded_constants_stay_merged():
+def test_merged_folded_constants_stay_merged(caplog):
     """TorchScript's constant folding stores a weight reshaped for its use as ``onnx::MatMul_NNN``,
     and merges equal ones with Identity under such names too. So it does the two folded copies of
     the one weight a shared layer reads twice (ALBERT), which torch trains as one; fresh equal
-    parameters folded so cannot be told from those, and stay merged (the sum of the gradients)."""
+    parameters folded so cannot be told from those, and stay merged (the sum of the gradients).
+    Alone, that is taken for a shared layer; beside parameters merged under their own names (a
+    fresh model), memplan warns and names do_constant_folding=False."""
     params, _, grads = _grads(_norms("torchscript", copies=("onnx::Mul_12", "onnx::Add_13")))
     _, _, want = _grads(_norms("distinct"))
     assert sorted(params) == ["n1.bias", "n1.weight", "w"]
     np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
+    assert not caplog.text
+    params, _, _ = _grads(_norms("torchscript", copies=("n2.weight", "onnx::Add_13")))
+    assert sorted(params) == ["n1.bias", "n1.weight", "n2.weight", "w"]
+    assert "and 1 constant-folded copies too (e.g. 'onnx::Add_13')" in caplog.text
+    assert "do_constant_folding=False" in caplog.text
 
 
 def _folded_norms() -> onnx.ModelProto:
