@@ -17,6 +17,7 @@ Every failure raises ModelImportError with one line naming the file, node or dim
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import json
 import logging
@@ -24,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterable, Iterator, Mapping
+from typing import Any, Collection, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 import onnx
@@ -649,6 +650,9 @@ class TorchExportRoles:
     folded_from: Mapping[str, frozenset[str] | None]  # None: recorded but unreadable
     #: the buffers torch.export saw the forward update (BatchNorm's running statistics in train mode)
     mutated_buffers: frozenset[str] = frozenset()
+    #: FX name -> the parameter it is (``p_n2_weight`` -> ``n2.weight``), from the signature: what
+    #: each node's FX record (``TORCH_FX_NODE``) calls the parameters it took
+    targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def derived_from(self, name: str) -> frozenset[str]:
         """The parameters a folded initializer was computed from (empty when none or not folded)."""
@@ -710,16 +714,15 @@ def torch_export_roles(model: onnx.ModelProto) -> TorchExportRoles | None:
                     folded[vi.name] = frozenset(str(v) for v in ast.literal_eval(prop.value))
                 except (ValueError, SyntaxError, TypeError):
                     folded[vi.name] = None
-    params = {n for n, k in kinds.items() if k == "PARAMETER"}
     signature = [p.value for p in getattr(g, "metadata_props", ()) if p.key == TORCH_SIGNATURE]
-    for text in signature:
-        params |= set(re.findall(r": PARAMETER target='([^']*)'", text))
+    targets = dict(m for text in signature for m in re.findall(r"(\w+): PARAMETER target='([^']*)'", text))
+    params = {n for n, k in kinds.items() if k == "PARAMETER"} | set(targets.values())
     if not kinds and not signature:
         return None
     inits = {i.name for i in g.initializer}
     kinds = {n: k for n, k in kinds.items() if n in inits and k != "PARAMETER"}
     updated = {m for t in signature for m in re.findall(r": BUFFER_MUTATION target='([^']*)'", t)}
-    return TorchExportRoles(kinds, frozenset(params), folded, frozenset(updated))
+    return TorchExportRoles(kinds, frozenset(params), folded, frozenset(updated), targets)
 
 
 def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRoles | None) -> str | None:
@@ -734,11 +737,8 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
     unsqueezed to [C, 1, 1]), not a computation of the model's."""
     if roles is None:
         return None
-    fx_name = {t: f for f, t in _parameter_targets(model.graph).items()}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    fx_name = {t: f for f, t in roles.targets.items()}
+    readers = _readers(model.graph)
     found: list[tuple[str, list[str], int]] = []
     for init in model.graph.initializer:
         sources = roles.folded_from.get(init.name)
@@ -746,7 +746,7 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
         if not (_is_float(init) and params and (len(params) > 1 or len(sources) > 1)):
             continue
         calls = [_fx_call(node) for node in readers.get(init.name, ())]
-        if calls and all(call and all(fx_name.get(p) in call[1] for p in params) for call in calls):
+        if calls and all(call and all(fx_name.get(p) in call.args for p in params) for call in calls):
             continue  # the translation's reshape of an argument torch passed as it is
         found.append((init.name, params, len(sources) - len(params)))
     if not found:
@@ -913,7 +913,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
                         "do_constant_folding=False) to keep each parameter", display, len(folded_merged),
                         folded_merged[0])
     elif roles is not None:
-        target = _parameter_targets(g)
+        target = roles.targets
         fx_name = {t: f for f, t in target.items()}
         folded = {p for name in inits for p in roles.derived_from(name)}  # _merge_folded_copies' business
         missing = {t for t in target.values() if t not in inits and t not in folded}
@@ -921,7 +921,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             call = _fx_call(node)
             if call is None or not missing:
                 continue
-            args = call[1]
+            args = call.args
             merged = list(dict.fromkeys(target[f] for f in args if f in target and target[f] in missing))
             if not merged:
                 continue
@@ -955,19 +955,24 @@ _BIAS_ARGUMENT = {"aten.addmm.default": 0, "aten.linear.default": 2, "aten.convo
                   "aten.conv1d.default": 2, "aten.conv2d.default": 2, "aten.conv3d.default": 2}
 
 
-def _parameter_targets(g: onnx.GraphProto) -> dict[str, str]:
-    """FX name -> torch parameter (``p_n2_weight`` -> ``n2.weight``), from the torch.export signature."""
-    sig = "\n".join(p.value for p in getattr(g, "metadata_props", ()) if p.key == TORCH_SIGNATURE)
-    return dict(re.findall(r"(\w+): PARAMETER target='([^']*)'", sig))
+class FxCall(NamedTuple):
+    """The FX node an ONNX node was translated from, as its ``TORCH_FX_NODE`` record reads:
+    ``%layer_norm : [...] = call_function[target=torch.ops.aten.layer_norm.default](args = (...))``."""
+
+    name: str  # ``layer_norm``
+    op: str  # ``aten.layer_norm.default``
+    args: list[str]  # the FX names of its tensor arguments, in order (``p_n2_weight`` for a parameter)
 
 
-def _fx_call(node: onnx.NodeProto) -> tuple[str, list[str]] | None:
-    """The aten op and tensor arguments (FX names, in order) of the FX node ``node`` came from."""
+def _fx_call(node: onnx.NodeProto) -> FxCall | None:
+    """The FX node ``node`` came from, or None where it records none."""
     fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
     if fx is None:
         return None
+    name = re.match(r"%(\w+) :", fx)
     op = re.search(r"target=torch\.ops\.([\w.]+)\]", fx)
-    return (op.group(1) if op else ""), re.findall(r"%(\w+)", fx.split("](", 1)[-1])
+    return FxCall(name.group(1) if name else "", op.group(1) if op else "",
+                  re.findall(r"%(\w+)", fx.split("](", 1)[-1]))
 
 
 def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
@@ -981,7 +986,7 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
     that no FX node names where two calls were computed once (:func:`_computed_once`): that leaves
     no trace of the second but its parameters in the signature; a weight torch ties to another
     (an LM head's) is otherwise the same, and not warned of."""
-    target = _parameter_targets(g)
+    target = roles.targets
     read = {n for node in g.node for n in node.input}
     taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | set(inits)
     restored: list[str] = []
@@ -990,7 +995,7 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
         call = _fx_call(node)
         if call is None:
             continue
-        op, args = call
+        op, args = call.op, call.args
         mentioned.update(args)
         at = _BIAS_ARGUMENT.get(op)
         if at is None or len(args) <= at or node.op_type not in ("Gemm", "MatMul", "Conv") or len(node.input) < 2:
@@ -1043,22 +1048,16 @@ def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> tuple[str, 
     (GPT-NeoX's two LayerNorms of one input, once their parameters were equal): a node reads the
     output of the call ``%layer_norm`` where its FX record names ``%layer_norm_1``, a call of the
     same aten op that no ONNX node was translated from. Returns (kept call, merged call, reader)."""
-    made: dict[str, str] = {}  # ONNX tensor -> the FX call that made it, where that call took a parameter
-    defined: set[str] = set()
-    for node in g.node:
-        fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
-        call = re.match(r"%(\w+) :", fx or "")
-        if call is None:
-            continue
-        defined.add(call.group(1))
-        if any(a in target for a in _fx_call(node)[1]):
-            made.update({o: call.group(1) for o in node.output})
+    calls = [(node, _fx_call(node)) for node in g.node]
+    calls = [(node, call) for node, call in calls if call is not None and call.name]
+    defined = {call.name for _, call in calls}
+    # ONNX tensor -> the FX call that made it, where that call took a parameter
+    made = {o: call.name for node, call in calls if any(a in target for a in call.args) for o in node.output}
     op = functools.partial(re.sub, r"_\d+$", "")  # layer_norm_1 -> layer_norm
-    for node in g.node:
-        call = _fx_call(node)
-        for kept in ({made[t] for t in node.input if t in made} if call else ()):
-            lost = next((a for a in call[1] if a != kept and a not in defined and op(a) == op(kept)), None)
-            if lost and kept not in call[1]:
+    for node, call in calls:
+        for kept in {made[t] for t in node.input if t in made}:
+            lost = next((a for a in call.args if a != kept and a not in defined and op(a) == op(kept)), None)
+            if lost and kept not in call.args:
                 return kept, lost, node.name
     return None
 
@@ -1217,10 +1216,7 @@ def _split_sequences(model: onnx.ModelProto) -> bool:
     shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
               for vi in list(g.input) + list(g.value_info) if vi.type.tensor_type.HasField("shape")}
     values = {i.name: initializer_value(i) for i in g.initializer if len(i.dims) <= 1}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in g.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(g)
     nested = {x for node in g.node for sub in _subgraphs(node) for x in _names_read(sub)}
     taken = {o for node in g.node for o in node.output} | {i.name for i in g.initializer} | {i.name for i in g.input}
     changed = False
@@ -1277,6 +1273,15 @@ def _split_sequences(model: onnx.ModelProto) -> bool:
             g.node.insert(at_index + offset, new)
         changed = True
     return changed
+
+
+def _readers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Tensor name -> the nodes of ``g`` that read it, in graph order."""
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for name in node.input:
+            out.setdefault(name, []).append(node)
+    return out
 
 
 def _fresh(name: str, taken: set[str]) -> str:
