@@ -43,6 +43,19 @@ def _fx(out: str, params: list[str]) -> str:
             f"(args = ({args}), kwargs = {{}})")
 
 
+def _as_exported(model: onnx.ModelProto, calls: dict[str, str], params: tuple[str, ...]) -> None:
+    """What torch's dynamo exporter records: each named node's FX node, and the signature's
+    parameters (FX name ``p_`` + the name with dots as underscores)."""
+    for node in model.graph.node:
+        if node.name in calls:
+            entry = node.metadata_props.add()
+            entry.key, entry.value = TORCH_FX_NODE, calls[node.name]
+    sig = model.graph.metadata_props.add()
+    sig.key = TORCH_SIGNATURE
+    sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in params) + \
+        "x: USER_INPUT\n"
+
+
 def _norms(form: str, producer: str = "pytorch", copies: tuple[str, str] = ("n2.weight", "n2.bias")) -> onnx.ModelProto:
     """x -> LayerNorm(n1) -> MatMul(w) -> LayerNorm(n2) -> sum of squares, n2 equal to n1 (ones and
     zeros): ``distinct`` initializers, or merged as the ``torchscript`` or ``dynamo`` exporter does."""
@@ -65,14 +78,8 @@ def _norms(form: str, producer: str = "pytorch", copies: tuple[str, str] = ("n2.
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
                               producer_name=producer)
     if form == "dynamo":
-        by_name = {n.name: n for n in model.graph.node}
-        for node, params in ((by_name["ln1"], ["n1.weight", "n1.bias"]), (by_name["ln2"], ["n2.weight", "n2.bias"])):
-            entry = node.metadata_props.add()
-            entry.key, entry.value = TORCH_FX_NODE, _fx(node.name, params)
-        sig = model.graph.metadata_props.add()
-        sig.key = TORCH_SIGNATURE
-        sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in (
-            "n1.weight", "n1.bias", "w", "n2.weight", "n2.bias")) + "x: USER_INPUT\n"
+        _as_exported(model, {"ln1": _fx("ln1", ["n1.weight", "n1.bias"]), "ln2": _fx("ln2", ["n2.weight", "n2.bias"])},
+                     ("n1.weight", "n1.bias", "w", "n2.weight", "n2.bias"))
         for name in ("n1.weight", "n1.bias", "w"):
             vi = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(np.shape(values[name])))
             entry = vi.metadata_props.add()
@@ -235,15 +242,9 @@ def _dropped_biases(form: str) -> onnx.ModelProto:
              "node_linear": "aten.linear.default](args = (%h, %p_l2_weight, %p_l2_bias)",
              "node_convolution": "aten.convolution.default](args = (%view, %p_c1_weight, %p_c1_bias, [1, 1], [0, 0], "
                                  "[1, 1], False, [0, 0], 1)"}
-    for node in model.graph.node:
-        if node.name in calls:
-            entry = node.metadata_props.add()
-            entry.key = TORCH_FX_NODE
-            entry.value = f"%{node.name[5:]} : [num_users=1] = call_function[target=torch.ops.{calls[node.name]}, kwargs = {{}})"
-    sig = model.graph.metadata_props.add()
-    sig.key = TORCH_SIGNATURE
-    sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in (
-        "l1.weight", "l1.bias", "l2.weight", "l2.bias", "c1.weight", "c1.bias")) + "x: USER_INPUT\n"
+    _as_exported(model, {name: f"%{name[5:]} : [num_users=1] = call_function[target=torch.ops.{call}, kwargs = {{}})"
+                         for name, call in calls.items()},
+                 ("l1.weight", "l1.bias", "l2.weight", "l2.bias", "c1.weight", "c1.bias"))
     vi = helper.make_tensor_value_info("val_2", onnx.TensorProto.FLOAT, [4, 6])  # l2.weight, folded transposed
     entry = vi.metadata_props.add()
     entry.key, entry.value = FOLDED_FROM, "['l2.weight']"
@@ -321,14 +322,7 @@ def test_two_calls_computed_once_are_named(merged, caplog):
                               [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
                               [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    for node in model.graph.node:
-        if node.name in calls:
-            entry = node.metadata_props.add()
-            entry.key, entry.value = TORCH_FX_NODE, calls[node.name]
-    sig = model.graph.metadata_props.add()
-    sig.key = TORCH_SIGNATURE
-    sig.value = "\n# inputs\n" + "".join(f"p_{p.replace('.', '_')}: PARAMETER target='{p}'\n" for p in (
-        "n1.weight", "n1.bias", "n2.weight", "n2.bias", "w", "w2")) + "x: USER_INPUT\n"
+    _as_exported(model, calls, ("n1.weight", "n1.bias", "n2.weight", "n2.bias", "w", "w2"))
     import_model(model)
     said = ("computed %layer_norm and %layer_norm_1 once (node 'mm2' reads it as the second)" in caplog.text
             and "2 parameter(s) torch trains are in neither the file nor any FX record (e.g. 'n2.bias')" in caplog.text)
