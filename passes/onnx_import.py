@@ -982,10 +982,11 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
     a MatMul without the Add after it, whose FX node (``aten.addmm``, ``aten.linear``,
     ``aten.convolution``, ``aten.conv2d``) took a parameter that no node reads. torch trains them.
 
-    A parameter an FX node took that is still missing after this is named in a warning. So is one
-    that no FX node names where two calls were computed once (:func:`_computed_once`): that leaves
-    no trace of the second but its parameters in the signature; a weight torch ties to another
-    (an LM head's) is otherwise the same, and not warned of."""
+    A parameter an FX node took that is still missing after this is named in a warning. Two calls
+    computed once (:func:`_computed_once`) leave no trace of the second but its parameters in the
+    signature: they are computed apart again where those can be told (:func:`_split_computed_once`),
+    and warned of where not. A parameter only the signature names, with no such evidence, is a
+    weight torch ties to another (an LM head's), and not warned of."""
     target = roles.targets
     read = {n for node in g.node for n in node.input}
     taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | set(inits)
@@ -1035,31 +1036,114 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
                     "values, and memplan cannot train them apart; export with torch.onnx.export(..., "
                     "optimize=False) to keep them", display, len(lost), lost[0])
     unnamed = sorted(t for f, t in absent.items() if f not in mentioned)
-    twice = _computed_once(g, target) if unnamed else None
+    twice = _split_computed_once(g, inits, roles, unnamed, display) if unnamed else []
+    unnamed = [t for t in unnamed if t not in inits]
     if twice:
         log.warning("%s: onnxscript's optimizer computed %%%s and %%%s once (node %r reads it as the second), "
-                    "their parameters having had equal values (a freshly initialized model); %d parameter(s) torch "
-                    "trains are in neither the file nor any FX record (e.g. %r) and cannot train apart: export with "
-                    "torch.onnx.export(..., optimize=False)", display, *twice, len(unnamed), unnamed[0])
+                    "their parameters having had equal values (a freshly initialized model), and memplan cannot "
+                    "tell which of the %d parameter(s) torch trains that are in neither the file nor any FX record "
+                    "(e.g. %r) the second took, so they do not train apart: export with "
+                    "torch.onnx.export(..., optimize=False)", display, *twice[0], len(unnamed),
+                    unnamed[0] if unnamed else "none left")
 
 
-def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> tuple[str, str, str] | None:
+def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> list[tuple[str, str, onnx.NodeProto]]:
     """Evidence that onnxscript's common-subexpression pass merged two FX calls that took parameters
     (GPT-NeoX's two LayerNorms of one input, once their parameters were equal): a node reads the
     output of the call ``%layer_norm`` where its FX record names ``%layer_norm_1``, a call of the
-    same aten op that no ONNX node was translated from. Returns (kept call, merged call, reader)."""
+    same aten op that no ONNX node was translated from. Returns (kept call, merged call, reader)
+    for each such read, in graph order."""
     calls = [(node, _fx_call(node)) for node in g.node]
     calls = [(node, call) for node, call in calls if call is not None and call.name]
     defined = {call.name for _, call in calls}
     # ONNX tensor -> the FX call that made it, where that call took a parameter
     made = {o: call.name for node, call in calls if any(a in target for a in call.args) for o in node.output}
     op = functools.partial(re.sub, r"_\d+$", "")  # layer_norm_1 -> layer_norm
+    found: list[tuple[str, str, onnx.NodeProto]] = []
     for node, call in calls:
-        for kept in {made[t] for t in node.input if t in made}:
+        for kept in sorted({made[t] for t in node.input if t in made}):
             lost = next((a for a in call.args if a != kept and a not in defined and op(a) == op(kept)), None)
             if lost and kept not in call.args:
-                return kept, lost, node.name
-    return None
+                found.append((kept, lost, node))
+    return found
+
+
+def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
+                         unnamed: list[str], display: str) -> list[tuple[str, str, str]]:
+    """Compute apart again the calls onnxscript's optimizer computed once (:func:`_computed_once`),
+    so each trains its own parameters as torch does: the kept call's nodes are copied to read the
+    merged call's parameters (initializers of the kept ones' values, as the merge says they were)
+    and its readers read the copy.
+
+    The merged call's parameters are named nowhere but the signature. They are taken to be those
+    of the one module that has a parameter named like each of the kept call's (``weight``, ``bias``),
+    none of them in the file or any FX record, and that is a sibling of the kept call's module
+    (``layers.0.post_attention_layernorm`` beside ``layers.0.input_layernorm``). Where no module
+    or several fit, or the kept call read a parameter through a folded copy, it stays computed once.
+    Returns those left so: (kept call, merged call, a reader's name)."""
+    target = roles.targets
+    found = _computed_once(g, target)
+    if not found:
+        return []
+    nodes_of: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        call = _fx_call(node)
+        if call is not None and call.name:
+            nodes_of.setdefault(call.name, []).append(node)
+    fx_name = {t: f for f, t in target.items()}
+    modules: dict[str, set[str]] = {}  # module -> its parameters' last name parts
+    for param in target.values():
+        modules.setdefault(param.rpartition(".")[0], set()).add(param.rpartition(".")[2])
+    free = {param.rpartition(".")[0] for param in unnamed}
+    free = {m for m in free if all(f"{m}.{leaf}" in unnamed for leaf in modules[m])}
+    groups: dict[tuple[str, str], list[onnx.NodeProto]] = {}
+    for kept, lost, reader in found:
+        groups.setdefault((kept, lost), []).append(reader)
+    taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | set(inits)
+    left: list[tuple[str, str, str]] = []
+    apart: list[str] = []
+    for (kept, lost), readers in groups.items():
+        nodes = nodes_of[kept]
+        outputs = {o for n in nodes for o in n.output}
+        params = list(dict.fromkeys(i for n in nodes for i in n.input if i in fx_name))
+        through_copies = any(roles.derived_from(i) for n in nodes for i in n.input)
+        both = any(set(outputs) & set(n.input) and {kept, lost} <= set(c.args)
+                   for n in g.node if (c := _fx_call(n)) is not None)
+        module = {p.rpartition(".")[0] for p in params}
+        leaves = {p.rpartition(".")[2] for p in params}
+        parent = next(iter(module)).rpartition(".")[0] if len(module) == 1 else None
+        fits = [m for m in sorted(free) if parent is not None and m.rpartition(".")[0] == parent
+                and modules[m] == leaves]
+        if through_copies or both or len(fits) != 1:
+            left.append((kept, lost, readers[0].name))
+            continue
+        free.discard(fits[0])
+        swap = {p: f"{fits[0]}.{p.rpartition('.')[2]}" for p in params}
+        for param, copy in swap.items():
+            inits[copy] = g.initializer.add()
+            inits[copy].CopyFrom(inits[param])
+            inits[copy].name = copy
+        renamed = {o: _fresh(f"{o}_{lost}", taken) for o in outputs}
+        at = max(list(g.node).index(n) for n in nodes) + 1
+        for k, node in enumerate(nodes):
+            clone = onnx.NodeProto()
+            clone.CopyFrom(node)
+            clone.name = _fresh(f"{node.name}_{lost}", taken)
+            clone.input[:] = [swap.get(i, renamed.get(i, i)) for i in node.input]
+            clone.output[:] = [renamed.get(o, o) for o in node.output]
+            for entry in clone.metadata_props:
+                if entry.key == TORCH_FX_NODE:  # the merged call's own record, as torch wrote it
+                    entry.value = re.sub(rf"^%{kept} ", f"%{lost} ", entry.value)
+                    for param, copy in swap.items():
+                        entry.value = entry.value.replace(f"%{fx_name[param]}", f"%{fx_name[copy]}")
+            g.node.insert(at + k, clone)
+        for reader in readers:
+            reader.input[:] = [renamed.get(i, i) for i in reader.input]
+        apart.append(f"%{lost} of %{kept}, with {', '.join(swap.values())}")
+    if apart:
+        log.info("%s: %d call(s) onnxscript's optimizer computed once with another of equal parameters are computed "
+                 "apart again (e.g. %s)", display, len(apart), apart[0])
+    return left
 
 
 def _pair_merged_reads(kept: list[str], merged: list[str], positions: list[int]) -> list[tuple[int, str]]:
