@@ -934,7 +934,11 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             if not reads:
                 continue
             kept = [next(iter(holds[i])) for i in reads]
-            for i, param in _pair_merged_reads(kept, merged, reads):
+            pairs = _pair_merged_reads(kept, merged, reads)
+            paired = {i for i, _ in pairs}
+            pairs += [(i, target[args[i]]) for i in _aligned_reads(node, args, inits)
+                      if i in reads and i not in paired and target.get(args[i]) in merged]
+            for i, param in pairs:
                 split.setdefault(param, node.input[i])
                 node.input[i] = param
     for name, source in split.items():
@@ -1144,6 +1148,20 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
         log.info("%s: %d call(s) onnxscript's optimizer computed once with another of equal parameters are computed "
                  "apart again (e.g. %s)", display, len(apart), apart[0])
     return left
+
+
+def _aligned_reads(node: onnx.NodeProto, args: list[str], inits: Mapping[str, onnx.TensorProto]) -> list[int]:
+    """The input positions of ``node`` that are initializers, where its inputs stand one for one
+    with its FX call's tensor arguments: as many, and every other input named as the argument in
+    its place (``Add(mul_42, grn.weight)`` from ``aten.add(%mul_42, %p_grn_bias)``, ConvNeXtV2's
+    zero GRN bias merged into its zero weight). There, input i holds argument i, whatever the names
+    of the two parameters end in. Empty where they do not stand so."""
+    if len(node.input) != len(args):
+        return []
+    at = [i for i, name in enumerate(node.input) if name in inits]
+    if not at or any(name != args[i] for i, name in enumerate(node.input) if i not in at):
+        return []
+    return at
 
 
 def _pair_merged_reads(kept: list[str], merged: list[str], positions: list[int]) -> list[tuple[int, str]]:
