@@ -298,6 +298,20 @@ CASES = {
     "resize_linear_pytorch_half_pixel": (
         [node("Resize", ["x", "", "sc"], ["y"], mode="linear", coordinate_transformation_mode="pytorch_half_pixel")],
         {"x": rnd(2, 1, 4, 3)}, {"consts": {"sc": np.asarray([1, 1, 1.5, 2], np.float32)}}),
+    # cubic (torch's bicubic interpolate; DINOv2 resamples its position embeddings so): taps past
+    # the edges read the edge, or weigh nothing with exclude_outside
+    "resize_cubic_half_pixel_up": (
+        [node("Resize", ["x", "", "sc"], ["y"], mode="cubic")], {"x": rnd(1, 2, 4, 3)},
+        {"consts": {"sc": np.asarray([1, 1, 1.75, 2], np.float32)}}),
+    "resize_cubic_pytorch_half_pixel_down": (
+        [node("Resize", ["x", "", "", "sz"], ["y"], mode="cubic", coordinate_transformation_mode="pytorch_half_pixel")],
+        {"x": rnd(1, 1, 7, 6)}, {"consts": {"sz": ints(1, 1, 3, 4)}}),
+    "resize_cubic_align_corners_exclude_outside": (
+        [node("Resize", ["x", "", "", "sz"], ["y"], mode="cubic", coordinate_transformation_mode="align_corners",
+              exclude_outside=1, cubic_coeff_a=-0.5)], {"x": rnd(1, 1, 3, 5)}, {"consts": {"sz": ints(1, 1, 6, 4)}}),
+    "resize_cubic_asymmetric_exclude_outside": (
+        [node("Resize", ["x", "", "sc"], ["y"], mode="cubic", coordinate_transformation_mode="asymmetric",
+              exclude_outside=1)], {"x": rnd(1, 1, 4, 4)}, {"consts": {"sc": np.asarray([1, 1, 1.5, 0.75], np.float32)}}),
     # ---- losses and dropout ----
     "sce_mean": ([node("SoftmaxCrossEntropyLoss", ["s", "t"], ["y"])], {"s": rnd(4, 3)},
                  {"consts": {"t": ints(0, 2, 1, 2)}}),

@@ -421,11 +421,34 @@ def _source_coordinate(x: np.ndarray, scale: float, n_in: int, n_out: int, mode:
     raise ValueError(mode)
 
 
+def _cubic_weights(coords: np.ndarray, n_in: int, a: float, exclude_outside: bool) -> np.ndarray:
+    """M[o, i] for cubic convolution (Keys, coefficient ``a``): the four inputs around each source
+    coordinate, unclipped; a tap past an edge reads the edge input, or with ``exclude_outside``
+    weighs nothing and the others are scaled to sum to 1 (as ONNX's reference and ORT do)."""
+    m = np.zeros((len(coords), n_in))
+    rows = np.arange(len(coords))
+    base = np.floor(coords)
+    for k in (-1, 0, 1, 2):
+        d = np.abs(coords - (base + k))
+        w = np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                     np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+        idx = base + k
+        if exclude_outside:
+            w = np.where((idx >= 0) & (idx <= n_in - 1), w, 0.0)
+        np.add.at(m, (rows, np.clip(idx, 0, n_in - 1).astype(np.int64)), w)
+    if exclude_outside:
+        m /= m.sum(axis=1, keepdims=True)
+    return m
+
+
 def _resize_matrix(n_in: int, n_out: int, scale: float, ctx: BackwardContext) -> np.ndarray:
-    """M[o, i]: weight of input i in output o along one axis (nearest or linear)."""
+    """M[o, i]: weight of input i in output o along one axis (nearest, linear or cubic)."""
     mode = ctx.attr("mode", "nearest")
     coords = _source_coordinate(np.arange(n_out, dtype=np.float64), scale, n_in, n_out,
                                 ctx.attr("coordinate_transformation_mode", "half_pixel"))
+    if mode == "cubic":
+        return _cubic_weights(coords, n_in, float(ctx.attr("cubic_coeff_a", -0.75)),
+                              bool(int(ctx.attr("exclude_outside", 0))))
     m = np.zeros((n_out, n_in))
     rows = np.arange(n_out)
     if mode == "nearest":
@@ -452,17 +475,18 @@ def _resize_matrix(n_in: int, n_out: int, scale: float, ctx: BackwardContext) ->
 
 @register("Resize")
 def resize(ctx: BackwardContext) -> dict[int, int]:
-    """Nearest and (bi/tri)linear Resize are separable: the adjoint is one constant matrix per axis."""
+    """Nearest, (bi/tri)linear and (bi)cubic Resize are separable: the adjoint is one constant
+    matrix per axis."""
     em = ctx.em
     x_shape, y_shape = ctx.x_shape(0), ctx.y_shape()
     rank = len(x_shape)
     mode = ctx.attr("mode", "nearest")
     ctm = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear") or ctm == "tf_crop_and_resize" or int(ctx.attr("antialias", 0)):
+    if mode not in ("nearest", "linear", "cubic") or ctm == "tf_crop_and_resize" or int(ctx.attr("antialias", 0)):
         raise ModelImportError(
             f"node {ctx.node.name!r} (Resize) uses mode={mode!r}, coordinate_transformation_mode={ctm!r}, "
-            f"antialias={ctx.attr('antialias', 0)}; memplan differentiates Resize with mode nearest or linear, "
-            "without antialias or tf_crop_and_resize"
+            f"antialias={ctx.attr('antialias', 0)}; memplan differentiates Resize with mode nearest, linear or "
+            "cubic, without antialias or tf_crop_and_resize"
         )
     axes = [int(a) % rank for a in ctx.attr("axes", range(rank))]
     scales = [y / x for x, y in zip(x_shape, y_shape)]
