@@ -1089,10 +1089,10 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
     found = _computed_once(g, target)
     if not found:
         return []
+    calls = [(node, call) for node in g.node if (call := _fx_call(node)) is not None]
     nodes_of: dict[str, list[onnx.NodeProto]] = {}
-    for node in g.node:
-        call = _fx_call(node)
-        if call is not None and call.name:
+    for node, call in calls:
+        if call.name:
             nodes_of.setdefault(call.name, []).append(node)
     fx_name = {t: f for f, t in target.items()}
     modules: dict[str, set[str]] = {}  # module -> its parameters' last name parts
@@ -1111,8 +1111,7 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
         outputs = {o for n in nodes for o in n.output}
         params = list(dict.fromkeys(i for n in nodes for i in n.input if i in fx_name))
         through_copies = any(roles.derived_from(i) for n in nodes for i in n.input)
-        both = any(set(outputs) & set(n.input) and {kept, lost} <= set(c.args)
-                   for n in g.node if (c := _fx_call(n)) is not None)
+        both = any(outputs & set(n.input) and {kept, lost} <= set(c.args) for n, c in calls)
         module = {p.rpartition(".")[0] for p in params}
         leaves = {p.rpartition(".")[2] for p in params}
         parent = next(iter(module)).rpartition(".")[0] if len(module) == 1 else None
