@@ -28,7 +28,7 @@ from passes.onnx_import import (DTYPE_TO_ONNX, GRAPH_FIELD, INITIALIZER_FIELD, M
                                 RAW_DATA_FIELD, SHAPES_KEY, field_head, is_stub)
 from planner.errors import GraphError, ModelImportError, first_line
 from planner.fileio import atomic_write, write_mode, write_target
-from planner.graph import NO_TENSOR, Graph, Tensor, TensorKind, fresh_name, gc_paused
+from planner.graph import INTERNAL_ATTR_PREFIX, NO_TENSOR, Graph, Tensor, TensorKind, fresh_name, gc_paused
 from planner.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,8 @@ def _export_model(graph: Graph, producer: str, metadata: dict[str, str] | None, 
             name=node.name,
             domain=node.domain or None,
         )
-        n.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items()))
+        n.attribute.extend(attribute_proto(k, v) for k, v in sorted(node.attrs.items())
+                           if not k.startswith(INTERNAL_ATTR_PREFIX))
         if inline and node.op_type in ORT_INLINED_OPS and node.domain in ("", "ai.onnx"):
             io_info = [tensor_value_info(graph.tensors[t], types) for t in (*node.inputs, *node.outputs) if t != NO_TENSOR]
             body, info = function_body(n, io_info, opsets, taken)

@@ -34,7 +34,16 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
 
 from planner.errors import ModelImportError, PlannerError, UnknownDimError, first_line
-from planner.graph import DTYPE_BITS, FLOAT_DTYPES, NO_TENSOR, Graph, GraphBuilder, TensorKind, fresh_name
+from planner.graph import (
+    DTYPE_BITS,
+    FLOAT_DTYPES,
+    NO_TENSOR,
+    PADDING_IDX,
+    Graph,
+    GraphBuilder,
+    TensorKind,
+    fresh_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -1072,6 +1081,17 @@ def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> list[tuple[
     return found
 
 
+def _padding_idx(node: onnx.NodeProto) -> int | None:
+    """The ``padding_idx`` of the ``nn.Embedding`` a Gather was translated from, where its FX record
+    gives one (``aten.embedding(%p_weight, %ids, 1)``; torch passes -1 for none): torch gives that
+    row no gradient. A TorchScript export leaves no trace of it."""
+    fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+    found = re.search(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \(%\w+, %\w+, (-?\d+)[,)]", fx or "")
+    if found is None or int(found.group(1)) < 0 or int(_plain_attrs(node).get("axis", 0)) != 0:
+        return None
+    return int(found.group(1))
+
+
 def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
                          unnamed: list[str], display: str) -> list[tuple[str, str, str]]:
     """Compute apart again the calls onnxscript's optimizer computed once (:func:`_computed_once`),
@@ -2085,6 +2105,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
                                        f"with inputs of shape {given or 'none'}")
             outs.append((name, _dtype(et, name, display), shape))
         attrs = {a.name: _attr_value(a, node, display) for a in node.attribute}
+        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and (pad := _padding_idx(node)) is not None:
+            attrs[PADDING_IDX] = pad
         if node.op_type == "MeanVarianceNormalization" and node.domain in ("", "ai.onnx") and "axes" not in attrs:
             # its default written out: onnx's checker cannot expand the function body without it
             attrs["axes"] = [0, 2, 3]

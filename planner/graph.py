@@ -29,6 +29,12 @@ from planner.errors import GraphError
 #: Missing optional input (ONNX's empty name).
 NO_TENSOR = -1
 
+#: Node attributes named ``memplan.*`` are memplan's own notes for autodiff, not ONNX attributes:
+#: the exporter leaves them out. PADDING_IDX on a Gather: torch's ``nn.Embedding(padding_idx=k)``,
+#: whose row k gets no gradient (only the FX record of a torch.export-based file tells it).
+INTERNAL_ATTR_PREFIX = "memplan."
+PADDING_IDX = "memplan.padding_idx"
+
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:

@@ -14,6 +14,7 @@ import numpy as np
 from passes.gradients import BackwardContext, register
 from passes.gradients._emit import Emitter, axes_input_since, prod
 from planner.errors import ModelImportError, OpsetTooOldError
+from planner.graph import PADDING_IDX
 
 
 def _axes(ctx: BackwardContext, slot: int, attr_before: int, rank: int) -> list[int] | None:
@@ -172,7 +173,8 @@ def _require_opset16(ctx: BackwardContext, needed: str) -> None:
 
 @register("Gather")
 def gather(ctx: BackwardContext) -> dict[int, int]:
-    """Scatter-add g back along ``axis`` (ScatterND with reduction='add', opset 16+)."""
+    """Scatter-add g back along ``axis`` (ScatterND with reduction='add', opset 16+); a torch
+    embedding's padding row (``PADDING_IDX``) gets none, as torch gives it."""
     em, g = ctx.em, ctx.dy()
     x_shape = ctx.x_shape(0)
     rank = len(x_shape)
@@ -194,6 +196,11 @@ def gather(ctx: BackwardContext) -> dict[int, int]:
     moved = em.transpose(g, perm)
     target = [x_shape[axis], *x_shape[:axis], *x_shape[axis + 1:]]
     scattered = em.scatter_add("ScatterND", None, idx, moved, target)
+    pad = ctx.attr(PADDING_IDX)
+    if pad is not None and axis == 0 and 0 <= int(pad) < x_shape[0]:  # torch's nn.Embedding(padding_idx=pad)
+        row = em.const(np.asarray([[int(pad)]], np.int64))
+        scattered = em.op("ScatterND", [scattered, row, em.zeros([1, *x_shape[1:]], em.dtype(scattered))],
+                          target, em.dtype(scattered))
     back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
     return {0: em.transpose(scattered, back)}
 
