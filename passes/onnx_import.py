@@ -988,6 +988,17 @@ def _fx_call(node: onnx.NodeProto) -> FxCall | None:
                   re.findall(r"%(\w+)", fx.split("](", 1)[-1]))
 
 
+def _padding_idx(node: onnx.NodeProto) -> int | None:
+    """The ``padding_idx`` of the ``nn.Embedding`` a Gather was translated from, where its FX record
+    gives one (``aten.embedding(%p_weight, %ids, 1)``; torch passes -1 for none): torch gives that
+    row no gradient. A TorchScript export leaves no trace of it."""
+    fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+    found = re.search(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \(%\w+, %\w+, (-?\d+)[,)]", fx or "")
+    if found is None or int(found.group(1)) < 0 or int(_plain_attrs(node).get("axis", 0)) != 0:
+        return None
+    return int(found.group(1))
+
+
 def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
                             display: str) -> None:
     """Put back, as zeros, the biases onnxscript's optimizer dropped because they were zero (every
@@ -1079,17 +1090,6 @@ def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> list[tuple[
             if lost and kept not in call.args:
                 found.append((kept, lost, node))
     return found
-
-
-def _padding_idx(node: onnx.NodeProto) -> int | None:
-    """The ``padding_idx`` of the ``nn.Embedding`` a Gather was translated from, where its FX record
-    gives one (``aten.embedding(%p_weight, %ids, 1)``; torch passes -1 for none): torch gives that
-    row no gradient. A TorchScript export leaves no trace of it."""
-    fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
-    found = re.search(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \(%\w+, %\w+, (-?\d+)[,)]", fx or "")
-    if found is None or int(found.group(1)) < 0 or int(_plain_attrs(node).get("axis", 0)) != 0:
-        return None
-    return int(found.group(1))
 
 
 def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
