@@ -1103,8 +1103,10 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
     of the one module that has a parameter named like each of the kept call's (``weight``, ``bias``),
     none of them in the file or any FX record, and that is a sibling of the kept call's module
     (``layers.0.post_attention_layernorm`` beside ``layers.0.input_layernorm``). Where no module
-    or several fit, or the kept call read a parameter through a folded copy, it stays computed once.
-    Returns those left so: (kept call, merged call, a reader's name)."""
+    anywhere has parameters named so, the two were one computation torch made twice with the same
+    parameters (RWKV's ``k + time_first``, twice a step), which torch trains as one too. Where such
+    modules are elsewhere or several fit, or the kept call read a parameter through a folded copy,
+    it stays computed once. Returns those left so: (kept call, merged call, a reader's name)."""
     target = roles.targets
     found = _computed_once(g, target)
     if not found:
@@ -1135,8 +1137,10 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
         module = {p.rpartition(".")[0] for p in params}
         leaves = {p.rpartition(".")[2] for p in params}
         parent = next(iter(module)).rpartition(".")[0] if len(module) == 1 else None
-        fits = [m for m in sorted(free) if parent is not None and m.rpartition(".")[0] == parent
-                and modules[m] == leaves]
+        alike = [m for m in sorted(free) if modules[m] == leaves]
+        fits = [m for m in alike if parent is not None and m.rpartition(".")[0] == parent]
+        if not alike:  # one computation torch made twice with the same parameters (RWKV's k + time_first)
+            continue
         if through_copies or both or len(fits) != 1:
             left.append((kept, lost, readers[0].name))
             continue

@@ -410,3 +410,15 @@ def test_calls_computed_once_that_cannot_be_told_apart_are_named(form, siblings,
             and "optimize=False" in caplog.text)
     assert said is (form == "merged")
     assert form == "merged" or not caplog.text
+
+
+def test_one_computation_torch_made_twice_stays_one_and_is_not_warned_of(caplog):
+    """onnxscript also computes once what torch computed twice from the same parameters (RWKV's
+    ``k + time_first``, twice a time step): ``mm2``'s record names ``%layer_norm_1``, but no module
+    with a LayerNorm's parameters is left unnamed, so it was the same norm, which torch trains as
+    one: nothing is copied and nothing warned of."""
+    params, _, grads = _grads(_norm_twice("merged", siblings=()))
+    assert sorted(params) == ["b.n1.bias", "b.n1.weight", "w", "w2"]
+    _, _, want = _grads(_norm_twice("distinct"))
+    np.testing.assert_allclose(grads["b.n1.weight"], want["b.n1.weight"] + want["b.n2.weight"], rtol=1e-5, atol=1e-6)
+    assert not caplog.text
