@@ -945,7 +945,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             kept = [next(iter(holds[i])) for i in reads]
             pairs = _pair_merged_reads(kept, merged, reads)
             paired = {i for i, _ in pairs}
-            pairs += [(i, target[args[i]]) for i in _aligned_reads(node, args, inits)
+            pairs += [(i, target[args[i]]) for i in _aligned_reads(node, args, target, inits)
                       if i in reads and i not in paired and target.get(args[i]) in merged]
             for i, param in pairs:
                 split.setdefault(param, node.input[i])
@@ -1173,16 +1173,19 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
     return left
 
 
-def _aligned_reads(node: onnx.NodeProto, args: list[str], inits: Mapping[str, onnx.TensorProto]) -> list[int]:
+def _aligned_reads(node: onnx.NodeProto, args: list[str], target: Mapping[str, str],
+                   inits: Mapping[str, onnx.TensorProto]) -> list[int]:
     """The input positions of ``node`` that are initializers, where its inputs stand one for one
-    with its FX call's tensor arguments: as many, and every other input named as the argument in
-    its place (``Add(mul_42, grn.weight)`` from ``aten.add(%mul_42, %p_grn_bias)``, ConvNeXtV2's
-    zero GRN bias merged into its zero weight). There, input i holds argument i, whatever the names
-    of the two parameters end in. Empty where they do not stand so."""
+    with its FX call's tensor arguments: as many, and the initializers at the very positions of
+    the parameters (``Add(mul_42, grn.weight)`` from ``aten.add(%mul_42, %p_grn_bias)``, ConvNeXtV2's
+    zero GRN bias merged into its zero weight; ``Mul(lambda_1, linear_5)`` from
+    ``aten.mul(%p_lambda_2, %clone_5)``, BEiT's layer scales, the optimizer having dropped the
+    clone). There, input i holds argument i, whatever the names of the two parameters end in. Empty
+    where they do not stand so (``Gemm(x, w, b)`` from ``aten.addmm(%p_b, %x, %t)``)."""
     if len(node.input) != len(args):
         return []
     at = [i for i, name in enumerate(node.input) if name in inits]
-    if not at or any(name != args[i] for i, name in enumerate(node.input) if i not in at):
+    if not at or at != [i for i, arg in enumerate(args) if arg in target]:
         return []
     return at
 

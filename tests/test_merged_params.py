@@ -212,11 +212,12 @@ def test_reads_pair_only_with_parameters_named_alike(caplog):
     assert "2 parameter(s) torch trains are not in the file (e.g. 'n2.weight')" in caplog.text
 
 
-def _grn(form: str, rename: bool = False) -> onnx.ModelProto:
+def _grn(form: str, swapped: bool = False) -> onnx.ModelProto:
     """ConvNeXtV2's GRN tail, ``h = x @ w; y = grn.weight * h + grn.bias + h``, both zero in a fresh
     model: ``distinct``, or ``merged`` as onnxscript writes it, the Add reading ``grn.weight`` where
-    its FX record names ``%p_grn_bias``. ``rename``: the Add's other input not named as its FX
-    argument (the node's inputs then do not stand one for one with the call's)."""
+    its FX record names ``%p_grn_bias`` (and ``%mul_0``, not the ``mul_1`` it reads: a clone the
+    optimizer dropped). ``swapped``: the record's arguments in the other order (the node's inputs
+    then do not stand one for one with the call's)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="node_mm"),
              helper.make_node("Mul", ["grn.weight", "h"], ["mul_1"], name="node_mul_1"),
              helper.make_node("Add", ["mul_1", "grn.weight" if form == "merged" else "grn.bias"], ["add_2"],
@@ -231,16 +232,18 @@ def _grn(form: str, rename: bool = False) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     call = "%{} : [num_users=1] = call_function[target=torch.ops.aten.{}.Tensor](args = ({}), kwargs = {{}})"
     _as_exported(model, {"node_mul_1": call.format("mul_1", "mul", "%p_grn_weight, %h"),
-                         "node_add_2": call.format("add_2", "add", f"%{'mul_0' if rename else 'mul_1'}, %p_grn_bias")},
+                         "node_add_2": call.format("add_2", "add", "%p_grn_bias, %mul_0" if swapped
+                                                   else "%mul_0, %p_grn_bias")},
                  ("w", "grn.weight", "grn.bias"))
     return model
 
 
 def test_a_merged_read_pairs_by_position_where_the_inputs_stand_for_the_arguments(caplog):
     """GRN's zero bias merged into its zero weight: the names end unlike (``weight``, ``bias``), but
-    the Add's other input is named as its FX argument, so input 1 is argument 1, ``grn.bias``
-    (fresh ConvNeXtV2, dynamo: worst gradient error 33 -> 6.6e-07). Where the inputs do not stand
-    so, the read stays merged and the warning names it."""
+    the Add's initializer stands where its FX call has its parameter, so input 1 is argument 1,
+    ``grn.bias`` (fresh ConvNeXtV2, dynamo: worst gradient error 33 -> 6.6e-07; BEiT's and DINOv2's
+    layer scales merged into a norm's weight: 3.5e-02 and 3.0 -> 3.0e-07 and 6.0e-07). Where they
+    do not stand so, the read stays merged and the warning names it."""
     params, loss, grads = _grads(_grn("merged"))
     want_params, want_loss, want = _grads(_grn("distinct"))
     assert sorted(params) == sorted(want_params) == ["grn.bias", "grn.weight", "w"]
@@ -249,7 +252,7 @@ def test_a_merged_read_pairs_by_position_where_the_inputs_stand_for_the_argument
         np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
     assert not np.allclose(want["grn.weight"], want["grn.bias"], rtol=1e-2)
     assert not caplog.text
-    params, _, grads = _grads(_grn("merged", rename=True))
+    params, _, grads = _grads(_grn("merged", swapped=True))
     assert sorted(params) == ["grn.weight", "w"]
     np.testing.assert_allclose(grads["grn.weight"], want["grn.weight"] + want["grn.bias"], rtol=1e-5, atol=1e-6)
     assert "1 parameter(s) torch trains are not in the file (e.g. 'grn.bias')" in caplog.text
