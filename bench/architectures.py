@@ -99,6 +99,10 @@ def specs():
         return {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen),
                 "labels": torch.randint(0, NUM_CLASSES, (2,), generator=gen)}
 
+    def pixels64(gen):
+        return {"pixel_values": torch.randn(2, 3, 64, 64, generator=gen),
+                "labels": torch.randint(0, NUM_CLASSES, (2,), generator=gen)}
+
     def video(gen):
         return {"input": torch.randn(2, 3, 4, 32, 32, generator=gen),
                 "labels": torch.randint(0, NUM_CLASSES, (2,), generator=gen)}
@@ -302,6 +306,84 @@ def specs():
                             up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
                             norm_num_groups=4, attention_head_dim=4),
                        noisy(4, context=True), 17, False, unet_dyn, True, "diffusers text-conditioned unet"),
+        # stop 77: more decoders, encoders and vision transformers
+        "falcon": S(hf("FalconForCausalLM", "FalconConfig", lm_keys, vocab_size=128, hidden_size=32,
+                       num_hidden_layers=2, num_attention_heads=2, num_kv_heads=1, new_decoder_architecture=True,
+                       max_position_embeddings=72, initializer_range=0.1, use_cache=False,
+                       attn_implementation="eager"), tokens(), 17, False, lm_dyn, False, "falcon (two norms)"),
+        "gptj": S(hf("GPTJForCausalLM", "GPTJConfig", lm_keys, vocab_size=128, n_positions=72, n_embd=32, n_layer=2,
+                     n_head=2, rotary_dim=8, n_inner=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     use_cache=False, initializer_range=0.1, attn_implementation="eager"), tokens(), 17, False,
+                  lm_dyn, True, "gpt-j"),
+        "codegen": S(hf("CodeGenForCausalLM", "CodeGenConfig", lm_keys, vocab_size=128, n_positions=72, n_ctx=72,
+                        n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, use_cache=False, initializer_range=0.1), tokens(), 17, False, lm_dyn, True,
+                     "codegen"),
+        "stablelm": S(hf("StableLmForCausalLM", "StableLmConfig", lm_keys, num_key_value_heads=1, qk_layernorm=True,
+                         attn_implementation="eager", **lm), tokens(), 17, False, lm_dyn, True, "stablelm"),
+        "phi3": S(hf("Phi3ForCausalLM", "Phi3Config", lm_keys, num_key_value_heads=1, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2, original_max_position_embeddings=72,
+                     attn_implementation="eager", **lm), tokens(), 17, False, lm_dyn, True, "phi-3"),
+        "cohere": S(hf("CohereForCausalLM", "CohereConfig", lm_keys, num_key_value_heads=1, pad_token_id=0,
+                       bos_token_id=1, eos_token_id=2, attn_implementation="eager", **lm), tokens(), 17, False,
+                    lm_dyn, False, "cohere"),
+        "olmo": S(hf("OlmoForCausalLM", "OlmoConfig", lm_keys, num_key_value_heads=1, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2, attn_implementation="eager", **lm), tokens(), 17, False,
+                  lm_dyn, True, "olmo (norms without parameters)"),
+        "persimmon": S(hf("PersimmonForCausalLM", "PersimmonConfig", lm_keys, qk_layernorm=True,
+                          partial_rotary_factor=0.5, hidden_dropout=0.0, attention_dropout=0.0, pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2, attn_implementation="eager", **lm), tokens(), 17, False,
+                       lm_dyn, True, "persimmon"),
+        "gemma2": S(hf("Gemma2ForCausalLM", "Gemma2Config", lm_keys, num_key_value_heads=1, head_dim=16,
+                       sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       attn_implementation="eager", **lm), tokens(), 17, False, lm_dyn, False, "gemma-2"),
+        "starcoder2": S(hf("Starcoder2ForCausalLM", "Starcoder2Config", lm_keys, num_key_value_heads=1,
+                           residual_dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0,
+                           attn_implementation="eager", **lm), tokens(), 17, False, lm_dyn, False, "starcoder2"),
+        "electra": S(hf("ElectraForSequenceClassification", "ElectraConfig", lm_keys, embedding_size=16,
+                        **enc), tokens(3), 17, False, cls_dyn, True, "electra"),
+        "mobilebert": S(hf("MobileBertForSequenceClassification", "MobileBertConfig", lm_keys, embedding_size=16,
+                           intra_bottleneck_size=16, true_hidden_size=16, num_feedforward_networks=2,
+                           classifier_dropout=0.0, **enc), tokens(3), 17, False, cls_dyn, True, "mobilebert"),
+        "funnel": S(hf("FunnelForSequenceClassification", "FunnelConfig", lm_keys, vocab_size=128, block_sizes=[1, 1],
+                       num_decoder_layers=1, d_model=32, n_head=2, d_head=16, d_inner=64, hidden_dropout=0.0,
+                       attention_dropout=0.0, activation_dropout=0.0, num_labels=3, initializer_range=0.1),
+                    tokens(3), 17, False, cls_dyn, True, "funnel"),
+        "squeezebert": S(hf("SqueezeBertForSequenceClassification", "SqueezeBertConfig", lm_keys, embedding_size=32,
+                            q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2, intermediate_groups=2,
+                            output_groups=2, **enc), tokens(3), 17, False, cls_dyn, True, "squeezebert"),
+        "convbert": S(hf("ConvBertForSequenceClassification", "ConvBertConfig", lm_keys, embedding_size=32,
+                         head_ratio=2, conv_kernel_size=3, **enc), tokens(3), 17, False, cls_dyn, True, "convbert"),
+        "xlnet": S(hf("XLNetForSequenceClassification", "XLNetConfig", lm_keys, vocab_size=128, d_model=32, n_layer=2,
+                      n_head=2, d_inner=64, dropout=0.0, num_labels=3, initializer_range=0.1, use_mems_train=False),
+                   tokens(3), 17, False, cls_dyn, True, "xlnet"),
+        "dinov2": S(hf("Dinov2ForImageClassification", "Dinov2Config", ["pixel_values", "labels"], image_size=32,
+                       patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                       num_labels=NUM_CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                       drop_path_rate=0.0), pixels, 17, False, pix, True, "dinov2"),
+        "beit": S(hf("BeitForImageClassification", "BeitConfig", ["pixel_values", "labels"], image_size=32,
+                     patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     use_relative_position_bias=True, num_labels=NUM_CLASSES, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, drop_path_rate=0.0), pixels, 17, False, pix, True, "beit"),
+        "swinv2": S(hf("Swinv2ForImageClassification", "Swinv2Config", ["pixel_values", "labels"], image_size=32,
+                       patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,
+                       num_labels=NUM_CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                       drop_path_rate=0.0), pixels, 17, False, pix, True, "swin-v2"),
+        "pvtv2": S(hf("PvtV2ForImageClassification", "PvtV2Config", ["pixel_values", "labels"], image_size=32,
+                      num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3],
+                      strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=NUM_CLASSES,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0),
+                   pixels, 17, False, pix, True, "pvt-v2"),
+        "poolformer": S(hf("PoolFormerForImageClassification", "PoolFormerConfig", ["pixel_values", "labels"],
+                           num_encoder_blocks=2, depths=[1, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3],
+                           strides=[4, 2], padding=[2, 1], mlp_ratio=2.0, num_labels=NUM_CLASSES,
+                           hidden_dropout_prob=0.0, drop_path_rate=0.0), pixels, 17, False, pix, True, "poolformer"),
+        "levit": S(hf("LevitForImageClassification", "LevitConfig", ["pixel_values", "labels"], image_size=64,
+                      hidden_sizes=[16, 32, 48], num_attention_heads=[1, 2, 3], depths=[1, 1, 1], key_dim=[8, 8, 8],
+                      drop_path_rate=0.0, num_labels=NUM_CLASSES), pixels64, 17, True, pix, True, "levit"),
+        "rwkv": S(hf("RwkvForCausalLM", "RwkvConfig", ids_keys, vocab_size=128, context_length=72, hidden_size=32,
+                     num_hidden_layers=2, attention_hidden_size=32, intermediate_size=64, use_cache=False),
+                  ids_only, 17, False, ids_dyn, False, "rwkv"),
     }
     return table
 
@@ -339,7 +421,10 @@ def _memplan(*args: str, timeout: float = 1800) -> tuple[int, str, str]:
 
 
 def row(path: Path, budget: int, time_limit: float, plan: bool = True) -> dict:
+    import onnx
+
     from passes import gradcheck
+    from passes.onnx_import import symbolic_input_dims
 
     ref = np.load(path.with_suffix(".npz"))
     dims = {k[4:]: int(ref[k]) for k in ref.files if k.startswith("dim:")}
@@ -353,7 +438,9 @@ def row(path: Path, budget: int, time_limit: float, plan: bool = True) -> dict:
     if not plan:
         return out
     large = LARGE_TOKENS if "seq" in dims else LARGE
-    flags = [x for d in dims for x in ("--dim", f"{d}={large.get(d, dims[d])}")]
+    # torch.export may specialize a dim the spec made dynamic (funnel's seq): bind only those left
+    present = set(symbolic_input_dims(onnx.load(str(path), load_external_data=False)))
+    flags = [x for d in dims if d in present for x in ("--dim", f"{d}={large.get(d, dims[d])}")]
     planned = path.with_suffix(".planned.onnx")
     err = ""
     for attempt in (f"{budget}%", None):
