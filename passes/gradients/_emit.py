@@ -275,11 +275,11 @@ class Emitter:
         if rank == 1:  # a vector: as one row (Slice/Pad of a 1-D weight; fuzzed, stop 49)
             row = self.axis_matmul(self.reshape(g, [1, self.shape(g)[0]]), 1, matrix)
             return self.reshape(row, [int(np.shape(matrix)[1])])
+        if axis == rank - 2:  # the transpose on the left (and no unread constant of the matrix itself)
+            return self.matmul(self.const(np.ascontiguousarray(np.asarray(matrix, dtype=self.dtype(g)).T)), g)
         m = self.const(np.asarray(matrix, dtype=self.dtype(g)))
         if axis == rank - 1:
             return self.matmul(g, m)
-        if axis == rank - 2:
-            return self.matmul(self.const(np.ascontiguousarray(np.asarray(matrix, dtype=self.dtype(g)).T)), g)
         perm = [i for i in range(rank) if i != axis] + [axis]
         moved = self.matmul(self.transpose(g, perm), m)
         return self.transpose(moved, np.argsort(perm))
