@@ -740,7 +740,8 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
     table gathered by its index, DeBERTa's projected relative embeddings). memplan trains each as a
     parameter of its own; that is torch's training only where it is a reshape or a shift of one
     parameter. A folded copy of one parameter alone (a Linear weight transposed) is not counted:
-    it trains as the parameter (``_unfold_tied_copies``, ``_merge_folded_copies``). Nor is one
+    it trains as the parameter (``_unfold_tied_copies``, ``_merge_folded_copies``), and neither is
+    ``a * P + b`` of a parameter nodes also read, computed from it again there. Nor is one
     that every node reading it took the parameter itself in torch, as their FX records say: the
     ONNX translation's own reshape of an aten op's argument (``aten.group_norm``'s weight
     unsqueezed to [C, 1, 1]), not a computation of the model's."""
@@ -793,24 +794,112 @@ def batch_statistics_lost(model: onnx.ModelProto, roles: TorchExportRoles | None
 def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: str) -> None:
     """Put back ``Transpose(P)`` for an initializer that constant folding computed as the transpose
     of parameter P while nodes still read P itself: a tied weight (GPT-2's embedding and LM head)
-    would otherwise train as two independent copies, each with part of the gradient."""
+    would otherwise train as two independent copies, each with part of the gradient. So for one
+    that is ``a * P + b`` (scalars; P maybe reshaped) to the last bit: RWKV's ``1 - time_mix_key``
+    beside ``time_mix_key`` itself."""
     inits = {i.name: i for i in g.initializer}
-    read = {n for node in g.node for n in node.input}
+    readers = _readers(g)
+    read = set(readers)
     taken = {n.name for n in g.node}
     for name, init in list(inits.items()):
         sources = roles.derived_from(name)
         if not _is_float(init) or len(sources) != 1:
             continue
         (param,) = sources
-        if param not in inits or param not in read or len(init.dims) < 2:
+        if param not in inits or param not in read:
             continue
-        source = initializer_value(inits[param])
-        if not _is_transpose(initializer_value(init), source):
+        source, value = initializer_value(inits[param]), initializer_value(init)
+        if _is_transpose(value, source):
+            g.initializer.remove(init)
+            _compute_as_transpose(g, name, param, source.ndim, taken)
+            log.info("%s: initializer %r is %r transposed, which nodes also read (a tied weight); "
+                     "computing it with Transpose so both share one gradient", display, name, param)
+            continue
+        affine = _affine_of(value, source)
+        # every reader's FX record names this very value: a reader naming another folded one (RWKV's
+        # sub_595, merged into sub_5 for equal values) took 1 - P' of some other parameter P'
+        if affine is None or any(name not in call.args for call in map(_fx_call, readers.get(name, ())) if call):
             continue
         g.initializer.remove(init)
-        _compute_as_transpose(g, name, param, source.ndim, taken)
-        log.info("%s: initializer %r is %r transposed, which nodes also read (a tied weight); "
-                 "computing it with Transpose so both share one gradient", display, name, param)
+        _compute_as_affine(g, name, param, value, affine, taken)
+        log.info("%s: initializer %r is %s of %r, which nodes also read; computing it from %r so both share "
+                 "one gradient", display, name, _affine_text(*affine), param, param)
+
+
+def _affine_of(value: np.ndarray, source: np.ndarray) -> tuple[float, float] | None:
+    """(a, b) where ``value`` is ``a * source + b`` elementwise, source reshaped to value's shape, to
+    the last bit as float math in value's type makes it (:func:`_affine_value`); None where not
+    (fewer than two distinct source values leave a and b unknown)."""
+    if value.size != source.size or value.dtype != source.dtype or value.dtype not in (np.float32, np.float64):
+        return None
+    x, y = source.reshape(-1).astype(np.float64), value.reshape(-1).astype(np.float64)
+    i = int(np.argmin(x))
+    j = int(np.argmax(x))
+    if x[i] == x[j]:
+        return None
+    slope = (y[j] - y[i]) / (x[j] - x[i])
+    for a in dict.fromkeys((float(round(slope)), float(f"{slope:.6g}"), float(np.float32(slope)), float(slope))):
+        if a == 0:
+            continue
+        offset = y[i] - a * x[i]
+        for b in dict.fromkeys((float(round(offset)), float(f"{offset:.6g}"), float(offset))):
+            if np.array_equal(_affine_value(source.reshape(value.shape), a, b), value):
+                return a, b
+    return None
+
+
+def _affine_value(x: np.ndarray, a: float, b: float) -> np.ndarray:
+    """``a * x + b`` as the nodes :func:`_compute_as_affine` writes compute it, in x's type."""
+    a_, b_ = x.dtype.type(a), x.dtype.type(b)
+    if a == 1:
+        return x + b_ if b else x
+    if a == -1:
+        return b_ - x
+    return x * a_ + b_ if b else x * a_
+
+
+def _affine_text(a: float, b: float) -> str:
+    scaled = "P" if a == 1 else "-P" if a == -1 else f"{a:g} * P"
+    if a == -1 and b:
+        return f"{b:g} - P"
+    return f"{scaled} {'+' if b > 0 else '-'} {abs(b):g}" if b else scaled
+
+
+def _compute_as_affine(g: onnx.GraphProto, name: str, source: str, value: np.ndarray, affine: tuple[float, float],
+                       taken: set[str]) -> None:
+    """``name`` (no longer an initializer) made first thing as ``a * source + b`` (reshaped to
+    ``value``'s shape), in the op order :func:`_affine_value` checked."""
+    a, b = affine
+    nodes: list[onnx.NodeProto] = []
+    x = source
+    if list(value.shape) != [int(d) for d in next(i.dims for i in g.initializer if i.name == source)]:
+        shape = _fresh(f"{name}_shape", taken)
+        g.initializer.append(numpy_helper.from_array(np.asarray(value.shape, np.int64), shape))
+        x = _fresh(f"{name}_reshaped", taken)
+        nodes.append(helper.make_node("Reshape", [source, shape], [x], name=_fresh(f"{name}_reshape", taken)))
+
+    def scalar(v: float) -> str:
+        const = _fresh(f"{name}_{'a' if v == a else 'b'}", taken)
+        g.initializer.append(numpy_helper.from_array(np.asarray(v, value.dtype), const))
+        return const
+
+    steps: list[tuple[str, list[str]]] = []
+    if a == -1:
+        steps.append(("Sub", [scalar(b), x]))
+    else:
+        if a != 1:
+            steps.append(("Mul", [x, scalar(a)]))
+        if b:
+            steps.append(("Add", ["", scalar(b)]))
+    if not steps:
+        steps.append(("Identity", [x]))
+    for k, (op, ins) in enumerate(steps):  # "" is the step before's output
+        out = name if k == len(steps) - 1 else _fresh(f"{name}_scaled", taken)
+        nodes.append(helper.make_node(op, [x if i == "" else i for i in ins], [out],
+                                      name=_fresh(f"{name}_untied", taken)))
+        x = out
+    for k, node in enumerate(nodes):
+        g.node.insert(k, node)
 
 
 def _is_transpose(value: np.ndarray, source: np.ndarray) -> bool:

@@ -15,6 +15,7 @@ torch's gradients, and the tied weight once.
 """
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from passes import gradcheck
 from passes.autodiff import build_training_graph
 from passes.onnx_import import (
     FOLDED_FROM,
+    TORCH_FX_NODE,
     TORCH_INPUT_KIND,
     TORCH_SIGNATURE,
     import_model,
@@ -425,3 +427,71 @@ def test_dynamo_fixture_tied_weight_has_one_gradient():
     _, grads = gradcheck.run_training_step(step, feeds)
     want = record[f"grad:{tied}"]
     np.testing.assert_allclose(grads[tied], want, rtol=0, atol=2e-3 * float(np.abs(want).max()))
+
+
+# RWKV's token mix, ``k = x * mix + shifted * (1 - mix)``, as the dynamo exporter writes it:
+# onnxscript folds ``1 - mix`` into ``sub_5`` (folded_from mix and the constant 1) while the
+# first Mul still reads ``mix`` itself.
+MIX = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[2, 3, 4] x, float[2, 3, 4] s) => (float loss)
+  <float[1, 1, 4] mix, float[{shape}] sub_5>
+{
+    a = Mul(x, mix)
+    b = Mul(s, sub_5)
+    k = Add(a, b)
+    k2 = Mul(k, k)
+    loss = ReduceSum<keepdims = 0>(k2)
+}
+"""
+MIX_FEEDS = {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32),
+             "s": RNG.standard_normal((2, 3, 4)).astype(np.float32)}
+
+
+def _mix_model(folded: str = "1 - mix", record: str = "sub_5") -> onnx.ModelProto:
+    mix = np.random.default_rng(4).uniform(0.1, 0.9, (1, 1, 4)).astype(np.float32)
+    value = {"1 - mix": np.float32(1) - mix, "mix + 1": mix + np.float32(1), "3 * mix": mix * np.float32(3),
+             "1 - mix, flat": (np.float32(1) - mix).reshape(4),
+             "reshaped": mix.reshape(4)[::-1].reshape(1, 1, 4).copy()}[folded]
+    model = parse_model(MIX.replace("{shape}", ", ".join(map(str, value.shape))), ir_version=10)
+    model.graph.initializer.extend([numpy_helper.from_array(mix, "mix"), numpy_helper.from_array(value, "sub_5")])
+    _mark(model, "mix", TORCH_INPUT_KIND, "PARAMETER")
+    _mark(model, "sub_5", FOLDED_FROM, "['mix', 'scalar_tensor_default']")
+    sig = model.graph.metadata_props.add()
+    sig.key, sig.value = TORCH_SIGNATURE, "\n# inputs\np_mix: PARAMETER target='mix'\nx: USER_INPUT\ns: USER_INPUT\n"
+    for node in model.graph.node:
+        if node.output[0] == "b":
+            entry = node.metadata_props.add()
+            entry.key = TORCH_FX_NODE
+            entry.value = (f"%mul_1 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = "
+                           f"(%s, %{record}), kwargs = {{}})")
+    return model
+
+
+@pytest.mark.parametrize("folded, a", [("1 - mix", -1.0), ("mix + 1", 1.0), ("3 * mix", 3.0), ("1 - mix, flat", -1.0)])
+def test_a_folded_affine_copy_of_a_parameter_read_itself_shares_its_gradient(folded, a, caplog):
+    """``sub_5`` is ``a * mix + b`` to the last bit and nodes also read ``mix``: it is computed from
+    ``mix`` again, and ``mix`` gets torch's whole gradient (RWKV, dynamo: ``time_mix_value`` 1.1 ->
+    4.4e-07). Trained as a parameter of its own, ``mix`` would get only the first Mul's part."""
+    caplog.set_level(logging.INFO, logger="passes.onnx_import")
+    step = build_training_graph(import_model(_mix_model(folded)))
+    assert step.params == ("mix",)
+    _, grads = gradcheck.run_training_step(step, MIX_FEEDS)
+    x, s = MIX_FEEDS["x"].astype(np.float64), MIX_FEEDS["s"].astype(np.float64)
+    mix = np.random.default_rng(4).uniform(0.1, 0.9, (1, 1, 4)).astype(np.float32).astype(np.float64)
+    b = {"1 - mix": 1.0, "mix + 1": 1.0, "3 * mix": 0.0, "1 - mix, flat": 1.0}[folded]
+    k = x * mix + s * (a * mix + b)
+    want = (2 * k * (x + a * s)).sum(axis=(0, 1), keepdims=True)  # d/dmix of sum(k^2), both reads
+    np.testing.assert_allclose(grads["mix"], want, rtol=1e-5, atol=1e-6)
+    assert "computing it from 'mix' so both share one gradient" in caplog.text
+    assert "constant folding computed" not in caplog.text
+
+
+@pytest.mark.parametrize("folded, record", [("reshaped", "sub_5"), ("1 - mix", "sub_595")])
+def test_a_folded_copy_that_is_not_an_affine_copy_read_as_itself_stays_apart(folded, record, caplog):
+    """Not ``a * mix + b`` (the values permuted), or a reader whose FX record names another folded
+    value (``sub_595``: RWKV's ``1 - mix'`` of an equal parameter, merged into ``sub_5``): ``sub_5``
+    trains as a parameter of its own, and the warning says so."""
+    graph = import_model(_mix_model(folded, record))
+    assert graph.tensor("sub_5").kind is TensorKind.TRAINABLE
+    assert "constant folding computed from parameters (e.g. 'sub_5' from 'mix'" in caplog.text
