@@ -859,6 +859,9 @@ def _affine_value(x: np.ndarray, a: float, b: float) -> np.ndarray:
 
 
 def _affine_text(a: float, b: float) -> str:
+    """``1 - P``, ``2 * P + 0.5``, ``a copy`` (for a log line: "X is 1 - P of 'mix'")."""
+    if a == 1 and not b:
+        return "a copy"
     scaled = "P" if a == 1 else "-P" if a == -1 else f"{a:g} * P"
     if a == -1 and b:
         return f"{b:g} - P"
