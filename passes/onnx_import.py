@@ -1069,9 +1069,14 @@ class FxCall(NamedTuple):
     args: list[str]  # the FX names of its tensor arguments, in order (``p_n2_weight`` for a parameter)
 
 
+def _fx_record(node: onnx.NodeProto) -> str | None:
+    """The ``TORCH_FX_NODE`` text ``node`` carries, or None."""
+    return next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+
+
 def _fx_call(node: onnx.NodeProto) -> FxCall | None:
     """The FX node ``node`` came from, or None where it records none."""
-    fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+    fx = _fx_record(node)
     if fx is None:
         return None
     name = re.match(r"%(\w+) :", fx)
@@ -1084,7 +1089,7 @@ def _padding_idx(node: onnx.NodeProto) -> int | None:
     """The ``padding_idx`` of the ``nn.Embedding`` a Gather was translated from, where its FX record
     gives one (``aten.embedding(%p_weight, %ids, 1)``; torch passes -1 for none): torch gives that
     row no gradient. A TorchScript export leaves no trace of it."""
-    fx = next((p.value for p in node.metadata_props if p.key == TORCH_FX_NODE), None)
+    fx = _fx_record(node)
     found = re.search(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \(%\w+, %\w+, (-?\d+)[,)]", fx or "")
     if found is None or int(found.group(1)) < 0 or int(_plain_attrs(node).get("axis", 0)) != 0:
         return None
@@ -1163,14 +1168,15 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
                     unnamed[0] if unnamed else "none left")
 
 
-def _computed_once(g: onnx.GraphProto, target: Mapping[str, str]) -> list[tuple[str, str, onnx.NodeProto]]:
+def _computed_once(calls: list[tuple[onnx.NodeProto, FxCall]],
+                   target: Mapping[str, str]) -> list[tuple[str, str, onnx.NodeProto]]:
     """Evidence that onnxscript's common-subexpression pass merged two FX calls that took parameters
     (GPT-NeoX's two LayerNorms of one input, once their parameters were equal): a node reads the
     output of the call ``%layer_norm`` where its FX record names ``%layer_norm_1``, a call of the
     same aten op that no ONNX node was translated from. Returns (kept call, merged call, reader)
-    for each such read, in graph order."""
-    calls = [(node, _fx_call(node)) for node in g.node]
-    calls = [(node, call) for node, call in calls if call is not None and call.name]
+    for each such read, in graph order. ``calls``: each node with an FX record and that record, in
+    graph order."""
+    calls = [(node, call) for node, call in calls if call.name]
     defined = {call.name for _, call in calls}
     # ONNX tensor -> the FX call that made it, where that call took a parameter
     made = {o: call.name for node, call in calls if any(a in target for a in call.args) for o in node.output}
@@ -1200,10 +1206,10 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
     modules are elsewhere or several fit, or the kept call read a parameter through a folded copy,
     it stays computed once. Returns those left so: (kept call, merged call, a reader's name)."""
     target = roles.targets
-    found = _computed_once(g, target)
+    calls = [(node, call) for node in g.node if (call := _fx_call(node)) is not None]
+    found = _computed_once(calls, target)
     if not found:
         return []
-    calls = [(node, call) for node in g.node if (call := _fx_call(node)) is not None]
     nodes_of: dict[str, list[onnx.NodeProto]] = {}
     for node, call in calls:
         if call.name:
