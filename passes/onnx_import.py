@@ -821,7 +821,7 @@ def _unfold_tied_copies(g: onnx.GraphProto, roles: TorchExportRoles, display: st
         if affine is None or any(name not in call.args for call in map(_fx_call, readers.get(name, ())) if call):
             continue
         g.initializer.remove(init)
-        _compute_as_affine(g, name, param, value, affine, taken)
+        _compute_as_affine(g, name, param, source.shape, value, affine, taken)
         log.info("%s: initializer %r is %s of %r, which nodes also read; computing it from %r so both share "
                  "one gradient", display, name, _affine_text(*affine), param, param)
 
@@ -868,39 +868,36 @@ def _affine_text(a: float, b: float) -> str:
     return f"{scaled} {'+' if b > 0 else '-'} {abs(b):g}" if b else scaled
 
 
-def _compute_as_affine(g: onnx.GraphProto, name: str, source: str, value: np.ndarray, affine: tuple[float, float],
-                       taken: set[str]) -> None:
+def _compute_as_affine(g: onnx.GraphProto, name: str, source: str, source_shape: tuple[int, ...],
+                       value: np.ndarray, affine: tuple[float, float], taken: set[str]) -> None:
     """``name`` (no longer an initializer) made first thing as ``a * source + b`` (reshaped to
     ``value``'s shape), in the op order :func:`_affine_value` checked."""
     a, b = affine
     nodes: list[onnx.NodeProto] = []
+
+    def const(label: str, v: np.ndarray) -> str:
+        const_name = _fresh(f"{name}_{label}", taken)
+        g.initializer.append(numpy_helper.from_array(v, const_name))
+        return const_name
+
+    def step(op: str, ins: list[str]) -> str:
+        out = _fresh(f"{name}_{op.lower()}", taken)
+        nodes.append(helper.make_node(op, ins, [out], name=_fresh(f"{name}_untied", taken)))
+        return out
+
     x = source
-    if list(value.shape) != [int(d) for d in next(i.dims for i in g.initializer if i.name == source)]:
-        shape = _fresh(f"{name}_shape", taken)
-        g.initializer.append(numpy_helper.from_array(np.asarray(value.shape, np.int64), shape))
-        x = _fresh(f"{name}_reshaped", taken)
-        nodes.append(helper.make_node("Reshape", [source, shape], [x], name=_fresh(f"{name}_reshape", taken)))
-
-    def scalar(v: float) -> str:
-        const = _fresh(f"{name}_{'a' if v == a else 'b'}", taken)
-        g.initializer.append(numpy_helper.from_array(np.asarray(v, value.dtype), const))
-        return const
-
-    steps: list[tuple[str, list[str]]] = []
+    if tuple(value.shape) != tuple(source_shape):
+        x = step("Reshape", [x, const("shape", np.asarray(value.shape, np.int64))])
     if a == -1:
-        steps.append(("Sub", [scalar(b), x]))
+        x = step("Sub", [const("b", np.asarray(b, value.dtype)), x])
     else:
         if a != 1:
-            steps.append(("Mul", [x, scalar(a)]))
+            x = step("Mul", [x, const("a", np.asarray(a, value.dtype))])
         if b:
-            steps.append(("Add", ["", scalar(b)]))
-    if not steps:
-        steps.append(("Identity", [x]))
-    for k, (op, ins) in enumerate(steps):  # "" is the step before's output
-        out = name if k == len(steps) - 1 else _fresh(f"{name}_scaled", taken)
-        nodes.append(helper.make_node(op, [x if i == "" else i for i in ins], [out],
-                                      name=_fresh(f"{name}_untied", taken)))
-        x = out
+            x = step("Add", [x, const("b", np.asarray(b, value.dtype))])
+    if not nodes:
+        step("Identity", [x])
+    nodes[-1].output[0] = name
     for k, node in enumerate(nodes):
         g.node.insert(k, node)
 
