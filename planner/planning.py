@@ -147,8 +147,18 @@ def solve(problem: PlanningProblem, budget: int, strategy: str = "cpsat", option
     if strategy != "cpsat":
         return _baseline_result(problem, budget, strategy, options, t0)
     if _recompute_first(problem, budget, options):
-        return _swap_after_recompute(problem, budget, options, t0)
-    return _solve_from(problem, budget, options, t0, start=start)
+        return _whole_limit_told(_swap_after_recompute(problem, budget, options, t0), options.time_limit)
+    return _whole_limit_told(_solve_from(problem, budget, options, t0, start=start), options.time_limit)
+
+
+def _whole_limit_told(res: SolveResult, seconds: float) -> SolveResult:
+    """``res`` with a timeout note naming the solve's whole time limit, ``seconds``: an inner
+    search that ran out names its own share of it. bit (BiT) at 72%, ``--time-limit 30``: "no plan
+    within the budget found (time limit 1.27 s)", the time its last search, in the parts-aware
+    model, had left."""
+    if res.status != "timeout" or not res.note.startswith(TIMED_OUT):
+        return res
+    return replace(res, note=_timeout_note_text(seconds) + res.note.split(")", 1)[1])
 
 
 def _solve_from(problem: PlanningProblem, budget: int, options: PlannerOptions, t0: float,
@@ -680,8 +690,12 @@ def _counted_note(problem: PlanningProblem, counted: int) -> str:
             f"{problem.memory_floor} bytes")
 
 
+def _timeout_note_text(seconds: float) -> str:
+    return f"{TIMED_OUT} {seconds:.3g} s)"
+
+
 def _timeout_note(problem: PlanningProblem, seconds: float, best: int | None) -> str:
-    note = f"{TIMED_OUT} {seconds:.3g} s)"
+    note = _timeout_note_text(seconds)
     if best is None:
         return note
     # bytes only: an ONNX model's problem counts in-place outputs apart, so a share of its

@@ -196,6 +196,26 @@ def test_a_timeout_over_both_orders_names_the_whole_time_and_the_lowest_plan(ben
     assert res.to_json(p)["best_peak_bytes"] == res.best_bytes
 
 
+def test_a_timeout_in_an_inner_search_names_the_whole_time_limit(benchmarks_dir, monkeypatch):
+    # BiT at 72% with --time-limit 30: the search with each node computed up to twice as often
+    # ran out in the 1.27 s the first left it, and the message said "(time limit 1.27 s)"
+    import planner.planning as planning
+
+    p = random_layered(benchmarks_dir, 100)
+    budget = p.budget_for(0.56)
+    inner = planning._empty(p, budget, "cpsat", status="timeout")
+    told = replace(inner, best_bytes=p.unplanned_peak,
+                   note=planning._timeout_note(p, 1.27, p.unplanned_peak) + "; in the given order")
+    monkeypatch.setattr(planning, "_solve_from", lambda *a, **k: told)
+    res = solve(p, budget, "cpsat", replace(ONE, time_limit=30))
+    assert res.note == (f"no plan within the budget found (time limit 30 s); the lowest plan found peaks at "
+                        f"{p.unplanned_peak} bytes; in the given order")
+    # a note that is not a timeout's is left as it is
+    other = replace(told, note="no plan within the budget found: none of the plans the solver's model holds fits")
+    monkeypatch.setattr(planning, "_solve_from", lambda *a, **k: other)
+    assert solve(p, budget, "cpsat", replace(ONE, time_limit=30)).note == other.note
+
+
 def test_only_the_given_order_is_searched_where_only_it_has_a_fitting_baseline(benchmarks_dir, monkeypatch):
     # RL100 at 60%: the tight greedy fits in the given order (+385%), no baseline in the memory-aware
     # order. Searching that order first for half the time found nothing there and left the given
