@@ -186,6 +186,15 @@ CASES = {
                                    pads=[1, 1, 1, 1], count_include_pad=1)], {"x": rnd(1, 2, 5, 4)}, {}),
     "avgpool_ceil": ([node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)],
                      {"x": rnd(1, 1, 6, 6)}, {}),
+    # HF EfficientNet's pooler: AvgPool2d(320, ceil_mode=True) over a 1x1 map (the window far past the
+    # input; the ceil_mode tail is not padding, so count_include_pad counts the input tap alone). ORT
+    # has no float64 AveragePool and onnx's reference evaluator gives 0 here: float32 differences
+    "avgpool_window_past_input": ([node("AveragePool", ["x"], ["y"], kernel_shape=[320, 320], strides=[320, 320],
+                                        ceil_mode=1, count_include_pad=1)], {"x": rnd(2, 3, 1, 1)},
+                                  {"float64": False, "eps": 1e-2}),
+    "avgpool_window_past_input_ceil": ([node("AveragePool", ["x"], ["y"], kernel_shape=[7, 5], strides=[6, 4],
+                                             ceil_mode=1, count_include_pad=1, pads=[1, 0, 1, 0])],
+                                       {"x": rnd(1, 2, 8, 3)}, {"float64": False, "eps": 1e-2}),
     "global_avgpool": ([node("GlobalAveragePool", ["x"], ["y"])], {"x": rnd(2, 3, 3, 2)}, {}),
     # ---- reductions ----
     "reduce_mean_attr": ([node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)], {"x": rnd(2, 3, 4)}, {}),
@@ -630,6 +639,17 @@ def test_ceil_mode_pool_whose_last_window_starts_past_the_input_has_ort_size(op)
     want[:, :, ::2, ::2] = 2 * x[:, :, ::2, ::2]  # d sum(p^2) / dx at the sampled positions
     np.testing.assert_allclose(grads["x"], want, rtol=1e-6)
     assert loss == pytest.approx(float(np.sum(x[:, :, ::2, ::2].astype(np.float64) ** 2)), rel=1e-6)
+
+
+def test_average_pool_window_past_the_input_spreads_no_more_than_the_input():
+    """HF EfficientNet's pooler (AvgPool2d(320, ceil_mode=True) over its 1x1 map): the backward
+    spread the gradient over the whole 320x320 window with ConvTranspose and cropped it to the
+    input after: 3.91 GiB at batch 32 (the model's unplanned training peak, 99.6% of it)."""
+    nodes = [node("AveragePool", ["x"], ["y"], kernel_shape=[320, 320], strides=[320, 320], ceil_mode=1,
+                  count_include_pad=1)]
+    step = _training_step(nodes, {"x": rnd(2, 3, 1, 1)}, dtype=np.float32)
+    biggest = max(t.nbytes for t in step.graph.tensors if t.dtype == "float32")
+    assert biggest <= 2 * 3 * 4, f"a backward tensor of {biggest} bytes for a 24-byte input"
 
 
 def test_same_padded_conv_transpose_with_output_padding_is_refused_in_one_line():

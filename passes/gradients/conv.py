@@ -216,6 +216,9 @@ def _spread_windows(
     sp = len(kernel)
     nc = x_shape[0] * x_shape[1]
     col = em.reshape(g, [nc, 1, *y_shape[2:]])
+    # taps t * d >= begin + n land past the input from every window: drop them (HF EfficientNet's
+    # pooler, a 320x320 window over a 1x1 map, spread a 102,400-fold copy of the gradient otherwise)
+    kernel = [min(k, -(-(b + n) // d)) for k, b, n, d in zip(kernel, begin, x_shape[2:], dilations)]
     full = [s * (o - 1) + (k - 1) * d + 1 for s, o, k, d in zip(strides, y_shape[2:], kernel, dilations)]
     ones = em.const(np.ones([1, 1, *kernel], dtype=em.dtype(g)))
     spread = em.op("ConvTranspose", [col, ones], [nc, 1, *full], em.dtype(g), strides=strides, dilations=dilations)
