@@ -1416,7 +1416,7 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     constant_floats = roles.non_parameters(g) if roles is not None else set()
     for _ in range(len(g.node) + 1):
         model = _infer(model, display)
-        split = _split_sequences(model)
+        split = _split_sequences(model) | _inline_decided_ifs(model.graph)
         if split:
             model = _infer(model, display)
         model, new = _fold(model, display, fold, constant_floats)
@@ -1426,6 +1426,60 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
     _refuse_declared_misfits(model, declared, display)
     drop_cast_round_trips(model.graph)
     return model, folded
+
+
+def _inline_decided_ifs(g: onnx.GraphProto) -> bool:
+    """Put the branch an If takes in its place where its condition folded to a constant; True if
+    one was. TorchScript writes ``x.squeeze(d)`` over a dim it exported dynamic as
+    ``If(Shape(x)[d] == 1, Squeeze, Identity)`` (CANINE's downsampling); bound, the shape is known
+    and so is the branch. The branch's own values are renamed apart (an If's prefix), its outputs
+    become the If's. Branches that hold subgraphs of their own stay (memplan refuses them)."""
+    values = {i.name: i for i in g.initializer if i.data_type == onnx.TensorProto.BOOL and len(i.dims) <= 1}
+    taken = {o for node in g.node for o in node.output} | {i.name for i in g.initializer} | \
+        {i.name for i in g.input} | {n.name for n in g.node}
+    changed = False
+    for at, node in reversed(list(enumerate(g.node))):
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx") or node.input[0] not in values:
+            continue
+        cond = numpy_helper.to_array(values[node.input[0]])
+        if cond.size != 1:
+            continue
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(cond.flat[0]) else "else_branch"))
+        if any(True for n in branch.node for _ in _subgraphs(n)) or len(branch.output) != len(node.output):
+            continue
+        made = {o for n in branch.node for o in n.output} | {i.name for i in branch.initializer}
+        rename: dict[str, str] = {}
+        for name in sorted(made):
+            new, k = f"{node.name or node.output[0]}/{name}", 0
+            while new in taken:
+                k += 1
+                new = f"{node.name or node.output[0]}/{name}_{k}"
+            rename[name] = new
+            taken.add(new)
+        out_of = {b.name: o for b, o in zip(branch.output, node.output)}
+        nodes = []
+        for n in branch.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.input[:] = [rename.get(x, x) for x in n.input]
+            copy.output[:] = [out_of.get(x, rename.get(x, x)) if x else x for x in n.output]
+            copy.name = f"{node.name}/{n.name or n.op_type}"
+            nodes.append(copy)
+        produced = {o for n in nodes for o in n.output}
+        for init in branch.initializer:
+            moved = onnx.TensorProto()
+            moved.CopyFrom(init)
+            moved.name = out_of.get(init.name, rename[init.name])
+            g.initializer.append(moved)
+            produced.add(moved.name)
+        for b, o in zip(branch.output, node.output):  # an output the branch takes from outside
+            if o not in produced:
+                nodes.append(helper.make_node("Identity", [rename.get(b.name, b.name)], [o], name=f"{node.name}/{o}"))
+        del g.node[at]
+        for k, n in enumerate(nodes):
+            g.node.insert(at + k, n)
+        changed = True
+    return changed
 
 
 def _split_sequences(model: onnx.ModelProto) -> bool:
@@ -1526,6 +1580,16 @@ def _names_read(g: onnx.GraphProto) -> set[str]:
     for node in g.node:
         for sub in _subgraphs(node):
             out |= _names_read(sub)
+    return out
+
+
+def _node_reads(node: onnx.NodeProto) -> set[str]:
+    """What ``node`` reads, its subgraphs' reads of outer names included (an If's branch reading a
+    value no node input names: folding dropped CANINE's MaxPool, whose output only the branch of a
+    squeeze's If read)."""
+    out = set(node.input)
+    for sub in _subgraphs(node):
+        out |= _names_read(sub)
     return out
 
 
@@ -1891,7 +1955,7 @@ def _fold(model: onnx.ModelProto, display: str, computed: bool = True,
     }
     shapes = _static_shapes(model)
     graph_outputs = {o.name for o in g.output}
-    read_before = {n for node in g.node for n in node.input} | graph_outputs
+    read_before = {n for node in g.node for n in _node_reads(node)} | graph_outputs
     keep: list[onnx.NodeProto] = []
     new_inits: list[onnx.TensorProto] = []
     for node in g.node:
@@ -1930,7 +1994,7 @@ def _fold(model: onnx.ModelProto, display: str, computed: bool = True,
     # ORT runs the Size first and frees it). Then the chain behind them; a node that was unread in
     # the file stays, as ORT runs it.
     while True:
-        read_now = {n for node in keep for n in node.input} | graph_outputs
+        read_now = {n for node in keep for n in _node_reads(node)} | graph_outputs
         dead = [node for node in keep if any(o in read_before for o in node.output if o)
                 and not any(o in read_now for o in node.output if o)
                 and node.op_type not in CONTROL_FLOW and node.op_type not in RANDOM_OPS
@@ -1943,7 +2007,7 @@ def _fold(model: onnx.ModelProto, display: str, computed: bool = True,
     # ORT would hold that output to the end where the file freed it after its reader (a Split half
     # only a Shape read: the written model peaked 1.33x the source file). A Shape reads it right
     # after, as the source's reader did, and ORT frees it there.
-    read_now = {n for node in keep for n in node.input} | graph_outputs
+    read_now = {n for node in keep for n in _node_reads(node)} | graph_outputs
     names = read_before | {o for node in g.node for o in node.output} | {i.name for i in g.initializer} \
         | {i.name for i in g.input} | {n.name for n in g.node}
     readers: list[onnx.NodeProto] = []
