@@ -995,6 +995,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     split: dict[str, str] = {}  # new initializer -> the one it copies
     if roles is None and model.producer_name == "pytorch":
         folded_merged: list[str] = []
+        uniform: list[str] = []  # those holding one value throughout
         for node in list(g.node):
             if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and len(node.output) == 1
                     and node.input[0] in inits and _is_float(inits[node.input[0]])
@@ -1004,12 +1005,19 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
                     g.node.remove(node)
                 elif node.output[0].startswith("onnx::"):
                     folded_merged.append(node.output[0])
-        if split and folded_merged:
-            log.warning("%s: the exporter merged parameters of equal value (a freshly initialized model), and %d "
-                        "constant-folded copies too (e.g. %r), which memplan cannot tell from a shared layer's "
+                    if _uniform(initializer_value(inits[node.input[0]])):
+                        uniform.append(node.output[0])
+        # merged copies holding one value throughout (a fresh norm's ones or zeros) are as likely
+        # distinct parameters as one shared weight; a shared weight's copies hold its own values (fresh
+        # BiT: its GroupNorms' folded [C, 1, 1] scales trained as one, silently, 3.2 off torch)
+        if folded_merged and (split or uniform):
+            what = ("parameters of equal value (a freshly initialized model), and {} constant-folded copies too"
+                    if split else "{} constant-folded copies that hold one value throughout, as a freshly "
+                    "initialized model's norm scales and biases do").format(len(folded_merged if split else uniform))
+            log.warning("%s: the exporter merged %s (e.g. %r), which memplan cannot tell from a shared layer's "
                         "copies of one weight: they train as one; export with torch.onnx.export(..., "
-                        "do_constant_folding=False) to keep each parameter", display, len(folded_merged),
-                        folded_merged[0])
+                        "do_constant_folding=False) to keep each parameter", display, what,
+                        (folded_merged if split else uniform)[0])
     elif roles is not None:
         target = roles.targets
         fx_name = {t: f for f, t in target.items()}
@@ -1049,6 +1057,11 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
                  "(e.g. %r, merged into %r)", display, len(split), *next(iter(split.items())))
     if roles is not None:
         _restore_dropped_biases(g, inits, roles, display)
+
+
+def _uniform(value: np.ndarray) -> bool:
+    """Does ``value`` hold one number throughout (a fresh norm's scale of ones, its bias of zeros)?"""
+    return value.size > 0 and bool(np.all(value == value.flat[0]))
 
 
 #: aten ops whose bias argument (its position among the call's tensor arguments) onnxscript's

@@ -56,9 +56,11 @@ def _as_exported(model: onnx.ModelProto, calls: dict[str, str], params: tuple[st
         "x: USER_INPUT\n"
 
 
-def _norms(form: str, producer: str = "pytorch", copies: tuple[str, str] = ("n2.weight", "n2.bias")) -> onnx.ModelProto:
+def _norms(form: str, producer: str = "pytorch", copies: tuple[str, str] = ("n2.weight", "n2.bias"),
+           trained: bool = False) -> onnx.ModelProto:
     """x -> LayerNorm(n1) -> MatMul(w) -> LayerNorm(n2) -> sum of squares, n2 equal to n1 (ones and
-    zeros): ``distinct`` initializers, or merged as the ``torchscript`` or ``dynamo`` exporter does."""
+    zeros; ``trained``: values of their own): ``distinct`` initializers, or merged as the
+    ``torchscript`` or ``dynamo`` exporter does."""
     merged = form != "distinct"
     second = ("n1.weight", "n1.bias") if form == "dynamo" else copies
     nodes = [helper.make_node("LayerNormalization", ["x", "n1.weight", "n1.bias"], ["h"], name="ln1", axis=-1),
@@ -69,9 +71,10 @@ def _norms(form: str, producer: str = "pytorch", copies: tuple[str, str] = ("n2.
     if form == "torchscript":
         nodes[2:2] = [helper.make_node("Identity", [f"n1.{p}"], [copy], name=f"Identity_{i}")
                       for i, (p, copy) in enumerate(zip(("weight", "bias"), copies))]
-    values = {"n1.weight": np.ones(4), "n1.bias": np.zeros(4), "w": W}
+    scale, shift = (1 + W[0] / 4, W[1] / 4) if trained else (np.ones(4), np.zeros(4))
+    values = {"n1.weight": scale, "n1.bias": shift, "w": W}
     if not merged:
-        values.update({"n2.weight": np.ones(4), "n2.bias": np.zeros(4)})
+        values.update({"n2.weight": scale, "n2.bias": shift})
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
                               [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
                               [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()])
@@ -113,13 +116,23 @@ def test_merged_folded_constants_stay_merged(caplog):
     and merges equal ones with Identity under such names too. So it does the two folded copies of
     the one weight a shared layer reads twice (ALBERT), which torch trains as one; fresh equal
     parameters folded so cannot be told from those, and stay merged (the sum of the gradients).
-    Alone, that is taken for a shared layer; beside parameters merged under their own names (a
-    fresh model), memplan warns and names do_constant_folding=False."""
-    params, _, grads = _grads(_norms("torchscript", copies=("onnx::Mul_12", "onnx::Add_13")))
-    _, _, want = _grads(_norms("distinct"))
-    assert sorted(params) == ["n1.bias", "n1.weight", "w"]
-    np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
-    assert not caplog.text
+    Copies of values of their own are taken for a shared layer's; copies holding one value
+    throughout (a fresh norm's ones or zeros: fresh BiT's GroupNorm scales, 3.2 off torch and
+    nothing said), or beside parameters merged under their own names (a fresh model), are warned
+    of, naming do_constant_folding=False."""
+    for trained in (True, False):
+        caplog.clear()
+        params, _, grads = _grads(_norms("torchscript", copies=("onnx::Mul_12", "onnx::Add_13"), trained=trained))
+        _, _, want = _grads(_norms("distinct", trained=trained))
+        assert sorted(params) == ["n1.bias", "n1.weight", "w"]
+        np.testing.assert_allclose(grads["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-5, atol=1e-6)
+        if trained:
+            assert not caplog.text
+        else:
+            assert ("merged 2 constant-folded copies that hold one value throughout, as a freshly initialized "
+                    "model's norm scales and biases do (e.g. 'onnx::Mul_12')") in caplog.text
+            assert "do_constant_folding=False" in caplog.text
+    caplog.clear()
     params, _, _ = _grads(_norms("torchscript", copies=("n2.weight", "onnx::Add_13")))
     assert sorted(params) == ["n1.bias", "n1.weight", "n2.weight", "w"]
     assert "and 1 constant-folded copies too (e.g. 'onnx::Add_13')" in caplog.text
