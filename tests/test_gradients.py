@@ -3,8 +3,8 @@
 Shapes are tiny and random; the cases cover broadcasting and the attribute variants each rule
 handles (Conv groups/strides/pads/dilations, pool variants, BN train mode, LayerNorm axes, Softmax
 axes, Resize modes, Gather axes, Slice steps, Pad modes, Split/Concat, loss reductions, Reduce* axes
-as attribute or input, Einsum equations). Ties (Max/Min, ReduceMax/Min) and the rules that keep only
-their output have tests of their own below.
+as attribute or input, Einsum equations, DFT forms). Ties (Max/Min, ReduceMax/Min) and the rules
+that keep only their output have tests of their own below.
 """
 from __future__ import annotations
 
@@ -385,6 +385,39 @@ CASES = {
     "lp_normalization_l1_last": ([node("LpNormalization", ["x"], ["y"], p=1)], {"x": rnd(3, 4)}, {}),
     # Hardmax is piecewise constant (STOP_GRADIENT): d(a * hardmax(a)) = hardmax(a) away from ties
     "hardmax_stops_gradient": ([node("Hardmax", ["a"], ["h"]), node("Mul", ["a", "h"], ["y"])], {"a": rnd(3, 4)}, {}),
+    # ---- DFT: forward/inverse, real/complex, one-sided, dft_length, opset 17 attribute / 20 input ----
+    "dft_real": ([node("DFT", ["x"], ["y"])], {"x": rnd(2, 5, 3, 1)}, {}),
+    "dft_complex_last_signal_axis": ([node("DFT", ["x"], ["y"], axis=-2)], {"x": rnd(2, 3, 6, 2)}, {}),
+    "dft_inverse_complex": ([node("DFT", ["x"], ["y"], inverse=1, axis=2)], {"x": rnd(2, 3, 5, 2)}, {}),
+    "dft_inverse_real": ([node("DFT", ["x"], ["y"], inverse=1)], {"x": rnd(2, 4, 1)}, {}),
+    "dft_rank2_complex": ([node("DFT", ["x"], ["y"], axis=0)], {"x": rnd(5, 2)}, {}),
+    # one-sided (RFFT): the dropped bins get no gradient; even and odd lengths keep n // 2 + 1 bins
+    "dft_onesided_even": ([node("DFT", ["x"], ["y"], onesided=1)], {"x": rnd(2, 6, 3, 1)}, {}),
+    "dft_onesided_odd_axis0": ([node("DFT", ["x"], ["y"], onesided=1, axis=0)], {"x": rnd(5, 3, 1)}, {}),
+    # dft_length below the axis (the tail is unread) and above it (zero padding; 8 takes ORT's radix-2 path)
+    "dft_length_shorter": ([node("DFT", ["x", "n"], ["y"])], {"x": rnd(2, 6, 2)},
+                           {"consts": {"n": np.asarray(4, I64)}}),
+    "dft_length_longer_onesided": ([node("DFT", ["x", "n"], ["y"], onesided=1)], {"x": rnd(3, 5, 1)},
+                                   {"consts": {"n": np.asarray(8, np.int32)}}),
+    "dft_length_longer_inverse": ([node("DFT", ["x", "n"], ["y"], inverse=1)], {"x": rnd(2, 4, 2)},
+                                  {"consts": {"n": np.asarray(7, I64)}}),
+    # opset 20: axis an input (default -2 where absent), dft_length omitted or given
+    "dft_opset20_default_axis": ([node("DFT", ["x"], ["y"])], {"x": rnd(2, 3, 5, 2)}, {"opset": 20}),
+    "dft_opset20_axis_input": ([node("DFT", ["x", "", "ax"], ["y"])], {"x": rnd(2, 5, 3, 2)},
+                               {"consts": {"ax": np.asarray(1, I64)}, "opset": 20}),
+    "dft_opset20_onesided_length_axis": ([node("DFT", ["x", "n", "ax"], ["y"], onesided=1)], {"x": rnd(4, 3, 1)},
+                                         {"consts": {"n": np.asarray(5, I64), "ax": np.asarray(-3, I64)}, "opset": 20}),
+    # inverse one-sided (IRFFT): the imaginary parts of bin 0 and of bin n / 2 (even n) are unread
+    "dft_irfft_even": ([node("DFT", ["x"], ["y"], inverse=1, onesided=1)], {"x": rnd(2, 4, 3, 2)}, {"opset": 20}),
+    "dft_irfft_odd_length": ([node("DFT", ["x", "n"], ["y"], inverse=1, onesided=1, axis=2)], {"x": rnd(2, 3, 4, 2)},
+                             {"consts": {"n": np.asarray(7, I64)}}),
+    # FNet's Fourier mixing (torch.fft.fftn over two axes, real part): a complex input built from a real one
+    "dft_fnet_mixing": ([node("Unsqueeze", ["h", "last"], ["re"]), node("Concat", ["re", "im"], ["c"], axis=-1),
+                         node("DFT", ["c"], ["f2"], axis=2), node("DFT", ["f2"], ["f1"], axis=1),
+                         node("Gather", ["f1", "zero"], ["y"], axis=3)],
+                        {"h": rnd(2, 4, 3)},
+                        {"consts": {"last": ints(-1), "im": np.zeros((2, 4, 3, 1)), "zero": np.asarray(0, I64)},
+                         "freeze": ["im"]}),
 }
 
 
@@ -679,3 +712,23 @@ def test_conv_bias_not_over_output_channels_is_refused_in_one_line(op, w_shape, 
     assert f"'c' ({op}) has a bias of shape [{channels}, 2]" in message and f"its {channels} output channels" in message
     _training_step([node(op, ["x", "w", "b"], ["y"], name="c", **group)], {**feeds, "b": rnd(channels)},
                    dtype=np.float32)
+
+
+@pytest.mark.parametrize("nodes, consts, inputs, opset, problem", [
+    ([node("DFT", ["x", "n"], ["y"], inverse=1, onesided=1, name="d")], {"n": np.asarray(9, I64)}, {}, 17,
+     "'d' (DFT) is an inverse one-sided DFT (IRFFT) of 4 bins with dft_length 9"),
+    ([node("DFT", ["x", "", "ax"], ["y"], name="d")], {}, {"ax": np.asarray(1, I64)}, 20,
+     "'d' (DFT) has a axis input computed at run time"),
+], ids=["irfft_length_not_the_bins", "runtime_axis"])
+def test_dft_forms_without_a_gradient_are_refused_in_one_line(nodes, consts, inputs, opset, problem):
+    model = build_model(nodes, {"x": rnd(2, 4, 3, 2)}, consts, inputs, ["y"], np.float64, opset)
+    with pytest.raises(ModelImportError) as err:
+        build_training_graph(import_model(model))
+    message = str(err.value)
+    assert "\n" not in message and problem in message
+
+
+def test_dft_keeps_nothing_for_its_backward():
+    """A DFT is linear: its gradient is a DFT of g alone, so no forward tensor stays alive for it."""
+    step = _training_step([node("DFT", ["x"], ["y"], name="d")], {"x": rnd(2, 5, 3, 2)})
+    assert list(step.saved["d"]) == []

@@ -171,4 +171,4 @@ def supported_ops() -> list[str]:
 
 
 # Rule modules register themselves on import (order does not matter).
-from passes.gradients import elementwise, linalg, conv, norm, sampling, shape  # noqa: E402,F401
+from passes.gradients import elementwise, fourier, linalg, conv, norm, sampling, shape  # noqa: E402,F401
