@@ -993,6 +993,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     inits = {i.name: i for i in g.initializer}
     outputs = {o.name for o in g.output}
     split: dict[str, str] = {}  # new initializer -> the one it copies
+    constants: dict[str, str] = {}  # the same, for a copy read as a constant (frozen)
     if roles is None and model.producer_name == "pytorch":
         folded_merged: list[str] = []
         uniform: list[str] = []  # those holding one value throughout
@@ -1023,14 +1024,14 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
         fx_name = {t: f for f, t in target.items()}
         folded = {p for name in inits for p in roles.derived_from(name)}  # _merge_folded_copies' business
         missing = {t for t in target.values() if t not in inits and t not in folded}
+        values = {o for n in g.node for o in n.output} | {i.name for i in g.input} | set(inits)
+        named = {a for n in g.node if (c := _fx_call(n)) is not None for a in c.args}  # what some call took
         for node in g.node:
             call = _fx_call(node)
-            if call is None or not missing:
+            if call is None:
                 continue
             args = call.args
             merged = list(dict.fromkeys(target[f] for f in args if f in target and target[f] in missing))
-            if not merged:
-                continue
             # the parameter each read holds: itself, or the one a folded copy was computed from (a
             # GroupNorm weight unsqueezed); a read is unexplained where the FX node names none of them
             holds = {i: {name} if name in fx_name else roles.derived_from(name)
@@ -1038,6 +1039,21 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             reads = [i for i, params in holds.items() if len(params) == 1
                      and not any(fx_name.get(p) in args for p in params)]
             if not reads:
+                continue
+            if not merged:
+                # no parameter the call takes is missing, and the one it reads, a node of its own
+                # names: this read is of a constant (one value throughout, as zeros_like or an
+                # ONNX translation's ones are) that onnxscript merged into that parameter. Fresh
+                # VideoMAE's key bias, ``zeros_like(v_bias)``, trained as its q_bias (223 off torch);
+                # fresh HuBERT's GroupNorm, written as InstanceNormalization with ones and zeros
+                # for scale and bias, trained its feature projection's LayerNorm (3.7)
+                for i in reads:
+                    param = node.input[i]
+                    if param in fx_name and fx_name[param] in named and _uniform(initializer_value(inits[param])):
+                        name = _fresh_name(f"{call.name or node.name}_constant", values)
+                        values.add(name)
+                        constants[name] = param
+                        node.input[i] = name
                 continue
             kept = [next(iter(holds[i])) for i in reads]
             pairs = _pair_merged_reads(kept, merged, reads)
@@ -1047,16 +1063,29 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
             for i, param in pairs:
                 split.setdefault(param, node.input[i])
                 node.input[i] = param
-    for name, source in split.items():
+    for name, source in [*split.items(), *constants.items()]:
         copy = g.initializer.add()
         copy.CopyFrom(inits[source])
         copy.name = name
         inits[name] = copy
+    if constants:
+        roles.kinds.update(dict.fromkeys(constants, "CONSTANT_TENSOR"))  # frozen (non_parameters)
+        log.info("%s: %d read(s) of a parameter where torch read a constant of equal value instead are read "
+                 "as that constant (e.g. %r for %r)", display, len(constants), *next(iter(constants.items())))
     if split:
         log.info("%s: %d parameter(s) the exporter merged with another of equal value train on their own "
                  "(e.g. %r, merged into %r)", display, len(split), *next(iter(split.items())))
     if roles is not None:
         _restore_dropped_biases(g, inits, roles, display)
+
+
+def _fresh_name(stem: str, taken: Collection[str]) -> str:
+    """``stem``, or ``stem_1``, ``stem_2``, ... where taken."""
+    name, k = stem, 0
+    while name in taken:
+        k += 1
+        name = f"{stem}_{k}"
+    return name
 
 
 def _uniform(value: np.ndarray) -> bool:
@@ -1300,20 +1329,26 @@ def _aligned_reads(node: onnx.NodeProto, args: list[str], target: Mapping[str, s
 
 def _pair_merged_reads(kept: list[str], merged: list[str], positions: list[int]) -> list[tuple[int, str]]:
     """Which read (input position) of a kept parameter was which merged one, for one node. Only a
-    read and a parameter whose names end alike pair (``n1.weight`` for ``n2.weight``): a kept
-    parameter the FX node reaches through a view (``addmm(%p_bias, %x, %t)``, ``%t`` the weight
-    transposed) is not a merged one. One merged parameter takes every read ending like it; several
+    read and a parameter whose names end in the same word pair (``n1.weight`` for ``n2.weight``,
+    ``attn.q_bias`` for ``dense.bias``: :func:`_last_word`): a kept parameter the FX node reaches
+    through a view (``addmm(%p_bias, %x, %t)``, ``%t`` the weight transposed) is not a merged one. One merged parameter takes every read ending like it; several
     take as many reads in order (an aten op's arguments come in its ONNX inputs' order); any other
     count is left alone."""
     pairs: list[tuple[int, str]] = []
-    for suffix in dict.fromkeys(p.rsplit(".", 1)[-1] for p in merged):
-        params = [p for p in merged if p.rsplit(".", 1)[-1] == suffix]
-        reads = [at for name, at in zip(kept, positions) if name.rsplit(".", 1)[-1] == suffix]
+    for suffix in dict.fromkeys(map(_last_word, merged)):
+        params = [p for p in merged if _last_word(p) == suffix]
+        reads = [at for name, at in zip(kept, positions) if _last_word(name) == suffix]
         if len(params) == 1:
             pairs += [(at, params[0]) for at in reads]
         elif len(params) == len(reads):
             pairs += list(zip(reads, params))
     return pairs
+
+
+def _last_word(name: str) -> str:
+    """``bias`` of ``attn.q_bias`` and of ``dense.bias``: how a parameter's name ends, for pairing
+    (fresh VideoMAE's output biases were read through its ``q_bias``: 223 off torch)."""
+    return re.split(r"[._]", name)[-1]
 
 
 def _rename_reads(g: onnx.GraphProto, old: str, new: str) -> None:

@@ -438,3 +438,70 @@ def test_one_computation_torch_made_twice_stays_one_and_is_not_warned_of(caplog)
     _, _, want = _grads(_norm_twice("distinct"))
     np.testing.assert_allclose(grads["b.n1.weight"], want["b.n1.weight"] + want["b.n2.weight"], rtol=1e-5, atol=1e-6)
     assert not caplog.text
+
+
+def _attention_biases(form: str) -> onnx.ModelProto:
+    """VideoMAE's attention, fresh: ``q = x @ wq + q_bias``, ``k = x @ wk + zeros_like(v_bias)`` (a
+    constant, not a parameter), ``o = (q * k) @ wo + dense.bias``, loss = sum(o^2); every bias zero.
+    ``merged`` as onnxscript writes it: every Add reads ``attn.q_bias``, the FX records name what
+    torch read (``%zeros_like`` is no ONNX value: folded); ``distinct``: the key bias a graph input
+    (so not trained) and ``dense.bias`` an initializer of its own."""
+    merged = form == "merged"
+    nodes = [helper.make_node("MatMul", ["x", "attn.q_weight"], ["a"], name="mm_q"),
+             helper.make_node("Add", ["a", "attn.q_bias"], ["q"], name="add_q"),
+             helper.make_node("MatMul", ["x", "attn.k_weight"], ["b"], name="mm_k"),
+             helper.make_node("Add", ["b", "attn.q_bias" if merged else "k_bias"], ["k"], name="add_k"),
+             helper.make_node("Mul", ["q", "k"], ["s"], name="mul"),
+             helper.make_node("MatMul", ["s", "dense.weight"], ["c"], name="mm_o"),
+             helper.make_node("Add", ["c", "attn.q_bias" if merged else "dense.bias"], ["o"], name="add_o"),
+             helper.make_node("Mul", ["o", "o"], ["z"], name="sq"),
+             helper.make_node("ReduceSum", ["z"], ["loss"], name="sum", keepdims=0)]
+    values = {"attn.q_weight": W, "attn.k_weight": W.T.copy(), "dense.weight": W * 0.5, "attn.q_bias": np.zeros(4)}
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])]
+    if not merged:
+        values["dense.bias"] = np.zeros(4)
+        inputs.append(helper.make_tensor_value_info("k_bias", onnx.TensorProto.FLOAT, [4]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    if merged:
+        call = ("%{} : [num_users=1] = call_function[target=torch.ops.aten.linear.default](args = ({}), "
+                "kwargs = {{}})")
+        linear = {"q": "%x, %p_attn_q_weight, %p_attn_q_bias", "k": "%x, %p_attn_k_weight, %zeros_like",
+                  "o": "%mul, %p_dense_weight, %p_dense_bias"}
+        _as_exported(model, {f"{op}_{k}": call.format(f"linear_{k}", args) for k, args in linear.items()
+                             for op in ("mm", "add")},
+                     ("attn.q_weight", "attn.k_weight", "attn.q_bias", "attn.v_bias", "dense.weight", "dense.bias"))
+    return model
+
+
+def test_a_constant_merged_into_a_parameter_is_read_as_the_constant_and_biases_pair_by_last_word(caplog):
+    """Fresh VideoMAE (dynamo): its key bias, ``zeros_like(v_bias)``, folded and merged into the
+    zero ``q_bias``, trained as q_bias; and the output projection's ``dense.bias``, merged into it
+    too, did not pair with a read of ``q_bias`` (names ending unlike): q_bias 223 off torch. The
+    key bias is now a constant (no parameter, no gradient) and ``dense.bias`` trains apart."""
+    caplog.set_level(logging.INFO, logger="passes.onnx_import")
+    step = build_training_graph(import_model(_attention_biases("merged")))
+    loss, grads = gradcheck.run_training_step(step, FEEDS)
+    want_step = build_training_graph(import_model(_attention_biases("distinct")))
+    want_loss, want = gradcheck.run_training_step(want_step, {**FEEDS, "k_bias": np.zeros(4, np.float32)})
+    assert sorted(step.params) == sorted(want_step.params) == ["attn.k_weight", "attn.q_bias", "attn.q_weight",
+                                                               "dense.bias", "dense.weight"]
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert "1 read(s) of a parameter where torch read a constant of equal value instead are read as that " \
+           "constant (e.g. 'linear_k_constant' for 'attn.q_bias')" in caplog.text
+
+
+def test_a_parameter_no_call_names_is_not_taken_for_a_merged_constant():
+    """Where no FX record names the parameter read (the read may be the parameter through a view
+    the translation dropped, ``addmm(%b, %x, %t)`` reading the weight for ``%t``), every read of it
+    trains it."""
+    model = _attention_biases("merged")
+    for node in model.graph.node:
+        if node.name in ("mm_q", "add_q"):
+            node.metadata_props[0].value = node.metadata_props[0].value.replace("%p_attn_q_bias", "%view_q")
+    graph = import_model(model)
+    readers = [n.name for n in graph.nodes if any(graph.tensors[i].name == "attn.q_bias" for i in n.inputs)]
+    assert "add_k" in readers and "add_q" in readers
