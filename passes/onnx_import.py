@@ -744,7 +744,11 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
     ``a * P + b`` of a parameter nodes also read, computed from it again there. Nor is one
     that every node reading it took the parameter itself in torch, as their FX records say: the
     ONNX translation's own reshape of an aten op's argument (``aten.group_norm``'s weight
-    unsqueezed to [C, 1, 1]), not a computation of the model's."""
+    unsqueezed to [C, 1, 1]), not a computation of the model's. The example named is the one folded
+    from the most values, the likeliest to be more than a reshape or a shift: RecurrentGemma's
+    ``softplus`` (its ``recurrent_param`` and 10 other values; trained as it is, its gradient is
+    torch's divided by sigmoid(param), 26x and 40x off in its two layers), not the first of its
+    seven ``1 + weight`` scales (whose gradients are torch's)."""
     if roles is None:
         return None
     fx_name = {t: f for f, t in roles.targets.items()}
@@ -761,7 +765,7 @@ def folded_parameter_computations(model: onnx.ModelProto, roles: TorchExportRole
         found.append((init.name, params, len(sources) - len(params)))
     if not found:
         return None
-    name, params, others = found[0]
+    name, params, others = max(found, key=lambda f: f[2])
     who = repr(params[0]) if len(params) == 1 else f"{len(params)} parameters ({params[0]!r}, ...)"
     example = f"{name!r} from {who}{f' and {others} other value(s)' if others else ''}"
     return (f"{len(found)} initializer(s) hold what onnxscript's constant folding computed from parameters "
@@ -1076,6 +1080,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
         log.info("%s: %d parameter(s) the exporter merged with another of equal value train on their own "
                  "(e.g. %r, merged into %r)", display, len(split), *next(iter(split.items())))
     if roles is not None:
+        _split_merged_folded_values(g, inits, roles, display)
         _restore_dropped_biases(g, inits, roles, display)
 
 
@@ -1091,6 +1096,74 @@ def _fresh_name(stem: str, taken: Collection[str]) -> str:
 def _uniform(value: np.ndarray) -> bool:
     """Does ``value`` hold one number throughout (a fresh norm's scale of ones, its bias of zeros)?"""
     return value.size > 0 and bool(np.all(value == value.flat[0]))
+
+
+def _split_merged_folded_values(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
+                                display: str) -> None:
+    """Separate trainables for values onnxscript's constant folding computed from distinct
+    parameters and then merged because they were equal. Fresh RecurrentGemma (dynamo) has seven
+    ``1 + weight`` RMSNorm scales, all ones, folded into ``add_1``, which every norm reads, and four
+    zero gate biases unsqueezed into ``unsqueeze_7``: trained as one, each got the sum of its group's
+    gradients (``unsqueeze_7`` 0.85 off torch's; fresh Nemotron's five ``weight + 1`` scales, 1.15).
+    Only the FX records tell: ``Mul(mul_28, add_1)`` from ``aten.mul(%mul_28, %add_21)``, ``%add_21``
+    being no value the file holds or computes.
+
+    A read of a folded initializer whose reader's FX record does not name it is paired with an
+    argument of that record named like it (``add_21`` for ``add_1``: the op's name), that no ONNX
+    node was translated from and no initializer or input holds; reads and such arguments pair in
+    order where their counts agree, and each such argument becomes an initializer of its own, a
+    copy of the value it was merged into. The parameters it came from are named nowhere but the
+    signature, so it trains under its FX name. A value the optimizer merged while every parameter
+    is in the file or some FX record (a shared layer's two unsqueezes of one bias) was computed
+    from the same parameters, which torch trains as one: split only where parameters are missing
+    so, and no more values than parameters are missing; else left merged, with a warning."""
+    target = roles.targets
+    calls = [(node, call) for node in g.node if (call := _fx_call(node)) is not None]
+    mentioned = {a for _, call in calls for a in call.args}
+    folded = {p for name in inits for p in roles.derived_from(name)}
+    unnamed = sorted(t for f, t in target.items() if t not in inits and t not in folded and f not in mentioned)
+    if not unnamed:
+        return
+    defined = {call.name for _, call in calls} | set(inits) | {i.name for i in g.input} | set(target)
+    op = functools.partial(re.sub, r"_\d+$", "")  # add_21 -> add
+    split: dict[str, str] = {}  # FX value -> the initializer it was merged into
+    moves: list[tuple[onnx.NodeProto, int, str]] = []
+    for node, call in calls:
+        reads = [i for i, name in enumerate(node.input)
+                 if name in inits and roles.derived_from(name) and name not in call.args]
+        lost = [a for a in dict.fromkeys(call.args) if a not in defined]
+        for kind in dict.fromkeys(op(node.input[i]) for i in reads):
+            at = [i for i in reads if op(node.input[i]) == kind]
+            took = [a for a in lost if op(a) == kind]
+            if len(at) != len(took):
+                continue
+            for i, value in zip(at, took):
+                if split.setdefault(value, node.input[i]) == node.input[i]:
+                    moves.append((node, i, value))
+    if not split:
+        return
+    if len(split) > len(unnamed):
+        value, kept = next(iter(split.items()))
+        log.warning("%s: onnxscript's optimizer merged %d folded value(s) into others of equal value (e.g. %r into "
+                    "%r), more than the %d parameter(s) torch trains that are in neither the file nor any FX record "
+                    "(e.g. %r), so memplan cannot tell which were computed from the same parameter: they train as "
+                    "one; export with torch.onnx.export(..., optimize=False)", display, len(split), value, kept,
+                    len(unnamed), unnamed[0])
+        return
+    for node, i, value in moves:
+        node.input[i] = value
+    for value, kept in split.items():
+        inits[value] = g.initializer.add()
+        inits[value].CopyFrom(inits[kept])
+        inits[value].name = value
+    value, kept = next(iter(split.items()))
+    leaves = {param.rpartition(".")[2] for param in roles.derived_from(kept)}
+    example = next((param for param in unnamed if param.rpartition(".")[2] in leaves), unnamed[0])
+    log.warning("%s: %d value(s) onnxscript's constant folding computed from parameters and merged into another of "
+                "equal value train on their own (e.g. %r, merged into %r), as the parameters they were computed "
+                "from train in torch; those are named nowhere in the file (e.g. %r), so each trains under its FX "
+                "name; export with torch.onnx.export(..., optimize=False) to train them by name", display,
+                len(split), value, kept, example)
 
 
 #: aten ops whose bias argument (its position among the call's tensor arguments) onnxscript's

@@ -505,3 +505,93 @@ def test_a_parameter_no_call_names_is_not_taken_for_a_merged_constant():
     graph = import_model(model)
     readers = [n.name for n in graph.nodes if any(graph.tensors[i].name == "attn.q_bias" for i in n.inputs)]
     assert "add_k" in readers and "add_q" in readers
+
+
+def _folded_scales(form: str, params: tuple[str, ...] | None = None, third: bool = False) -> onnx.ModelProto:
+    """Gemma's RMSNorm scale ``1 + weight`` twice, around a MatMul: ``x * add_1 @ w * add_3``, each
+    ``add_*`` folded by onnxscript from a fresh (zero) weight into ones, ``folded_from`` it and a
+    constant. ``distinct`` initializers, or ``merged`` as the optimizer writes equal folded values:
+    ``add_1`` only, which both Muls read, the second's FX record naming ``%add_3``. ``params``: the
+    signature's (``n1.weight``, ``n2.weight``, ... and ``w``); without ``n2.weight`` the second scale
+    was computed from ``n1.weight`` again (a shared norm). ``third``: a third scale, ``add_5``."""
+    scales = ["add_1", "add_3"] + (["add_5"] if third else [])
+    params = params or (*(f"n{k + 1}.weight" for k in range(len(scales))), "w")
+    merged = form == "merged"
+    nodes = [helper.make_node("Mul", ["x", "add_1"], ["mul_2"], name="node_mul_2"),
+             helper.make_node("MatMul", ["mul_2", "w"], ["mm"], name="node_mm")]
+    last = "mm"
+    for k, scale in enumerate(scales[1:]):
+        nodes.append(helper.make_node("Mul", [last, "add_1" if merged else scale], [f"mul_{k + 5}"],
+                                      name=f"node_mul_{k + 5}"))
+        last = f"mul_{k + 5}"
+    nodes += [helper.make_node("Mul", [last, last], ["sq"], name="node_sq"),
+              helper.make_node("ReduceSum", ["sq"], ["loss"], name="node_sum", keepdims=0)]
+    values = {"w": W} | {scale: np.ones(4) for scale in (scales[:1] if merged else scales)}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in values.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    call = "%{} : [num_users=1] = call_function[target=torch.ops.aten.{}](args = (%{}, %{}), kwargs = {{}})"
+    calls = {"node_mul_2": call.format("mul_2", "mul.Tensor", "x", "add_1"),
+             "node_mm": call.format("mm", "mm.default", "mul_2", "p_w")}
+    last = "mm"
+    for k, scale in enumerate(scales[1:]):
+        calls[f"node_mul_{k + 5}"] = call.format(f"mul_{k + 5}", "mul.Tensor", last, scale)
+        last = f"mul_{k + 5}"
+    _as_exported(model, calls, params)
+    for scale in values:
+        vi = helper.make_tensor_value_info(scale, onnx.TensorProto.FLOAT, [4] if scale != "w" else [4, 4])
+        entry = vi.metadata_props.add()
+        if scale == "w":
+            entry.key, entry.value = TORCH_INPUT_KIND, "PARAMETER"
+        else:
+            entry.key, entry.value = FOLDED_FROM, repr([f"n{scales.index(scale) + 1}.weight", "val_0"])
+        model.graph.value_info.append(vi)
+    return model
+
+
+def test_folded_values_merged_for_equal_values_train_apart(caplog):
+    """Fresh RecurrentGemma (dynamo): seven ``1 + weight`` RMSNorm scales folded into ones and merged
+    into ``add_1``, four zero gate biases into ``unsqueeze_7``. The second Mul's FX record names
+    ``%add_3``, which nothing in the file holds, and ``n2.weight`` is in neither the file nor any
+    record: ``add_3`` trains on its own, as ``distinct`` does (fresh RecurrentGemma: worst gradient
+    error against torch's traced forward 0.85 -> 4.2e-07). Trained as one, ``add_1`` got the sum."""
+    params, loss, grads = _grads(_folded_scales("merged"))
+    want_params, want_loss, want = _grads(_folded_scales("distinct"))
+    assert sorted(params) == sorted(want_params) == ["add_1", "add_3", "w"]
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert not np.allclose(want["add_1"], want["add_1"] + want["add_3"], rtol=1e-2)  # the split matters
+    assert ("1 value(s) onnxscript's constant folding computed from parameters and merged into another of equal "
+            "value train on their own (e.g. 'add_3', merged into 'add_1')") in caplog.text
+    assert "(e.g. 'n2.weight'), so each trains under its FX name" in caplog.text
+
+
+@pytest.mark.parametrize("params, third", [(("n1.weight", "w"), False), (("n1.weight", "n2.weight", "w"), True)])
+def test_folded_values_merged_without_as_many_missing_parameters_stay_merged(params, third, caplog):
+    """With every parameter in the file or some FX record, the merged values were computed from the
+    same parameters (a shared norm), which torch trains as one: nothing is split or warned of
+    beyond the folding itself. Two merged values (``add_3``, ``add_5``) and one parameter missing:
+    which were computed from one parameter is unknown, so they stay merged, with a warning."""
+    got, _, grads = _grads(_folded_scales("merged", params, third))
+    assert sorted(got) == ["add_1", "w"]
+    _, _, want = _grads(_folded_scales("distinct", third=third))
+    total = sum(want[name] for name in want if name.startswith("add_"))
+    np.testing.assert_allclose(grads["add_1"], total, rtol=1e-5, atol=1e-6)
+    assert "train on their own" not in caplog.text
+    said = ("onnxscript's optimizer merged 2 folded value(s) into others of equal value (e.g. 'add_3' into 'add_1'), "
+            "more than the 1 parameter(s)") in caplog.text
+    assert said is third
+
+
+def test_the_folding_warning_names_the_value_folded_from_the_most(caplog):
+    """Of the folded values, the warning's example is the one computed from the most values, the
+    likeliest to be more than a reshape or a shift: RecurrentGemma's ``softplus`` of its
+    ``recurrent_param`` (and 10 other values), not the first of its ``1 + weight`` scales."""
+    model = _folded_scales("distinct")
+    vi = next(v for v in model.graph.value_info if v.name == "add_3")
+    vi.metadata_props[0].value = repr(["n2.weight", "beta", "threshold", "tmp"])
+    import_model(model)
+    assert "2 initializer(s) hold what onnxscript's constant folding computed from parameters (e.g. 'add_3' " \
+           "from 'n2.weight' and 3 other value(s))" in caplog.text
