@@ -1281,24 +1281,31 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
 
 
 def _computed_once(calls: list[tuple[onnx.NodeProto, FxCall]],
-                   target: Mapping[str, str]) -> list[tuple[str, str, onnx.NodeProto]]:
+                   target: Mapping[str, str]) -> list[tuple[str, str, onnx.NodeProto, int | None]]:
     """Evidence that onnxscript's common-subexpression pass merged two FX calls that took parameters
     (GPT-NeoX's two LayerNorms of one input, once their parameters were equal): a node reads the
     output of the call ``%layer_norm`` where its FX record names ``%layer_norm_1``, a call of the
-    same aten op that no ONNX node was translated from. Returns (kept call, merged call, reader)
-    for each such read, in graph order. ``calls``: each node with an FX record and that record, in
+    same aten op that no ONNX node was translated from. A node whose record names both reads the
+    kept output for each where its inputs stand one for one with the record's arguments (DeiT's
+    ``Concat(expand, expand, transpose)`` from ``aten.cat([%expand, %expand_1, %transpose])``,
+    its zero class and distillation tokens expanded once). Returns (kept call, merged call, reader,
+    the reader's input that is the merged call's, or None for every read of the kept output) for
+    each such read, in graph order. ``calls``: each node with an FX record and that record, in
     graph order."""
     calls = [(node, call) for node, call in calls if call.name]
     defined = {call.name for _, call in calls}
     # ONNX tensor -> the FX call that made it, where that call took a parameter
     made = {o: call.name for node, call in calls if any(a in target for a in call.args) for o in node.output}
     op = functools.partial(re.sub, r"_\d+$", "")  # layer_norm_1 -> layer_norm
-    found: list[tuple[str, str, onnx.NodeProto]] = []
+    found: list[tuple[str, str, onnx.NodeProto, int | None]] = []
     for node, call in calls:
         for kept in sorted({made[t] for t in node.input if t in made}):
             lost = next((a for a in call.args if a != kept and a not in defined and op(a) == op(kept)), None)
             if lost and kept not in call.args:
-                found.append((kept, lost, node))
+                found.append((kept, lost, node, None))
+            elif lost and len(node.input) == len(call.args):
+                found += [(kept, arg, node, i) for i, (name, arg) in enumerate(zip(node.input, call.args))
+                          if made.get(name) == kept and arg != kept and arg not in defined and op(arg) == op(kept)]
     return found
 
 
@@ -1312,7 +1319,9 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
     The merged call's parameters are named nowhere but the signature. They are taken to be those
     of the one module that has a parameter named like each of the kept call's (``weight``, ``bias``),
     none of them in the file or any FX record, and that is a sibling of the kept call's module
-    (``layers.0.post_attention_layernorm`` beside ``layers.0.input_layernorm``). Where no module
+    (``layers.0.post_attention_layernorm`` beside ``layers.0.input_layernorm``); where the kept
+    call took one parameter, the one other parameter of its module ending in the same word, named
+    nowhere either (DeiT's ``distillation_token`` beside its ``cls_token``). Where no module
     anywhere has parameters named so, the two were one computation torch made twice with the same
     parameters (RWKV's ``k + time_first``, twice a step), which torch trains as one too. Where such
     modules are elsewhere or several fit, or the kept call read a parameter through a folded copy,
@@ -1332,9 +1341,10 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
         modules.setdefault(param.rpartition(".")[0], set()).add(param.rpartition(".")[2])
     free = {param.rpartition(".")[0] for param in unnamed}
     free = {m for m in free if all(f"{m}.{leaf}" in unnamed for leaf in modules[m])}
-    groups: dict[tuple[str, str], list[onnx.NodeProto]] = {}
-    for kept, lost, reader in found:
-        groups.setdefault((kept, lost), []).append(reader)
+    groups: dict[tuple[str, str], list[tuple[onnx.NodeProto, int | None]]] = {}
+    for kept, lost, reader, at in found:
+        groups.setdefault((kept, lost), []).append((reader, at))
+    lone_free = set(unnamed)  # what a lone kept parameter's sibling may be (below)
     taken = {n.name for n in g.node} | {o for n in g.node for o in n.output} | set(inits)
     left: list[tuple[str, str, str]] = []
     apart: list[str] = []
@@ -1343,19 +1353,28 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
         outputs = {o for n in nodes for o in n.output}
         params = list(dict.fromkeys(i for n in nodes for i in n.input if i in fx_name))
         through_copies = any(roles.derived_from(i) for n in nodes for i in n.input)
-        both = any(outputs & set(n.input) and {kept, lost} <= set(c.args) for n, c in calls)
+        placed = {id(n) for n, at in readers if at is not None}  # readers told apart by position
+        both = any(outputs & set(n.input) and {kept, lost} <= set(c.args) and id(n) not in placed for n, c in calls)
         module = {p.rpartition(".")[0] for p in params}
         leaves = {p.rpartition(".")[2] for p in params}
         parent = next(iter(module)).rpartition(".")[0] if len(module) == 1 else None
         alike = [m for m in sorted(free) if modules[m] == leaves]
         fits = [m for m in alike if parent is not None and m.rpartition(".")[0] == parent]
-        if not alike:  # one computation torch made twice with the same parameters (RWKV's k + time_first)
+        # one parameter of the kept call, and its module's other parameter ending in the same word
+        # named nowhere: DeiT's cls_token and distillation_token, both zero, expanded once
+        lone = [u for u in sorted(lone_free) if len(params) == 1 and u.rpartition(".")[0] in module
+                and _last_word(u) == _last_word(params[0])] if not alike else []
+        if not alike and not lone:  # one computation torch made twice with the same parameters (RWKV's k + time_first)
             continue
-        if through_copies or both or len(fits) != 1:
-            left.append((kept, lost, readers[0].name))
+        if through_copies or both or (len(fits) != 1 if alike else len(lone) != 1):
+            left.append((kept, lost, readers[0][0].name))
             continue
-        free.discard(fits[0])
-        swap = {p: f"{fits[0]}.{p.rpartition('.')[2]}" for p in params}
+        if alike:
+            free.discard(fits[0])
+            swap = {p: f"{fits[0]}.{p.rpartition('.')[2]}" for p in params}
+        else:
+            lone_free.discard(lone[0])
+            swap = {params[0]: lone[0]}
         for param, copy in swap.items():
             inits[copy] = g.initializer.add()
             inits[copy].CopyFrom(inits[param])
@@ -1374,8 +1393,11 @@ def _split_computed_once(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
                     for param, copy in swap.items():
                         entry.value = entry.value.replace(f"%{fx_name[param]}", f"%{fx_name[copy]}")
             g.node.insert(at + k, clone)
-        for reader in readers:
-            reader.input[:] = [renamed.get(i, i) for i in reader.input]
+        for reader, where in readers:
+            if where is None:
+                reader.input[:] = [renamed.get(i, i) for i in reader.input]
+            else:
+                reader.input[where] = renamed.get(reader.input[where], reader.input[where])
         apart.append(f"%{lost} of %{kept}, with {', '.join(swap.values())}")
     if apart:
         log.info("%s: %d call(s) onnxscript's optimizer computed once with another of equal parameters are computed "

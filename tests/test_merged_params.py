@@ -595,3 +595,58 @@ def test_the_folding_warning_names_the_value_folded_from_the_most(caplog):
     import_model(model)
     assert "2 initializer(s) hold what onnxscript's constant folding computed from parameters (e.g. 'add_3' " \
            "from 'n2.weight' and 3 other value(s))" in caplog.text
+
+
+def _tokens(extra: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """DeiT's embeddings, fresh: ``cat([cls_token.expand(2, -1, -1), dist_token.expand(2, -1, -1),
+    (x @ w)[:, None]], 1)``, both tokens zero, as onnxscript writes it: one Expand of ``cls_token``
+    (the second computed once with it, ``dist_token`` named only in the signature), read twice by
+    the Concat, whose FX record names ``%expand`` and ``%expand_1``. loss = sum(cat * r). ``extra``:
+    more parameters named only in the signature."""
+    rec = "%{} : [num_users=1] = call_function[target=torch.ops.aten.{}.default](args = ({}), kwargs = {{}})"
+    nodes = [helper.make_node("Expand", ["emb.cls_token", "shape"], ["expand"], name="node_expand"),
+             helper.make_node("MatMul", ["x", "w"], ["mm"], name="node_mm"),
+             helper.make_node("Unsqueeze", ["mm", "one"], ["unsqueeze"], name="node_unsqueeze"),
+             helper.make_node("Concat", ["expand", "expand", "unsqueeze"], ["cat"], name="node_cat", axis=1),
+             helper.make_node("Mul", ["cat", "r"], ["weighted"], name="node_mul"),
+             helper.make_node("ReduceSum", ["weighted"], ["loss"], name="node_sum", keepdims=0)]
+    inits = [numpy_helper.from_array(np.zeros((1, 1, 4), np.float32), "emb.cls_token"),
+             numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array([2, 1, 4], np.int64), "shape"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4]),
+                                           helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    _as_exported(model, {"node_expand": rec.format("expand", "expand", "%p_emb_cls_token, [2, -1, -1]"),
+                         "node_mm": rec.format("mm", "mm", "%x, %p_w"),
+                         "node_unsqueeze": rec.format("unsqueeze", "unsqueeze", "%mm, 1"),
+                         "node_cat": rec.format("cat", "cat", "[%expand, %expand_1, %unsqueeze], 1")},
+                 ("emb.cls_token", "emb.dist_token", "w", *extra))
+    return model
+
+
+def test_a_lone_parameter_expanded_once_with_its_siblings_trains_apart(caplog):
+    """Fresh DeiT and AST (dynamo): the class and distillation tokens, both zero, expanded once and
+    read twice by the Concat; the class token trained with both positions' gradients (1.0 off
+    torch). The Concat's inputs stand one for one with its record's arguments, so its second input
+    is ``%expand_1``, computed again from the one parameter of the module named only in the
+    signature that ends like ``cls_token``."""
+    caplog.set_level(logging.INFO, logger="passes.onnx_import")
+    r = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    step = build_training_graph(import_model(_tokens()))
+    _, grads = gradcheck.run_training_step(step, {**FEEDS, "r": r})
+    assert sorted(step.params) == ["emb.cls_token", "emb.dist_token", "w"]
+    np.testing.assert_allclose(grads["emb.cls_token"][0, 0], r[:, 0].sum(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(grads["emb.dist_token"][0, 0], r[:, 1].sum(axis=0), rtol=1e-6)
+    assert "%expand_1 of %expand, with emb.dist_token" in caplog.text
+
+
+@pytest.mark.parametrize("extra, apart", [(("emb.reg_token",), False), (("emb.mask_embedding",), True)])
+def test_a_lone_parameter_stays_computed_once_where_its_sibling_is_unclear(extra, apart, caplog):
+    """Two tokens of the module named only in the signature (a register token beside the
+    distillation token): which the second expand took is unknown, so the Expand stays one and the
+    warning says so. A sibling ending otherwise (``mask_embedding``) is no candidate: the
+    distillation token is the one."""
+    step = build_training_graph(import_model(_tokens(extra)))
+    assert ("emb.dist_token" in step.params) is apart
+    assert ("computed %expand and %expand_1 once" in caplog.text) is not apart
