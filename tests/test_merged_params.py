@@ -97,15 +97,23 @@ def _grads(model: onnx.ModelProto) -> tuple[tuple[str, ...], float, dict[str, np
     return step.params, loss, grads
 
 
+def _trains_as(merged: onnx.ModelProto, distinct: onnx.ModelProto, atol: float = 1e-7) -> tuple[list[str], dict]:
+    """Assert ``merged`` trains as ``distinct``: the same trainables, loss and gradients. Returns
+    (the trainables, sorted; ``distinct``'s gradients)."""
+    params, loss, grads = _grads(merged)
+    want_params, want_loss, want = _grads(distinct)
+    assert sorted(params) == sorted(want_params)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name in want:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=atol, err_msg=name)
+    return sorted(params), want
+
+
 @pytest.mark.parametrize("form", ["torchscript", "dynamo"])
 def test_parameters_merged_for_equal_values_train_apart(form, caplog):
     caplog.set_level(logging.INFO, logger="passes.onnx_import")
-    params, loss, grads = _grads(_norms(form))
-    want_params, want_loss, want = _grads(_norms("distinct"))
-    assert sorted(params) == sorted(want_params) == ["n1.bias", "n1.weight", "n2.bias", "n2.weight", "w"]
-    assert loss == pytest.approx(want_loss, rel=1e-6)
-    for name in want:
-        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    params, want = _trains_as(_norms(form), _norms("distinct"))
+    assert params == ["n1.bias", "n1.weight", "n2.bias", "n2.weight", "w"]
     # what training them as one would have given: the sum, the same for both
     assert not np.allclose(want["n1.weight"], want["n1.weight"] + want["n2.weight"], rtol=1e-2)
     assert "2 parameter(s) the exporter merged with another of equal value train on their own" in caplog.text
@@ -257,12 +265,8 @@ def test_a_merged_read_pairs_by_position_where_the_inputs_stand_for_the_argument
     ``grn.bias`` (fresh ConvNeXtV2, dynamo: worst gradient error 33 -> 6.6e-07; BEiT's and DINOv2's
     layer scales merged into a norm's weight: 3.5e-02 and 3.0 -> 3.0e-07 and 6.0e-07). Where they
     do not stand so, the read stays merged and the warning names it."""
-    params, loss, grads = _grads(_grn("merged"))
-    want_params, want_loss, want = _grads(_grn("distinct"))
-    assert sorted(params) == sorted(want_params) == ["grn.bias", "grn.weight", "w"]
-    assert loss == pytest.approx(want_loss, rel=1e-6)
-    for name in want:
-        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    params, want = _trains_as(_grn("merged"), _grn("distinct"))
+    assert params == ["grn.bias", "grn.weight", "w"]
     assert not np.allclose(want["grn.weight"], want["grn.bias"], rtol=1e-2)
     assert not caplog.text
     params, _, grads = _grads(_grn("merged", swapped=True))
@@ -313,13 +317,8 @@ def _dropped_biases(form: str) -> onnx.ModelProto:
 
 def test_zero_biases_the_optimizer_dropped_train_again(caplog):
     caplog.set_level(logging.INFO, logger="passes.onnx_import")
-    params, loss, grads = _grads(_dropped_biases("dropped"))
-    want_params, want_loss, want = _grads(_dropped_biases("explicit"))
-    assert sorted(params) == sorted(want_params)
+    params, want = _trains_as(_dropped_biases("dropped"), _dropped_biases("explicit"), atol=1e-6)
     assert {"l1.bias", "l2.bias", "c1.bias"} <= set(params)
-    assert loss == pytest.approx(want_loss, rel=1e-6)
-    for name in want:
-        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)
     assert np.abs(want["l2.bias"]).max() > 1e-2  # a zero bias still gets a gradient
     assert "3 zero bias(es) onnxscript's optimizer dropped train again" in caplog.text
 
@@ -399,12 +398,8 @@ def test_two_calls_computed_once_are_computed_apart(caplog):
     only in the signature, and trains both as torch does (dynamo GPT-NeoX, fresh: worst gradient
     error 1.6 -> 5.3e-07)."""
     caplog.set_level(logging.INFO, logger="passes.onnx_import")
-    params, loss, grads = _grads(_norm_twice("merged"))
-    want_params, want_loss, want = _grads(_norm_twice("distinct"))
-    assert sorted(params) == sorted(want_params) == ["b.n1.bias", "b.n1.weight", "b.n2.bias", "b.n2.weight", "w", "w2"]
-    assert loss == pytest.approx(want_loss, rel=1e-6)
-    for name in want:
-        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    params, want = _trains_as(_norm_twice("merged"), _norm_twice("distinct"))
+    assert params == ["b.n1.bias", "b.n1.weight", "b.n2.bias", "b.n2.weight", "w", "w2"]
     assert not np.allclose(want["b.n1.weight"], want["b.n2.weight"], rtol=1e-2)  # the split matters
     assert ("1 call(s) onnxscript's optimizer computed once with another of equal parameters are computed apart "
             "again (e.g. %layer_norm_1 of %layer_norm, with b.n2.weight, b.n2.bias)") in caplog.text
@@ -556,12 +551,8 @@ def test_folded_values_merged_for_equal_values_train_apart(caplog):
     ``%add_3``, which nothing in the file holds, and ``n2.weight`` is in neither the file nor any
     record: ``add_3`` trains on its own, as ``distinct`` does (fresh RecurrentGemma: worst gradient
     error against torch's traced forward 0.85 -> 4.2e-07). Trained as one, ``add_1`` got the sum."""
-    params, loss, grads = _grads(_folded_scales("merged"))
-    want_params, want_loss, want = _grads(_folded_scales("distinct"))
-    assert sorted(params) == sorted(want_params) == ["add_1", "add_3", "w"]
-    assert loss == pytest.approx(want_loss, rel=1e-6)
-    for name in want:
-        np.testing.assert_allclose(grads[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    params, want = _trains_as(_folded_scales("merged"), _folded_scales("distinct"))
+    assert params == ["add_1", "add_3", "w"]
     assert not np.allclose(want["add_1"], want["add_1"] + want["add_3"], rtol=1e-2)  # the split matters
     assert ("1 value(s) onnxscript's constant folding computed from parameters and merged into another of equal "
             "value train on their own (e.g. 'add_3', merged into 'add_1')") in caplog.text
