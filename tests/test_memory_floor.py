@@ -215,6 +215,22 @@ def test_the_floor_counts_an_input_node_with_the_outputs_its_readers_read():
     assert p.runtime_need[e_step] == p.step_need[e_step] - 1024
 
 
+def test_a_step_counts_the_parts_of_an_input_it_reads_not_the_least_any_reader_reads():
+    # node 1 as bit's MaxPool: Y (10 bytes) read by node 2, Indices (20) by node 4 alone (its
+    # backward). read_bytes holds the least any reader reads (Y's 10), and step 4 counted Indices
+    # so: a floor of 60 where step 4 holds 70 in every plan, and at 69 bytes the solve searched
+    # its limit and ended "timeout" instead of "infeasible"
+    from planner.least import least_plan
+
+    p = PlanningProblem.build(size=[10, 30, 10, 10, 40], cost=[1.0] * 5, preds=[[], [0], [1], [2], [1, 3]],
+                              pinned=[False, False, False, False, True],
+                              parts=[[], [(10, [2]), (20, [4])], [], [], []])
+    assert p.read_bytes[1] == 10
+    assert p.runtime_need[4] == 20 + 10 + 40 == p.memory_floor == least_plan(p)[0]
+    res = solve(p, 69, "cpsat", PlannerOptions(time_limit=1, workers=1))
+    assert res.status == "infeasible" and res.least_bytes == 70
+
+
 def test_a_small_problem_whose_runtime_may_go_lower_names_the_exact_least_not_the_computation_cap():
     """A chain whose middle output may take over its input's buffer (``in_place``): memplan's
     accounting holds both (200 bytes), ORT may hold one (the floor: 110). Below 200 the exact
