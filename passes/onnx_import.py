@@ -1054,8 +1054,7 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
                 for i in reads:
                     param = node.input[i]
                     if param in fx_name and fx_name[param] in named and _uniform(initializer_value(inits[param])):
-                        name = _fresh_name(f"{call.name or node.name}_constant", values)
-                        values.add(name)
+                        name = _fresh(f"{call.name or node.name}_constant", values)
                         constants[name] = param
                         node.input[i] = name
                 continue
@@ -1082,15 +1081,6 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
     if roles is not None:
         _split_merged_folded_values(g, inits, roles, display)
         _restore_dropped_biases(g, inits, roles, display)
-
-
-def _fresh_name(stem: str, taken: Collection[str]) -> str:
-    """``stem``, or ``stem_1``, ``stem_2``, ... where taken."""
-    name, k = stem, 0
-    while name in taken:
-        k += 1
-        name = f"{stem}_{k}"
-    return name
 
 
 def _uniform(value: np.ndarray) -> bool:
@@ -1426,9 +1416,9 @@ def _pair_merged_reads(kept: list[str], merged: list[str], positions: list[int])
     """Which read (input position) of a kept parameter was which merged one, for one node. Only a
     read and a parameter whose names end in the same word pair (``n1.weight`` for ``n2.weight``,
     ``attn.q_bias`` for ``dense.bias``: :func:`_last_word`): a kept parameter the FX node reaches
-    through a view (``addmm(%p_bias, %x, %t)``, ``%t`` the weight transposed) is not a merged one. One merged parameter takes every read ending like it; several
-    take as many reads in order (an aten op's arguments come in its ONNX inputs' order); any other
-    count is left alone."""
+    through a view (``addmm(%p_bias, %x, %t)``, ``%t`` the weight transposed) is not a merged one.
+    One merged parameter takes every read ending like it; several take as many reads in order (an
+    aten op's arguments come in its ONNX inputs' order); any other count is left alone."""
     pairs: list[tuple[int, str]] = []
     for suffix in dict.fromkeys(map(_last_word, merged)):
         params = [p for p in merged if _last_word(p) == suffix]
@@ -1577,6 +1567,8 @@ def _inline_decided_ifs(g: onnx.GraphProto) -> bool:
     ``If(Shape(x)[d] == 1, Squeeze, Identity)`` (CANINE's downsampling); bound, the shape is known
     and so is the branch. The branch's own values are renamed apart (an If's prefix), its outputs
     become the If's. Branches that hold subgraphs of their own stay (memplan refuses them)."""
+    if not any(node.op_type == "If" for node in g.node):
+        return False
     values = {i.name: i for i in g.initializer if i.data_type == onnx.TensorProto.BOOL and len(i.dims) <= 1}
     taken = {o for node in g.node for o in node.output} | {i.name for i in g.initializer} | \
         {i.name for i in g.input} | {n.name for n in g.node}
@@ -1591,14 +1583,7 @@ def _inline_decided_ifs(g: onnx.GraphProto) -> bool:
         if any(True for n in branch.node for _ in _subgraphs(n)) or len(branch.output) != len(node.output):
             continue
         made = {o for n in branch.node for o in n.output} | {i.name for i in branch.initializer}
-        rename: dict[str, str] = {}
-        for name in sorted(made):
-            new, k = f"{node.name or node.output[0]}/{name}", 0
-            while new in taken:
-                k += 1
-                new = f"{node.name or node.output[0]}/{name}_{k}"
-            rename[name] = new
-            taken.add(new)
+        rename = {name: _fresh(f"{node.name or node.output[0]}/{name}", taken) for name in sorted(made)}
         out_of = {b.name: o for b, o in zip(branch.output, node.output)}
         nodes = []
         for n in branch.node:
