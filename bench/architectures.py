@@ -254,6 +254,42 @@ def specs():
         return SigmoidContrastive(transformers.SiglipModel(transformers.SiglipConfig(text_config=text,
                                                                                      vision_config=vis)))
 
+    def owlvit():
+        import transformers
+
+        text = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=72, attention_dropout=0.0)
+        vis = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                   patch_size=8, attention_dropout=0.0)
+        return Contrastive(transformers.OwlViTModel(transformers.OwlViTConfig(text_config=text, vision_config=vis,
+                                                                              projection_dim=16)))
+
+    class ViltClassifier(nn.Module):
+        """ViLT over one image and its question, classified (the VQA head's logits, cross-entropy)."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def forward(self, input_ids, attention_mask, pixel_values, labels):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
+                             return_dict=False)[0]
+            return F.cross_entropy(out, labels)
+
+    def vilt():
+        import transformers
+
+        cfg = transformers.ViltConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, image_size=32, patch_size=8, max_position_embeddings=16,
+                                      max_image_length=-1, num_labels=3, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0)
+        return ViltClassifier(transformers.ViltForQuestionAnswering(cfg))
+
+    def vilt_inputs(gen):
+        d = mf._tokens(2, 16, 128, False, 3)(gen)
+        return {"input_ids": d["input_ids"], "attention_mask": d["attention_mask"],
+                "pixel_values": torch.randn(2, 3, 32, 32, generator=gen), "labels": d["labels"]}
+
     unet_dyn = {"sample": {0: "batch"}, "timestep": {0: "batch"}, "noise": {0: "batch"}, "context": {0: "batch"}}
     table = {
         "squeezenet": vision("squeezenet1_1"), "shufflenet": vision("shufflenet_v2_x0_5"),
@@ -577,6 +613,56 @@ def specs():
                          attention_probs_dropout_prob=0.0, num_labels=NUM_CLASSES), frames, 17, False, pix, True,
                       "videomae"),
         "siglip": S(siglip, pairs, 17, False, clip_dyn, True, "siglip (sigmoid contrastive loss)"),
+        # stop 78, second round
+        "data2vec_text": S(hf("Data2VecTextForSequenceClassification", "Data2VecTextConfig", lm_keys, **enc),
+                           tokens(3), 17, False, cls_dyn, True, "data2vec-text"),
+        "data2vec_vision": S(hf("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
+                                ["pixel_values", "labels"], image_size=32, patch_size=8, hidden_size=32,
+                                num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                use_relative_position_bias=True, num_labels=NUM_CLASSES, hidden_dropout_prob=0.0,
+                                attention_probs_dropout_prob=0.0, drop_path_rate=0.0), pixels, 17, False, pix,
+                             True, "data2vec-vision"),
+        "data2vec_audio": S(hf("Data2VecAudioForSequenceClassification", "Data2VecAudioConfig",
+                               ["input_values", "labels"], **w2v), wave, 17, False, wave_dyn, True,
+                            "data2vec-audio"),
+        "wav2vec2_conformer": S(hf("Wav2Vec2ConformerForSequenceClassification", "Wav2Vec2ConformerConfig",
+                                   ["input_values", "labels"], position_embeddings_type="relative",
+                                   conv_depthwise_kernel_size=3, **w2v), wave, 17, False, wave_dyn, True,
+                                "wav2vec2-conformer (relative positions, convolution module)"),
+        "unispeech_sat": S(hf("UniSpeechSatForSequenceClassification", "UniSpeechSatConfig",
+                              ["input_values", "labels"], **w2v), wave, 17, False, wave_dyn, True, "unispeech-sat"),
+        "sew_d": S(hf("SEWDForSequenceClassification", "SEWDConfig", ["input_values", "labels"], squeeze_factor=2,
+                      position_buckets=8, max_position_embeddings=64, **w2v), wave, 17, False, wave_dyn, True,
+                   "sew-d (disentangled attention)"),
+        "longformer": S(hf("LongformerForSequenceClassification", "LongformerConfig", lm_keys, attention_window=4,
+                           **enc), tokens(3), 17, False, cls_dyn, True, "longformer (sliding window attention)"),
+        "blenderbot": S(hf("BlenderbotForConditionalGeneration", "BlenderbotConfig", s2s_keys, **s2s),
+                        tokens(decoder=True), 17, False, s2s_dyn, False, "blenderbot"),
+        "prophetnet": S(hf("ProphetNetForConditionalGeneration", "ProphetNetConfig", s2s_keys, vocab_size=128,
+                           hidden_size=32, encoder_ffn_dim=64, decoder_ffn_dim=64, num_encoder_layers=2,
+                           num_decoder_layers=2, num_encoder_attention_heads=2, num_decoder_attention_heads=2,
+                           max_position_embeddings=72, ngram=2, num_buckets=8, relative_max_distance=16,
+                           dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, use_cache=False,
+                           pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1),
+                        tokens(decoder=True), 17, False, s2s_dyn, False, "prophetnet (n-gram streams)"),
+        "perceiver": S(hf("PerceiverForSequenceClassification", "PerceiverConfig", lm_keys, num_latents=8,
+                          d_latents=32, d_model=32, num_blocks=1, num_self_attends_per_block=2,
+                          num_self_attention_heads=2, num_cross_attention_heads=1, vocab_size=128,
+                          max_position_embeddings=72, num_labels=3, attention_probs_dropout_prob=0.0),
+                       tokens(3), 17, False, cls_dyn, True, "perceiver (latent cross-attention)"),
+        "imagegpt": S(hf("ImageGPTForImageClassification", "ImageGPTConfig", ids_keys[:1] + ["labels"],
+                         vocab_size=129, n_positions=72, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, num_labels=3),
+                      ids_cls, 17, False, ids_cls_dyn, True, "imagegpt (pixel tokens)"),
+        "ctrl": S(hf("CTRLLMHeadModel", "CTRLConfig", lm_keys, vocab_size=128, n_positions=72, n_embd=32,
+                     dff=64, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, use_cache=False),
+                  tokens(), 17, False, lm_dyn, False, "ctrl"),
+        "mamba2": S(hf("Mamba2ForCausalLM", "Mamba2Config", ids_keys, vocab_size=128, hidden_size=32,
+                       state_size=8, num_heads=4, head_dim=16, expand=2, n_groups=1, num_hidden_layers=2,
+                       chunk_size=8, conv_kernel=4, use_cache=False), ids_only, 17, False, ids_dyn, False,
+                    "mamba2 (chunked state-space scan)"),
+        "owlvit": S(owlvit, pairs, 17, False, clip_dyn, True, "owl-vit (contrastive)"),
+        "vilt": S(vilt, vilt_inputs, 17, False, {}, True, "vilt (image and text in one encoder)"),
     }
     return table
 
