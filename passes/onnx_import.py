@@ -2367,6 +2367,8 @@ def _to_graph(model: onnx.ModelProto, display: str, folded: set[str], dims_bound
                 _refuse_uninferred_version(node, opsets, display)
             if name not in shapes and node.op_type == "Reshape":
                 _explain_reshape(node, shapes, g, display)
+            if name not in shapes and node.op_type == "Squeeze":
+                _explain_squeeze(node, shapes, g, display)
             if name not in shapes and node.domain not in ("", "ai.onnx"):
                 hint = (" (ONNX Runtime's graph optimizations write fused com.microsoft ops: use the model from "
                         "before them)" if node.domain.startswith("com.microsoft") else "")
@@ -2457,6 +2459,30 @@ def _explain_reshape(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int,
         f"{display}: node {node.name!r} (Reshape) cannot reshape {list(src)} ({total} elements) to the fixed "
         f"shape {want} stored in the file; the exporter baked in the sizes of its example input, so bind "
         "--dim to those sizes or re-export with these dims"
+    )
+
+
+def _explain_squeeze(node: onnx.NodeProto, shapes: Mapping[str, tuple[tuple[int, ...], int]],
+                     g: onnx.GraphProto, display: str) -> None:
+    """Raise the reason a Squeeze got no shape when a constant axis it squeezes is not of size 1:
+    ONNX (and ONNX Runtime) refuse that, where torch's ``squeeze(d)`` leaves such a dim as it is.
+    torch's dynamo exporter wrote HF CANINE's and Mamba-2's so; TorchScript writes an If on the size
+    (which memplan reads once the dims are bound)."""
+    if node.domain not in ("", "ai.onnx") or not node.input or node.input[0] not in shapes:
+        return
+    src = shapes[node.input[0]][0]
+    axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), [])  # before opset 13
+    if len(node.input) > 1:  # since: an input, a constant by now or not known
+        given = next((i for i in g.initializer if i.name == node.input[1]), None)
+        axes = [] if given is None else [int(v) for v in initializer_value(given).reshape(-1)]
+    wrong = [a for a in axes if -len(src) <= a < len(src) and src[a] != 1]
+    if not wrong:
+        return
+    raise ModelImportError(
+        f"{display}: node {node.name!r} (Squeeze) squeezes axis {wrong[0]} of {list(src)}, whose size is "
+        f"{src[wrong[0]]}, not 1, which ONNX (and ONNX Runtime) refuse; torch's squeeze(dim) leaves such a dim as it "
+        "is, so the exporter wrote what the model does not do: export it again (TorchScript writes it as an If on "
+        "the size, which memplan reads)"
     )
 
 

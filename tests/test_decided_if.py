@@ -100,3 +100,27 @@ def test_the_outer_value_only_a_branch_reads_survives_folding():
     graph = import_model(model, {"batch": 2})
     made = {t.name for n in graph.nodes for t in (graph.tensors[i] for i in n.outputs)}
     assert "h" in made
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_a_squeeze_of_a_dim_that_is_not_one_is_refused_naming_the_export(opset):
+    """torch's dynamo exporter wrote HF CANINE's and Mamba-2's ``squeeze(-1)`` over a dim of 4 (16)
+    as a Squeeze, which ONNX and ONNX Runtime refuse (torch leaves such a dim): memplan said a
+    symbolic dim might be unbound. It now names the Squeeze, the axis and its size."""
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    squeeze = (helper.make_node("Squeeze", ["h", "axes"], ["y"], name="node_squeeze") if opset >= 13
+               else helper.make_node("Squeeze", ["h"], ["y"], name="node_squeeze", axes=[-1]))
+    nodes = [helper.make_node("MatMul", ["x", "V"], ["h"]), squeeze, helper.make_node("ReduceSum", ["y"], ["loss"],
+                                                                                       keepdims=0)]
+    graph = helper.make_graph(nodes, "sq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 4])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.ones((4, 4), np.float32), "V")]
+                              + ([axes] if opset >= 13 else []))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    with pytest.raises(ModelImportError) as err:
+        import_model(model, {"batch": 2})
+    message = str(err.value)
+    assert "node 'node_squeeze' (Squeeze) squeezes axis -1 of [2, 3, 4], whose size is 4, not 1" in message
+    assert "\n" not in message
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((4, 1), np.float32), "V"))
+    assert import_model(model, {"batch": 2}).tensor("y").shape == (2, 3)
