@@ -1015,25 +1015,25 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
         # merged copies holding one value throughout (a fresh norm's ones or zeros) are as likely
         # distinct parameters as one shared weight; a shared weight's copies hold its own values (fresh
         # BiT: its GroupNorms' folded [C, 1, 1] scales trained as one, silently, 3.2 off torch)
-        if folded_merged and (split or uniform):
-            what = ("parameters of equal value (a freshly initialized model), and {} constant-folded copies too"
-                    if split else "{} constant-folded copies that hold one value throughout, as a freshly "
-                    "initialized model's norm scales and biases do").format(len(folded_merged if split else uniform))
+        if split:
+            said, what = folded_merged, (f"parameters of equal value (a freshly initialized model), and "
+                                         f"{len(folded_merged)} constant-folded copies too")
+        else:
+            said, what = uniform, (f"{len(uniform)} constant-folded copies that hold one value throughout, as a "
+                                   "freshly initialized model's norm scales and biases do")
+        if said:
             log.warning("%s: the exporter merged %s (e.g. %r), which memplan cannot tell from a shared layer's "
                         "copies of one weight: they train as one; export with torch.onnx.export(..., "
-                        "do_constant_folding=False) to keep each parameter", display, what,
-                        (folded_merged if split else uniform)[0])
+                        "do_constant_folding=False) to keep each parameter", display, what, said[0])
     elif roles is not None:
         target = roles.targets
         fx_name = {t: f for f, t in target.items()}
         folded = {p for name in inits for p in roles.derived_from(name)}  # _merge_folded_copies' business
         missing = {t for t in target.values() if t not in inits and t not in folded}
         values = {o for n in g.node for o in n.output} | {i.name for i in g.input} | set(inits)
-        named = {a for n in g.node if (c := _fx_call(n)) is not None for a in c.args}  # what some call took
-        for node in g.node:
-            call = _fx_call(node)
-            if call is None:
-                continue
+        calls = [(node, call) for node in g.node if (call := _fx_call(node)) is not None]
+        named = {a for _, call in calls for a in call.args}  # what some call took
+        for node, call in calls:
             args = call.args
             merged = list(dict.fromkeys(target[f] for f in args if f in target and target[f] in missing))
             # the parameter each read holds: itself, or the one a folded copy was computed from (a
@@ -1079,8 +1079,21 @@ def _split_merged_parameters(model: onnx.ModelProto, roles: TorchExportRoles | N
         log.info("%s: %d parameter(s) the exporter merged with another of equal value train on their own "
                  "(e.g. %r, merged into %r)", display, len(split), *next(iter(split.items())))
     if roles is not None:
-        _split_merged_folded_values(g, inits, roles, display)
+        _split_merged_folded_values(g, inits, roles, calls, display)
         _restore_dropped_biases(g, inits, roles, display)
+
+
+def _absent_parameters(inits: Mapping[str, onnx.TensorProto], roles: TorchExportRoles) -> dict[str, str]:
+    """FX name -> parameter, for the parameters the file holds neither as initializers nor through a
+    folded copy (merged into another, dropped, or a weight torch ties to another)."""
+    folded = {p for name in inits for p in roles.derived_from(name)}  # read through folded copies
+    return {f: t for f, t in roles.targets.items() if t not in inits and t not in folded}
+
+
+def _fx_op(name: str) -> str:
+    """The aten op an FX value's name comes from: ``layer_norm`` of ``layer_norm_1``, ``add`` of
+    ``add_21``."""
+    return re.sub(r"_\d+$", "", name)
 
 
 def _uniform(value: np.ndarray) -> bool:
@@ -1089,7 +1102,7 @@ def _uniform(value: np.ndarray) -> bool:
 
 
 def _split_merged_folded_values(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], roles: TorchExportRoles,
-                                display: str) -> None:
+                                calls: list[tuple[onnx.NodeProto, FxCall]], display: str) -> None:
     """Separate trainables for values onnxscript's constant folding computed from distinct
     parameters and then merged because they were equal. Fresh RecurrentGemma (dynamo) has seven
     ``1 + weight`` RMSNorm scales, all ones, folded into ``add_1``, which every norm reads, and four
@@ -1106,16 +1119,14 @@ def _split_merged_folded_values(g: onnx.GraphProto, inits: dict[str, onnx.Tensor
     signature, so it trains under its FX name. A value the optimizer merged while every parameter
     is in the file or some FX record (a shared layer's two unsqueezes of one bias) was computed
     from the same parameters, which torch trains as one: split only where parameters are missing
-    so, and no more values than parameters are missing; else left merged, with a warning."""
-    target = roles.targets
-    calls = [(node, call) for node in g.node if (call := _fx_call(node)) is not None]
+    so, and no more values than parameters are missing; else left merged, with a warning.
+    ``calls``: each node with an FX record and that record, in graph order."""
     mentioned = {a for _, call in calls for a in call.args}
-    folded = {p for name in inits for p in roles.derived_from(name)}
-    unnamed = sorted(t for f, t in target.items() if t not in inits and t not in folded and f not in mentioned)
+    unnamed = sorted(t for f, t in _absent_parameters(inits, roles).items() if f not in mentioned)
     if not unnamed:
         return
-    defined = {call.name for _, call in calls} | set(inits) | {i.name for i in g.input} | set(target)
-    op = functools.partial(re.sub, r"_\d+$", "")  # add_21 -> add
+    defined = {call.name for _, call in calls} | set(inits) | {i.name for i in g.input} | set(roles.targets)
+    op = _fx_op  # add_21 -> add
     split: dict[str, str] = {}  # FX value -> the initializer it was merged into
     moves: list[tuple[onnx.NodeProto, int, str]] = []
     for node, call in calls:
@@ -1250,8 +1261,7 @@ def _restore_dropped_biases(g: onnx.GraphProto, inits: dict[str, onnx.TensorProt
     if restored:
         log.info("%s: %d zero bias(es) onnxscript's optimizer dropped train again (e.g. %r)",
                  display, len(restored), restored[0])
-    folded = {p for name in inits for p in roles.derived_from(name)}  # read through folded copies
-    absent = {f: t for f, t in target.items() if t not in inits and t not in folded}
+    absent = _absent_parameters(inits, roles)
     lost = sorted(t for f, t in absent.items() if f in mentioned)
     if lost:
         log.warning("%s: %d parameter(s) torch trains are not in the file (e.g. %r): onnxscript's optimizer "
@@ -1286,7 +1296,7 @@ def _computed_once(calls: list[tuple[onnx.NodeProto, FxCall]],
     defined = {call.name for _, call in calls}
     # ONNX tensor -> the FX call that made it, where that call took a parameter
     made = {o: call.name for node, call in calls if any(a in target for a in call.args) for o in node.output}
-    op = functools.partial(re.sub, r"_\d+$", "")  # layer_norm_1 -> layer_norm
+    op = _fx_op  # layer_norm_1 -> layer_norm
     found: list[tuple[str, str, onnx.NodeProto, int | None]] = []
     for node, call in calls:
         for kept in sorted({made[t] for t in node.input if t in made}):
