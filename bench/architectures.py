@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 NUM_CLASSES = 10
+# the two towers of CLIP, SigLIP and OWL-ViT (72 text positions: the run's seq is 64)
+TEXT_TOWER = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  max_position_embeddings=72, attention_dropout=0.0)
+VISION_TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                    patch_size=8, attention_dropout=0.0)
 LARGE = {"batch": 32}  # images
 LARGE_TOKENS = {"batch": 16, "seq": 64}
 
@@ -138,12 +143,8 @@ def specs():
     def clip():
         import transformers
 
-        text = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=72, attention_dropout=0.0)
-        vis = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-                   patch_size=8, attention_dropout=0.0)
-        return Contrastive(transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vis,
-                                                                          projection_dim=16)))
+        config = transformers.CLIPConfig(text_config=TEXT_TOWER, vision_config=VISION_TOWER, projection_dim=16)
+        return Contrastive(transformers.CLIPModel(config))
 
     def pairs(gen):
         d = mf._tokens(2, 16, 128, False, 3)(gen)
@@ -247,22 +248,14 @@ def specs():
     def siglip():
         import transformers
 
-        text = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=72, attention_dropout=0.0)
-        vis = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-                   patch_size=8, attention_dropout=0.0)
-        return SigmoidContrastive(transformers.SiglipModel(transformers.SiglipConfig(text_config=text,
-                                                                                     vision_config=vis)))
+        config = transformers.SiglipConfig(text_config=TEXT_TOWER, vision_config=VISION_TOWER)
+        return SigmoidContrastive(transformers.SiglipModel(config))
 
     def owlvit():
         import transformers
 
-        text = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=72, attention_dropout=0.0)
-        vis = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-                   patch_size=8, attention_dropout=0.0)
-        return Contrastive(transformers.OwlViTModel(transformers.OwlViTConfig(text_config=text, vision_config=vis,
-                                                                              projection_dim=16)))
+        config = transformers.OwlViTConfig(text_config=TEXT_TOWER, vision_config=VISION_TOWER, projection_dim=16)
+        return Contrastive(transformers.OwlViTModel(config))
 
     class ViltClassifier(nn.Module):
         """ViLT over one image and its question, classified (the VQA head's logits, cross-entropy)."""
