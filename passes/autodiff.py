@@ -129,6 +129,7 @@ def _build_training_graph(forward: Graph, options: TrainOptions) -> TrainingStep
     # (tensor ids are kept, as above).
     forward, active = _with_bodies(forward, loss, candidates)
     _refuse_dropped_outputs(forward, loss, active)
+    _refuse_dropped_inputs(forward, loss, active)
     on_path, useful = _backward_reach(forward, loss, active)
     params = [t for t in candidates if useful[t]]
     if not params:
@@ -280,6 +281,43 @@ def _refuse_dropped_outputs(graph: Graph, loss: int, active: list[bool]) -> None
                 f"{node.name!r} ({node.op_type}), and memplan builds that op's gradient through output "
                 f"{carried} only; compute the loss from that output, or freeze the weights before the node "
                 f"{FREEZE_HINT}"
+            )
+
+
+#: Float input slots whose derivative is zero wherever it is defined (CastLike's input only
+#: names a type; OneHot's indices and depth pick positions; a training-mode BatchNormalization's
+#: Y reads neither the mean nor the variance it is given, and in inference mode its rule
+#: differentiates both): building none loses nothing.
+_ZERO_DERIVATIVE = {"CastLike": (1,), "OneHot": (0, 1), "BatchNormalization": (3, 4)}
+
+
+def _refuse_dropped_inputs(graph: Graph, loss: int, active: list[bool]) -> None:
+    """Refuse a loss that depends, differentiably, on a node whose float input computed from the
+    trainable weights is one its rule builds no gradient for (a Clip bound, a Pad value, a loss's
+    class weights): that part of the gradient would be left out without a word (BatchNormalization's
+    mean and variance were so until they got theirs: NFNet's weight standardization, exported by
+    torch's dynamo exporter, trained 1.7 off torch). A trainable initializer read there directly
+    (ReLU6's Clip bounds as initializers) is a constant of the model's, not a computation: it
+    gets no gradient, as before."""
+    dropped = []
+    for node in graph.nodes:
+        rule = _rule(node)
+        if rule is None or _stops_gradient(node):
+            continue
+        carried = set(rule.differentiable(node)) | set(_ZERO_DERIVATIVE.get(node.op_type, ()))
+        dropped.extend((node, i) for i, t in enumerate(node.inputs)
+                       if i not in carried and t != NO_TENSOR and active[t]
+                       and graph.tensors[t].dtype in FLOAT_DTYPES and graph.tensors[t].kind is not TensorKind.TRAINABLE)
+    if not dropped:
+        return
+    _, useful = _backward_reach(graph, loss, [True] * len(graph.tensors), strict=False)
+    for node, i in dropped:
+        if any(useful[node.outputs[k]] for k in _rule_outputs(graph, node)):
+            raise ModelImportError(
+                f"loss {graph.tensors[loss].name!r} depends on the trainable weights through input {i} "
+                f"({graph.tensors[node.inputs[i]].name!r}) of node {node.name!r} ({node.op_type}), computed from "
+                "them, and memplan builds no gradient through that input; compute it from constants, or freeze "
+                f"the weights it reads {FREEZE_HINT}"
             )
 
 

@@ -284,6 +284,52 @@ def test_trainable_initializers_read_only_where_no_gradient_flows_are_named():
         in str(err.value)
 
 
+def test_weight_standardization_through_inference_batchnorm_mean_and_variance():
+    """torch's dynamo exporter (optimize=False) writes F.batch_norm(w, None, None, training=True), the
+    weight standardization of NFNet and BiT, as an inference-mode BatchNormalization whose mean and
+    variance are ReduceMeans of the weight itself: their gradients flow back into the weight (they
+    were dropped: timm nf_regnet_b0 trained 1.7 off torch)."""
+    rng = np.random.default_rng(3)
+    n = helper.make_node
+    nodes = [
+        n("Reshape", ["w", "flat"], ["wv"]),  # [1, C, K]
+        n("ReduceMean", ["wv", "axes"], ["mean"], keepdims=0),
+        n("ReduceMean", ["wv", "axes"], ["mean_k"], keepdims=1),
+        n("Sub", ["wv", "mean_k"], ["centered"]),
+        n("Mul", ["centered", "centered"], ["sq"]),
+        n("ReduceMean", ["sq", "axes"], ["var"], keepdims=0),
+        n("BatchNormalization", ["wv", "gain", "zero", "mean", "var"], ["ws"], epsilon=1e-4, name="std"),
+        n("Reshape", ["ws", "wshape"], ["w_std"]),
+        n("MatMul", ["w_std", "x"], ["y"]),  # ORT has no float64 Conv
+        n("Mul", ["y", "y"], ["y2"]),
+        n("ReduceSum", ["y2"], ["loss"], keepdims=0),
+    ]
+    inits = {"w": rng.standard_normal((3, 4)), "gain": rng.uniform(0.5, 1.5, 3), "zero": np.zeros(3),
+             "flat": np.asarray([1, 3, -1], np.int64), "axes": np.asarray([0, 2], np.int64),
+             "wshape": np.asarray([3, 4], np.int64)}
+    feeds = {"x": rng.standard_normal((4, 5))}
+    step = _fd_check(_model(nodes, inits, feeds, opset=18), feeds)
+    assert set(step.params) == {"w", "gain", "zero"}
+
+
+def test_weight_computation_read_where_no_gradient_flows_is_refused():
+    """A Clip bound computed from a weight: its gradient would be left out silently; refused in one
+    line. Bounds that are initializers themselves (ReLU6 as exported) stay constants."""
+    n = helper.make_node
+    nodes = [n("Mul", ["w", "two"], ["hi"]), n("Mul", ["x", "w"], ["xw"]), n("Clip", ["xw", "lo", "hi"], ["y"]),
+             n("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    model = _model(nodes, {"w": np.asarray(0.5), "two": np.asarray(2.0), "lo": np.asarray(-1.0)},
+                   {"x": np.linspace(-3, 3, 6)})
+    with pytest.raises(ModelImportError) as err:
+        build_training_graph(import_model(model))
+    assert "through input 2 ('hi') of node" in str(err.value) and "(Clip)" in str(err.value)
+    assert "\n" not in str(err.value)
+    six = _model([n("Mul", ["x", "w"], ["xw"]), n("Clip", ["xw", "lo", "hi"], ["y"]),
+                  n("ReduceSum", ["y"], ["loss"], keepdims=0)],
+                 {"w": np.asarray(0.5), "lo": np.asarray(0.0), "hi": np.asarray(6.0)}, {"x": np.linspace(-3, 3, 6)})
+    assert build_training_graph(import_model(six)).params == ("w",)
+
+
 def test_batchnorm_running_stats_not_trainable():
     rng = np.random.default_rng(1)
     n = helper.make_node

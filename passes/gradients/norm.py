@@ -119,11 +119,23 @@ def lp_normalization(ctx: BackwardContext) -> dict[int, int]:
     return {0: em.div(em.sub(g, em.mul(d, em.reduce_sum(em.mul(g, y), [axis]))), norm)}
 
 
-@register("BatchNormalization", inputs=(0, 1, 2), left_out_from=(0, 3, 4))
+def _batch_norm_inputs(node) -> list[int]:
+    """X, scale and B; in inference mode also the mean and variance it is given, which are not
+    always running statistics: torch's dynamo exporter (``optimize=False``) writes
+    ``F.batch_norm(w, None, None, training=True)`` (NFNet's and BiT's weight standardization) as an
+    inference-mode node whose mean and variance are ReduceMeans of the weight itself. In training
+    mode the output reads neither (they only update the running statistics outputs)."""
+    training = int(node.attrs.get("training_mode", 0)) == 1 or any(t != NO_TENSOR for t in node.outputs[1:])
+    return [i for i in ((0, 1, 2) if training else (0, 1, 2, 3, 4)) if i < len(node.inputs)]
+
+
+@register("BatchNormalization", inputs=_batch_norm_inputs, left_out_from=(0, 3, 4))
 def batch_norm(ctx: BackwardContext) -> dict[int, int]:
     """Training mode (opset 14+: training_mode=1; opset 7-13: the node has its statistics outputs,
-    as ORT runs it): batch statistics. Otherwise the running statistics are constants and the op
-    is an affine map per channel."""
+    as ORT runs it): batch statistics. Otherwise y = scale * (x - mean) * inv + B with
+    inv = 1 / sqrt(var + eps), an affine map per channel when mean and var are constants; where
+    they are computed (see :func:`_batch_norm_inputs`): dmean = -inv * sum(g * scale),
+    dvar = -inv^3 / 2 * sum(g * scale * (x - mean))."""
     eps = float(ctx.attr("epsilon", 1e-5))
     rank = len(ctx.x_shape(0))
     if ctx.opset >= 14:
@@ -146,6 +158,15 @@ def batch_norm(ctx: BackwardContext) -> dict[int, int]:
         out[1] = em.reduce_sum(em.mul(g, xhat), param_axes, keepdims=False)
     if ctx.needs(0):
         out[0] = em.mul(g, em.mul(em.reshape(ctx.x(1), bshape), inv))
+    if ctx.needs(3) or ctx.needs(4):
+        gs = em.mul(g, em.reshape(ctx.x(1), bshape))
+        inv_c = em.reshape(inv, [channels])
+        if ctx.needs(3):
+            out[3] = em.scale(em.mul(em.reduce_sum(gs, param_axes, keepdims=False), inv_c), -1.0)
+        if ctx.needs(4):
+            centered = em.sub(ctx.x(0), em.reshape(ctx.x(3), bshape))
+            cubed = em.mul(inv_c, em.mul(inv_c, inv_c))
+            out[4] = em.scale(em.mul(em.reduce_sum(em.mul(gs, centered), param_axes, keepdims=False), cubed), -0.5)
     return out
 
 
