@@ -74,7 +74,7 @@ FOLDABLE = frozenset({
     "Or", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "ReduceProd", "ReduceSum", "ReduceMax",
     "ReduceMin", "Identity", "Expand", "Tile", "Max", "Min", "Sqrt", "Pow", "Floor", "Ceil", "Transpose",
     "Trilu", "Split", "Flatten", "CastLike", "Constant", "Sign", "Clip", "NonZero", "Erf", "Exp", "Log",
-    "Reciprocal", "Relu", "Softmax", "Sigmoid", "Tanh",
+    "Reciprocal", "Relu", "Softmax", "Sigmoid", "Tanh", "OneHot",
 })
 #: Folded results larger than this stay in the graph: shape arithmetic is small, while a big tensor
 #: computed from constants (ConstantOfShape zeros, Expand, Tile) is runtime memory in ORT, which

@@ -45,6 +45,35 @@ def test_binds_dims_and_folds_shape_subgraph():
     assert graph.tensor("h").nbytes == 4 * 6 * 4
 
 
+ONEHOT_REPEATS = """
+<ir_version: 8, opset_import: ["" : 17]>
+agraph (float[batch, 4] x) => (float[batch, 4] y) <float[1, 4] q, int64[1] idx = {0}, int64 depth = {2},
+                                                  int64[1] one = {1}, int64[1] zero = {0}>
+{
+    s = Shape(x)
+    b = Gather<axis = 0>(s, zero)
+    vals = Concat<axis = 0>(one, b)
+    reps = OneHot<axis = -1>(idx, depth, vals)
+    flat = Reshape(reps, depth_1)
+    t = Tile(q, flat)
+    y = Mul(x, t)
+}
+"""
+
+
+def test_tile_repeats_made_by_onehot_of_a_shape_fold():
+    """TorchScript writes ``q.repeat(B // b, 1, ...)`` (timm GCViT) with its repeats made by a OneHot
+    whose on-value is the batch: with the dims bound it folds, and the Tile has a static shape (it
+    was refused as a data-dependent shape)."""
+    model = parse_model(ONEHOT_REPEATS)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([2], np.int64), "depth_1"))
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((1, 4), np.float32), "q"))
+    graph = import_model(model, {"batch": 3})
+    assert [n.op_type for n in graph.nodes] == ["Tile", "Mul"]
+    assert list(graph.values[graph.tensor("flat").id]) == [3, 1]
+    assert graph.tensor("t").shape == (3, 4)
+
+
 def test_folding_log_of_zero_is_quiet_and_keeps_the_infinity():
     """T5's relative position buckets take log(0) in a constant subgraph and mask the -inf out later:
     folding it is no reason for numpy warnings on the user's terminal."""
