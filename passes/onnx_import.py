@@ -1562,7 +1562,10 @@ def _prepare(model: onnx.ModelProto, dims: dict[str, int], display: str,
         split = _split_sequences(model) | _inline_decided_ifs(model.graph)
         if split:
             model = _infer(model, display)
-        model, new = _fold(model, display, fold, constant_floats)
+        # what earlier rounds folded is constant too, float or not (a float folded in one round was
+        # read as a trainable initializer in the next: timm's TF-same padding, ceil(size / stride)
+        # over a Cast of a Shape, stopped after two rounds and its Pad was refused)
+        model, new = _fold(model, display, fold, constant_floats | folded)
         if not new and not split:
             break
         folded |= new

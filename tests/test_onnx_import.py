@@ -74,6 +74,36 @@ def test_tile_repeats_made_by_onehot_of_a_shape_fold():
     assert graph.tensor("t").shape == (3, 4)
 
 
+SAME_PADDING = """
+<ir_version: 8, opset_import: ["" : 17]>
+agraph (float[batch, 3] x) => (float[n, m] y) <int64[1] zero = {0}, int64[1] one = {1}>
+{
+    s = Shape(x)
+    b = Gather<axis = 0>(s, zero)
+    reps = Concat<axis = 0>(b, one)
+    h = Tile(x, reps)
+    s2 = Shape(h)
+    rows = Gather<axis = 0>(s2, zero)
+    rows_f = Cast<to = 1>(rows)
+    half = Constant<value = float[1] {2.0}>()
+    q = Div(rows_f, half)
+    c = Ceil(q)
+    c_i = Cast<to = 7>(c)
+    pads = Concat<axis = 0>(zero, zero, c_i, zero)
+    y = Pad(h, pads)
+}
+"""
+
+
+def test_a_float_folded_in_one_round_is_a_constant_in_the_next():
+    """timm's TF-same padding, ceil(size / stride) over a Cast of a Shape, needs several folding
+    rounds (the Shape of a Tile is known once its repeats folded); the float constant folded in the
+    first was read as a trainable initializer in the next, and the Pad was refused as data-dependent."""
+    graph = import_model(parse_model(SAME_PADDING), {"batch": 3})
+    assert [n.op_type for n in graph.nodes] == ["Tile", "Pad"]
+    assert graph.tensor("y").shape == (9 + 5, 3)
+
+
 def test_folding_log_of_zero_is_quiet_and_keeps_the_infinity():
     """T5's relative position buckets take log(0) in a constant subgraph and mask the -inf out later:
     folding it is no reason for numpy warnings on the user's terminal."""
