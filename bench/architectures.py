@@ -1,6 +1,6 @@
 """Many architectures end to end: torch export -> gradients vs torch -> plan -> emit -> verify.
 
-    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh] [--no-fold]  # needs torch, torchvision, transformers (diffusers for the UNets)
+    python bench/architectures.py export DIR [NAME ...] [--dynamo [--no-optimize]] [--opset N] [--fresh] [--no-fold]  # needs torch, torchvision, transformers (diffusers for the UNets, timm for timm_*)
     python bench/architectures.py run DIR [NAME ...] [--budget 70] [--time-limit 20] [--grads-only]
 
 ``export`` builds each model of :data:`SPECS` at a tiny size (torchvision models at their own
@@ -180,6 +180,18 @@ def specs():
         def forward(self, sample, timestep, noise, context=None):
             kw = {} if context is None else {"encoder_hidden_states": context}
             return F.mse_loss(self.model(sample, timestep, **kw, return_dict=False)[0], noise)
+
+    def timm_model(name, **kw):
+        """A timm image classifier (timm.create_model, random weights), 64x64 images."""
+        def build():
+            import timm
+
+            m = timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES, drop_rate=0.0, **kw)
+            for mod in m.modules():
+                if isinstance(mod, nn.Dropout):
+                    mod.p = 0.0  # drop_rate misses some (vit_relpos's position MLP drops 0.125)
+            return Vision(m)
+        return S(build, mf._images(2, 64), 17, True, img, True, f"timm {name}")
 
     def unet(cls, **cfg):
         def build():
@@ -656,6 +668,63 @@ def specs():
                     "mamba2 (chunked state-space scan)"),
         "owlvit": S(owlvit, pairs, 17, False, clip_dyn, True, "owl-vit (contrastive)"),
         "vilt": S(vilt, vilt_inputs, 17, False, {}, True, "vilt (image and text in one encoder)"),
+        # stop 79: timm's own designs (timm.create_model at its registered configs, some made shallower)
+        "timm_lcnet_050": timm_model("lcnet_050"),
+        "timm_mobilenetv4_conv_small": timm_model("mobilenetv4_conv_small"),
+        "timm_ghostnetv2_100": timm_model("ghostnetv2_100"),
+        "timm_tf_efficientnet_b0": timm_model("tf_efficientnet_b0"),
+        "timm_mixnet_s": timm_model("mixnet_s"),
+        "timm_rexnetr_100": timm_model("rexnetr_100"),
+        "timm_tinynet_e": timm_model("tinynet_e"),
+        "timm_dla46_c": timm_model("dla46_c"),
+        "timm_ese_vovnet19b_slim_dw": timm_model("ese_vovnet19b_slim_dw"),
+        "timm_hrnet_w18_small": timm_model("hrnet_w18_small"),
+        "timm_resnest14d": timm_model("resnest14d"),
+        "timm_skresnet18": timm_model("skresnet18"),
+        "timm_nf_regnet_b0": timm_model("nf_regnet_b0"),
+        "timm_gernet_s": timm_model("gernet_s"),
+        "timm_repvgg_a0": timm_model("repvgg_a0"),
+        "timm_repvit_m0_9": timm_model("repvit_m0_9"),
+        "timm_mobileone_s0": timm_model("mobileone_s0"),
+        "timm_fastvit_t8": timm_model("fastvit_t8"),
+        "timm_efficientformerv2_s0": timm_model("efficientformerv2_s0", img_size=64),
+        "timm_edgenext_xx_small": timm_model("edgenext_xx_small"),
+        "timm_tiny_vit_5m_224": timm_model("tiny_vit_5m_224", depths=(1, 1, 1, 1)),
+        "timm_mixer_s16_224": timm_model("mixer_s16_224", img_size=64),
+        "timm_resmlp_12_224": timm_model("resmlp_12_224", img_size=64),
+        "timm_gmlp_ti16_224": timm_model("gmlp_ti16_224", img_size=64),
+        "timm_xcit_nano_12_p16_224": timm_model("xcit_nano_12_p16_224", img_size=64, depth=2, cls_attn_layers=1),
+        "timm_cait_xxs24_224": timm_model("cait_xxs24_224", img_size=64, depth=2, depth_token_only=1),
+        "timm_pit_ti_224": timm_model("pit_ti_224", img_size=64, depth=(1, 1, 1)),
+        "timm_tnt_s_patch16_224": timm_model("tnt_s_patch16_224", img_size=64, depth=2),
+        "timm_convit_tiny": timm_model("convit_tiny", img_size=64, depth=2, local_up_to_layer=1),
+        "timm_visformer_tiny": timm_model("visformer_tiny", img_size=64, depth=(1, 1, 1)),
+        "timm_coat_tiny": timm_model("coat_tiny", img_size=64),
+        "timm_sequencer2d_s": timm_model("sequencer2d_s", img_size=64, layers=[1, 1, 1, 1]),
+        "timm_gcvit_xxtiny": timm_model("gcvit_xxtiny", img_size=64),
+        "timm_maxvit_nano_rw_256": timm_model("maxvit_nano_rw_256", img_size=64),
+        "timm_coatnet_nano_rw_224": timm_model("coatnet_nano_rw_224", img_size=64),
+        "timm_eva02_tiny_patch14_224": timm_model("eva02_tiny_patch14_224", img_size=64, depth=2),
+        "timm_vit_relpos_small_patch16_224": timm_model("vit_relpos_small_patch16_224", img_size=64, depth=2),
+        "timm_hiera_tiny_224": timm_model("hiera_tiny_224", img_size=64, stages=(1, 1, 1, 1)),
+        "timm_volo_d1_224": timm_model("volo_d1_224", img_size=64),
+        "timm_botnet26t_256": timm_model("botnet26t_256", img_size=64),
+        "timm_lambda_resnet26t": timm_model("lambda_resnet26t", img_size=64),
+        "timm_cs3darknet_focus_s": timm_model("cs3darknet_focus_s"),
+        "timm_mambaout_femto": timm_model("mambaout_femto"),
+        "timm_starnet_s050": timm_model("starnet_s050"),
+        "timm_repghostnet_050": timm_model("repghostnet_050"),
+        "timm_hgnetv2_b0": timm_model("hgnetv2_b0"),
+        "timm_efficientvit_b0": timm_model("efficientvit_b0"),
+        "timm_efficientvit_m0": timm_model("efficientvit_m0", img_size=64),
+        "timm_shvit_s1": timm_model("shvit_s1"),
+        "timm_nest_tiny": timm_model("nest_tiny", img_size=64, drop_path_rate=0.0),
+        "timm_davit_tiny": timm_model("davit_tiny", depths=(1, 1, 1, 1)),
+        "timm_crossvit_tiny_240": timm_model("crossvit_tiny_240", depth=([1, 1, 0],)),
+        "timm_res2net50_14w_8s": timm_model("res2net50_14w_8s"),
+        "timm_dpn48b": timm_model("dpn48b"),
+        "timm_xception41": timm_model("xception41"),
+        "timm_vit_little_patch16_reg4_gap_256": timm_model("vit_little_patch16_reg4_gap_256", img_size=64, depth=2),
     }
     return table
 
