@@ -153,9 +153,10 @@ def batch_norm(ctx: BackwardContext) -> dict[int, int]:
     out = {}
     if ctx.needs(2):
         out[2] = em.reduce_sum(g, param_axes, keepdims=False)
+    # x - mean: read by the scale's gradient and the variance's; built once for both
+    centered = em.sub(ctx.x(0), em.reshape(ctx.x(3), bshape)) if ctx.needs(1) or ctx.needs(4) else None
     if ctx.needs(1):
-        xhat = em.mul(em.sub(ctx.x(0), em.reshape(ctx.x(3), bshape)), inv)
-        out[1] = em.reduce_sum(em.mul(g, xhat), param_axes, keepdims=False)
+        out[1] = em.reduce_sum(em.mul(g, em.mul(centered, inv)), param_axes, keepdims=False)
     if ctx.needs(0):
         out[0] = em.mul(g, em.mul(em.reshape(ctx.x(1), bshape), inv))
     if ctx.needs(3) or ctx.needs(4):
@@ -164,7 +165,6 @@ def batch_norm(ctx: BackwardContext) -> dict[int, int]:
         if ctx.needs(3):
             out[3] = em.scale(em.mul(em.reduce_sum(gs, param_axes, keepdims=False), inv_c), -1.0)
         if ctx.needs(4):
-            centered = em.sub(ctx.x(0), em.reshape(ctx.x(3), bshape))
             cubed = em.mul(inv_c, em.mul(inv_c, inv_c))
             out[4] = em.scale(em.mul(em.reduce_sum(em.mul(gs, centered), param_axes, keepdims=False), cubed), -0.5)
     return out
