@@ -56,17 +56,20 @@ def specs():
                 return F.cross_entropy(out, labels[:, None, None].expand(-1, *out.shape[2:]).contiguous())
             return F.cross_entropy(out[0] if isinstance(out, tuple) else out, labels)
 
+    def no_dropout(m):
+        """``m`` with every Dropout at 0: torch's and ORT's dropout masks differ."""
+        for mod in m.modules():
+            if isinstance(mod, nn.Dropout):
+                mod.p = 0.0
+        return m
+
     def tv(name, **kw):
         def build():
             import torchvision
 
             fn = next(getattr(mod, name) for mod in (torchvision.models, torchvision.models.segmentation,
                                                       torchvision.models.video) if hasattr(mod, name))
-            m = fn(weights=None, num_classes=NUM_CLASSES, **kw)
-            for mod in m.modules():
-                if isinstance(mod, nn.Dropout):
-                    mod.p = 0.0  # torch's and ORT's dropout masks differ
-            return Vision(m)
+            return Vision(no_dropout(fn(weights=None, num_classes=NUM_CLASSES, **kw)))
         return build
 
     class HF(nn.Module):
@@ -186,11 +189,9 @@ def specs():
         def build():
             import timm
 
-            m = timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES, drop_rate=0.0, **kw)
-            for mod in m.modules():
-                if isinstance(mod, nn.Dropout):
-                    mod.p = 0.0  # drop_rate misses some (vit_relpos's position MLP drops 0.125)
-            return Vision(m)
+            # drop_rate misses some Dropouts (vit_relpos's position MLP drops 0.125)
+            return Vision(no_dropout(timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES,
+                                                       drop_rate=0.0, **kw)))
         return S(build, mf._images(2, 64), 17, True, img, True, f"timm {name}")
 
     def unet(cls, **cfg):
